@@ -1,0 +1,940 @@
+"""Overhead benchmark: gateway vs. a bare aiohttp forwarder vs. the upstream itself.
+
+Starts ``bench/fast_upstream.py``, ``bench/bare_forwarder.py`` and the gateway
+(``heimdall-proxy serve``) on free loopback ports, then measures each target with ``wrk``:
+
+* throughput: ``wrk -t1 -c32 -d<duration>`` -> requests/s
+* latency:    ``wrk -t1 -c1  -d<duration>`` -> p50 / p99
+
+for ``--rounds`` rounds in alternating target order and reports the per-target medians plus the
+ratios the gateway is held to (>= 0.8x the bare forwarder's throughput, <= 0.5 ms added p50 at
+c=1).
+
+Run: ``python bench/overhead.py [--duration 10] [--rounds 3] [--json OUT] [--markdown]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import copy
+import datetime as dt
+import json
+import os
+import platform
+import re
+import shlex
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from dataclasses import asdict, dataclass, field
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from types import FrameType
+from typing import Any, TextIO
+
+import yaml
+
+BENCH_DIR = Path(__file__).resolve().parent
+REPO_ROOT = BENCH_DIR.parent
+TARGETS = ("direct", "forwarder", "gateway")
+TARGET_LABELS = {
+    "direct": "direct upstream",
+    "forwarder": "bare forwarder",
+    "gateway": "gateway",
+}
+# Targets the gateway is held to.
+MIN_RPS_RATIO_VS_FORWARDER = 0.8
+MAX_ADDED_P50_MS = 0.5
+
+BASE_CONFIG_TEMPLATE: dict[str, Any] = {
+    "endpoints": [{"name": "upstream-0", "url": "<filled in>"}],
+    "plugins": [
+        {"type": "queue-scorer"},
+        {"type": "kv-cache-utilization-scorer"},
+        {"type": "max-score-picker"},
+    ],
+    "schedulingProfiles": [
+        {
+            "name": "default",
+            "plugins": [
+                {"pluginRef": "queue-scorer"},
+                {"pluginRef": "kv-cache-utilization-scorer"},
+                {"pluginRef": "max-score-picker"},
+            ],
+        }
+    ],
+}
+
+WRK_RESULT_RE = re.compile(r"^BENCH_RESULT (?P<fields>.*)$", re.MULTILINE)
+
+LUA_TEMPLATE = """\
+wrk.method = "POST"
+wrk.body = [==[{body}]==]
+wrk.headers["Content-Type"] = "application/json"
+
+done = function(summary, latency, requests)
+  local e = summary.errors
+  io.write(string.format(
+    "BENCH_RESULT requests=%d duration_us=%d bytes=%d connect=%d read=%d write=%d " ..
+    "status=%d timeout=%d mean_us=%.1f max_us=%d p50_us=%d p90_us=%d p99_us=%d p999_us=%d\\n",
+    summary.requests, summary.duration, summary.bytes,
+    e.connect, e.read, e.write, e.status, e.timeout,
+    latency.mean, latency.max,
+    latency:percentile(50), latency:percentile(90),
+    latency:percentile(99), latency:percentile(99.9)))
+end
+"""
+
+
+class HarnessError(RuntimeError):
+    """The benchmark could not run (missing tool, a server that did not start, ...)."""
+
+
+# --------------------------------------------------------------------------------------------
+# wrk
+
+
+@dataclass
+class WrkResult:
+    connections: int
+    requests: int
+    duration_s: float
+    rps: float
+    http_errors: int  # responses with status >= 400 ("Non-2xx or 3xx responses" in wrk)
+    connect_errors: int
+    read_errors: int
+    write_errors: int
+    timeouts: int
+    mean_ms: float
+    max_ms: float
+    p50_ms: float
+    p90_ms: float
+    p99_ms: float
+    p999_ms: float
+
+    @property
+    def socket_errors(self) -> int:
+        return self.connect_errors + self.read_errors + self.write_errors + self.timeouts
+
+    @property
+    def has_errors(self) -> bool:
+        return self.requests == 0 or self.http_errors > 0 or self.socket_errors > 0
+
+    def error_summary(self) -> str:
+        parts = []
+        if self.requests == 0:
+            parts.append("no requests completed")
+        if self.http_errors:
+            parts.append(f"{self.http_errors} non-2xx")
+        for name in ("connect_errors", "read_errors", "write_errors", "timeouts"):
+            value = getattr(self, name)
+            if value:
+                parts.append(f"{value} {name.replace('_errors', '')}")
+        return ", ".join(parts) if parts else "none"
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["socket_errors"] = self.socket_errors
+        out["has_errors"] = self.has_errors
+        return out
+
+
+def parse_wrk_output(stdout: str, connections: int) -> WrkResult:
+    match = WRK_RESULT_RE.search(stdout)
+    if match is None:
+        raise HarnessError(f"wrk printed no BENCH_RESULT line; output was:\n{stdout}")
+    fields: dict[str, float] = {}
+    for item in match.group("fields").split():
+        key, _, value = item.partition("=")
+        fields[key] = float(value)
+    duration_s = fields["duration_us"] / 1e6
+    requests = int(fields["requests"])
+    return WrkResult(
+        connections=connections,
+        requests=requests,
+        duration_s=duration_s,
+        rps=requests / duration_s if duration_s > 0 else 0.0,
+        http_errors=int(fields["status"]),
+        connect_errors=int(fields["connect"]),
+        read_errors=int(fields["read"]),
+        write_errors=int(fields["write"]),
+        timeouts=int(fields["timeout"]),
+        mean_ms=fields["mean_us"] / 1000,
+        max_ms=fields["max_us"] / 1000,
+        p50_ms=fields["p50_us"] / 1000,
+        p90_ms=fields["p90_us"] / 1000,
+        p99_ms=fields["p99_us"] / 1000,
+        p999_ms=fields["p999_us"] / 1000,
+    )
+
+
+def run_wrk(
+    wrk: str, url: str, lua: Path, *, connections: int, duration: int, timeout_s: int
+) -> WrkResult:
+    argv = [
+        wrk,
+        "-t1",
+        f"-c{connections}",
+        f"-d{duration}s",
+        "--timeout",
+        f"{timeout_s}s",
+        "-s",
+        str(lua),
+        url,
+    ]
+    proc = subprocess.run(
+        argv, capture_output=True, text=True, timeout=duration + timeout_s + 30, check=False
+    )
+    if proc.returncode != 0:
+        raise HarnessError(
+            f"{shlex.join(argv)} exited with {proc.returncode}:\n{proc.stdout}{proc.stderr}"
+        )
+    return parse_wrk_output(proc.stdout, connections)
+
+
+# --------------------------------------------------------------------------------------------
+# subprocesses
+
+
+@dataclass
+class Server:
+    name: str
+    argv: list[str]
+    log_path: Path
+    popen: subprocess.Popen[bytes]
+    log_file: TextIO = field(repr=False)
+
+    def log_tail(self, lines: int = 40) -> str:
+        self.log_file.flush()
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError as exc:
+            return f"(cannot read {self.log_path}: {exc})"
+        return "\n".join(text.splitlines()[-lines:])
+
+
+def free_ports(n: int) -> list[int]:
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def start_server(name: str, argv: list[str], workdir: Path) -> Server:
+    log_path = workdir / f"{name}.log"
+    log_file = log_path.open("w")
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    popen = subprocess.Popen(
+        argv,
+        stdin=subprocess.DEVNULL,
+        stdout=log_file,
+        stderr=subprocess.STDOUT,
+        cwd=REPO_ROOT,
+        env=env,
+        start_new_session=True,  # own process group: Ctrl-C goes to us, we tear down in order
+    )
+    return Server(name=name, argv=argv, log_path=log_path, popen=popen, log_file=log_file)
+
+
+def _signal_group(server: Server, sig: signal.Signals) -> None:
+    # The server is the leader of its own session/process group (start_new_session=True), so
+    # this reaches exactly what we started, including any children of it.
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(server.popen.pid, sig)
+
+
+def stop_servers(servers: list[Server], grace_s: float = 5.0) -> None:
+    for server in reversed(servers):
+        _signal_group(server, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    for server in reversed(servers):
+        remaining = max(0.1, deadline - time.monotonic())
+        try:
+            server.popen.wait(timeout=remaining)
+        except subprocess.TimeoutExpired:
+            print(f"  {server.name} did not exit after SIGTERM; killing it", file=sys.stderr)
+            _signal_group(server, signal.SIGKILL)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                server.popen.wait(timeout=5)
+        # Stragglers in the group (e.g. workers of the gateway) go too.
+        _signal_group(server, signal.SIGKILL)
+        server.log_file.close()
+
+
+# --------------------------------------------------------------------------------------------
+# readiness
+
+
+def _http(
+    method: str, url: str, body: bytes | None = None, timeout: float = 2.0
+) -> tuple[int, bytes]:
+    req = urllib.request.Request(url, data=body, method=method)
+    if body is not None:
+        req.add_header("Content-Type", "application/json")
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return int(resp.status), resp.read()
+    except urllib.error.HTTPError as exc:
+        return int(exc.code), exc.read()
+
+
+def _models_nonempty(status: int, body: bytes) -> bool:
+    if status != 200:
+        return False
+    try:
+        data = json.loads(body).get("data")
+    except (ValueError, AttributeError):
+        return False
+    return isinstance(data, list) and len(data) > 0
+
+
+def _chat_ok(status: int, body: bytes) -> bool:
+    if status != 200:
+        return False
+    try:
+        choices = json.loads(body).get("choices")
+    except (ValueError, AttributeError):
+        return False
+    return isinstance(choices, list) and len(choices) > 0
+
+
+def wait_ready(
+    server: Server, url: str, check: str, deadline: float, chat_body: bytes | None = None
+) -> None:
+    """Poll ``url`` until ``check`` passes, the process dies, or the deadline passes."""
+    last = "no answer yet"
+    while True:
+        code = server.popen.poll()
+        if code is not None:
+            raise HarnessError(
+                f"{server.name} exited with code {code} during start-up.\n"
+                f"command: {shlex.join(server.argv)}\n"
+                f"--- last lines of {server.log_path} ---\n{server.log_tail()}"
+            )
+        try:
+            if check == "health":
+                status, body = _http("GET", url)
+                ok = status == 200
+            elif check == "models":
+                status, body = _http("GET", url)
+                ok = _models_nonempty(status, body)
+            else:
+                status, body = _http("POST", url, chat_body)
+                ok = _chat_ok(status, body)
+            if ok:
+                return
+            last = f"HTTP {status}: {body[:200]!r}"
+        except (OSError, urllib.error.URLError) as exc:
+            last = f"{type(exc).__name__}: {exc}"
+        if time.monotonic() > deadline:
+            raise HarnessError(
+                f"{server.name} not ready at {url} ({check}) before the start-up timeout; "
+                f"last: {last}\ncommand: {shlex.join(server.argv)}\n"
+                f"--- last lines of {server.log_path} ---\n{server.log_tail()}"
+            )
+        time.sleep(0.2)
+
+
+# --------------------------------------------------------------------------------------------
+# gateway config / command
+
+
+def _identity(item: Any) -> tuple[str, Any] | None:
+    if isinstance(item, dict):
+        for key in ("name", "pluginRef", "type"):
+            if key in item:
+                return key, item[key]
+    return None
+
+
+def merge_config(base: Any, extra: Any) -> Any:
+    """Merge ``extra`` into ``base``.
+
+    Mappings merge key by key. Lists of mappings merge item by item on the item's identity (its
+    ``name``, else ``pluginRef``, else ``type``); items of ``extra`` with no counterpart are
+    appended. So an extra file holding just a ``plugins: [{type: prefix-cache-scorer}]`` entry and
+    a ``schedulingProfiles: [{name: default, plugins: [{pluginRef: prefix-cache-scorer}]}]`` entry
+    adds the scorer to the default profile. Anything else in ``extra`` replaces the base value.
+    """
+    if isinstance(base, dict) and isinstance(extra, dict):
+        out = dict(base)
+        for key, value in extra.items():
+            out[key] = merge_config(base[key], value) if key in base else copy.deepcopy(value)
+        return out
+    if isinstance(base, list) and isinstance(extra, list):
+        merged = list(base)
+        for item in extra:
+            ident = _identity(item)
+            index = next(
+                (i for i, old in enumerate(merged) if ident and _identity(old) == ident), None
+            )
+            if index is None:
+                merged.append(copy.deepcopy(item))
+            else:
+                merged[index] = merge_config(merged[index], item)
+        return merged
+    return copy.deepcopy(extra)
+
+
+def build_gateway_config(upstream_url: str, extra_path: Path | None) -> dict[str, Any]:
+    config = copy.deepcopy(BASE_CONFIG_TEMPLATE)
+    config["endpoints"][0]["url"] = upstream_url
+    if extra_path is not None:
+        extra = yaml.safe_load(extra_path.read_text())
+        if extra is not None:
+            if not isinstance(extra, dict):
+                raise HarnessError(f"--config-extra {extra_path} must hold a YAML mapping")
+            config = merge_config(config, extra)
+    return config
+
+
+def gateway_argv(
+    args: argparse.Namespace, port: int, config_path: Path, upstream_url: str
+) -> list[str]:
+    if args.gateway_cmd:
+        cmd = args.gateway_cmd
+        for key, value in {
+            "{port}": str(port),
+            "{config}": str(config_path),
+            "{upstream}": upstream_url,
+            "{python}": sys.executable,
+        }.items():
+            cmd = cmd.replace(key, value)
+        return shlex.split(cmd)
+    exe = shutil.which("heimdall-proxy")
+    if exe is None:
+        candidate = Path(sys.executable).parent / "heimdall-proxy"
+        exe = str(candidate) if candidate.exists() else None
+    base = [exe] if exe else [sys.executable, "-m", "heimdall_proxy"]
+    return [
+        *base,
+        "serve",
+        "--config",
+        str(config_path),
+        "--port",
+        str(port),
+        "--log-format",
+        "text",
+        "-v",
+        "0",
+        *shlex.split(args.gateway_args),
+    ]
+
+
+# --------------------------------------------------------------------------------------------
+# results
+
+
+@dataclass
+class TargetResults:
+    name: str
+    url: str
+    throughput: list[WrkResult] = field(default_factory=list)
+    latency: list[WrkResult] = field(default_factory=list)
+
+    @property
+    def rps(self) -> float:
+        return statistics.median(r.rps for r in self.throughput)
+
+    @property
+    def p50_ms(self) -> float:
+        return statistics.median(r.p50_ms for r in self.latency)
+
+    @property
+    def p99_ms(self) -> float:
+        return statistics.median(r.p99_ms for r in self.latency)
+
+    @property
+    def c1_rps(self) -> float:
+        return statistics.median(r.rps for r in self.latency)
+
+    @property
+    def runs(self) -> list[WrkResult]:
+        return [*self.throughput, *self.latency]
+
+    @property
+    def has_errors(self) -> bool:
+        return any(r.has_errors for r in self.runs)
+
+    def error_summary(self) -> str:
+        bad = [
+            f"{kind} round {i + 1}: {r.error_summary()}"
+            for kind, runs in (("c=N", self.throughput), ("c=1", self.latency))
+            for i, r in enumerate(runs)
+            if r.has_errors
+        ]
+        return "; ".join(bad)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "url": self.url,
+            "median": {
+                "rps": self.rps,
+                "p50_ms_c1": self.p50_ms,
+                "p99_ms_c1": self.p99_ms,
+                "rps_c1": self.c1_rps,
+            },
+            "has_errors": self.has_errors,
+            "throughput_runs": [r.to_dict() for r in self.throughput],
+            "latency_runs": [r.to_dict() for r in self.latency],
+        }
+
+
+def compute_summary(results: dict[str, TargetResults]) -> dict[str, Any]:
+    ratios: dict[str, float] = {}
+    added: dict[str, float] = {}
+    checks: dict[str, bool] = {}
+    d, f, g = (results.get(t) for t in TARGETS)
+    if g and f:
+        ratios["gateway_vs_forwarder_rps"] = g.rps / f.rps
+        added["gateway_minus_forwarder_p50_ms"] = g.p50_ms - f.p50_ms
+        checks["rps_ratio_vs_forwarder_ok"] = (
+            ratios["gateway_vs_forwarder_rps"] >= MIN_RPS_RATIO_VS_FORWARDER
+        )
+        checks["added_p50_vs_forwarder_ok"] = (
+            added["gateway_minus_forwarder_p50_ms"] <= MAX_ADDED_P50_MS
+        )
+    if g and d:
+        ratios["gateway_vs_direct_rps"] = g.rps / d.rps
+        added["gateway_minus_direct_p50_ms"] = g.p50_ms - d.p50_ms
+        checks["added_p50_vs_direct_ok"] = added["gateway_minus_direct_p50_ms"] <= MAX_ADDED_P50_MS
+    if f and d:
+        ratios["forwarder_vs_direct_rps"] = f.rps / d.rps
+        added["forwarder_minus_direct_p50_ms"] = f.p50_ms - d.p50_ms
+    return {"ratios": ratios, "added_latency_ms": added, "checks": checks}
+
+
+def _verdict(ok: bool | None) -> str:
+    return "" if ok is None else ("PASS" if ok else "FAIL")
+
+
+def text_report(
+    results: dict[str, TargetResults], summary: dict[str, Any], connections: int
+) -> str:
+    lines = []
+    header = (
+        f"{'target':<16} {f'rps c={connections}':>11} {'p50 c=1':>9} {'p99 c=1':>9} "
+        f"{'rps c=1':>8}  {'rps per round':<26} errors"
+    )
+    lines.append(header)
+    lines.append("-" * len(header))
+    for name, res in results.items():
+        rounds = "/".join(f"{r.rps:.0f}" for r in res.throughput)
+        errors = res.error_summary() if res.has_errors else "none"
+        lines.append(
+            f"{TARGET_LABELS[name]:<16} {res.rps:>11.0f} {res.p50_ms:>7.3f}ms {res.p99_ms:>7.3f}ms "
+            f"{res.c1_rps:>8.0f}  {rounds:<26} {errors}"
+        )
+    lines.append("")
+    ratios, added, checks = summary["ratios"], summary["added_latency_ms"], summary["checks"]
+    rows: list[tuple[str, str, str]] = []
+    if "gateway_vs_forwarder_rps" in ratios:
+        rows.append(
+            (
+                "gateway / forwarder rps",
+                f"{ratios['gateway_vs_forwarder_rps']:.2f}x",
+                f">= {MIN_RPS_RATIO_VS_FORWARDER}x "
+                f"{_verdict(checks.get('rps_ratio_vs_forwarder_ok'))}",
+            )
+        )
+    if "gateway_vs_direct_rps" in ratios:
+        rows.append(("gateway / direct rps", f"{ratios['gateway_vs_direct_rps']:.2f}x", ""))
+    if "forwarder_vs_direct_rps" in ratios:
+        rows.append(("forwarder / direct rps", f"{ratios['forwarder_vs_direct_rps']:.2f}x", ""))
+    if "gateway_minus_direct_p50_ms" in added:
+        rows.append(
+            (
+                "added p50 c=1: gateway - direct",
+                f"{added['gateway_minus_direct_p50_ms']:+.3f} ms",
+                f"<= {MAX_ADDED_P50_MS} ms {_verdict(checks.get('added_p50_vs_direct_ok'))}",
+            )
+        )
+    if "forwarder_minus_direct_p50_ms" in added:
+        rows.append(
+            (
+                "added p50 c=1: forwarder - direct",
+                f"{added['forwarder_minus_direct_p50_ms']:+.3f} ms",
+                "",
+            )
+        )
+    if "gateway_minus_forwarder_p50_ms" in added:
+        rows.append(
+            (
+                "added p50 c=1: gateway - forwarder",
+                f"{added['gateway_minus_forwarder_p50_ms']:+.3f} ms",
+                f"<= {MAX_ADDED_P50_MS} ms {_verdict(checks.get('added_p50_vs_forwarder_ok'))}",
+            )
+        )
+    for label, value, target in rows:
+        lines.append(f"{label:<36} {value:>10}   {target}".rstrip())
+    return "\n".join(lines)
+
+
+def _run_quiet(argv: list[str]) -> str:
+    try:
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=10, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    return (proc.stdout or proc.stderr).strip()
+
+
+def machine_info(wrk: str) -> dict[str, Any]:
+    cpu_model = "unknown"
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu_model = line.split(":", 1)[1].strip()
+                break
+    versions: dict[str, str] = {}
+    for mod in ("aiohttp", "uvloop"):
+        with contextlib.suppress(PackageNotFoundError):
+            versions[mod] = version(mod)
+    wrk_version = _run_quiet([wrk, "-v"]).splitlines()
+    git_rev = _run_quiet(["git", "-C", str(REPO_ROOT), "rev-parse", "--short", "HEAD"])
+    git_dirty = bool(_run_quiet(["git", "-C", str(REPO_ROOT), "status", "--porcelain"]))
+    return {
+        "arch": platform.machine(),
+        "nproc": len(os.sched_getaffinity(0)),
+        "cpu_model": cpu_model,
+        "python": platform.python_version(),
+        "kernel": platform.release(),
+        "packages": versions,
+        "wrk": wrk_version[0] if wrk_version else "unknown",
+        "git": (git_rev if re.fullmatch(r"[0-9a-f]+", git_rev) else "no commit")
+        + (" (dirty)" if git_dirty else ""),
+    }
+
+
+def markdown_report(
+    results: dict[str, TargetResults],
+    summary: dict[str, Any],
+    meta: dict[str, Any],
+) -> str:
+    m = meta["machine"]
+    p = meta["params"]
+    pkgs = ", ".join(f"{k} {v}" for k, v in m["packages"].items())
+    out = [
+        f"### Overhead run {meta['date']}",
+        "",
+        f"Command: `{meta['command']}`",
+        "",
+        f"Machine: {m['arch']}, nproc={m['nproc']}, {m['cpu_model']}, Python {m['python']}, "
+        f"{pkgs}, {m['wrk']}, kernel {m['kernel']}, git {m['git']}",
+        "",
+        f"Load: wrk -t1, throughput at c={p['connections']}, latency at c=1, "
+        f"{p['duration']} s per run, {p['warmup']} s warm-up, median of {p['rounds']} rounds "
+        "(alternating order). Request: POST /v1/chat/completions, small JSON body.",
+        "",
+        f"| target | rps c={p['connections']} | p50 c=1 (ms) | p99 c=1 (ms) | rps c=1 "
+        "| rps per round | errors |",
+        "|---|---:|---:|---:|---:|---|---|",
+    ]
+    for name, res in results.items():
+        rounds = " / ".join(f"{r.rps:.0f}" for r in res.throughput)
+        errors = f"**{res.error_summary()}**" if res.has_errors else "none"
+        out.append(
+            f"| {TARGET_LABELS[name]} | {res.rps:.0f} | {res.p50_ms:.3f} | {res.p99_ms:.3f} "
+            f"| {res.c1_rps:.0f} | {rounds} | {errors} |"
+        )
+    ratios, added, checks = summary["ratios"], summary["added_latency_ms"], summary["checks"]
+    out += ["", "| comparison | value | target |", "|---|---:|---|"]
+    if "gateway_vs_forwarder_rps" in ratios:
+        out.append(
+            f"| gateway / forwarder rps | {ratios['gateway_vs_forwarder_rps']:.2f}x "
+            f"| >= {MIN_RPS_RATIO_VS_FORWARDER}x "
+            f"{_verdict(checks.get('rps_ratio_vs_forwarder_ok'))} |"
+        )
+    if "gateway_vs_direct_rps" in ratios:
+        out.append(f"| gateway / direct rps | {ratios['gateway_vs_direct_rps']:.2f}x | |")
+    if "forwarder_vs_direct_rps" in ratios:
+        out.append(f"| forwarder / direct rps | {ratios['forwarder_vs_direct_rps']:.2f}x | |")
+    if "gateway_minus_direct_p50_ms" in added:
+        out.append(
+            f"| added p50 c=1, gateway - direct | {added['gateway_minus_direct_p50_ms']:+.3f} ms "
+            f"| <= {MAX_ADDED_P50_MS} ms {_verdict(checks.get('added_p50_vs_direct_ok'))} |"
+        )
+    if "forwarder_minus_direct_p50_ms" in added:
+        out.append(
+            f"| added p50 c=1, forwarder - direct "
+            f"| {added['forwarder_minus_direct_p50_ms']:+.3f} ms | |"
+        )
+    if "gateway_minus_forwarder_p50_ms" in added:
+        out.append(
+            f"| added p50 c=1, gateway - forwarder "
+            f"| {added['gateway_minus_forwarder_p50_ms']:+.3f} ms "
+            f"| <= {MAX_ADDED_P50_MS} ms {_verdict(checks.get('added_p50_vs_forwarder_ok'))} |"
+        )
+    if meta.get("gateway_cmd_override"):
+        out += ["", f"Note: gateway slot overridden with `{meta['gateway_cmd_override']}`."]
+    return "\n".join(out)
+
+
+# --------------------------------------------------------------------------------------------
+# main
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description="Measure the gateway's overhead against a bare aiohttp forwarder and the "
+        "upstream itself, with wrk.",
+    )
+    parser.add_argument("--duration", type=int, default=10, help="seconds per wrk run (10)")
+    parser.add_argument("--warmup", type=int, default=2, help="warm-up seconds per target (2)")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds, median reported (3)")
+    parser.add_argument("--connections", type=int, default=32, help="throughput connections")
+    parser.add_argument(
+        "--targets",
+        default=",".join(TARGETS),
+        help=f"comma-separated subset of {','.join(TARGETS)}",
+    )
+    parser.add_argument("--model", default="bench-model")
+    parser.add_argument("--gateway-args", default="", help="extra args for `heimdall-proxy serve`")
+    parser.add_argument(
+        "--config-extra", type=Path, help="YAML merged into the gateway config (see merge_config)"
+    )
+    parser.add_argument("--startup-timeout", type=float, default=60.0)
+    parser.add_argument("--wrk-timeout", type=int, default=5, help="wrk per-request timeout (s)")
+    parser.add_argument("--json", type=Path, metavar="OUT", help="write all numbers here")
+    parser.add_argument("--markdown", action="store_true", help="also print a markdown block")
+    parser.add_argument("--keep-tmp", action="store_true", help="keep logs/config/lua temp dir")
+    # Dev only: replace the gateway command line; placeholders {port} {config} {upstream}
+    # {python}. E.g. "{python} bench/bare_forwarder.py --port {port} --upstream {upstream}".
+    parser.add_argument("--gateway-cmd", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    targets = [t.strip() for t in args.targets.split(",") if t.strip()]
+    unknown = sorted(set(targets) - set(TARGETS))
+    if unknown or not targets:
+        parser.error(f"--targets: unknown {unknown}; choose from {','.join(TARGETS)}")
+    args.target_list = [t for t in TARGETS if t in targets]
+    if args.duration < 1 or args.rounds < 1 or args.warmup < 0 or args.connections < 1:
+        parser.error("--duration/--rounds/--connections must be >= 1 and --warmup >= 0")
+    if args.config_extra is not None and not args.config_extra.is_file():
+        parser.error(f"--config-extra: no such file {args.config_extra}")
+    return args
+
+
+def _raise_on_signal(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def progress(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def run(args: argparse.Namespace) -> int:
+    wrk = shutil.which("wrk")
+    if wrk is None:
+        raise HarnessError(
+            "wrk not found on PATH. Install it first, e.g. `apt-get install -y wrk` "
+            "(Debian/Ubuntu) or `brew install wrk`."
+        )
+    workdir = Path(tempfile.mkdtemp(prefix="heimdall-overhead-"))
+    servers: list[Server] = []
+    failed = True
+    try:
+        up_port, fw_port, gw_port = free_ports(3)
+        upstream_url = f"http://127.0.0.1:{up_port}"
+        chat = {
+            "model": args.model,
+            "messages": [{"role": "user", "content": "Say hello in five words."}],
+            "max_tokens": 16,
+        }
+        chat_body = json.dumps(chat, separators=(",", ":"))
+        lua = workdir / "chat.lua"
+        lua.write_text(LUA_TEMPLATE.format(body=chat_body))
+
+        config_path = workdir / "gateway.yaml"
+        config = build_gateway_config(upstream_url, args.config_extra)
+        config_path.write_text(yaml.safe_dump(config, sort_keys=False))
+
+        py = sys.executable
+        upstream = start_server(
+            "upstream",
+            [
+                py,
+                str(BENCH_DIR / "fast_upstream.py"),
+                "--port",
+                str(up_port),
+                "--model",
+                args.model,
+            ],
+            workdir,
+        )
+        servers.append(upstream)
+        deadline = time.monotonic() + args.startup_timeout
+        wait_ready(upstream, f"{upstream_url}/health", "health", deadline)
+
+        urls: dict[str, str] = {"direct": upstream_url}
+        ready: list[tuple[Server, str]] = [(upstream, upstream_url)]
+        if "forwarder" in args.target_list:
+            fw = start_server(
+                "forwarder",
+                [
+                    py,
+                    str(BENCH_DIR / "bare_forwarder.py"),
+                    "--port",
+                    str(fw_port),
+                    "--upstream",
+                    upstream_url,
+                ],
+                workdir,
+            )
+            servers.append(fw)
+            urls["forwarder"] = f"http://127.0.0.1:{fw_port}"
+            ready.append((fw, urls["forwarder"]))
+        if "gateway" in args.target_list:
+            gw = start_server(
+                "gateway", gateway_argv(args, gw_port, config_path, upstream_url), workdir
+            )
+            servers.append(gw)
+            urls["gateway"] = f"http://127.0.0.1:{gw_port}"
+            ready.append((gw, urls["gateway"]))
+
+        for server, base in ready[1:]:
+            progress(f"waiting for {server.name}: {shlex.join(server.argv)}")
+            wait_ready(server, f"{base}/v1/models", "models", deadline)
+        # Every target must serve the exact request we load it with before we measure it.
+        for server, base in ready:
+            wait_ready(
+                server,
+                f"{base}/v1/chat/completions",
+                "chat",
+                deadline,
+                chat_body=chat_body.encode(),
+            )
+        progress("all targets ready; logs and config in " + str(workdir))
+
+        results = {t: TargetResults(t, urls[t] + "/v1/chat/completions") for t in args.target_list}
+        for rnd in range(args.rounds):
+            order = args.target_list if rnd % 2 == 0 else list(reversed(args.target_list))
+            for t in order:
+                res = results[t]
+                if args.warmup:
+                    run_wrk(
+                        wrk,
+                        res.url,
+                        lua,
+                        connections=args.connections,
+                        duration=args.warmup,
+                        timeout_s=args.wrk_timeout,
+                    )
+                tp = run_wrk(
+                    wrk,
+                    res.url,
+                    lua,
+                    connections=args.connections,
+                    duration=args.duration,
+                    timeout_s=args.wrk_timeout,
+                )
+                lat = run_wrk(
+                    wrk,
+                    res.url,
+                    lua,
+                    connections=1,
+                    duration=args.duration,
+                    timeout_s=args.wrk_timeout,
+                )
+                res.throughput.append(tp)
+                res.latency.append(lat)
+                flag = ""
+                if tp.has_errors or lat.has_errors:
+                    flag = f"  ERRORS: c={args.connections}: {tp.error_summary()}; "
+                    flag += f"c=1: {lat.error_summary()}"
+                progress(
+                    f"[round {rnd + 1}/{args.rounds}] {TARGET_LABELS[t]:<16} "
+                    f"{tp.rps:8.0f} rps (c={args.connections})   "
+                    f"p50 {lat.p50_ms:.3f} ms  p99 {lat.p99_ms:.3f} ms (c=1){flag}"
+                )
+            # Every server must have survived the round.
+            for server in servers:
+                if server.popen.poll() is not None:
+                    raise HarnessError(
+                        f"{server.name} exited with code {server.popen.returncode} during the "
+                        f"run.\n--- last lines of {server.log_path} ---\n{server.log_tail()}"
+                    )
+
+        summary = compute_summary(results)
+        any_errors = any(r.has_errors for r in results.values())
+        meta: dict[str, Any] = {
+            "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+            "command": shlex.join(["python", *sys.argv]),
+            "machine": machine_info(wrk),
+            "params": {
+                "duration": args.duration,
+                "warmup": args.warmup,
+                "rounds": args.rounds,
+                "connections": args.connections,
+                "targets": args.target_list,
+                "model": args.model,
+                "request_body": chat,
+                "gateway_argv": next((s.argv for s in servers if s.name == "gateway"), None),
+                "gateway_config": config if "gateway" in args.target_list else None,
+            },
+            "gateway_cmd_override": args.gateway_cmd,
+        }
+
+        print()
+        print(text_report(results, summary, args.connections))
+        if any_errors:
+            print()
+            print("WARNING: some runs had errors; their numbers are not trustworthy:")
+            for name, res in results.items():
+                if res.has_errors:
+                    print(f"  {TARGET_LABELS[name]}: {res.error_summary()}")
+        if args.markdown:
+            print()
+            print(markdown_report(results, summary, meta))
+        if args.json:
+            payload = {
+                **meta,
+                "targets": {name: res.to_dict() for name, res in results.items()},
+                **summary,
+                "targets_thresholds": {
+                    "min_rps_ratio_vs_forwarder": MIN_RPS_RATIO_VS_FORWARDER,
+                    "max_added_p50_ms": MAX_ADDED_P50_MS,
+                },
+                "has_errors": any_errors,
+            }
+            args.json.parent.mkdir(parents=True, exist_ok=True)
+            args.json.write_text(json.dumps(payload, indent=2) + "\n")
+            progress(f"wrote {args.json}")
+        failed = any_errors
+        return 2 if any_errors else 0
+    finally:
+        stop_servers(servers)
+        if failed or args.keep_tmp:
+            progress(f"logs, config and wrk script kept in {workdir}")
+        else:
+            shutil.rmtree(workdir, ignore_errors=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    signal.signal(signal.SIGTERM, _raise_on_signal)
+    signal.signal(signal.SIGHUP, _raise_on_signal)
+    try:
+        return run(args)
+    except HarnessError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("interrupted; servers stopped", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

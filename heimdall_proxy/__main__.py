@@ -1,0 +1,3 @@
+from heimdall_proxy.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,321 @@
+"""Command line: `heimdall-proxy [serve] --config FILE`, `check-config FILE`, `sim`, `demo`."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import sys
+from collections.abc import Coroutine, Sequence
+from importlib import resources
+from typing import Any
+
+from aiohttp import web
+
+from heimdall_proxy import __version__
+from heimdall_proxy.config import ConfigError, EndpointConfig, GatewayConfig, load_config
+from heimdall_proxy.framework.params import parse_duration
+from heimdall_proxy.observability import setup_logging
+from heimdall_proxy.server.gateway import ServerOptions
+
+log = logging.getLogger("heimdall_proxy.cli")
+
+COMMANDS = ("serve", "check-config", "sim", "demo")
+
+
+def _duration(text: str) -> float:
+    try:
+        return parse_duration(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
+
+
+def _verbosity(text: str) -> int:
+    try:
+        return int(text.lstrip("="))
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"-v takes a number, got {text!r}") from exc
+
+
+def _add_logging(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "-v",
+        "--v",
+        dest="verbosity",
+        type=_verbosity,
+        default=0,
+        metavar="N",
+        help="log verbosity; 4 logs every plugin run per request",
+    )
+    p.add_argument("--log-format", choices=("json", "text"), default="json")
+
+
+def _add_server(p: argparse.ArgumentParser, default_port: int = 8000) -> None:
+    p.add_argument("--host", default="0.0.0.0")
+    p.add_argument("--port", type=int, default=default_port)
+    p.add_argument(
+        "--response-header",
+        action="store_true",
+        help="set x-decoder-host-port (and x-prefiller-host-port) on responses",
+    )
+    p.add_argument(
+        "--metrics-interval",
+        type=_duration,
+        default=0.1,
+        metavar="DURATION",
+        help="how often each pod's /metrics is scraped (default 100ms)",
+    )
+    p.add_argument(
+        "--models-interval",
+        type=_duration,
+        default=5.0,
+        metavar="DURATION",
+        help="how often each pod's /v1/models is refreshed (default 5s)",
+    )
+    p.add_argument("--max-body-bytes", type=int, default=64 * 1024 * 1024)
+    p.add_argument("--connect-timeout", type=_duration, default=5.0, metavar="DURATION")
+    p.add_argument(
+        "--upstream-timeout",
+        type=_duration,
+        default=0.0,
+        metavar="DURATION",
+        help="total time per upstream attempt; 0 = unlimited (default)",
+    )
+    p.add_argument(
+        "--max-attempts",
+        type=int,
+        default=3,
+        help="pods tried per request when a pod cannot be reached (default 3)",
+    )
+    p.add_argument("--pool-name", default="heimdall")
+    _add_logging(p)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="heimdall-proxy",
+        description="OpenAI-compatible LLM request router running Heimdall's endpoint-picker "
+        "plugins in-process in front of vLLM.",
+    )
+    parser.add_argument("--version", action="version", version=f"heimdall-proxy {__version__}")
+    sub = parser.add_subparsers(dest="command")
+
+    serve = sub.add_parser("serve", help="run the gateway (the default command)")
+    serve.add_argument("--config", "-c", help="YAML config; without it, the embedded demo runs")
+    serve.add_argument(
+        "--sim-pods",
+        type=int,
+        default=2,
+        help="simulated pods started when the config lists no endpoints",
+    )
+    _add_server(serve)
+
+    check = sub.add_parser("check-config", help="validate a config and print the profiles")
+    check.add_argument("config")
+    check.add_argument("-v", "--v", dest="verbosity", type=_verbosity, default=0)
+
+    sim = sub.add_parser("sim", help="run one simulated vLLM pod")
+    sim.add_argument("--host", default="127.0.0.1")
+    sim.add_argument("--port", type=int, default=8001)
+    sim.add_argument("--name", default="sim-0")
+    sim.add_argument("--model", default="sim-model")
+    sim.add_argument("--lora-modules", default="", help="comma-separated adapter names")
+    sim.add_argument("--max-loras", type=int, default=1)
+    sim.add_argument("--max-num-seqs", type=int, default=256)
+    sim.add_argument("--ttft", type=_duration, default=0.02, metavar="DURATION")
+    sim.add_argument("--token-delay", type=_duration, default=0.005, metavar="DURATION")
+    _add_logging(sim)
+
+    demo = sub.add_parser("demo", help="simulated pods in-process plus the gateway")
+    demo.add_argument("--pods", type=int, default=2)
+    demo.add_argument("--model", default="sim-model")
+    demo.add_argument("--config", "-c", help="gateway config (default: the embedded demo.yaml)")
+    _add_server(demo)
+    return parser
+
+
+def _server_options(args: argparse.Namespace) -> ServerOptions:
+    return ServerOptions(
+        host=args.host,
+        port=args.port,
+        response_header=args.response_header,
+        max_body_bytes=args.max_body_bytes,
+        metrics_interval=args.metrics_interval,
+        models_interval=args.models_interval,
+        connect_timeout=args.connect_timeout,
+        upstream_timeout=args.upstream_timeout or None,
+        max_attempts=args.max_attempts,
+        pool_name=args.pool_name,
+    )
+
+
+def _demo_config_text() -> str:
+    return resources.files("heimdall_proxy").joinpath("configs/demo.yaml").read_text("utf-8")
+
+
+def _load(path: str | None) -> GatewayConfig:
+    if path:
+        return load_config(path)
+    import yaml
+
+    from heimdall_proxy.config import parse_config
+
+    return parse_config(yaml.safe_load(_demo_config_text()), "<embedded demo.yaml>")
+
+
+def _run(coro: Coroutine[Any, Any, None]) -> None:
+    try:
+        import uvloop
+
+        uvloop.run(coro)
+    except ImportError:  # pragma: no cover - uvloop is a dependency on every supported OS
+        asyncio.run(coro)
+
+
+async def _serve(config: GatewayConfig, options: ServerOptions, sim_pods: int, model: str) -> None:
+    from heimdall_proxy.server.app import create_app, serve
+
+    runners: list[web.AppRunner] = []
+    try:
+        if not config.endpoints:
+            config = await _start_sims(config, sim_pods, model, runners)
+        app = create_app(config, options)
+        await serve(app, options.host, options.port)
+    finally:
+        for runner in runners:
+            await runner.cleanup()
+
+
+async def _start_sims(
+    config: GatewayConfig, n: int, model: str, runners: list[web.AppRunner]
+) -> GatewayConfig:
+    from heimdall_proxy.sim import SimOptions, SimPod
+
+    endpoints = []
+    for i in range(max(1, n)):
+        pod = SimPod(SimOptions(name=f"sim-{i}", model=model, ttft=0.02, token_delay=0.005))
+        runner = web.AppRunner(pod.app(), handler_cancellation=True, access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        runners.append(runner)
+        port = runner.addresses[0][1]
+        endpoints.append(EndpointConfig(name=f"sim-{i}", url=f"http://127.0.0.1:{port}"))
+        log.info("simulated vLLM pod sim-%d (model %s) on http://127.0.0.1:%d", i, model, port)
+    return config.model_copy(update={"endpoints": endpoints})
+
+
+async def _sim(args: argparse.Namespace) -> None:
+    from heimdall_proxy.sim import SimOptions, SimPod
+
+    pod = SimPod(
+        SimOptions(
+            name=args.name,
+            model=args.model,
+            lora_modules=[m for m in args.lora_modules.split(",") if m],
+            max_loras=args.max_loras,
+            max_num_seqs=args.max_num_seqs,
+            ttft=args.ttft,
+            token_delay=args.token_delay,
+        )
+    )
+    runner = web.AppRunner(pod.app(), handler_cancellation=True, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, args.host, args.port).start()
+    log.info(
+        "simulated vLLM pod %s serving %s on http://%s:%d",
+        args.name,
+        args.model,
+        args.host,
+        args.port,
+    )
+    try:
+        await asyncio.Event().wait()
+    finally:
+        await runner.cleanup()
+
+
+def check_config(path: str) -> int:
+    """Validate like `serve` does and print the resolved plugins and profiles."""
+    from heimdall_proxy.server.gateway import Gateway
+
+    try:
+        config = load_config(path)
+        gateway = Gateway(config, ServerOptions())
+    except ConfigError as exc:
+        print(f"config error: {exc}", file=sys.stderr)
+        return 1
+    print(describe(gateway))
+    return 0
+
+
+def describe(gateway: Any) -> str:
+    from heimdall_proxy.framework.plugins import extension_points
+
+    cfg: GatewayConfig = gateway.config
+    pset = gateway.plugins
+    out = [f"config OK: {cfg.source}"]
+    out.append(f"feature gates: {', '.join(cfg.epp.feature_gates) or '(none)'}")
+    out.append("endpoints:" if cfg.endpoints else "endpoints: (none: simulated pods are started)")
+    for ep in cfg.endpoints:
+        labels = ", ".join(f"{k}={v}" for k, v in ep.labels.items())
+        out.append(f"  {ep.name}  {ep.url}" + (f"  [{labels}]" if labels else ""))
+    out.append("plugins:")
+    for name, plugin in pset.plugins.items():
+        params = getattr(plugin, "params", None)
+        shown = params.model_dump(by_alias=True, exclude_none=True) if params is not None else {}
+        out.append(
+            f"  {name} (type {plugin.type}): {', '.join(extension_points(plugin))}"
+            + (f"  {shown}" if shown else "")
+        )
+    for name, gate in pset.skipped.items():
+        out.append(f"  {name}: skipped, feature gate {gate!r} not enabled")
+    suffix = " (default)" if pset.handler_defaulted else ""
+    out.append(f"profile handler: {pset.handler_name}{suffix}")
+    out.append("scheduling profiles:")
+    for prof in pset.resolved_profiles:
+        out.append(f"  {prof.name}:")
+        out.append(f"    filters: {', '.join(prof.filters) or '(none)'}")
+        scorers = ", ".join(f"{n} (weight {w:g})" for n, w in prof.scorers)
+        out.append(f"    scorers: {scorers or '(none)'}")
+        out.append(f"    picker:  {prof.picker}" + (" (default)" if prof.picker_defaulted else ""))
+    return "\n".join(out)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    if not args_list or (
+        args_list[0] not in COMMANDS and args_list[0] not in ("-h", "--help", "--version")
+    ):
+        args_list.insert(0, "serve")
+    args = build_parser().parse_args(args_list)
+    if args.command == "check-config":
+        setup_logging(args.verbosity, "text")
+        return check_config(args.config)
+    setup_logging(args.verbosity, args.log_format)
+    if args.command == "sim":
+        _run(_sim(args))
+        return 0
+    try:
+        config = _load(args.config)
+        if args.command == "serve":
+            model, pods = "sim-model", args.sim_pods
+        else:  # demo: always the simulated fleet, whatever endpoints the config lists
+            model, pods = args.model, args.pods
+            config = config.model_copy(update={"endpoints": []})
+        options = _server_options(args)
+        # Validate plugins before any socket is opened (create_app does it again, cheaply).
+        from heimdall_proxy.server.gateway import Gateway
+
+        Gateway(config, options)
+    except ConfigError as exc:
+        print(f"config error: {exc}", file=sys.stderr)
+        return 1
+    with contextlib.suppress(KeyboardInterrupt):
+        _run(_serve(config, options, pods, model))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,207 @@
+"""The YAML config: Heimdall's EndpointPickerConfig (at the top level, or under `config:` as in a
+heimdall-values.yaml) plus the gateway's own `endpoints:` list."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+log = logging.getLogger("heimdall_proxy.config")
+
+
+class ConfigError(Exception):
+    """An invalid config; the message names the file, plugin, profile or field at fault."""
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(populate_by_name=True, extra="ignore")
+
+
+class PluginConfig(_Model):
+    type: str
+    name: str | None = None
+    parameters: dict[str, Any] | None = None
+
+    @property
+    def instance_name(self) -> str:
+        return self.name or self.type
+
+
+class ProfilePluginRef(_Model):
+    plugin_ref: str = Field(alias="pluginRef")
+    weight: float | None = None
+
+
+class SchedulingProfileConfig(_Model):
+    name: str
+    plugins: list[ProfilePluginRef] = Field(default_factory=list)
+
+
+class ExtractorRef(_Model):
+    plugin_ref: str = Field(alias="pluginRef")
+
+
+class DataSourceConfig(_Model):
+    plugin_ref: str = Field(alias="pluginRef")
+    extractors: list[ExtractorRef] = Field(default_factory=list)
+
+
+class DataConfig(_Model):
+    sources: list[DataSourceConfig] = Field(default_factory=list)
+
+
+class EndpointPickerConfig(_Model):
+    api_version: str | None = Field(default=None, alias="apiVersion")
+    kind: str | None = None
+    feature_gates: list[str] = Field(default_factory=list, alias="featureGates")
+    plugins: list[PluginConfig] = Field(default_factory=list)
+    scheduling_profiles: list[SchedulingProfileConfig] = Field(
+        default_factory=list, alias="schedulingProfiles"
+    )
+    data: DataConfig | None = None
+
+    @field_validator("feature_gates", mode="before")
+    @classmethod
+    def _gates(cls, value: Any) -> Any:
+        # Accept both the list form and a {gate: true} map.
+        if isinstance(value, Mapping):
+            return [str(k) for k, v in value.items() if v]
+        return [] if value is None else value
+
+
+class EndpointConfig(_Model):
+    name: str
+    url: str
+    labels: dict[str, str] = Field(default_factory=dict)
+    kv_events: str | None = Field(default=None, alias="kvEvents")
+    #: Static model list; when set, the pod's /v1/models is not polled.
+    models: list[str] | None = None
+
+    @field_validator("labels", mode="before")
+    @classmethod
+    def _labels(cls, value: Any) -> Any:
+        if isinstance(value, Mapping):
+            return {str(k): str(v) for k, v in value.items()}
+        return {} if value is None else value
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, value: str) -> str:
+        parts = urlsplit(value)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"url must be http(s)://host[:port], got {value!r}")
+        try:
+            parts.port  # noqa: B018 - raises on a bad port
+        except ValueError as exc:
+            raise ValueError(f"bad port in url {value!r}") from exc
+        return value.rstrip("/")
+
+    @property
+    def host(self) -> str:
+        return urlsplit(self.url).hostname or ""
+
+    @property
+    def port(self) -> int:
+        parts = urlsplit(self.url)
+        return parts.port or (443 if parts.scheme == "https" else 80)
+
+
+#: The EndpointPickerConfig used when a file declares no plugins (the EPP's default shape).
+DEFAULT_EPP: dict[str, Any] = {
+    "plugins": [
+        {"type": "queue-scorer"},
+        {"type": "kv-cache-utilization-scorer"},
+        {"type": "max-score-picker"},
+    ],
+    "schedulingProfiles": [
+        {
+            "name": "default",
+            "plugins": [
+                {"pluginRef": "queue-scorer"},
+                {"pluginRef": "kv-cache-utilization-scorer"},
+                {"pluginRef": "max-score-picker"},
+            ],
+        }
+    ],
+}
+
+_EPP_KEYS = {"apiVersion", "kind", "featureGates", "plugins", "schedulingProfiles", "data"}
+
+
+class GatewayConfig(_Model):
+    epp: EndpointPickerConfig
+    endpoints: list[EndpointConfig] = Field(default_factory=list)
+    source: str = "<memory>"
+
+
+def _format_validation(exc: ValidationError) -> str:
+    parts = []
+    for err in exc.errors():
+        loc = ".".join(str(p) for p in err["loc"]) or "(root)"
+        parts.append(f"{loc}: {err['msg']}")
+    return "; ".join(parts)
+
+
+def parse_config(doc: Any, source: str = "<memory>") -> GatewayConfig:
+    """Validate a parsed YAML document. Raises ConfigError."""
+    if doc is None:
+        doc = {}
+    if not isinstance(doc, Mapping):
+        raise ConfigError(f"{source}: the config must be a YAML mapping")
+    epp_doc: Any = doc
+    if "config" in doc:
+        epp_doc = doc["config"]
+        if isinstance(epp_doc, str):  # Helm values often embed the EPP config as a string
+            try:
+                epp_doc = yaml.safe_load(epp_doc)
+            except yaml.YAMLError as exc:
+                raise ConfigError(f"{source}: `config:` is not valid YAML: {exc}") from exc
+        if not isinstance(epp_doc, Mapping):
+            raise ConfigError(f"{source}: `config:` must be a mapping")
+        ignored = sorted(k for k in doc if k not in ("config", "endpoints"))
+        if ignored:
+            log.info("ignoring Helm keys %s in %s", ", ".join(ignored), source)
+    epp_doc = dict(epp_doc)
+    if not epp_doc.get("plugins"):
+        epp_doc = {**epp_doc, **DEFAULT_EPP}
+    endpoints_doc = doc.get("endpoints", epp_doc.get("endpoints")) or []
+    try:
+        epp = EndpointPickerConfig.model_validate(
+            {k: v for k, v in epp_doc.items() if k in _EPP_KEYS}
+        )
+    except ValidationError as exc:
+        raise ConfigError(f"{source}: {_format_validation(exc)}") from exc
+    if not isinstance(endpoints_doc, list):
+        raise ConfigError(f"{source}: endpoints must be a list")
+    endpoints: list[EndpointConfig] = []
+    for i, item in enumerate(endpoints_doc):
+        try:
+            endpoints.append(EndpointConfig.model_validate(item))
+        except ValidationError as exc:
+            raise ConfigError(f"{source}: endpoints[{i}]: {_format_validation(exc)}") from exc
+    seen: set[str] = set()
+    for ep in endpoints:
+        if ep.name in seen:
+            raise ConfigError(f"{source}: duplicate endpoint name {ep.name!r}")
+        seen.add(ep.name)
+    return GatewayConfig(epp=epp, endpoints=endpoints, source=source)
+
+
+def load_config(path: str | Path) -> GatewayConfig:
+    """Read and validate a config file. Raises ConfigError."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"{p}: cannot read config: {exc.strerror or exc}") from exc
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{p}: invalid YAML: {exc}") from exc
+    return parse_config(doc, str(p))

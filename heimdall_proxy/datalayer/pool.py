@@ -1,0 +1,82 @@
+"""The endpoint pool: the pods, their health and the models they serve."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from heimdall_proxy.config import EndpointConfig
+from heimdall_proxy.framework.types import Endpoint
+
+
+class ModelNotFoundError(LookupError):
+    """No pod serves the requested model."""
+
+
+class NoEndpointsError(LookupError):
+    """The pool is empty."""
+
+
+class EndpointPool:
+    """Owns one Endpoint object per pod. The data layer updates them in place (health, models)
+    and replaces their `metrics` snapshot; the scheduler reads them."""
+
+    def __init__(self, configs: list[EndpointConfig]) -> None:
+        self._by_name: dict[str, Endpoint] = {}
+        for cfg in configs:
+            endpoint = Endpoint(
+                name=cfg.name,
+                url=cfg.url,
+                host=cfg.host,
+                port=cfg.port,
+                labels=dict(cfg.labels),
+                kv_events=cfg.kv_events,
+            )
+            if cfg.models is not None:
+                endpoint.models = frozenset(cfg.models)
+                endpoint.model_cards = {m: {"id": m, "object": "model"} for m in cfg.models}
+            self._by_name[cfg.name] = endpoint
+        self._all = list(self._by_name.values())
+        self.static_models = {cfg.name for cfg in configs if cfg.models is not None}
+
+    def endpoints(self) -> list[Endpoint]:
+        return self._all
+
+    def get(self, name: str) -> Endpoint | None:
+        return self._by_name.get(name)
+
+    def healthy(self) -> list[Endpoint]:
+        return [e for e in self._all if e.healthy]
+
+    def candidates(self, model: str) -> list[Endpoint]:
+        """Pods that may serve `model`: the healthy pods serving it; if none is healthy, the
+        unhealthy ones serving it (a failed scrape does not prove a pod dead); pods whose model
+        list is still unknown when nobody is known to serve it. Raises ModelNotFoundError or
+        NoEndpointsError."""
+        if not self._all:
+            raise NoEndpointsError("the pool has no endpoints")
+        serving: list[Endpoint] = []
+        unhealthy_serving: list[Endpoint] = []
+        unknown: list[Endpoint] = []
+        for e in self._all:
+            models = e.models
+            if models is None:
+                unknown.append(e)
+            elif model in models:
+                (serving if e.healthy else unhealthy_serving).append(e)
+        if serving:
+            return serving
+        if unhealthy_serving:
+            return unhealthy_serving
+        if unknown:
+            healthy_unknown = [e for e in unknown if e.healthy]
+            return healthy_unknown or unknown
+        raise ModelNotFoundError(model)
+
+    def models(self) -> list[dict[str, Any]]:
+        """The union of the model cards of the healthy pods, sorted by id."""
+        cards: dict[str, dict[str, Any]] = {}
+        for e in self._all:
+            if e.healthy:
+                for model_id, card in e.model_cards.items():
+                    cards.setdefault(model_id, card)
+        return [cards[k] for k in sorted(cards)]

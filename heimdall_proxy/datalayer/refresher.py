@@ -1,0 +1,134 @@
+"""Background refresh of every pod: /metrics on a short interval, /v1/models on a longer one."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import time
+from dataclasses import dataclass
+
+import aiohttp
+import orjson
+
+from heimdall_proxy.datalayer.pool import EndpointPool
+from heimdall_proxy.datalayer.vllm_metrics import parse_vllm_metrics
+from heimdall_proxy.framework.types import Endpoint
+
+log = logging.getLogger("heimdall_proxy.datalayer")
+
+#: Consecutive failed scrapes after which a pod is taken out of rotation.
+UNHEALTHY_AFTER = 3
+
+
+@dataclass(slots=True)
+class RefreshOptions:
+    metrics_interval: float = 0.1
+    metrics_timeout: float = 1.0
+    models_interval: float = 5.0
+    models_path: str = "/v1/models"
+
+
+class PoolRefresher:
+    """One task per pod keeps its metrics snapshot, health and model list fresh."""
+
+    def __init__(
+        self, pool: EndpointPool, session: aiohttp.ClientSession, options: RefreshOptions
+    ) -> None:
+        self.pool = pool
+        self.session = session
+        self.options = options
+        self._tasks: list[asyncio.Task[None]] = []
+        self.scrape_count = 0
+
+    async def refresh_once(self) -> None:
+        """Scrape every pod once, concurrently (used at start-up before serving)."""
+        await asyncio.gather(*(self._refresh(e, models=True) for e in self.pool.endpoints()))
+
+    def start(self) -> None:
+        for endpoint in self.pool.endpoints():
+            self._tasks.append(
+                asyncio.create_task(self._loop(endpoint), name=f"refresh-{endpoint.name}")
+            )
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks.clear()
+
+    async def _loop(self, endpoint: Endpoint) -> None:
+        opts = self.options
+        # Spread the pods' scrapes over the interval instead of firing them together.
+        await asyncio.sleep(random.uniform(0, opts.metrics_interval))
+        next_models = time.monotonic() + opts.models_interval
+        while True:
+            now = time.monotonic()
+            due = now >= next_models
+            if due:
+                next_models = now + opts.models_interval
+            await self._refresh(endpoint, models=due)
+            await asyncio.sleep(opts.metrics_interval)
+
+    async def _refresh(self, endpoint: Endpoint, *, models: bool) -> None:
+        if models and endpoint.name not in self.pool.static_models:
+            await self._refresh_models(endpoint)
+        await self._scrape(endpoint)
+
+    async def _scrape(self, endpoint: Endpoint) -> None:
+        timeout = aiohttp.ClientTimeout(total=self.options.metrics_timeout)
+        try:
+            async with self.session.get(f"{endpoint.url}/metrics", timeout=timeout) as resp:
+                if resp.status != 200:
+                    raise ValueError(f"HTTP {resp.status}")
+                text = await resp.text()
+            snapshot = parse_vllm_metrics(text)
+        except (aiohttp.ClientError, TimeoutError, ValueError, UnicodeDecodeError) as exc:
+            self._failed(endpoint, f"metrics scrape failed: {exc!r}")
+            return
+        self.scrape_count += 1
+        endpoint.metrics = snapshot
+        endpoint.consecutive_failures = 0
+        if not endpoint.healthy:
+            endpoint.healthy = True
+            log.info("endpoint healthy again", extra={"endpoint": endpoint.name})
+
+    def _failed(self, endpoint: Endpoint, why: str) -> None:
+        endpoint.consecutive_failures += 1
+        if endpoint.healthy and endpoint.consecutive_failures >= UNHEALTHY_AFTER:
+            endpoint.healthy = False
+            log.warning(
+                "endpoint unhealthy after %d failed scrapes: %s",
+                endpoint.consecutive_failures,
+                why,
+                extra={"endpoint": endpoint.name},
+            )
+
+    async def _refresh_models(self, endpoint: Endpoint) -> None:
+        timeout = aiohttp.ClientTimeout(total=max(self.options.metrics_timeout, 2.0))
+        try:
+            async with self.session.get(
+                f"{endpoint.url}{self.options.models_path}", timeout=timeout
+            ) as resp:
+                if resp.status != 200:
+                    raise ValueError(f"HTTP {resp.status}")
+                doc = orjson.loads(await resp.read())
+            cards = {
+                str(card["id"]): card
+                for card in doc["data"]
+                if isinstance(card, dict) and isinstance(card.get("id"), str)
+            }
+        except (aiohttp.ClientError, TimeoutError, ValueError, KeyError, TypeError) as exc:
+            log.debug("model list refresh failed for %s: %r", endpoint.name, exc)
+            return
+        if endpoint.models != frozenset(cards):
+            log.info(
+                "endpoint serves models: %s",
+                ", ".join(sorted(cards)),
+                extra={"endpoint": endpoint.name},
+            )
+        endpoint.model_cards = cards
+        endpoint.models = frozenset(cards)

@@ -1,0 +1,24 @@
+"""A convenience base class for plugins: stores the instance name and parameters."""
+
+from __future__ import annotations
+
+from typing import ClassVar, Generic, TypeVar
+
+from heimdall_proxy.framework.handle import PluginHandle
+from heimdall_proxy.framework.params import PluginParams
+
+P = TypeVar("P", bound=PluginParams)
+
+
+class BasePlugin(Generic[P]):
+    """Subclasses set `type` to their registered type name and register with
+    `@register(TYPE, Params)`; the class itself is the factory."""
+
+    type: ClassVar[str]
+
+    def __init__(self, name: str, params: P, handle: PluginHandle) -> None:
+        self.name = name
+        self.params = params
+
+    def __repr__(self) -> str:
+        return f"<{self.type} {self.name!r}>"

@@ -1,0 +1,47 @@
+"""What a plugin receives at construction besides its parameters."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from heimdall_proxy.framework.types import Endpoint
+
+
+class EndpointSource(Protocol):
+    """Read-only view of the live endpoint pool."""
+
+    def endpoints(self) -> list[Endpoint]: ...
+
+    def get(self, name: str) -> Endpoint | None: ...
+
+
+class PluginLookupError(LookupError):
+    """A plugin referenced another plugin that is not declared before it."""
+
+
+@dataclass(slots=True)
+class PluginHandle:
+    """Handed to every plugin factory: the pool, feature gates, and the plugins declared
+    earlier in the plugin list (Heimdall resolves references at initialisation, so a plugin
+    can only see the ones before it)."""
+
+    pool: EndpointSource
+    feature_gates: frozenset[str] = frozenset()
+    _plugins: dict[str, object] = field(default_factory=dict)
+
+    def plugin(self, name: str) -> object:
+        """The plugin instance called `name`, declared earlier in the list."""
+        try:
+            return self._plugins[name]
+        except KeyError:
+            raise PluginLookupError(
+                f"plugin {name!r} is not declared before the plugin that references it"
+            ) from None
+
+    def plugins(self) -> Mapping[str, object]:
+        return dict(self._plugins)
+
+    def add(self, name: str, plugin: object) -> None:
+        self._plugins[name] = plugin

@@ -1,0 +1,271 @@
+"""Builds plugin instances, scheduling profiles and the scheduler from an EndpointPickerConfig,
+with the same defaults and checks as Heimdall."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+from pydantic import ValidationError
+
+from heimdall_proxy.config import ConfigError, EndpointPickerConfig, PluginConfig
+from heimdall_proxy.framework.handle import PluginHandle, PluginLookupError
+from heimdall_proxy.framework.plugins import (
+    Filter,
+    Lifecycle,
+    Picker,
+    PrepareData,
+    PreRequest,
+    Producer,
+    ProfileHandler,
+    ResponseComplete,
+    ResponseReceived,
+    ResponseStreaming,
+    Scorer,
+    extension_points,
+)
+from heimdall_proxy.framework.registry import Registry
+from heimdall_proxy.framework.scheduler import (
+    Scheduler,
+    SchedulerProfile,
+    TimerFactory,
+    WeightedScorer,
+    no_timers,
+)
+
+log = logging.getLogger("heimdall_proxy.config")
+
+SINGLE_PROFILE_HANDLER = "single-profile-handler"
+MAX_SCORE_PICKER = "max-score-picker"
+DEFAULT_PROFILE = "default"
+
+
+@dataclass(slots=True)
+class ResolvedProfile:
+    name: str
+    filters: list[str]
+    scorers: list[tuple[str, float]]
+    picker: str
+    picker_defaulted: bool
+
+
+@dataclass(slots=True)
+class PluginSet:
+    """Every plugin instance, by extension point, in declaration order."""
+
+    plugins: dict[str, object]
+    scheduler: Scheduler
+    resolved_profiles: list[ResolvedProfile]
+    handler_name: str
+    handler_defaulted: bool
+    skipped: dict[str, str] = field(default_factory=dict)
+    prepare_data: list[PrepareData] = field(default_factory=list)
+    producers: list[Producer] = field(default_factory=list)
+    pre_request: list[PreRequest] = field(default_factory=list)
+    response_received: list[ResponseReceived] = field(default_factory=list)
+    response_streaming: list[ResponseStreaming] = field(default_factory=list)
+    response_complete: list[ResponseComplete] = field(default_factory=list)
+    lifecycle: list[Lifecycle] = field(default_factory=list)
+
+
+def _params_error(plugin: PluginConfig, exc: ValidationError) -> ConfigError:
+    parts = []
+    for err in exc.errors():
+        # A model-level validator reports an empty loc: name the parameters as a whole.
+        loc = ".".join(str(p) for p in err["loc"])
+        parts.append(f"parameters.{loc}: {err['msg']}" if loc else f"parameters: {err['msg']}")
+    return ConfigError(
+        f"plugin {plugin.instance_name!r} (type {plugin.type!r}): " + "; ".join(parts)
+    )
+
+
+def instantiate(
+    registry: Registry, cfg: PluginConfig, handle: PluginHandle, name: str | None = None
+) -> object:
+    """Validate one plugin's parameters and build it. Raises ConfigError."""
+    spec = registry.get(cfg.type)
+    name = name or cfg.instance_name
+    if spec is None:
+        raise ConfigError(
+            f"plugin {name!r}: unknown plugin type {cfg.type!r} "
+            f"(known types: {', '.join(registry.types())})"
+        )
+    try:
+        params = spec.params.model_validate(cfg.parameters or {})
+    except ValidationError as exc:
+        raise _params_error(cfg, exc) from exc
+    if params.model_extra:
+        log.warning(
+            "plugin %r (type %r): ignoring unknown parameters %s",
+            name,
+            cfg.type,
+            ", ".join(sorted(params.model_extra)),
+        )
+    try:
+        plugin = spec.factory(name, params, handle)
+    except (ConfigError, PluginLookupError, ValueError) as exc:
+        raise ConfigError(f"plugin {name!r} (type {cfg.type!r}): {exc}") from exc
+    return plugin
+
+
+def build_plugins(
+    epp: EndpointPickerConfig,
+    registry: Registry,
+    handle: PluginHandle,
+    timers: TimerFactory = no_timers,
+    extra: list[PluginConfig] | None = None,
+) -> PluginSet:
+    """Instantiate every plugin in order and assemble the scheduler. `extra` plugins (added by
+    command-line flags) are appended unless one of the same type is already declared.
+    Raises ConfigError."""
+    plugins: dict[str, object] = {}
+    skipped: dict[str, str] = {}
+    gates = handle.feature_gates
+    declared = list(epp.plugins)
+    declared_types = {p.type for p in declared}
+    declared.extend(p for p in extra or [] if p.type not in declared_types)
+    for cfg in declared:
+        name = cfg.instance_name
+        if name in plugins or name in skipped:
+            raise ConfigError(f"duplicate plugin name {name!r}")
+        spec = registry.get(cfg.type)
+        if spec is not None and spec.feature_gate and spec.feature_gate not in gates:
+            log.warning(
+                "plugin %r (type %r) needs feature gate %r, which is not enabled; skipping it",
+                name,
+                cfg.type,
+                spec.feature_gate,
+            )
+            skipped[name] = spec.feature_gate
+            continue
+        plugin = instantiate(registry, cfg, handle)
+        plugins[name] = plugin
+        handle.add(name, plugin)
+
+    handlers = [(n, p) for n, p in plugins.items() if isinstance(p, ProfileHandler)]
+    if len(handlers) > 1:
+        raise ConfigError(
+            "only one profile handler may be declared, found: "
+            + ", ".join(f"{n!r}" for n, _ in handlers)
+        )
+
+    profile_cfgs = list(epp.scheduling_profiles)
+    if not profile_cfgs:
+        # Heimdall's default: one profile holding every filter, scorer and picker.
+        from heimdall_proxy.config import ProfilePluginRef, SchedulingProfileConfig
+
+        refs = [
+            ProfilePluginRef(plugin_ref=n)
+            for n, p in plugins.items()
+            if isinstance(p, Filter | Scorer | Picker) and not isinstance(p, ProfileHandler)
+        ]
+        profile_cfgs = [SchedulingProfileConfig(name=DEFAULT_PROFILE, plugins=refs)]
+
+    profiles: dict[str, SchedulerProfile] = {}
+    resolved: list[ResolvedProfile] = []
+    for prof in profile_cfgs:
+        if prof.name in profiles:
+            raise ConfigError(f"duplicate scheduling profile name {prof.name!r}")
+        filters: list[Filter] = []
+        scorers: list[WeightedScorer] = []
+        picker: Picker | None = None
+        picker_name = ""
+        res = ResolvedProfile(prof.name, [], [], "", False)
+        for ref in prof.plugins:
+            where = f"scheduling profile {prof.name!r}: pluginRef {ref.plugin_ref!r}"
+            if ref.plugin_ref in skipped:
+                raise ConfigError(
+                    f"{where} is skipped because feature gate {skipped[ref.plugin_ref]!r} "
+                    "is not enabled"
+                )
+            plugin = plugins.get(ref.plugin_ref)
+            if plugin is None:
+                raise ConfigError(f"{where} names no declared plugin")
+            roles = 0
+            if isinstance(plugin, Filter):
+                filters.append(plugin)
+                res.filters.append(ref.plugin_ref)
+                roles += 1
+            if isinstance(plugin, Scorer):
+                weight = 1.0 if ref.weight is None else ref.weight
+                if weight < 0:
+                    raise ConfigError(f"{where}: weight must be >= 0, got {weight}")
+                scorers.append(WeightedScorer(plugin, weight))
+                res.scorers.append((ref.plugin_ref, weight))
+                roles += 1
+            if isinstance(plugin, Picker):
+                if picker is not None:
+                    raise ConfigError(
+                        f"scheduling profile {prof.name!r} has two pickers: "
+                        f"{picker_name!r} and {ref.plugin_ref!r}"
+                    )
+                picker, picker_name = plugin, ref.plugin_ref
+                roles += 1
+            if roles == 0:
+                points = ", ".join(extension_points(plugin)) or "no scheduling extension point"
+                raise ConfigError(
+                    f"{where}: plugin type {getattr(plugin, 'type', '?')!r} is not a filter, "
+                    f"scorer or picker (it is: {points}) and cannot be placed in a profile"
+                )
+            if ref.weight is not None and not isinstance(plugin, Scorer):
+                log.warning("%s: weight ignored, the plugin is not a scorer", where)
+        if picker is None:
+            picker = instantiate(
+                registry,
+                PluginConfig(type=MAX_SCORE_PICKER),
+                handle,
+                name=MAX_SCORE_PICKER,
+            )  # type: ignore[assignment]
+            picker_name = MAX_SCORE_PICKER
+            res.picker_defaulted = True
+        assert picker is not None
+        res.picker = picker_name
+        profiles[prof.name] = SchedulerProfile(prof.name, filters, scorers, picker, timers)
+        resolved.append(res)
+
+    handler_defaulted = False
+    if handlers:
+        handler_name, handler_obj = handlers[0]
+        handler: ProfileHandler = handler_obj
+    else:
+        if len(profiles) != 1:
+            raise ConfigError(
+                f"{len(profiles)} scheduling profiles are declared but no profile handler; "
+                "declare one (e.g. disagg-profile-handler)"
+            )
+        handler_name = SINGLE_PROFILE_HANDLER
+        handler = instantiate(  # type: ignore[assignment]
+            registry, PluginConfig(type=SINGLE_PROFILE_HANDLER), handle
+        )
+        handler_defaulted = True
+    validate = getattr(handler, "validate_profiles", None)
+    if callable(validate):
+        try:
+            validate(profiles)
+        except ValueError as exc:
+            raise ConfigError(f"profile handler {handler_name!r}: {exc}") from exc
+
+    pset = PluginSet(
+        plugins=plugins,
+        scheduler=Scheduler(handler, profiles, timers),
+        resolved_profiles=resolved,
+        handler_name=handler_name,
+        handler_defaulted=handler_defaulted,
+        skipped=skipped,
+    )
+    for plugin in plugins.values():
+        if isinstance(plugin, PrepareData):
+            pset.prepare_data.append(plugin)
+        if isinstance(plugin, Producer):
+            pset.producers.append(plugin)
+        if isinstance(plugin, PreRequest):
+            pset.pre_request.append(plugin)
+        if isinstance(plugin, ResponseReceived):
+            pset.response_received.append(plugin)
+        if isinstance(plugin, ResponseStreaming):
+            pset.response_streaming.append(plugin)
+        if isinstance(plugin, ResponseComplete):
+            pset.response_complete.append(plugin)
+        if isinstance(plugin, Lifecycle):
+            pset.lifecycle.append(plugin)
+    return pset

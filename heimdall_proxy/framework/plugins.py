@@ -1,0 +1,172 @@
+"""Plugin contracts, one Protocol per extension point.
+
+A plugin is any object with `type` and `name` attributes; the extension points it serves are
+found by Protocol membership (the methods it has), so one class can be a Filter and a Scorer,
+or a Scorer and a response hook. Filters, scorers, pickers and profile handlers are
+synchronous and pure CPU. Anything that needs I/O runs before scheduling as a Producer or a
+PrepareData plugin and leaves its result on the CycleState or the request. Request-control
+hooks are all async.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Protocol, runtime_checkable
+
+from heimdall_proxy.framework.types import (
+    CycleState,
+    Endpoint,
+    InferenceRequest,
+    ProfileResult,
+    RequestContext,
+    SchedulingResult,
+    ScoredEndpoint,
+)
+
+
+@runtime_checkable
+class Plugin(Protocol):
+    """Every plugin: `type` is the registered type name, `name` the instance name."""
+
+    type: str
+    name: str
+
+
+@runtime_checkable
+class Filter(Protocol):
+    def filter(
+        self, state: CycleState, request: InferenceRequest, endpoints: list[Endpoint]
+    ) -> list[Endpoint]:
+        """Return the subset of `endpoints` that may serve the request, order preserved.
+        An empty list ends the profile without a result."""
+        ...
+
+
+@runtime_checkable
+class Scorer(Protocol):
+    def score(
+        self, state: CycleState, request: InferenceRequest, endpoints: list[Endpoint]
+    ) -> Mapping[str, float]:
+        """Score every endpoint by name in [0, 1], higher is better. Missing names score 0;
+        values outside [0, 1] are clamped by the scheduler."""
+        ...
+
+
+@runtime_checkable
+class Picker(Protocol):
+    def pick(
+        self, state: CycleState, request: InferenceRequest, scored: list[ScoredEndpoint]
+    ) -> ProfileResult:
+        """Choose the target endpoint(s) among the scored candidates (never empty)."""
+        ...
+
+
+class SchedulerProfileView(Protocol):
+    """What a profile handler sees of a scheduling profile."""
+
+    name: str
+
+    def run(
+        self, state: CycleState, request: InferenceRequest, endpoints: list[Endpoint]
+    ) -> ProfileResult | None: ...
+
+
+@runtime_checkable
+class ProfileHandler(Protocol):
+    def pick_profiles(
+        self,
+        state: CycleState,
+        request: InferenceRequest,
+        profiles: Mapping[str, SchedulerProfileView],
+        results: Mapping[str, ProfileResult | None],
+    ) -> list[str]:
+        """Name the profiles to run next, given the results so far; [] ends the cycle."""
+        ...
+
+    def process_results(
+        self,
+        state: CycleState,
+        request: InferenceRequest,
+        results: dict[str, ProfileResult | None],
+    ) -> SchedulingResult:
+        """Turn the profile results into the scheduling result. Raises SchedulingError when
+        the primary profile found no endpoint."""
+        ...
+
+
+@runtime_checkable
+class PrepareData(Protocol):
+    async def prepare_data(self, request: InferenceRequest, endpoints: list[Endpoint]) -> None:
+        """Enrich the request before scheduling (token ids, a rewritten body, ...)."""
+        ...
+
+
+@runtime_checkable
+class Producer(Protocol):
+    async def produce(
+        self, state: CycleState, request: InferenceRequest, endpoints: list[Endpoint]
+    ) -> None:
+        """Do the I/O a scorer needs (index lookups, predictions) over all candidates and
+        leave the result on `state`. Runs once per request, before the profile loop."""
+        ...
+
+
+@runtime_checkable
+class PreRequest(Protocol):
+    async def pre_request(self, ctx: RequestContext) -> None:
+        """Called once per attempt after a target is chosen, before the upstream request is
+        sent. May add `ctx.upstream_headers`. Every call is matched by one response_complete
+        call on the same ctx attempt."""
+        ...
+
+
+@runtime_checkable
+class ResponseReceived(Protocol):
+    async def response_received(self, ctx: RequestContext) -> None:
+        """Upstream response headers arrived (`ctx.status`, `ctx.upstream_response_headers`);
+        may add `ctx.response_headers` before they are sent to the client."""
+        ...
+
+
+@runtime_checkable
+class ResponseStreaming(Protocol):
+    async def response_streaming(self, ctx: RequestContext, chunk: bytes) -> None:
+        """Called after each chunk of a streamed response was sent to the client."""
+        ...
+
+
+@runtime_checkable
+class ResponseComplete(Protocol):
+    async def response_complete(self, ctx: RequestContext) -> None:
+        """The attempt ended: response fully sent, upstream failed, or the client went away
+        (`ctx.error` says which). Always called, exactly once per pre_request."""
+        ...
+
+
+@runtime_checkable
+class Lifecycle(Protocol):
+    """Plugins with background work (subscribers, refreshers)."""
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+
+#: Extension points, as named in logs, metrics and `check-config` output.
+EXTENSION_POINTS: dict[str, type] = {
+    "ProfileHandler": ProfileHandler,
+    "Filter": Filter,
+    "Scorer": Scorer,
+    "Picker": Picker,
+    "PrepareData": PrepareData,
+    "Producer": Producer,
+    "PreRequest": PreRequest,
+    "ResponseReceived": ResponseReceived,
+    "ResponseStreaming": ResponseStreaming,
+    "ResponseComplete": ResponseComplete,
+}
+
+
+def extension_points(plugin: object) -> list[str]:
+    """Names of the extension points `plugin` implements."""
+    return [name for name, proto in EXTENSION_POINTS.items() if isinstance(plugin, proto)]

@@ -1,0 +1,204 @@
+"""The scheduling cycle: the profile handler picks profiles until done; each profile runs its
+filters, then its scorers (weighted sum of clamped scores), then its picker."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from heimdall_proxy.framework.log import V4, V5
+from heimdall_proxy.framework.plugins import Filter, Picker, ProfileHandler, Scorer
+from heimdall_proxy.framework.types import (
+    CycleState,
+    Endpoint,
+    InferenceRequest,
+    ProfileResult,
+    SchedulingResult,
+    ScoredEndpoint,
+)
+
+log = logging.getLogger("heimdall_proxy.scheduler")
+
+#: Records one plugin call's duration in seconds.
+Observe = Callable[[float], None]
+#: Makes the Observe for (extension point, plugin type, plugin name).
+TimerFactory = Callable[[str, str, str], Observe]
+
+
+def _no_timer(_: float) -> None:
+    return None
+
+
+def no_timers(_point: str, _type: str, _name: str) -> Observe:
+    return _no_timer
+
+
+def _plugin_type(plugin: object) -> str:
+    return str(getattr(plugin, "type", type(plugin).__name__))
+
+
+def _plugin_name(plugin: object) -> str:
+    return str(getattr(plugin, "name", _plugin_type(plugin)))
+
+
+@dataclass(slots=True)
+class WeightedScorer:
+    scorer: Scorer
+    weight: float
+
+
+class SchedulerProfile:
+    """A named pipeline of filters -> scorers -> picker."""
+
+    __slots__ = ("_filters", "_picker", "_picker_timer", "_scorers", "name")
+
+    def __init__(
+        self,
+        name: str,
+        filters: list[Filter],
+        scorers: list[WeightedScorer],
+        picker: Picker,
+        timers: TimerFactory = no_timers,
+    ) -> None:
+        self.name = name
+        self._filters = [
+            (f, _plugin_name(f), timers("Filter", _plugin_type(f), _plugin_name(f)))
+            for f in filters
+        ]
+        self._scorers = [
+            (
+                s.scorer,
+                s.weight,
+                _plugin_name(s.scorer),
+                timers("Scorer", _plugin_type(s.scorer), _plugin_name(s.scorer)),
+            )
+            for s in scorers
+        ]
+        self._picker = picker
+        self._picker_timer = timers("Picker", _plugin_type(picker), _plugin_name(picker))
+
+    @property
+    def filters(self) -> list[Filter]:
+        return [f for f, _, _ in self._filters]
+
+    @property
+    def scorers(self) -> list[WeightedScorer]:
+        return [WeightedScorer(s, w) for s, w, _, _ in self._scorers]
+
+    @property
+    def picker(self) -> Picker:
+        return self._picker
+
+    def run(
+        self, state: CycleState, request: InferenceRequest, endpoints: list[Endpoint]
+    ) -> ProfileResult | None:
+        """Run the profile over `endpoints`; None when the filters leave nothing."""
+        verbose = log.isEnabledFor(V4)
+        perf = time.perf_counter
+        rid = request.request_id
+        for flt, name, observe in self._filters:
+            if verbose:
+                log.log(
+                    V4,
+                    "Running filter",
+                    extra={"filter": name, "profile": self.name, "request_id": rid},
+                )
+            t0 = perf()
+            endpoints = flt.filter(state, request, endpoints)
+            observe(perf() - t0)
+            if not endpoints:
+                if verbose:
+                    log.log(
+                        V4,
+                        "Filter left no endpoints",
+                        extra={"filter": name, "profile": self.name, "request_id": rid},
+                    )
+                return None
+
+        totals = [0.0] * len(endpoints)
+        for scorer, weight, name, observe in self._scorers:
+            if verbose:
+                log.log(
+                    V4,
+                    "Running scorer",
+                    extra={"scorer": name, "profile": self.name, "request_id": rid},
+                )
+            t0 = perf()
+            scores = scorer.score(state, request, endpoints)
+            observe(perf() - t0)
+            for i, endpoint in enumerate(endpoints):
+                value = scores.get(endpoint.name, 0.0)
+                # Clamp to [0, 1]; NaN (value != value) counts as 0.
+                if not value > 0.0:
+                    continue
+                totals[i] += weight * (1.0 if value > 1.0 else value)
+            if verbose and log.isEnabledFor(V5):
+                log.log(
+                    V5, "Scores", extra={"scorer": name, "scores": dict(scores), "request_id": rid}
+                )
+
+        scored = [ScoredEndpoint(e, t) for e, t in zip(endpoints, totals, strict=True)]
+        if verbose:
+            log.log(
+                V4,
+                "Running picker",
+                extra={
+                    "picker": _plugin_name(self._picker),
+                    "profile": self.name,
+                    "request_id": rid,
+                },
+            )
+        t0 = perf()
+        result = self._picker.pick(state, request, scored)
+        self._picker_timer(perf() - t0)
+        if not result.ranked:
+            result.ranked = [s.endpoint for s in sorted(scored, key=lambda s: -s.score)]
+        if verbose:
+            log.log(
+                V4,
+                "Picked endpoints",
+                extra={
+                    "profile": self.name,
+                    "targets": [e.name for e in result.targets],
+                    "request_id": rid,
+                },
+            )
+        return result
+
+
+class Scheduler:
+    """Runs the profile-handler loop for a request over its candidate endpoints."""
+
+    __slots__ = ("_timer", "handler", "profiles")
+
+    def __init__(
+        self,
+        handler: ProfileHandler,
+        profiles: Mapping[str, SchedulerProfile],
+        timers: TimerFactory = no_timers,
+    ) -> None:
+        self.handler = handler
+        self.profiles = dict(profiles)
+        self._timer = timers("ProfileHandler", _plugin_type(handler), _plugin_name(handler))
+
+    def schedule(
+        self, state: CycleState, request: InferenceRequest, candidates: list[Endpoint]
+    ) -> SchedulingResult:
+        """Raises SchedulingError when no endpoint can serve the request."""
+        results: dict[str, ProfileResult | None] = {}
+        handler = self.handler
+        while True:
+            t0 = time.perf_counter()
+            names = handler.pick_profiles(state, request, self.profiles, results)
+            self._timer(time.perf_counter() - t0)
+            if not names:
+                break
+            for name in names:
+                if name in results:
+                    raise RuntimeError(
+                        f"profile handler {_plugin_name(handler)!r} picked profile {name!r} twice"
+                    )
+                results[name] = self.profiles[name].run(state, request, candidates)
+        return handler.process_results(state, request, results)

@@ -1,0 +1,233 @@
+"""Core data types shared by the server, the data layer and every plugin."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+ApiKind = Literal["completions", "chat", "responses", "other"]
+
+#: Label that carries a pod's disaggregation role.
+ROLE_LABEL = "mif.moreh.io/role"
+
+
+@dataclass(slots=True, frozen=True)
+class Metrics:
+    """One scrape of a pod's vLLM /metrics, replaced as a whole on every scrape so readers
+    always see a consistent snapshot."""
+
+    waiting: int = 0
+    running: int = 0
+    kv_cache_usage: float = 0.0
+    lora_running: tuple[str, ...] = ()
+    lora_waiting: tuple[str, ...] = ()
+    max_lora: int = 0
+    block_size: int | None = None
+    num_gpu_blocks: int | None = None
+    #: time.monotonic() of the scrape; 0.0 means never scraped.
+    updated_at: float = 0.0
+
+    def age(self, now: float | None = None) -> float:
+        """Seconds since this snapshot was taken (inf when never scraped)."""
+        if self.updated_at == 0.0:
+            return float("inf")
+        return (time.monotonic() if now is None else now) - self.updated_at
+
+
+@dataclass(slots=True, eq=False)
+class Endpoint:
+    """A model-server pod. Identity (not value) equality: the pool owns exactly one object
+    per pod, and plugins may use it as a dict key."""
+
+    name: str
+    url: str
+    host: str
+    port: int
+    labels: dict[str, str] = field(default_factory=dict)
+    metrics: Metrics = field(default_factory=Metrics)
+    #: Model ids (base models and LoRA adapters) the pod serves; None until first learned.
+    models: frozenset[str] | None = None
+    #: Model cards as the pod reported them in /v1/models, keyed by id.
+    model_cards: dict[str, dict[str, Any]] = field(default_factory=dict)
+    healthy: bool = True
+    consecutive_failures: int = 0
+    kv_events: str | None = None
+
+    @property
+    def hostport(self) -> str:
+        """`host:port` as written into routing headers."""
+        return f"{self.host}:{self.port}"
+
+    def __repr__(self) -> str:
+        return f"Endpoint({self.name!r}, {self.url!r})"
+
+
+class CycleState(dict[str, Any]):
+    """Per-request scratch space shared by the plugins of one scheduling cycle (prefix match
+    information, predictions, decider results). Keys are namespaced by the writer, usually
+    its plugin name."""
+
+    __slots__ = ()
+
+
+@dataclass(slots=True)
+class InferenceRequest:
+    """One client request, parsed once. `body` holds the exact bytes to forward; plugins that
+    must change the request set `data` and mark `body_modified` so the server re-serialises."""
+
+    api: ApiKind
+    path: str
+    model: str
+    body: bytes
+    data: dict[str, Any]
+    headers: Mapping[str, str]
+    stream: bool = False
+    request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    received_at: float = field(default_factory=time.monotonic)
+    body_modified: bool = False
+    #: Real token ids, when a tokenizer prepare-data plugin ran.
+    token_ids: list[int] | None = None
+    _prompt_text: str | None = None
+
+    @property
+    def session_token(self) -> str | None:
+        return self.headers.get("x-session-token")
+
+    def prompt_text(self) -> str:
+        """The text the model will read, concatenated: completions `prompt`, chat message
+        contents (text parts of list contents included), responses `instructions` + `input`.
+        Computed on first use and cached."""
+        if self._prompt_text is None:
+            self._prompt_text = extract_prompt_text(self.api, self.data)
+        return self._prompt_text
+
+    def estimated_tokens(self, chars_per_token: float = 4.0) -> int:
+        """Token count: the real one when tokenized, else characters / chars_per_token."""
+        if self.token_ids is not None:
+            return len(self.token_ids)
+        return int(len(self.prompt_text()) / chars_per_token)
+
+    def set_data(self, data: dict[str, Any]) -> None:
+        """Replace the request JSON; the server re-serialises it before forwarding."""
+        self.data = data
+        self.body_modified = True
+        self._prompt_text = None
+
+
+def _content_text(content: Any, out: list[str]) -> None:
+    if isinstance(content, str):
+        out.append(content)
+    elif isinstance(content, list):
+        for part in content:
+            if isinstance(part, str):
+                out.append(part)
+            elif isinstance(part, Mapping):
+                text = part.get("text")
+                if isinstance(text, str):
+                    out.append(text)
+
+
+def extract_prompt_text(api: ApiKind, data: Mapping[str, Any]) -> str:
+    """Concatenated prompt text of a request body (see InferenceRequest.prompt_text)."""
+    out: list[str] = []
+    if api == "chat":
+        messages = data.get("messages")
+        if isinstance(messages, list):
+            for msg in messages:
+                if isinstance(msg, Mapping):
+                    _content_text(msg.get("content"), out)
+    elif api == "completions":
+        prompt = data.get("prompt")
+        if isinstance(prompt, str):
+            out.append(prompt)
+        elif isinstance(prompt, list):
+            out.extend(p for p in prompt if isinstance(p, str))
+    elif api == "responses":
+        instructions = data.get("instructions")
+        if isinstance(instructions, str):
+            out.append(instructions)
+        inp = data.get("input")
+        if isinstance(inp, str):
+            out.append(inp)
+        elif isinstance(inp, list):
+            for item in inp:
+                if isinstance(item, Mapping):
+                    _content_text(item.get("content"), out)
+                    if item.get("type") == "input_text":
+                        _content_text([item], out)
+    return "".join(out)
+
+
+@dataclass(slots=True)
+class ScoredEndpoint:
+    endpoint: Endpoint
+    score: float
+
+
+@dataclass(slots=True)
+class ProfileResult:
+    """What one scheduling profile picked. `targets` are the picked endpoints, best first;
+    `ranked` is every candidate that survived the filters, best first, used as the fallback
+    order when a picked pod cannot be reached."""
+
+    targets: list[Endpoint]
+    ranked: list[Endpoint] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class SchedulingResult:
+    """The outcome of a scheduling cycle: every profile's result, and which profile chose the
+    primary (the pod that will produce the response)."""
+
+    profile_results: dict[str, ProfileResult | None]
+    primary_profile: str
+
+    @property
+    def primary(self) -> ProfileResult:
+        result = self.profile_results.get(self.primary_profile)
+        if result is None:  # process_results guarantees this never happens
+            raise LookupError(f"primary profile {self.primary_profile!r} has no result")
+        return result
+
+    def fallback_order(self) -> list[Endpoint]:
+        """Endpoints to try for the primary hop, in order: the picked ones, then the rest of
+        the ranked candidates."""
+        primary = self.primary
+        order = list(primary.targets)
+        seen = {id(e) for e in order}
+        order.extend(e for e in primary.ranked if id(e) not in seen)
+        return order
+
+
+class SchedulingError(Exception):
+    """No endpoint can serve the request (every candidate filtered out)."""
+
+
+@dataclass(slots=True)
+class RequestContext:
+    """Everything the request-control hooks see about one attempt to serve a request.
+
+    The server creates it after scheduling; `target` is the pod of the current attempt (it
+    changes when the server falls back to the next pod). Hooks may add headers to the
+    upstream request (`upstream_headers`) and to the client response (`response_headers`).
+    """
+
+    request: InferenceRequest
+    state: CycleState
+    result: SchedulingResult
+    target: Endpoint
+    prefill: Endpoint | None = None
+    upstream_headers: dict[str, str] = field(default_factory=dict)
+    response_headers: dict[str, str] = field(default_factory=dict)
+    #: Upstream status, once response headers arrived.
+    status: int | None = None
+    #: Upstream response headers, once they arrived.
+    upstream_response_headers: Mapping[str, str] | None = None
+    #: Full body of a non-streamed response (set before response_complete).
+    response_body: bytes | None = None
+    #: Why the attempt ended without a complete response (connect error, disconnect, ...).
+    error: str | None = None
+    attempt: int = 0

@@ -1,0 +1,212 @@
+"""Prometheus metrics (Gateway API Inference Extension names) and logging set-up."""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import orjson
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from heimdall_proxy.datalayer.pool import EndpointPool
+from heimdall_proxy.framework.log import V
+from heimdall_proxy.framework.scheduler import Observe
+
+# The *_created series double the exposition for no use to a dashboard.
+disable_created_metrics()  # type: ignore[no-untyped-call]
+
+_LATENCY_BUCKETS = (
+    0.005, 0.025, 0.05, 0.1, 0.2, 0.4, 0.6, 0.8, 1.0, 1.25, 1.5, 2, 3, 4, 5, 6, 8, 10,
+    15, 20, 30, 45, 60, 120, 180, 240, 300, 360, 480, 600, 900, 1200, 1800, 2700, 3600,
+)  # fmt: skip
+_PLUGIN_BUCKETS = (
+    0.00001, 0.00002, 0.00005, 0.0001, 0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02,
+    0.05, 0.1,
+)  # fmt: skip
+
+
+class _PoolCollector(Collector):
+    """Per-pod gauges read from the pool at scrape time (no bookkeeping on the hot path)."""
+
+    def __init__(self, pool: EndpointPool, pool_name: str) -> None:
+        self.pool = pool
+        self.pool_name = pool_name
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        labels = ["name", "model_server_pod"]
+        queue = GaugeMetricFamily(
+            "inference_pool_per_pod_queue_size", "Waiting requests per pod (vLLM).", labels=labels
+        )
+        running = GaugeMetricFamily(
+            "inference_pool_per_pod_running_requests",
+            "Running requests per pod (vLLM).",
+            labels=labels,
+        )
+        kv = GaugeMetricFamily(
+            "inference_pool_per_pod_kv_cache_utilization",
+            "KV-cache utilization per pod, 0..1 (vLLM).",
+            labels=labels,
+        )
+        healthy = GaugeMetricFamily(
+            "inference_pool_per_pod_healthy", "1 when the pod is in rotation.", labels=labels
+        )
+        age = GaugeMetricFamily(
+            "inference_pool_per_pod_metrics_age_seconds",
+            "Age of the pod's last metrics scrape.",
+            labels=labels,
+        )
+        endpoints = self.pool.endpoints()
+        now = time.monotonic()
+        ready = 0
+        for e in endpoints:
+            lv = [self.pool_name, e.name]
+            m = e.metrics
+            queue.add_metric(lv, m.waiting)
+            running.add_metric(lv, m.running)
+            kv.add_metric(lv, m.kv_cache_usage)
+            healthy.add_metric(lv, 1.0 if e.healthy else 0.0)
+            if m.updated_at:
+                age.add_metric(lv, m.age(now))
+            ready += e.healthy
+        n = len(endpoints) or 1
+        yield queue
+        yield running
+        yield kv
+        yield healthy
+        yield age
+        yield self._pool_gauge("inference_pool_ready_pods", "Pods in rotation.", ready)
+        yield self._pool_gauge(
+            "inference_pool_average_queue_size",
+            "Mean waiting requests per pod.",
+            sum(e.metrics.waiting for e in endpoints) / n,
+        )
+        yield self._pool_gauge(
+            "inference_pool_average_kv_cache_utilization",
+            "Mean KV-cache utilization over pods.",
+            sum(e.metrics.kv_cache_usage for e in endpoints) / n,
+        )
+
+    def _pool_gauge(self, name: str, doc: str, value: float) -> GaugeMetricFamily:
+        family = GaugeMetricFamily(name, doc, labels=["name"])
+        family.add_metric([self.pool_name], value)
+        return family
+
+
+class GatewayMetrics:
+    """All of the gateway's own metrics, in a registry of their own (one per app)."""
+
+    def __init__(self, pool: EndpointPool, pool_name: str = "heimdall") -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        model_labels = ["model_name", "target_model_name"]
+        self.requests = Counter(
+            "inference_objective_request",
+            "Requests served, by model, serving pod and status code.",
+            [*model_labels, "pod", "code"],
+            registry=r,
+        )
+        self.errors = Counter(
+            "inference_objective_request_error",
+            "Requests the gateway failed itself, by error code.",
+            [*model_labels, "error_code"],
+            registry=r,
+        )
+        self.duration = Histogram(
+            "inference_objective_request_duration_seconds",
+            "End-to-end request latency as seen by the gateway.",
+            model_labels,
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.ttft = Histogram(
+            "inference_objective_request_ttft_seconds",
+            "Time to the first response byte of streamed requests.",
+            model_labels,
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.running = Gauge(
+            "inference_objective_running_requests",
+            "Requests in flight through the gateway.",
+            ["model_name"],
+            registry=r,
+        )
+        self.upstream_failures = Counter(
+            "inference_objective_upstream_failures",
+            "Attempts that failed before a response (connect errors, resets); the gateway "
+            "retried them on the next pod when it could.",
+            ["pod", "reason"],
+            registry=r,
+        )
+        self.scheduler_duration = Histogram(
+            "inference_extension_scheduler_e2e_duration_seconds",
+            "Scheduling cycle latency.",
+            buckets=_PLUGIN_BUCKETS,
+            registry=r,
+        )
+        self.plugin_duration = Histogram(
+            "inference_extension_plugin_duration_seconds",
+            "Per-plugin latency.",
+            ["extension_point", "plugin_type", "plugin_name"],
+            buckets=_PLUGIN_BUCKETS,
+            registry=r,
+        )
+        r.register(_PoolCollector(pool, pool_name))
+
+    def plugin_timer(self, point: str, plugin_type: str, plugin_name: str) -> Observe:
+        child = self.plugin_duration.labels(point, plugin_type, plugin_name)
+        observe: Observe = child.observe
+        return observe
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line: ts, level, logger, msg, plus any `extra=` fields."""
+
+    _skip = frozenset(logging.makeLogRecord({}).__dict__) | {"message", "asctime"}
+
+    def format(self, record: logging.LogRecord) -> str:
+        doc: dict[str, Any] = {
+            "ts": round(record.created, 6),
+            "level": _level_name(record.levelno),
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        for key, value in record.__dict__.items():
+            if key not in self._skip:
+                doc[key] = value
+        if record.exc_info:
+            doc["exc"] = self.formatException(record.exc_info)
+        return orjson.dumps(doc, default=str).decode()
+
+
+class TextFormatter(logging.Formatter):
+    _skip = JsonFormatter._skip
+
+    def format(self, record: logging.LogRecord) -> str:
+        extras = " ".join(f"{k}={v}" for k, v in record.__dict__.items() if k not in self._skip)
+        line = f"{self.formatTime(record)} {_level_name(record.levelno):>5} {record.name}: "
+        line += record.getMessage() + (f" {extras}" if extras else "")
+        if record.exc_info:
+            line += "\n" + self.formatException(record.exc_info)
+        return line
+
+
+def _level_name(levelno: int) -> str:
+    if levelno >= logging.INFO or levelno <= logging.DEBUG:
+        return logging.getLevelName(levelno).lower()
+    return f"v{logging.INFO - levelno}"
+
+
+def setup_logging(verbosity: int = 0, fmt: str = "json") -> None:
+    """Route the package's logs to stderr: `-v N` shows V(N) and below."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
+    root = logging.getLogger("heimdall_proxy")
+    root.handlers[:] = [handler]
+    root.setLevel(V(max(0, verbosity)))
+    root.propagate = False

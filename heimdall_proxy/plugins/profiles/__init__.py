@@ -1,0 +1,3 @@
+from heimdall_proxy.plugins.profiles import single
+
+__all__ = ["single"]

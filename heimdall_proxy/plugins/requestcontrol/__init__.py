@@ -1,0 +1,3 @@
+from heimdall_proxy.plugins.requestcontrol import response_header
+
+__all__ = ["response_header"]

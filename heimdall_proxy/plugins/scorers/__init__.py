@@ -1,0 +1,3 @@
+from heimdall_proxy.plugins.scorers import kv_cache_utilization, queue, running_requests
+
+__all__ = ["kv_cache_utilization", "queue", "running_requests"]

@@ -1,0 +1,1 @@
+"""The aiohttp server: OpenAI routes, the upstream relay, errors."""

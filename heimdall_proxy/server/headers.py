@@ -1,0 +1,61 @@
+"""Which headers cross the gateway, in each direction."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from multidict import CIMultiDict, CIMultiDictProxy
+
+HOP_BY_HOP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "trailers",
+        "transfer-encoding",
+        "upgrade",
+    }
+)
+#: Recomputed or meaningless on the other side of the gateway.
+_REQUEST_DROP = HOP_BY_HOP | {"host", "content-length", "expect"}
+_RESPONSE_DROP = HOP_BY_HOP | {"content-length"}
+#: Headers the gateway writes itself; a client-sent copy is never trusted.
+OWNED = frozenset({"x-decoder-host-port", "x-prefiller-host-port"})
+OWNED_PREFIXES = ("mif-", "x-gateway-")
+
+
+def _connection_tokens(headers: Mapping[str, str]) -> frozenset[str]:
+    value = headers.get("connection")
+    if not value:
+        return frozenset()
+    return frozenset(t.strip().lower() for t in value.split(","))
+
+
+def upstream_request_headers(headers: CIMultiDictProxy[str]) -> CIMultiDict[str]:
+    """The client's headers minus hop-by-hop ones, Host, Content-Length and any header the
+    gateway owns (`mif-*`, `x-gateway-*`, `x-decoder-host-port`, `x-prefiller-host-port`)."""
+    listed = _connection_tokens(headers)
+    out: CIMultiDict[str] = CIMultiDict()
+    for key, value in headers.items():
+        lk = key.lower()
+        if lk in _REQUEST_DROP or lk in OWNED or lk in listed or lk.startswith(OWNED_PREFIXES):
+            continue
+        out.add(key, value)
+    return out
+
+
+def client_response_headers(headers: CIMultiDictProxy[str]) -> CIMultiDict[str]:
+    """The upstream's response headers minus hop-by-hop ones and Content-Length (the relay
+    sets its own framing)."""
+    listed = _connection_tokens(headers)
+    out: CIMultiDict[str] = CIMultiDict()
+    for key, value in headers.items():
+        lk = key.lower()
+        if lk in _RESPONSE_DROP or lk in listed:
+            continue
+        out.add(key, value)
+    return out

@@ -1,0 +1,108 @@
+"""Turn a client body into an InferenceRequest: parsed once with orjson, the fields the
+gateway reads validated with pydantic (lax, as vLLM's own models are), everything else left
+for the model server to judge."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import orjson
+from pydantic import BaseModel, ConfigDict, Field, StrictStr, ValidationError
+
+from heimdall_proxy.framework.types import ApiKind, InferenceRequest
+from heimdall_proxy.server.errors import GatewayError
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    model: StrictStr = Field(min_length=1)
+    stream: bool | None = None
+    stream_options: dict[str, Any] | None = None
+    max_tokens: int | None = None
+    n: int | None = None
+
+
+class CompletionsBody(_Body):
+    prompt: str | list[str] | list[int] | list[list[int]] | None = None
+
+
+class ChatBody(_Body):
+    messages: list[dict[str, Any]]
+    max_completion_tokens: int | None = None
+
+
+class ResponsesBody(_Body):
+    input: str | list[Any] | None = None
+    instructions: str | None = None
+    previous_response_id: str | None = None
+    max_output_tokens: int | None = None
+    store: bool | None = None
+
+
+class OtherBody(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    model: StrictStr | None = None
+
+
+_MODELS: dict[ApiKind, type[BaseModel]] = {
+    "completions": CompletionsBody,
+    "chat": ChatBody,
+    "responses": ResponsesBody,
+    "other": OtherBody,
+}
+
+
+def _validation_error(exc: ValidationError) -> GatewayError:
+    errors = exc.errors()
+    err = errors[0]
+    # A field path with list indexes, without pydantic's union-member tags ("str", "list[int]").
+    path = [str(err["loc"][0])] if err["loc"] else []
+    path += [str(p) for p in err["loc"][1:] if isinstance(p, int)]
+    param = ".".join(path) or None
+    if err["type"] == "missing":
+        message = f"'{param}' is a required property"
+    elif len(errors) > 1 and all(e["loc"][:1] == err["loc"][:1] for e in errors):
+        message = f"Invalid type for '{param}'"  # every member of a union rejected it
+    else:
+        message = f"Invalid value for '{param}': {err['msg']}"
+    return GatewayError(400, message, param=param, code="invalid_value")
+
+
+def parse_body(
+    api: ApiKind, path: str, body: bytes, headers: Mapping[str, str]
+) -> InferenceRequest:
+    """Raises GatewayError(400) for a body the gateway cannot route."""
+    if not body:
+        raise GatewayError(
+            400, "The request body is empty; expected a JSON object.", code="invalid_json"
+        )
+    try:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        if "UTF-8" in str(exc):
+            raise GatewayError(
+                400, "The request body is not valid UTF-8.", code="invalid_encoding"
+            ) from exc
+        raise GatewayError(
+            400, f"The request body is not valid JSON: {exc}", code="invalid_json"
+        ) from exc
+    if not isinstance(data, dict):
+        raise GatewayError(400, "The request body must be a JSON object.", code="invalid_json")
+    try:
+        _MODELS[api].model_validate(data)
+    except ValidationError as exc:
+        raise _validation_error(exc) from exc
+    model = data.get("model")
+    stream = data.get("stream")
+    return InferenceRequest(
+        api=api,
+        path=path,
+        model=model if isinstance(model, str) else "",
+        body=body,
+        data=data,
+        headers=headers,
+        stream=stream is True or (isinstance(stream, str) and stream.lower() == "true"),
+    )

@@ -1,0 +1,166 @@
+"""Response bodies and SSE events in the shapes vLLM's OpenAI server produces."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+import orjson
+
+
+def _id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+
+def sse(doc: dict[str, Any], event: str | None = None) -> bytes:
+    head = f"event: {event}\n".encode() if event else b""
+    return head + b"data: " + orjson.dumps(doc) + b"\n\n"
+
+
+DONE = b"data: [DONE]\n\n"
+
+
+def usage(prompt: int, completion: int) -> dict[str, int]:
+    return {
+        "prompt_tokens": prompt,
+        "total_tokens": prompt + completion,
+        "completion_tokens": completion,
+    }
+
+
+class Shapes:
+    """Builds one response's bodies; ids and timestamps fixed per response."""
+
+    def __init__(self, model: str, api: str) -> None:
+        self.model = model
+        self.api = api
+        self.created = int(time.time())
+        prefix = {"completions": "cmpl", "chat": "chatcmpl", "responses": "resp"}[api]
+        self.id = _id(prefix)
+        self.seq = 0
+
+    # -- completions -------------------------------------------------------------------
+    def completion(self, text: str, finish: str, prompt_tokens: int, n_tokens: int) -> bytes:
+        return orjson.dumps(
+            {
+                "id": self.id,
+                "object": "text_completion",
+                "created": self.created,
+                "model": self.model,
+                "choices": [
+                    {
+                        "index": 0,
+                        "text": text,
+                        "logprobs": None,
+                        "finish_reason": finish,
+                        "stop_reason": None,
+                    }
+                ],
+                "usage": usage(prompt_tokens, n_tokens),
+            }
+        )
+
+    def completion_chunk(self, text: str, finish: str | None) -> bytes:
+        return sse(
+            {
+                "id": self.id,
+                "object": "text_completion",
+                "created": self.created,
+                "model": self.model,
+                "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish}],
+            }
+        )
+
+    # -- chat --------------------------------------------------------------------------
+    def chat(self, text: str, finish: str, prompt_tokens: int, n_tokens: int) -> bytes:
+        return orjson.dumps(
+            {
+                "id": self.id,
+                "object": "chat.completion",
+                "created": self.created,
+                "model": self.model,
+                "choices": [
+                    {
+                        "index": 0,
+                        "message": {"role": "assistant", "content": text, "tool_calls": []},
+                        "logprobs": None,
+                        "finish_reason": finish,
+                        "stop_reason": None,
+                    }
+                ],
+                "usage": usage(prompt_tokens, n_tokens),
+            }
+        )
+
+    def chat_chunk(self, delta: dict[str, Any], finish: str | None) -> bytes:
+        return sse(
+            {
+                "id": self.id,
+                "object": "chat.completion.chunk",
+                "created": self.created,
+                "model": self.model,
+                "choices": [
+                    {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+                ],
+            }
+        )
+
+    def usage_chunk(self, prompt_tokens: int, n_tokens: int) -> bytes:
+        obj = "chat.completion.chunk" if self.api == "chat" else "text_completion"
+        return sse(
+            {
+                "id": self.id,
+                "object": obj,
+                "created": self.created,
+                "model": self.model,
+                "choices": [],
+                "usage": usage(prompt_tokens, n_tokens),
+            }
+        )
+
+    # -- responses ---------------------------------------------------------------------
+    def response_obj(
+        self, status: str, text: str | None, prompt_tokens: int, n_tokens: int
+    ) -> dict[str, Any]:
+        output: list[dict[str, Any]] = []
+        if text is not None:
+            output.append(self.message_item(text, "completed"))
+        return {
+            "id": self.id,
+            "object": "response",
+            "created_at": self.created,
+            "model": self.model,
+            "status": status,
+            "output": output,
+            "parallel_tool_calls": True,
+            "tool_choice": "auto",
+            "tools": [],
+            "temperature": 1.0,
+            "top_p": 1.0,
+            "usage": {
+                "input_tokens": prompt_tokens,
+                "input_tokens_details": {"cached_tokens": 0},
+                "output_tokens": n_tokens,
+                "output_tokens_details": {"reasoning_tokens": 0},
+                "total_tokens": prompt_tokens + n_tokens,
+            }
+            if status == "completed"
+            else None,
+        }
+
+    def message_item(self, text: str, status: str) -> dict[str, Any]:
+        return {
+            "id": f"msg_{self.id}",
+            "type": "message",
+            "role": "assistant",
+            "status": status,
+            "content": [{"type": "output_text", "text": text, "annotations": []}]
+            if status == "completed"
+            else [],
+        }
+
+    def response_event(self, kind: str, **fields: Any) -> bytes:
+        doc = {"type": kind, "sequence_number": self.seq, **fields}
+        self.seq += 1
+        return sse(doc, event=kind)

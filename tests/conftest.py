@@ -1,0 +1,102 @@
+"""Shared fixtures: simulated vLLM pods on real sockets and a gateway in front of them."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+
+from heimdall_proxy.config import GatewayConfig, parse_config
+from heimdall_proxy.server.app import GATEWAY, create_app
+from heimdall_proxy.server.gateway import Gateway, ServerOptions
+from heimdall_proxy.sim import SimOptions, SimPod
+
+
+@dataclass
+class RunningPod:
+    pod: SimPod
+    server: TestServer
+    labels: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        return self.pod.options.name
+
+    @property
+    def url(self) -> str:
+        return str(self.server.make_url("")).rstrip("/")
+
+
+@dataclass
+class RunningGateway:
+    server: TestServer
+    gateway: Gateway
+
+    @property
+    def url(self) -> str:
+        return str(self.server.make_url("")).rstrip("/")
+
+    def metric(self, name: str, labels: dict[str, str] | None = None) -> float | None:
+        return self.gateway.metrics.registry.get_sample_value(name, labels or {})
+
+    def running(self, model: str = "sim-model") -> float:
+        value = self.metric("inference_objective_running_requests", {"model_name": model})
+        return value or 0.0
+
+
+PodFactory = Callable[..., Awaitable[RunningPod]]
+GatewayFactory = Callable[..., Awaitable[RunningGateway]]
+
+
+@pytest.fixture
+async def start_pod(aiohttp_server: Any) -> PodFactory:
+    count = 0
+
+    async def go(labels: dict[str, str] | None = None, **options: Any) -> RunningPod:
+        nonlocal count
+        options.setdefault("name", f"pod-{count}")
+        count += 1
+        pod = SimPod(SimOptions(**options))
+        server = await aiohttp_server(pod.app())
+        return RunningPod(pod, server, labels or {})
+
+    return go
+
+
+def make_config(
+    pods: list[RunningPod],
+    epp: dict[str, Any] | None = None,
+    extra_endpoints: list[dict[str, Any]] | None = None,
+) -> GatewayConfig:
+    doc: dict[str, Any] = dict(epp or {})
+    doc["endpoints"] = [{"name": p.name, "url": p.url, "labels": p.labels} for p in pods] + list(
+        extra_endpoints or []
+    )
+    return parse_config(doc, "<test>")
+
+
+@pytest.fixture
+async def start_gateway(aiohttp_server: Any) -> GatewayFactory:
+    async def go(config: GatewayConfig, **options: Any) -> RunningGateway:
+        options.setdefault("metrics_interval", 0.02)
+        options.setdefault("models_interval", 0.3)
+        options.setdefault("startup_timeout", 2.0)
+        app: web.Application = create_app(config, ServerOptions(**options))
+        server = await aiohttp_server(app)
+        return RunningGateway(server, app[GATEWAY])
+
+    return go
+
+
+async def eventually(check: Callable[[], bool], within: float = 5.0) -> None:
+    """Wait until check() is true (background scrapes, cancellations)."""
+    deadline = asyncio.get_running_loop().time() + within
+    while not check():
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError("condition not met in time")
+        await asyncio.sleep(0.01)

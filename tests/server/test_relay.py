@@ -1,0 +1,223 @@
+"""The relay: bytes and headers in both directions, streaming, disconnects, fallback."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+
+import aiohttp
+import pytest
+
+from tests.conftest import GatewayFactory, PodFactory, eventually, make_config
+
+CHAT = {"model": "sim-model", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+async def test_body_bytes_and_headers_forwarded(
+    start_pod: PodFactory, start_gateway: GatewayFactory
+) -> None:
+    pod = await start_pod()
+    gw = await start_gateway(make_config([pod]))
+    # Odd spacing and key order: the pod must receive exactly these bytes.
+    raw = b'{ "messages":[{"content":"hi","role":"user"}],   "model":"sim-model" ,"max_tokens":2}'
+    headers = {
+        "Content-Type": "application/json",
+        "Authorization": "Bearer secret",
+        "X-Custom": "kept",
+        "mif-prefill-endpoint": "10.0.0.1:8000",
+        "x-gateway-destination-endpoint": "10.0.0.1:8000",
+        "x-decoder-host-port": "10.0.0.1:8000",
+        "Connection": "keep-alive, X-Drop-Me",
+        "X-Drop-Me": "hop-by-hop via Connection",
+        "TE": "trailers",
+    }
+    async with aiohttp.ClientSession(skip_auto_headers=["Accept-Encoding", "User-Agent"]) as http:
+        async with http.post(f"{gw.url}/v1/chat/completions", data=raw, headers=headers) as r:
+            assert r.status == 200
+            assert r.headers["x-sim-pod"] == pod.name
+            assert r.headers["Content-Type"] == "application/json"
+            await r.read()
+    got = pod.pod.received[-1]
+    assert got.body == raw
+    sent = {k.lower(): v for k, v in got.headers.items()}
+    assert sent["authorization"] == "Bearer secret"
+    assert sent["x-custom"] == "kept"
+    assert sent["content-type"] == "application/json"
+    for dropped in (
+        "mif-prefill-endpoint",
+        "x-gateway-destination-endpoint",
+        "x-decoder-host-port",
+        "x-drop-me",
+        "te",
+    ):
+        assert dropped not in sent
+    # the gateway adds no headers of its own (no compression negotiation, no user agent)
+    assert "accept-encoding" not in sent
+    assert "user-agent" not in sent
+
+
+async def test_first_chunk_arrives_before_upstream_finishes(
+    start_pod: PodFactory, start_gateway: GatewayFactory
+) -> None:
+    pod = await start_pod()
+    pod.pod.hold = asyncio.Event()
+    gw = await start_gateway(make_config([pod]))
+    async with aiohttp.ClientSession() as http:
+        async with http.post(f"{gw.url}/v1/chat/completions", json={**CHAT, "stream": True}) as r:
+            assert r.headers["Content-Type"].startswith("text/event-stream")
+            first = await asyncio.wait_for(r.content.readuntil(b"\n\n"), 5)
+            assert b'"role":"assistant"' in first
+            assert pod.pod.completed == 0  # the upstream is still held
+            pod.pod.hold.set()
+            rest = await r.read()
+    assert rest.endswith(b"data: [DONE]\n\n")
+    assert pod.pod.completed == 1
+
+
+async def test_client_disconnect_cancels_upstream(
+    start_pod: PodFactory, start_gateway: GatewayFactory
+) -> None:
+    pod = await start_pod()
+    pod.pod.hold = asyncio.Event()
+    gw = await start_gateway(make_config([pod]))
+    async with aiohttp.ClientSession() as http:
+        r = await http.post(
+            f"{gw.url}/v1/completions", json={"model": "sim-model", "prompt": "x", "stream": True}
+        )
+        await asyncio.wait_for(r.content.readuntil(b"\n\n"), 5)
+        assert gw.running() == 1
+        r.close()  # drop the connection mid-stream
+    await eventually(lambda: pod.pod.cancelled == 1)
+    await eventually(lambda: gw.running() == 0)
+    assert pod.pod.running == 0
+
+
+async def test_client_disconnect_while_waiting_for_non_stream_response(
+    start_pod: PodFactory, start_gateway: GatewayFactory
+) -> None:
+    pod = await start_pod(ttft=30.0)
+    gw = await start_gateway(make_config([pod]))
+    async with aiohttp.ClientSession() as http:
+        task = asyncio.create_task(
+            http.post(f"{gw.url}/v1/completions", json={"model": "sim-model", "prompt": "x"})
+        )
+        await eventually(lambda: pod.pod.running == 1)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    await eventually(lambda: pod.pod.cancelled == 1)
+    await eventually(lambda: gw.running() == 0)
+
+
+async def test_unreachable_pod_falls_back_to_next_best(
+    start_pod: PodFactory, start_gateway: GatewayFactory
+) -> None:
+    live = await start_pod()
+    live.pod.metrics_override = {"waiting": 10}  # the dead pod looks better to queue-scorer
+    dead = {"name": "dead", "url": f"http://127.0.0.1:{_free_port()}", "models": ["sim-model"]}
+    gw = await start_gateway(make_config([live], extra_endpoints=[dead]), metrics_interval=30.0)
+    assert gw.gateway.pool.get("dead").healthy  # one failed scrape is not enough
+    async with aiohttp.ClientSession() as http:
+        async with http.post(f"{gw.url}/v1/chat/completions", json=CHAT) as r:
+            assert r.status == 200
+            assert r.headers["x-sim-pod"] == live.name
+    assert (
+        gw.metric(
+            "inference_objective_upstream_failures_total", {"pod": "dead", "reason": "connect"}
+        )
+        == 1
+    )
+    assert gw.running() == 0
+
+
+async def test_every_pod_unreachable_is_502(start_gateway: GatewayFactory) -> None:
+    dead = [
+        {"name": f"dead-{i}", "url": f"http://127.0.0.1:{_free_port()}", "models": ["sim-model"]}
+        for i in range(2)
+    ]
+    gw = await start_gateway(make_config([], extra_endpoints=dead), metrics_interval=30.0)
+    async with aiohttp.ClientSession() as http:
+        async with http.post(f"{gw.url}/v1/chat/completions", json=CHAT) as r:
+            assert r.status == 502
+            body = await r.json()
+    assert body["error"]["type"] == "server_error"
+    assert body["error"]["code"] == "upstream_unreachable"
+    assert "dead-0" in body["error"]["message"] and "dead-1" in body["error"]["message"]
+    assert gw.running() == 0
+
+
+async def test_upstream_error_status_passes_through_without_retry(
+    start_pod: PodFactory, start_gateway: GatewayFactory
+) -> None:
+    bad, good = await start_pod(), await start_pod()
+    bad.pod.fail_status = 500
+    good.pod.metrics_override = {"waiting": 10}
+    gw = await start_gateway(make_config([bad, good]))
+    await eventually(lambda: gw.gateway.pool.get(good.name).metrics.waiting == 10)
+    async with aiohttp.ClientSession() as http:
+        async with http.post(f"{gw.url}/v1/chat/completions", json=CHAT) as r:
+            assert r.status == 500
+            body = await r.json()
+    assert body["error"]["message"] == f"simulated failure on {bad.name}"
+    assert good.pod.received == []
+    assert (
+        gw.metric(
+            "inference_objective_request_total",
+            {
+                "model_name": "sim-model",
+                "target_model_name": "sim-model",
+                "pod": bad.name,
+                "code": "500",
+            },
+        )
+        == 1
+    )
+
+
+async def test_upstream_breaking_mid_stream_breaks_the_client_stream(
+    start_pod: PodFactory, start_gateway: GatewayFactory
+) -> None:
+    pod = await start_pod()
+    pod.pod.break_stream_after = 2
+    gw = await start_gateway(make_config([pod]))
+    async with aiohttp.ClientSession() as http:
+        async with http.post(f"{gw.url}/v1/chat/completions", json={**CHAT, "stream": True}) as r:
+            assert r.status == 200
+            with pytest.raises(aiohttp.ClientPayloadError):
+                await r.read()
+        pod.pod.break_stream_after = None
+        async with http.post(f"{gw.url}/v1/chat/completions", json=CHAT) as r:
+            assert r.status == 200
+    assert (
+        gw.metric(
+            "inference_objective_upstream_failures_total", {"pod": pod.name, "reason": "stream"}
+        )
+        == 1
+    )
+    assert gw.running() == 0
+
+
+async def test_response_header_flag(start_pod: PodFactory, start_gateway: GatewayFactory) -> None:
+    pod = await start_pod()
+    gw = await start_gateway(make_config([pod]), response_header=True)
+    async with aiohttp.ClientSession() as http:
+        async with http.post(f"{gw.url}/v1/chat/completions", json={**CHAT, "stream": True}) as r:
+            assert r.headers["x-decoder-host-port"] == f"127.0.0.1:{pod.server.port}"
+            assert "x-prefiller-host-port" not in r.headers
+            await r.read()
+
+
+async def test_no_response_header_without_flag(
+    start_pod: PodFactory, start_gateway: GatewayFactory
+) -> None:
+    pod = await start_pod()
+    gw = await start_gateway(make_config([pod]))
+    async with aiohttp.ClientSession() as http:
+        async with http.post(f"{gw.url}/v1/chat/completions", json=CHAT) as r:
+            assert "x-decoder-host-port" not in r.headers
