@@ -1,0 +1,21 @@
+FROM python:3.11-slim
+
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1
+
+WORKDIR /app
+COPY pyproject.toml README.md ./
+COPY heimdall_proxy ./heimdall_proxy
+COPY config ./config
+RUN pip install . \
+    && useradd --system --uid 10001 --no-create-home heimdall
+
+USER heimdall
+EXPOSE 8000
+ENTRYPOINT ["heimdall-proxy"]
+# Without --config the embedded demo runs; mount a config to route to real pods:
+#   docker run -v $PWD/config.yaml:/etc/heimdall/config.yaml -p 8000:8000 heimdall-proxy \
+#       --config /etc/heimdall/config.yaml
+CMD ["demo", "--port", "8000"]
