@@ -119,6 +119,10 @@ class WrkResult:
     p90_ms: float
     p99_ms: float
     p999_ms: float
+    # CPU time (user + system) of the server under test / of the upstream per completed request,
+    # from /proc over the run. Far less noisy than rps on a shared machine.
+    cpu_us_per_req: float | None = None
+    upstream_cpu_us_per_req: float | None = None
 
     @property
     def socket_errors(self) -> int:
@@ -200,6 +204,30 @@ def run_wrk(
     return parse_wrk_output(proc.stdout, connections)
 
 
+def measure(
+    wrk: str,
+    url: str,
+    lua: Path,
+    *,
+    connections: int,
+    duration: int,
+    timeout_s: int,
+    server_pgid: int,
+    upstream_pgid: int,
+) -> WrkResult:
+    """``run_wrk`` plus the CPU the server under test and the upstream spent per request."""
+    server_before = group_cpu_seconds(server_pgid)
+    upstream_before = group_cpu_seconds(upstream_pgid)
+    result = run_wrk(wrk, url, lua, connections=connections, duration=duration, timeout_s=timeout_s)
+    if result.requests:
+        per_req = 1e6 / result.requests
+        result.cpu_us_per_req = (group_cpu_seconds(server_pgid) - server_before) * per_req
+        result.upstream_cpu_us_per_req = (
+            group_cpu_seconds(upstream_pgid) - upstream_before
+        ) * per_req
+    return result
+
+
 # --------------------------------------------------------------------------------------------
 # subprocesses
 
@@ -232,6 +260,26 @@ def free_ports(n: int) -> list[int]:
     finally:
         for s in socks:
             s.close()
+
+
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def group_cpu_seconds(pgid: int) -> float:
+    """User + system CPU seconds of all live processes in process group ``pgid``."""
+    ticks = 0
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2 :].split()  # fields[0] is field 3 (state)
+        if int(fields[2]) == pgid:
+            ticks += int(fields[11]) + int(fields[12])  # utime, stime
+    return ticks / CLK_TCK
 
 
 def start_server(name: str, argv: list[str], workdir: Path) -> Server:
@@ -463,6 +511,16 @@ class TargetResults:
         return statistics.median(r.rps for r in self.latency)
 
     @property
+    def cpu_us(self) -> float | None:
+        values = [r.cpu_us_per_req for r in self.throughput if r.cpu_us_per_req is not None]
+        return statistics.median(values) if values else None
+
+    @property
+    def cpu_us_c1(self) -> float | None:
+        values = [r.cpu_us_per_req for r in self.latency if r.cpu_us_per_req is not None]
+        return statistics.median(values) if values else None
+
+    @property
     def runs(self) -> list[WrkResult]:
         return [*self.throughput, *self.latency]
 
@@ -487,6 +545,8 @@ class TargetResults:
                 "p50_ms_c1": self.p50_ms,
                 "p99_ms_c1": self.p99_ms,
                 "rps_c1": self.c1_rps,
+                "cpu_us_per_req": self.cpu_us,
+                "cpu_us_per_req_c1": self.cpu_us_c1,
             },
             "has_errors": self.has_errors,
             "throughput_runs": [r.to_dict() for r in self.throughput],
@@ -502,6 +562,8 @@ def compute_summary(results: dict[str, TargetResults]) -> dict[str, Any]:
     if g and f:
         ratios["gateway_vs_forwarder_rps"] = g.rps / f.rps
         added["gateway_minus_forwarder_p50_ms"] = g.p50_ms - f.p50_ms
+        if g.cpu_us and f.cpu_us:
+            ratios["gateway_vs_forwarder_cpu_per_req"] = g.cpu_us / f.cpu_us
         checks["rps_ratio_vs_forwarder_ok"] = (
             ratios["gateway_vs_forwarder_rps"] >= MIN_RPS_RATIO_VS_FORWARDER
         )
@@ -518,6 +580,10 @@ def compute_summary(results: dict[str, TargetResults]) -> dict[str, Any]:
     return {"ratios": ratios, "added_latency_ms": added, "checks": checks}
 
 
+def _us(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.0f}us"
+
+
 def _verdict(ok: bool | None) -> str:
     return "" if ok is None else ("PASS" if ok else "FAIL")
 
@@ -527,8 +593,8 @@ def text_report(
 ) -> str:
     lines = []
     header = (
-        f"{'target':<16} {f'rps c={connections}':>11} {'p50 c=1':>9} {'p99 c=1':>9} "
-        f"{'rps c=1':>8}  {'rps per round':<26} errors"
+        f"{'target':<16} {f'rps c={connections}':>11} {'CPU/req':>9} {'p50 c=1':>9} "
+        f"{'p99 c=1':>9}  {'rps per round':<22} errors"
     )
     lines.append(header)
     lines.append("-" * len(header))
@@ -536,8 +602,8 @@ def text_report(
         rounds = "/".join(f"{r.rps:.0f}" for r in res.throughput)
         errors = res.error_summary() if res.has_errors else "none"
         lines.append(
-            f"{TARGET_LABELS[name]:<16} {res.rps:>11.0f} {res.p50_ms:>7.3f}ms {res.p99_ms:>7.3f}ms "
-            f"{res.c1_rps:>8.0f}  {rounds:<26} {errors}"
+            f"{TARGET_LABELS[name]:<16} {res.rps:>11.0f} {_us(res.cpu_us):>9} "
+            f"{res.p50_ms:>7.3f}ms {res.p99_ms:>7.3f}ms  {rounds:<22} {errors}"
         )
     lines.append("")
     ratios, added, checks = summary["ratios"], summary["added_latency_ms"], summary["checks"]
@@ -549,6 +615,14 @@ def text_report(
                 f"{ratios['gateway_vs_forwarder_rps']:.2f}x",
                 f">= {MIN_RPS_RATIO_VS_FORWARDER}x "
                 f"{_verdict(checks.get('rps_ratio_vs_forwarder_ok'))}",
+            )
+        )
+    if "gateway_vs_forwarder_cpu_per_req" in ratios:
+        rows.append(
+            (
+                "gateway / forwarder CPU per request",
+                f"{ratios['gateway_vs_forwarder_cpu_per_req']:.2f}x",
+                "(less noisy cross-check of the rps ratio)",
             )
         )
     if "gateway_vs_direct_rps" in ratios:
@@ -639,16 +713,16 @@ def markdown_report(
         f"{p['duration']} s per run, {p['warmup']} s warm-up, median of {p['rounds']} rounds "
         "(alternating order). Request: POST /v1/chat/completions, small JSON body.",
         "",
-        f"| target | rps c={p['connections']} | p50 c=1 (ms) | p99 c=1 (ms) | rps c=1 "
-        "| rps per round | errors |",
-        "|---|---:|---:|---:|---:|---|---|",
+        f"| target | rps c={p['connections']} | server CPU/req c={p['connections']} (µs) "
+        "| p50 c=1 (ms) | p99 c=1 (ms) | rps c=1 | rps per round | errors |",
+        "|---|---:|---:|---:|---:|---:|---|---|",
     ]
     for name, res in results.items():
         rounds = " / ".join(f"{r.rps:.0f}" for r in res.throughput)
         errors = f"**{res.error_summary()}**" if res.has_errors else "none"
         out.append(
-            f"| {TARGET_LABELS[name]} | {res.rps:.0f} | {res.p50_ms:.3f} | {res.p99_ms:.3f} "
-            f"| {res.c1_rps:.0f} | {rounds} | {errors} |"
+            f"| {TARGET_LABELS[name]} | {res.rps:.0f} | {_us(res.cpu_us).removesuffix('us')} "
+            f"| {res.p50_ms:.3f} | {res.p99_ms:.3f} | {res.c1_rps:.0f} | {rounds} | {errors} |"
         )
     ratios, added, checks = summary["ratios"], summary["added_latency_ms"], summary["checks"]
     out += ["", "| comparison | value | target |", "|---|---:|---|"]
@@ -657,6 +731,12 @@ def markdown_report(
             f"| gateway / forwarder rps | {ratios['gateway_vs_forwarder_rps']:.2f}x "
             f"| >= {MIN_RPS_RATIO_VS_FORWARDER}x "
             f"{_verdict(checks.get('rps_ratio_vs_forwarder_ok'))} |"
+        )
+    if "gateway_vs_forwarder_cpu_per_req" in ratios:
+        out.append(
+            "| gateway / forwarder server CPU per request "
+            f"| {ratios['gateway_vs_forwarder_cpu_per_req']:.2f}x "
+            "| (cross-check, lower is better) |"
         )
     if "gateway_vs_direct_rps" in ratios:
         out.append(f"| gateway / direct rps | {ratios['gateway_vs_direct_rps']:.2f}x | |")
@@ -779,6 +859,7 @@ def run(args: argparse.Namespace) -> int:
         wait_ready(upstream, f"{upstream_url}/health", "health", deadline)
 
         urls: dict[str, str] = {"direct": upstream_url}
+        pgids: dict[str, int] = {"direct": upstream.popen.pid}
         ready: list[tuple[Server, str]] = [(upstream, upstream_url)]
         if "forwarder" in args.target_list:
             fw = start_server(
@@ -795,6 +876,7 @@ def run(args: argparse.Namespace) -> int:
             )
             servers.append(fw)
             urls["forwarder"] = f"http://127.0.0.1:{fw_port}"
+            pgids["forwarder"] = fw.popen.pid
             ready.append((fw, urls["forwarder"]))
         if "gateway" in args.target_list:
             gw = start_server(
@@ -802,6 +884,7 @@ def run(args: argparse.Namespace) -> int:
             )
             servers.append(gw)
             urls["gateway"] = f"http://127.0.0.1:{gw_port}"
+            pgids["gateway"] = gw.popen.pid
             ready.append((gw, urls["gateway"]))
 
         for server, base in ready[1:]:
@@ -832,21 +915,26 @@ def run(args: argparse.Namespace) -> int:
                         duration=args.warmup,
                         timeout_s=args.wrk_timeout,
                     )
-                tp = run_wrk(
+                pgid = pgids[t]
+                tp = measure(
                     wrk,
                     res.url,
                     lua,
                     connections=args.connections,
                     duration=args.duration,
                     timeout_s=args.wrk_timeout,
+                    server_pgid=pgid,
+                    upstream_pgid=upstream.popen.pid,
                 )
-                lat = run_wrk(
+                lat = measure(
                     wrk,
                     res.url,
                     lua,
                     connections=1,
                     duration=args.duration,
                     timeout_s=args.wrk_timeout,
+                    server_pgid=pgid,
+                    upstream_pgid=upstream.popen.pid,
                 )
                 res.throughput.append(tp)
                 res.latency.append(lat)
@@ -856,7 +944,7 @@ def run(args: argparse.Namespace) -> int:
                     flag += f"c=1: {lat.error_summary()}"
                 progress(
                     f"[round {rnd + 1}/{args.rounds}] {TARGET_LABELS[t]:<16} "
-                    f"{tp.rps:8.0f} rps (c={args.connections})   "
+                    f"{tp.rps:8.0f} rps, {_us(tp.cpu_us_per_req)} CPU/req (c={args.connections})   "
                     f"p50 {lat.p50_ms:.3f} ms  p99 {lat.p99_ms:.3f} ms (c=1){flag}"
                 )
             # Every server must have survived the round.
