@@ -1,3 +1,23 @@
-from heimdall_proxy.plugins.scorers import kv_cache_utilization, queue, running_requests
+from heimdall_proxy.plugins.scorers import (
+    active_request,
+    context_length,
+    kv_cache_utilization,
+    load_aware,
+    lora_affinity,
+    outstanding_work,
+    queue,
+    running_requests,
+    session_affinity,
+)
 
-__all__ = ["kv_cache_utilization", "queue", "running_requests"]
+__all__ = [
+    "active_request",
+    "context_length",
+    "kv_cache_utilization",
+    "load_aware",
+    "lora_affinity",
+    "outstanding_work",
+    "queue",
+    "running_requests",
+    "session_affinity",
+]

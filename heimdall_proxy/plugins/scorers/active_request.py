@@ -1,0 +1,71 @@
+"""active-request-scorer: fewer requests in flight through this gateway, higher score."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from pydantic import Field
+
+from heimdall_proxy.framework.base import BasePlugin
+from heimdall_proxy.framework.handle import PluginHandle
+from heimdall_proxy.framework.params import Duration, PluginParams
+from heimdall_proxy.framework.registry import register
+from heimdall_proxy.framework.types import (
+    CycleState,
+    Endpoint,
+    InferenceRequest,
+    RequestContext,
+)
+from heimdall_proxy.plugins.scorers.inflight import InFlight
+
+ACTIVE_REQUEST_SCORER_TYPE = "active-request-scorer"
+
+
+class ActiveRequestParams(PluginParams):
+    request_timeout: Duration = 120.0
+    idle_threshold: int = Field(default=0, ge=0)
+    max_busy_score: float = Field(default=1.0, ge=0.0, le=1.0)
+
+
+def attempt_key(ctx: RequestContext) -> str:
+    return f"{ctx.request.request_id}:{ctx.attempt}"
+
+
+@register(ACTIVE_REQUEST_SCORER_TYPE, ActiveRequestParams)
+class ActiveRequestScorer(BasePlugin[ActiveRequestParams]):
+    """Counts, per pod, the requests this gateway has sent it and not yet seen end: from the
+    moment one is scheduled (pre_request) until it completes, fails, or its client
+    disconnects (response_complete); a request older than `requestTimeout` stops counting.
+
+    Score: a pod with at most `idleThreshold` requests in flight scores 1.0; a busier pod
+    scores `maxBusyScore * (max - count) / max`, where max is the largest count among the
+    candidates (so the busiest scores 0)."""
+
+    type = ACTIVE_REQUEST_SCORER_TYPE
+
+    def __init__(self, name: str, params: ActiveRequestParams, handle: PluginHandle) -> None:
+        super().__init__(name, params, handle)
+        self.inflight = InFlight(params.request_timeout)
+        self._idle = params.idle_threshold
+        self._busy = params.max_busy_score
+
+    def count(self, pod: str) -> int:
+        self.inflight.expire()
+        return self.inflight.count(pod)
+
+    def score(
+        self, state: CycleState, request: InferenceRequest, endpoints: list[Endpoint]
+    ) -> Mapping[str, float]:
+        self.inflight.expire()
+        counts = [self.inflight.count(e.name) for e in endpoints]
+        top = max(counts, default=0)
+        out = {}
+        for e, n in zip(endpoints, counts, strict=True):
+            out[e.name] = 1.0 if n <= self._idle else self._busy * (top - n) / top
+        return out
+
+    async def pre_request(self, ctx: RequestContext) -> None:
+        self.inflight.add(ctx.target.name, attempt_key(ctx))
+
+    async def response_complete(self, ctx: RequestContext) -> None:
+        self.inflight.remove(ctx.target.name, attempt_key(ctx))

@@ -1,0 +1,82 @@
+"""Bookkeeping of the requests the gateway has in flight per pod, shared by the scorers that
+count or weigh them. Entries are added by pre_request and removed by response_complete (both
+called exactly once per attempt by the server), and expire after a timeout so a lost
+completion can never pin a count."""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from collections.abc import Iterator
+
+
+class InFlight:
+    """Per pod: request key -> (start time, value). Insertion order is start order, so expiry
+    pops from the front."""
+
+    __slots__ = ("_pods", "_totals", "timeout")
+
+    def __init__(self, timeout: float) -> None:
+        self.timeout = timeout
+        self._pods: dict[str, OrderedDict[str, tuple[float, float]]] = {}
+        self._totals: dict[str, float] = {}
+
+    def add(self, pod: str, key: str, value: float = 1.0, now: float | None = None) -> None:
+        entries = self._pods.setdefault(pod, OrderedDict())
+        if key in entries:
+            return
+        entries[key] = (time.monotonic() if now is None else now, value)
+        self._totals[pod] = self._totals.get(pod, 0.0) + value
+
+    def update(self, pod: str, key: str, value: float) -> None:
+        """Change the value of a tracked request (e.g. work left); unknown keys are ignored."""
+        entries = self._pods.get(pod)
+        if entries is None or key not in entries:
+            return
+        start, old = entries[key]
+        entries[key] = (start, value)
+        self._totals[pod] += value - old
+
+    def get(self, pod: str, key: str) -> float | None:
+        entries = self._pods.get(pod)
+        if entries is None or key not in entries:
+            return None
+        return entries[key][1]
+
+    def remove(self, pod: str, key: str) -> None:
+        entries = self._pods.get(pod)
+        if entries is None:
+            return
+        item = entries.pop(key, None)
+        if item is not None:
+            self._settle(pod, entries, item[1])
+
+    def _settle(
+        self, pod: str, entries: OrderedDict[str, tuple[float, float]], value: float
+    ) -> None:
+        if entries:
+            self._totals[pod] = max(0.0, self._totals[pod] - value)
+        else:  # exact zero, never float residue
+            self._totals[pod] = 0.0
+
+    def expire(self, now: float | None = None) -> None:
+        if self.timeout <= 0:
+            return
+        cutoff = (time.monotonic() if now is None else now) - self.timeout
+        for pod, entries in self._pods.items():
+            while entries:
+                key, (start, value) = next(iter(entries.items()))
+                if start > cutoff:
+                    break
+                del entries[key]
+                self._settle(pod, entries, value)
+
+    def count(self, pod: str) -> int:
+        entries = self._pods.get(pod)
+        return len(entries) if entries else 0
+
+    def total(self, pod: str) -> float:
+        return self._totals.get(pod, 0.0)
+
+    def pods(self) -> Iterator[str]:
+        return iter(self._pods)

@@ -1,0 +1,39 @@
+"""lora-affinity-scorer: prefers pods that have the requested LoRA adapter loaded, or room."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from heimdall_proxy.framework.base import BasePlugin
+from heimdall_proxy.framework.params import NoParams
+from heimdall_proxy.framework.registry import register
+from heimdall_proxy.framework.types import CycleState, Endpoint, InferenceRequest
+
+LORA_AFFINITY_SCORER_TYPE = "lora-affinity-scorer"
+
+
+@register(LORA_AFFINITY_SCORER_TYPE)
+class LoraAffinityScorer(BasePlugin[NoParams]):
+    """Reads `vllm:lora_requests_info` (newest sample) for the requested model name:
+    adapter running -> 1.0; room to load it (running + waiting adapters < max_lora) -> 0.8;
+    adapter only waiting -> 0.6; otherwise 0.0. For a base-model request every pod gets the
+    same score, so the scorer is neutral."""
+
+    type = LORA_AFFINITY_SCORER_TYPE
+
+    def score(
+        self, state: CycleState, request: InferenceRequest, endpoints: list[Endpoint]
+    ) -> Mapping[str, float]:
+        model = request.model
+        out = {}
+        for e in endpoints:
+            m = e.metrics
+            if model in m.lora_running:
+                out[e.name] = 1.0
+            elif len(m.lora_running) + len(m.lora_waiting) < m.max_lora:
+                out[e.name] = 0.8
+            elif model in m.lora_waiting:
+                out[e.name] = 0.6
+            else:
+                out[e.name] = 0.0
+        return out

@@ -1,0 +1,132 @@
+"""outstanding-work-scorer (heimdall-proxy's own): balances the work the gateway has sent each
+pod, not the number of requests, so one heavy request weighs more than ten short ones."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from pydantic import Field
+
+from heimdall_proxy.framework.base import BasePlugin
+from heimdall_proxy.framework.handle import PluginHandle
+from heimdall_proxy.framework.params import Duration, PluginParams
+from heimdall_proxy.framework.registry import register
+from heimdall_proxy.framework.types import (
+    CycleState,
+    Endpoint,
+    InferenceRequest,
+    RequestContext,
+)
+from heimdall_proxy.plugins.scorers.active_request import attempt_key
+from heimdall_proxy.plugins.scorers.inflight import InFlight
+
+OUTSTANDING_WORK_SCORER_TYPE = "outstanding-work-scorer"
+
+_LIMIT_KEYS = ("max_completion_tokens", "max_tokens", "max_output_tokens")
+
+
+class OutstandingWorkParams(PluginParams):
+    #: Cost of prefilling one prompt token, in units of decoding one output token. Prefill runs
+    #: many tokens per forward pass, decode one per sequence per step, so a prompt token is
+    #: much cheaper than an output token.
+    prefill_token_weight: float = Field(default=0.2, ge=0.0)
+    #: Output tokens assumed for a request that sets no limit.
+    default_output_tokens: int = Field(default=256, ge=1)
+    char_to_token_multiplier: float = Field(default=0.25, gt=0.0)
+    request_timeout: Duration = 600.0
+
+
+def output_limit(data: Mapping[str, Any], default: int) -> int:
+    for key in _LIMIT_KEYS:
+        value = data.get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            n = data.get("n")
+            return value * (n if isinstance(n, int) and n > 1 else 1)
+    return default
+
+
+class _Work:
+    __slots__ = ("decode_left", "prefill")
+
+    def __init__(self, prefill: float, decode_left: float) -> None:
+        self.prefill = prefill
+        self.decode_left = decode_left
+
+    @property
+    def total(self) -> float:
+        return self.prefill + self.decode_left
+
+
+@register(OUTSTANDING_WORK_SCORER_TYPE, OutstandingWorkParams)
+class OutstandingWorkScorer(BasePlugin[OutstandingWorkParams]):
+    """Tracks, per pod, the work of every request this gateway has in flight there, in
+    decode-token units: `prefillTokenWeight * prompt tokens` until the first response byte
+    arrives (prefill done), plus the output tokens still to come (the request's
+    max_tokens / max_completion_tokens / max_output_tokens, times n, else
+    `defaultOutputTokens`), counted down by one per streamed SSE event. Prompt tokens are the
+    tokenizer's when one ran, else characters * charToTokenMultiplier.
+
+    Score: `1 - work / max work` over the candidates (all idle -> 1.0), so the pod with the
+    least outstanding work scores highest and the scale stays proportional. Counts from other
+    gateway replicas are invisible to it: pair it with queue-scorer or load-aware-scorer."""
+
+    type = OUTSTANDING_WORK_SCORER_TYPE
+
+    def __init__(self, name: str, params: OutstandingWorkParams, handle: PluginHandle) -> None:
+        super().__init__(name, params, handle)
+        self.inflight = InFlight(params.request_timeout)
+        # Progress of each attempt; dropped at response_complete, which the server calls once
+        # per pre_request whatever happens, so it never outgrows the requests in flight.
+        self._work: dict[str, _Work] = {}
+        self._p = params
+
+    def estimate(self, request: InferenceRequest) -> tuple[float, float]:
+        """(prefill work, decode work) of a request, in decode-token units."""
+        if request.token_ids is not None:
+            prompt = float(len(request.token_ids))
+        else:
+            prompt = len(request.prompt_text()) * self._p.char_to_token_multiplier
+        decode = float(output_limit(request.data, self._p.default_output_tokens))
+        return prompt * self._p.prefill_token_weight, decode
+
+    def work(self, pod: str) -> float:
+        """Outstanding work on `pod`, in decode-token units."""
+        self.inflight.expire()
+        return self.inflight.total(pod)
+
+    def score(
+        self, state: CycleState, request: InferenceRequest, endpoints: list[Endpoint]
+    ) -> Mapping[str, float]:
+        self.inflight.expire()
+        loads = [self.inflight.total(e.name) for e in endpoints]
+        top = max(loads, default=0.0)
+        if top <= 0.0:
+            return {e.name: 1.0 for e in endpoints}
+        return {e.name: 1.0 - w / top for e, w in zip(endpoints, loads, strict=True)}
+
+    async def pre_request(self, ctx: RequestContext) -> None:
+        prefill, decode = self.estimate(ctx.request)
+        key = attempt_key(ctx)
+        self._work[key] = _Work(prefill, decode)
+        self.inflight.add(ctx.target.name, key, prefill + decode)
+
+    async def response_received(self, ctx: RequestContext) -> None:
+        work = self._work.get(attempt_key(ctx))
+        if work is not None and work.prefill:
+            work.prefill = 0.0
+            self.inflight.update(ctx.target.name, attempt_key(ctx), work.total)
+
+    async def response_streaming(self, ctx: RequestContext, chunk: bytes) -> None:
+        work = self._work.get(attempt_key(ctx))
+        if work is None or work.decode_left <= 0.0:
+            return
+        events = chunk.count(b"data:")
+        if events:
+            work.decode_left = max(0.0, work.decode_left - events)
+            self.inflight.update(ctx.target.name, attempt_key(ctx), work.total)
+
+    async def response_complete(self, ctx: RequestContext) -> None:
+        key = attempt_key(ctx)
+        self._work.pop(key, None)
+        self.inflight.remove(ctx.target.name, key)

@@ -1,0 +1,44 @@
+"""Plain objects for plugin unit tests."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from heimdall_proxy.framework.types import (
+    ApiKind,
+    CycleState,
+    Endpoint,
+    InferenceRequest,
+    Metrics,
+    ProfileResult,
+    RequestContext,
+    SchedulingResult,
+)
+
+
+def ep(name: str, labels: dict[str, str] | None = None, **metrics: Any) -> Endpoint:
+    return Endpoint(
+        name=name,
+        url=f"http://{name}:8000",
+        host=name,
+        port=8000,
+        labels=labels or {},
+        metrics=Metrics(**metrics),
+    )
+
+
+def req(
+    api: ApiKind = "chat",
+    data: dict[str, Any] | None = None,
+    headers: dict[str, str] | None = None,
+    model: str = "m",
+) -> InferenceRequest:
+    data = {"model": model, **(data or {})}
+    return InferenceRequest(
+        api=api, path="/v1/x", model=model, body=b"{}", data=data, headers=headers or {}
+    )
+
+
+def ctx(request: InferenceRequest, target: Endpoint, attempt: int = 0) -> RequestContext:
+    result = SchedulingResult({"default": ProfileResult([target], [target])}, "default")
+    return RequestContext(request, CycleState(), result, target, attempt=attempt)

@@ -1,0 +1,36 @@
+"""load-aware-scorer: 0.5 for an empty queue, linearly down to 0 at the threshold."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from heimdall_proxy.framework.types import CycleState
+from heimdall_proxy.plugins.scorers.load_aware import LoadAwareParams, LoadAwareScorer
+from tests.plugins.helpers import ep, req
+
+
+def test_scores_follow_the_consistent_reading() -> None:
+    scorer = LoadAwareScorer("l", LoadAwareParams(), None)  # type: ignore[arg-type]
+    pods = [
+        ep("empty", waiting=0),
+        ep("half", waiting=64),
+        ep("full", waiting=128),
+        ep("over", waiting=500),
+    ]
+    got = scorer.score(CycleState(), req(), pods)
+    assert got == pytest.approx({"empty": 0.5, "half": 0.25, "full": 0.0, "over": 0.0})
+
+
+def test_custom_threshold_and_independence_from_other_pods() -> None:
+    scorer = LoadAwareScorer("l", LoadAwareParams(threshold=10), None)  # type: ignore[arg-type]
+    alone = scorer.score(CycleState(), req(), [ep("a", waiting=2)])
+    together = scorer.score(CycleState(), req(), [ep("a", waiting=2), ep("b", waiting=9)])
+    assert alone["a"] == pytest.approx(0.4) == together["a"]
+    assert together["b"] == pytest.approx(0.05)
+
+
+def test_threshold_must_be_positive() -> None:
+    with pytest.raises(ValidationError):
+        LoadAwareParams.model_validate({"threshold": 0})
+    assert LoadAwareParams.model_validate({}).threshold == 128

@@ -1,0 +1,69 @@
+"""outstanding-work-scorer: work, not request counts."""
+
+from __future__ import annotations
+
+import pytest
+
+from heimdall_proxy.framework.types import CycleState
+from heimdall_proxy.plugins.scorers.outstanding_work import (
+    OutstandingWorkParams,
+    OutstandingWorkScorer,
+    output_limit,
+)
+from tests.plugins.helpers import ctx, ep, req
+
+
+def make(**params: object) -> OutstandingWorkScorer:
+    return OutstandingWorkScorer("w", OutstandingWorkParams.model_validate(params), None)  # type: ignore[arg-type]
+
+
+def completion(prompt_tokens: int, max_tokens: int) -> object:
+    return req("completions", {"prompt": "x" * (4 * prompt_tokens), "max_tokens": max_tokens})
+
+
+async def test_one_heavy_request_outweighs_ten_short_ones() -> None:
+    scorer = make()
+    heavy_pod, busy_pod, idle = ep("heavy"), ep("busy"), ep("idle")
+    await scorer.pre_request(ctx(completion(5000, 1000), heavy_pod))  # type: ignore[arg-type]
+    for _ in range(10):
+        await scorer.pre_request(ctx(completion(15, 30), busy_pod))  # type: ignore[arg-type]
+    assert scorer.work("heavy") == pytest.approx(0.2 * 5000 + 1000)
+    assert scorer.work("busy") == pytest.approx(10 * (0.2 * 15 + 30))
+    got = scorer.score(CycleState(), req(), [heavy_pod, busy_pod, idle])
+    assert got["idle"] == 1.0
+    assert got["busy"] > 0.6 > got["heavy"] == 0.0
+
+
+async def test_progress_prefill_then_streamed_tokens_then_complete() -> None:
+    scorer = make()
+    pod = ep("p")
+    c = ctx(completion(100, 10), pod)  # type: ignore[arg-type]
+    await scorer.pre_request(c)
+    assert scorer.work("p") == pytest.approx(20 + 10)
+    await scorer.response_received(c)
+    assert scorer.work("p") == pytest.approx(10)
+    await scorer.response_streaming(c, b'data: {"a":1}\n\ndata: {"a":2}\n\n')
+    assert scorer.work("p") == pytest.approx(8)
+    await scorer.response_streaming(c, b"data: x\n\n" * 50)
+    assert scorer.work("p") == 0.0
+    await scorer.response_complete(c)
+    await scorer.response_complete(c)
+    assert scorer.work("p") == 0.0
+    assert scorer.score(CycleState(), req(), [pod]) == {"p": 1.0}
+
+
+def test_output_limit() -> None:
+    assert output_limit({"max_tokens": 7}, 256) == 7
+    assert output_limit({"max_completion_tokens": 9, "max_tokens": 7}, 256) == 9
+    assert output_limit({"max_output_tokens": 5}, 256) == 5
+    assert output_limit({"max_tokens": 4, "n": 3}, 256) == 12
+    assert output_limit({}, 256) == 256
+    assert output_limit({"max_tokens": "x"}, 100) == 100
+    assert output_limit({"max_tokens": True}, 100) == 100
+
+
+async def test_real_token_ids_are_used_when_present() -> None:
+    scorer = make(prefillTokenWeight=1.0)
+    r = req("completions", {"prompt": "x" * 4000, "max_tokens": 1})
+    r.token_ids = [1, 2, 3]
+    assert scorer.estimate(r) == (3.0, 1.0)
