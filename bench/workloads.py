@@ -1,0 +1,546 @@
+"""Deterministic benchmark workloads: lists of timed OpenAI requests.
+
+A workload is a list of `TimedRequest`s: when to send (seconds after the start), which API path,
+the JSON body, and a tag (the request's class, for per-class statistics). Every generator is a
+pure function of its parameters and a seed, so two runs of the same workload send byte-identical
+requests at identical offsets, whatever router is in front of the pods.
+
+Workloads:
+
+* ``seed001``: the load-aware-routing benchmark of the reference document. Heavy "seed"
+  requests are sent first to saturate the pods, then a jittered burst of short and medium
+  completions, with one heavy request inlined every ``inline_every`` burst items. Heavy
+  requests cycle through four (input words, output tokens) specs, so with 4 pods and
+  round-robin every 4th (the super-heavy one) lands on the same pod.
+* ``chat-prefix``: multi-turn chat. Users share a few long system prompts; each user's
+  conversation grows turn by turn and every turn resends the whole history, so a router that
+  keeps a conversation (and a system prompt) on one pod gets prefix-cache hits.
+* ``context-mix``: completions with short, medium and very long prompts arriving as a Poisson
+  process, for context-length-aware routing.
+
+``*-small`` presets are scaled-down versions sized for a simulated fleet on a 2-core machine.
+
+Run ``python bench/workloads.py --workload seed001`` to print a summary (``--list`` for the
+presets, ``--dump FILE`` to write the requests as JSON).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import random
+import sys
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+DEFAULT_MODEL = "sim-model"
+COMPLETIONS = "/v1/completions"
+CHAT = "/v1/chat/completions"
+
+# Words the prompts are made of. Ordinary lower-case words keep a real tokenizer near one or two
+# tokens per word; the simulator and the context-length plugin count 4 characters per token.
+_VOCAB_TEXT = (
+    "quantum neural matrix optimization graph tensor latency throughput bandwidth kernel "
+    "scheduler routing prefill decode scaling gradient cache expert activation pipeline "
+    "distributed dynamic cluster epoch inference token sampling prefetch adapter mixture "
+    "context parallelism load dispatch coherence topology fabric memory request batch queue "
+    "replica shard vector model server network packet window buffer stream session history "
+    "policy budget signal weight layer head block page"
+)
+VOCAB = tuple(_VOCAB_TEXT.split())
+
+
+@dataclass(frozen=True, slots=True)
+class TimedRequest:
+    """One request of a workload: send `body` to `path` at `offset` seconds after the start."""
+
+    id: str
+    offset: float
+    path: str
+    body: dict[str, Any]
+    tag: str
+    headers: dict[str, str] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        doc: dict[str, Any] = {
+            "id": self.id,
+            "offset": self.offset,
+            "path": self.path,
+            "tag": self.tag,
+            "body": self.body,
+        }
+        if self.headers:
+            doc["headers"] = self.headers
+        return doc
+
+
+@dataclass(slots=True)
+class Workload:
+    """A named list of timed requests plus the parameters that produced it."""
+
+    name: str
+    params: dict[str, Any]
+    requests: list[TimedRequest]
+
+    @property
+    def duration(self) -> float:
+        """Offset of the last request (the send schedule's length, not the run's)."""
+        return max((r.offset for r in self.requests), default=0.0)
+
+    def counts(self) -> dict[str, int]:
+        return dict(Counter(r.tag for r in self.requests))
+
+    def scaled(self, time_scale: float) -> Workload:
+        """The same requests with every offset multiplied by `time_scale`."""
+        if time_scale == 1.0:
+            return self
+        reqs = [dataclasses.replace(r, offset=r.offset * time_scale) for r in self.requests]
+        return Workload(self.name, {**self.params, "time_scale": time_scale}, reqs)
+
+    def describe(self) -> str:
+        counts = ", ".join(f"{tag} {n}" for tag, n in sorted(self.counts().items()))
+        return (
+            f"{self.name}: {len(self.requests)} requests ({counts}); "
+            f"last send at {self.duration:.1f}s"
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "params": self.params,
+            "requests": [r.to_json() for r in self.requests],
+        }
+
+
+# ---- text -------------------------------------------------------------------------------
+
+
+def words_text(rng: random.Random, n_words: int) -> str:
+    return " ".join(rng.choices(VOCAB, k=max(0, n_words)))
+
+
+def chars_text(rng: random.Random, n_chars: int) -> str:
+    """About `n_chars` characters of words (about n_chars / 4 tokens by the 4-char rule)."""
+    # Mean word length is ~6.5 characters plus a space; draw a little more than needed, then cut.
+    out = words_text(rng, n_chars // 6 + 8)
+    while len(out) < n_chars:
+        out += " " + words_text(rng, 32)
+    return out[:n_chars].rstrip()
+
+
+def _rng(seed: int, *parts: object) -> random.Random:
+    # String seeds are hashed with SHA-512 by `random`, so this is stable across runs and
+    # Python processes (unlike hash()).
+    return random.Random(":".join([str(seed), *map(str, parts)]))
+
+
+def _sampling(osl: int, stream: bool) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "max_tokens": osl,
+        "temperature": 0,
+        "top_p": 1,
+        # vLLM extension: generate exactly max_tokens, so a real pod does the work we asked for.
+        "ignore_eos": True,
+        "stream": stream,
+    }
+    if stream:
+        body["stream_options"] = {"include_usage": True}
+    return body
+
+
+# ---- seed 001: heavy seeds, then a jittered burst with inline heavies ----------------------
+
+HEAVY_SPECS: tuple[tuple[int, int], ...] = ((1300, 320), (1500, 350), (2700, 780), (4000, 1050))
+
+
+@dataclass(frozen=True)
+class Seed001Params:
+    """The reference benchmark's knobs; defaults are the parameters of its published run."""
+
+    total: int = 800
+    heavy_seeds: int = 400
+    inline_every: int = 24
+    #: explicit number of inline heavies; 0 derives it from `inline_every`
+    inline_heavy_count: int = 0
+    seed_interval: float = 0.0
+    burst_start: float = 5.0
+    burst_interval: float = 0.5
+    jitter: float = 0.5
+    inline_extra_gap: float = 0.5
+    #: (input words, output tokens), cycled in order by seeds and by inline heavies
+    heavy_specs: tuple[tuple[int, int], ...] = HEAVY_SPECS
+    short_isl: tuple[int, int] = (10, 20)
+    short_osl: tuple[int, int] = (25, 40)
+    medium_isl: tuple[int, int] = (120, 180)
+    medium_osl: tuple[int, int] = (60, 90)
+
+
+def seed001_layout(p: Seed001Params, seed: int) -> list[tuple[str, int, int]]:
+    """The request sequence as (kind, input words, output tokens), kinds "heavy-seed",
+    "short", "medium", "heavy-inline", in send order."""
+    rng = _rng(seed, "seed001", "layout")
+    heavy_seeds = max(0, min(p.heavy_seeds, p.total))
+    out = [("heavy-seed", *p.heavy_specs[i % len(p.heavy_specs)]) for i in range(heavy_seeds)]
+    remaining = p.total - heavy_seeds
+    if p.inline_heavy_count > 0:
+        n_inline = min(p.inline_heavy_count, remaining)
+    else:
+        n_inline = remaining // (p.inline_every + 1) if p.inline_every > 0 else 0
+    n_plain = remaining - n_inline
+    n_short = n_plain // 2
+    pool = [("short", rng.randint(*p.short_isl), rng.randint(*p.short_osl)) for _ in range(n_short)]
+    pool += [
+        ("medium", rng.randint(*p.medium_isl), rng.randint(*p.medium_osl))
+        for _ in range(n_plain - n_short)
+    ]
+    rng.shuffle(pool)
+    # One inline heavy after every `step` burst items, spread over the whole burst; any that
+    # do not fit (more heavies than burst items) go at the end.
+    step = max(1, len(pool) // n_inline) if n_inline else 0
+    burst: list[tuple[str, int, int]] = []
+    placed = 0
+    for idx, item in enumerate(pool, start=1):
+        burst.append(item)
+        if placed < n_inline and idx == (placed + 1) * step:
+            burst.append(("heavy-inline", *p.heavy_specs[placed % len(p.heavy_specs)]))
+            placed += 1
+    for k in range(placed, n_inline):
+        burst.append(("heavy-inline", *p.heavy_specs[k % len(p.heavy_specs)]))
+    return out + burst
+
+
+def seed001_offsets(p: Seed001Params, kinds: Sequence[str], seed: int) -> list[float]:
+    """Send offsets: seeds every `seed_interval` from 0; the burst from `burst_start`, spaced
+    `burst_interval` +/- uniform `jitter` (never negative), plus `inline_extra_gap` after each
+    inline heavy."""
+    rng = _rng(seed, "seed001", "timing")
+    offsets: list[float] = []
+    n_seed = 0
+    t = p.burst_start
+    for kind in kinds:
+        if kind == "heavy-seed":
+            offsets.append(n_seed * p.seed_interval)
+            n_seed += 1
+            continue
+        offsets.append(t)
+        dt = p.burst_interval + (rng.uniform(-p.jitter, p.jitter) if p.jitter > 0 else 0.0)
+        if kind == "heavy-inline":
+            dt += p.inline_extra_gap
+        t += max(0.0, dt)
+    return offsets
+
+
+def seed001(
+    params: Seed001Params | None = None,
+    *,
+    seed: int = 42,
+    model: str = DEFAULT_MODEL,
+    stream: bool = True,
+    name: str = "seed001",
+) -> Workload:
+    p = params or Seed001Params()
+    layout = seed001_layout(p, seed)
+    offsets = seed001_offsets(p, [k for k, _, _ in layout], seed)
+    per_kind: Counter[str] = Counter()
+    requests = []
+    for (kind, isl, osl), offset in zip(layout, offsets, strict=True):
+        per_kind[kind] += 1
+        rid = f"{kind}-{per_kind[kind]:04d}"
+        # The id leads the prompt so no two requests share a prefix (as in the reference run).
+        prompt = f"[{rid}] " + words_text(_rng(seed, rid), isl)
+        body = {"model": model, "prompt": prompt, **_sampling(osl, stream)}
+        requests.append(TimedRequest(rid, round(offset, 6), COMPLETIONS, body, kind))
+    return Workload(name, {"seed": seed, "model": model, **_params_json(p)}, requests)
+
+
+# ---- multi-turn chat with shared system prompts -----------------------------------------
+
+
+@dataclass(frozen=True)
+class ChatPrefixParams:
+    """Users in `system_prompts` groups share a long system prompt; each user holds one
+    conversation of `turns` turns, and turn k resends the k-1 earlier exchanges."""
+
+    users: int = 32
+    system_prompts: int = 4
+    system_words: int = 1500
+    turns: int = 6
+    user_words: tuple[int, int] = (20, 60)
+    reply_tokens: tuple[int, int] = (40, 120)
+    #: seconds between a user's turns (open loop: the next turn does not wait for the reply)
+    think_time: tuple[float, float] = (4.0, 10.0)
+    #: users start uniformly spread over [0, ramp] seconds
+    ramp: float = 30.0
+
+
+def chat_prefix(
+    params: ChatPrefixParams | None = None,
+    *,
+    seed: int = 42,
+    model: str = DEFAULT_MODEL,
+    stream: bool = True,
+    name: str = "chat-prefix",
+) -> Workload:
+    p = params or ChatPrefixParams()
+    systems = [
+        f"You are assistant #{g}. " + words_text(_rng(seed, "system", g), p.system_words)
+        for g in range(max(1, p.system_prompts))
+    ]
+    requests: list[TimedRequest] = []
+    for u in range(p.users):
+        rng = _rng(seed, "user", u)
+        history: list[dict[str, str]] = [{"role": "system", "content": systems[u % len(systems)]}]
+        t = rng.uniform(0.0, p.ramp)
+        for turn in range(1, p.turns + 1):
+            history.append(
+                {
+                    "role": "user",
+                    "content": f"(user {u} turn {turn}) "
+                    + words_text(rng, rng.randint(*p.user_words)),
+                }
+            )
+            osl = rng.randint(*p.reply_tokens)
+            body = {"model": model, "messages": list(history), **_sampling(osl, stream)}
+            rid = f"u{u:03d}-t{turn:02d}"
+            tag = "first-turn" if turn == 1 else "follow-up"
+            requests.append(TimedRequest(rid, round(t, 6), CHAT, body, tag))
+            # The reply is not known open-loop: resend a stand-in of the requested length, as a
+            # client replaying a recorded conversation would.
+            history.append({"role": "assistant", "content": words_text(rng, osl)})
+            t += rng.uniform(*p.think_time)
+    requests.sort(key=lambda r: (r.offset, r.id))
+    return Workload(name, {"seed": seed, "model": model, **_params_json(p)}, requests)
+
+
+# ---- mixed context lengths ----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ContextMixParams:
+    """Completions whose prompt lengths (in 4-character tokens) fall in three bands, arriving
+    as a Poisson process of `rate` requests per second."""
+
+    requests: int = 300
+    rate: float = 4.0
+    #: fractions of short, medium and long prompts (normalised)
+    mix: tuple[float, float, float] = (0.6, 0.3, 0.1)
+    short_tokens: tuple[int, int] = (64, 512)
+    medium_tokens: tuple[int, int] = (1024, 2048)
+    long_tokens: tuple[int, int] = (4096, 7168)
+    output_tokens: tuple[int, int] = (32, 128)
+
+
+def context_mix(
+    params: ContextMixParams | None = None,
+    *,
+    seed: int = 42,
+    model: str = DEFAULT_MODEL,
+    stream: bool = True,
+    name: str = "context-mix",
+) -> Workload:
+    p = params or ContextMixParams()
+    rng = _rng(seed, "context-mix")
+    bands = (("short", p.short_tokens), ("medium", p.medium_tokens), ("long", p.long_tokens))
+    weights = [max(0.0, w) for w in p.mix]
+    requests = []
+    t = 0.0
+    per_kind: Counter[str] = Counter()
+    for _ in range(p.requests):
+        kind, band = rng.choices(bands, weights=weights)[0]
+        per_kind[kind] += 1
+        rid = f"{kind}-{per_kind[kind]:04d}"
+        tokens = rng.randint(*band)
+        osl = rng.randint(*p.output_tokens)
+        prefix = f"[{rid}] "
+        prompt = prefix + chars_text(_rng(seed, rid), 4 * tokens - len(prefix))
+        body = {"model": model, "prompt": prompt, **_sampling(osl, stream)}
+        requests.append(TimedRequest(rid, round(t, 6), COMPLETIONS, body, kind))
+        t += rng.expovariate(p.rate) if p.rate > 0 else 0.0
+    return Workload(name, {"seed": seed, "model": model, **_params_json(p)}, requests)
+
+
+# ---- presets and CLI ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Preset:
+    builder: Callable[..., Workload]
+    params: Any
+    description: str
+    #: flags the comparison passes to every simulated pod unless the user gives --sim-args
+    sim_args: tuple[str, ...] = ()
+    #: time scale the comparison applies by default (workload offsets and the simulator)
+    time_scale: float = 1.0
+
+
+PRESETS: dict[str, Preset] = {
+    "seed001": Preset(
+        seed001,
+        Seed001Params(),
+        "the reference run: 800 requests, 400 heavy seeds, inline heavy every 24",
+    ),
+    "seed001-small": Preset(
+        seed001,
+        Seed001Params(total=200, heavy_seeds=100),
+        "seed001 with a quarter of the requests (100 seeds, 4 inline heavies, 96 burst)",
+        sim_args=("--max-num-seqs", "8"),
+        time_scale=0.25,
+    ),
+    "chat-prefix": Preset(
+        chat_prefix, ChatPrefixParams(), "32 users x 6 turns, 4 shared 1500-word system prompts"
+    ),
+    "chat-prefix-small": Preset(
+        chat_prefix,
+        ChatPrefixParams(users=16, turns=5, system_words=800, think_time=(2.0, 5.0), ramp=10.0),
+        "16 users x 5 turns, 4 shared 800-word system prompts",
+        sim_args=("--max-num-seqs", "8"),
+    ),
+    "context-mix": Preset(
+        context_mix, ContextMixParams(), "300 completions, 60/30/10 short/medium/long, 4 req/s"
+    ),
+    "context-mix-small": Preset(
+        context_mix,
+        ContextMixParams(requests=120),
+        "120 completions, 60/30/10 short/medium/long, 4 req/s",
+        sim_args=("--max-num-seqs", "8"),
+    ),
+}
+
+# The reference workload's own CLI flags, accepted for the seed001 presets.
+SEED001_FLAGS: dict[str, type] = {
+    "total": int,
+    "heavy_seeds": int,
+    "inline_every": int,
+    "inline_heavy_count": int,
+    "seed_interval": float,
+    "burst_start": float,
+    "burst_interval": float,
+    "jitter": float,
+    "inline_extra_gap": float,
+}
+
+
+def _params_json(p: Any) -> dict[str, Any]:
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(p).items()}
+
+
+def _coerce(current: Any, text: str) -> Any:
+    if isinstance(current, bool):
+        return text.lower() in ("1", "true", "yes", "on")
+    if isinstance(current, int):
+        return int(text)
+    if isinstance(current, float):
+        return float(text)
+    if isinstance(current, tuple):
+        parsed = json.loads(text if text.startswith("[") else f"[{text}]")
+        return tuple(tuple(x) if isinstance(x, list) else x for x in parsed)
+    return text
+
+
+def apply_overrides(params: Any, overrides: dict[str, str]) -> Any:
+    """A copy of a params dataclass with `name=text` overrides parsed to each field's type."""
+    fields = {f.name for f in dataclasses.fields(params)}
+    changes = {}
+    for key, text in overrides.items():
+        name = key.replace("-", "_")
+        if name not in fields:
+            raise ValueError(
+                f"unknown parameter {key!r} for {type(params).__name__}; "
+                f"known: {', '.join(sorted(fields))}"
+            )
+        changes[name] = _coerce(getattr(params, name), text)
+    return dataclasses.replace(params, **changes)
+
+
+def build(
+    name: str,
+    *,
+    seed: int = 42,
+    model: str = DEFAULT_MODEL,
+    stream: bool = True,
+    overrides: dict[str, str] | None = None,
+) -> Workload:
+    """Build a preset by name, with optional `field=value` overrides of its parameters."""
+    try:
+        preset = PRESETS[name]
+    except KeyError:
+        raise ValueError(f"unknown workload {name!r}; known: {', '.join(PRESETS)}") from None
+    params = apply_overrides(preset.params, overrides or {})
+    return preset.builder(params, seed=seed, model=model, stream=stream, name=name)
+
+
+def add_workload_args(parser: argparse.ArgumentParser) -> None:
+    """The workload flags shared by workloads.py, runner.py and compare.py."""
+    g = parser.add_argument_group("workload")
+    g.add_argument("--workload", "-w", default="seed001-small", choices=sorted(PRESETS))
+    g.add_argument("--seed", type=int, default=42, help="workload seed (default 42)")
+    g.add_argument("--model", default=DEFAULT_MODEL)
+    g.add_argument(
+        "--no-stream", action="store_true", help="send stream=false (no TTFT is measured)"
+    )
+    g.add_argument(
+        "--param",
+        "-P",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="override a workload parameter, e.g. -P users=8 -P think_time=1,3",
+    )
+    for flag, kind in SEED001_FLAGS.items():
+        g.add_argument(
+            "--" + flag.replace("_", "-"),
+            type=kind,
+            default=None,
+            help=argparse.SUPPRESS if flag != "total" else "seed001 flags as in the reference",
+        )
+
+
+def workload_from_args(args: argparse.Namespace) -> Workload:
+    overrides: dict[str, str] = {}
+    for item in args.param:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ValueError(f"--param takes NAME=VALUE, got {item!r}")
+        overrides[key.strip()] = value.strip()
+    for flag in SEED001_FLAGS:
+        value = getattr(args, flag, None)
+        if value is not None:
+            if PRESETS[args.workload].builder is not seed001:
+                raise ValueError(f"--{flag.replace('_', '-')} applies to the seed001 workloads")
+            overrides[flag] = str(value)
+    return build(
+        args.workload,
+        seed=args.seed,
+        model=args.model,
+        stream=not args.no_stream,
+        overrides=overrides,
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_workload_args(parser)
+    parser.add_argument("--time-scale", type=float, default=1.0, help="multiply every offset")
+    parser.add_argument("--dump", metavar="FILE", help="write the workload as JSON")
+    parser.add_argument("--list", action="store_true", help="list the presets")
+    args = parser.parse_args(argv)
+    if args.list:
+        for name, preset in PRESETS.items():
+            print(f"{name:20s} {preset.description}")
+        return 0
+    try:
+        wl = workload_from_args(args).scaled(args.time_scale)
+    except ValueError as exc:
+        parser.error(str(exc))
+    print(wl.describe())
+    if args.dump:
+        with open(args.dump, "w", encoding="utf-8") as f:
+            json.dump(wl.to_json(), f)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
