@@ -1,0 +1,171 @@
+"""bench/compare.py: targets, config rewriting, simulator flags, the RESULTS.md section, plots."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from bench import compare, runner
+from bench.compare import FleetSpec, Pod, Target
+from bench.workloads import TimedRequest, Workload
+from heimdall_proxy.config import parse_config
+
+REPO = Path(__file__).resolve().parents[2]
+PODS = [Pod("pod-0", 9001), Pod("pod-1", 9002, kv_events_port=9102), Pod("pod-2", 9003)]
+
+
+def _load(name: str) -> dict:
+    return yaml.safe_load((REPO / "config" / name).read_text())
+
+
+def test_parse_target() -> None:
+    assert compare.parse_target("round_robin") == Target("vllm-router", "round_robin")
+    assert compare.parse_target("vllm-router:cache_aware") == Target("vllm-router", "cache_aware")
+    gw = compare.parse_target("gateway:config/demo.yaml")
+    assert gw == Target("gateway", "config/demo.yaml")
+    assert compare.parse_target("config/x.yml").kind == "gateway"
+    assert gw.label == "heimdall-proxy demo.yaml"
+    assert gw.slug == "heimdall-proxy-demo"
+    for bad in ("nope", "vllm-router:nope", "envoy:x"):
+        with pytest.raises(ValueError, match="unknown"):
+            compare.parse_target(bad)
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in (REPO / "config").glob("*.yaml")))
+def test_config_rewrite_keeps_plugins_and_replaces_endpoints(name: str) -> None:
+    doc = _load(name)
+    before = yaml.safe_dump(doc)
+    out = compare.gateway_config(doc, PODS)
+    assert yaml.safe_dump(doc) == before  # the input is not modified
+    assert [e["url"] for e in out["endpoints"]] == [
+        "http://127.0.0.1:9001",
+        "http://127.0.0.1:9002",
+        "http://127.0.0.1:9003",
+    ]
+    assert out["endpoints"][1]["kvEvents"] == "tcp://127.0.0.1:9102"
+    assert "kvEvents" not in out["endpoints"][0]
+    for key in set(doc) - {"endpoints"}:
+        assert out[key] == doc[key], key
+    cfg = parse_config(out, name)
+    assert [e.name for e in cfg.endpoints] == ["pod-0", "pod-1", "pod-2"]
+    original = parse_config(doc, name)
+    assert cfg.epp == original.epp
+
+
+def test_config_rewrite_inherits_labels_by_position() -> None:
+    doc = _load("heimdall-values.yaml")  # EndpointPickerConfig under `config:`, two labelled pods
+    out = compare.gateway_config(doc, PODS)
+    assert out["config"] == doc["config"]
+    assert out["endpoints"][0]["labels"] == {"mif.moreh.io/role": "decode"}
+    assert out["endpoints"][1]["labels"] == {"mif.moreh.io/role": "both"}
+    assert "labels" not in out["endpoints"][2]
+    assert compare.gateway_config({}, PODS[:1]) == {
+        "endpoints": [{"name": "pod-0", "url": "http://127.0.0.1:9001"}]
+    }
+
+
+def test_sim_args_split_on_supported_flags() -> None:
+    supported = {"--max-num-seqs", "--ttft"}
+    kept, dropped = compare.split_sim_args(
+        ["--max-num-seqs", "8", "--time-scale=0.5", "--lora-modules", "a", "b", "--ttft", "1s"],
+        supported,
+    )
+    assert kept == ["--max-num-seqs", "8", "--ttft", "1s"]
+    assert dropped == ["--time-scale=0.5", "--lora-modules", "a", "b"]
+
+
+def test_sim_flags_reads_the_installed_simulator() -> None:
+    flags = compare.sim_flags()
+    assert {"--port", "--name", "--model", "--max-num-seqs"} <= flags
+
+
+def test_commands() -> None:
+    spec = FleetSpec(2, "m", ["--max-num-seqs", "4"], 0.5, 7, False, {"--time-scale", "--seed"})
+    argv = compare.sim_command(spec, PODS[1], 1)
+    assert argv[argv.index("--port") + 1] == "9002"
+    assert argv[argv.index("--time-scale") + 1] == "0.5"
+    assert argv[argv.index("--seed") + 1] == "8"
+    assert argv[argv.index("--kv-events-port") + 1] == "9102"
+    assert argv[-2:] == ["--max-num-seqs", "4"]
+    old_sim = FleetSpec(2, "m", [], 0.5, 7, False, set())
+    assert "--time-scale" not in compare.sim_command(old_sim, PODS[0], 0)
+
+    rr = compare.router_command(Target("vllm-router", "round_robin"), PODS[:2], 8000, None, [])
+    assert rr[rr.index("--policy") + 1] == "round_robin"
+    i = rr.index("--worker-urls")
+    assert rr[i + 1 : i + 3] == ["http://127.0.0.1:9001", "http://127.0.0.1:9002"]
+    gw = compare.router_command(
+        Target("gateway", "c.yaml"), PODS, 8000, Path("/tmp/x.yaml"), ["-v", "4"]
+    )
+    assert gw[gw.index("--config") + 1] == "/tmp/x.yaml"
+    assert gw[gw.index("--port") + 1] == "8000"
+    assert gw[-2:] == ["-v", "4"]
+
+
+def _fake_run(label: str, wall: float) -> compare.TargetRun:
+    reqs = [
+        runner.RequestResult("a", "short", "/v1/completions", 0.0, ttft=0.1, e2e=1.0, pod="pod-0"),
+        runner.RequestResult("b", "heavy", "/v1/completions", 0.0, ttft=0.2, e2e=2.0, pod="pod-1"),
+    ]
+    series = runner.PodSeries("pod-0", "http://x")
+    series.add(0.0, {"waiting": 0, "running": 1})
+    series.add(0.5, {"waiting": 2, "running": 1})
+    series.add(1.0, {"waiting": 0, "running": 0})
+    summary = runner.summarize(reqs, wall, [series])
+    result = runner.RunResult({"label": label}, summary, reqs, [series])
+    return compare.TargetRun(compare.parse_target(label), result, 1.5, {})
+
+
+def test_results_section_is_replaced_in_place(tmp_path: Path) -> None:
+    runs = [_fake_run("round_robin", 10.0), _fake_run("gateway:config/demo.yaml", 8.0)]
+    wl = Workload("wl-x", {}, [TimedRequest("a", 0.0, "/v1/completions", {}, "short")])
+    spec = FleetSpec(4, "sim-model", ["--max-num-seqs", "8"], 0.25, 42, False, set())
+    machine = {
+        "arch": "x86_64",
+        "nproc": "2",
+        "cpu": "Some CPU",
+        "python": "3.11.7",
+        "os": "Linux",
+        "commit": "abc1234",
+        "vllm_router": "0.1.17",
+    }
+    section = compare.render_section(
+        wl,
+        runs,
+        command="python bench/compare.py -w wl-x",
+        machine=machine,
+        spec=spec,
+        dropped=["--time-scale", "0.25"],
+        plot="plots/wl-x-queues.png",
+        notes=compare.auto_notes(runs, spec),
+    )
+    assert "python bench/compare.py -w wl-x" in section
+    assert "x86_64, 2 CPUs (Some CPU)" in section and "Python 3.11.7" in section
+    assert "| vllm-router round_robin | 10.0 | 0.15 | " in section
+    assert "| heimdall-proxy demo.yaml | 8.0 |" in section
+    assert "![per-pod queue" in section and "plots/wl-x-queues.png" in section
+    assert "no `--time-scale`" in section
+    assert "Prefix hit rate n/a" in section
+
+    results = tmp_path / "RESULTS.md"
+    results.write_text("# Results\n\n## Overhead\n\nkept text\n")
+    compare.write_section(results, "wl-x", section)
+    compare.write_section(results, "other", section.replace("wl-x", "other"))
+    compare.write_section(results, "wl-x", section.replace("10.0", "11.0"))
+    text = results.read_text()
+    assert text.startswith("# Results\n\n## Overhead\n\nkept text\n")
+    assert text.count("<!-- routing:wl-x:begin -->") == 1
+    assert text.count("<!-- routing:other:begin -->") == 1
+    assert "| vllm-router round_robin | 11.0 |" in text
+    assert text.index("routing:wl-x:begin") < text.index("routing:other:begin")
+
+
+def test_plot_writes_a_png(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    from bench.plots import plot_queues
+
+    runs = [_fake_run("round_robin", 1.0), _fake_run("cache_aware", 1.2)]
+    out = plot_queues([(r.target.label, r.result.to_json()) for r in runs], tmp_path / "q.png", "t")
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
