@@ -473,6 +473,8 @@ def gateway_argv(
         "serve",
         "--config",
         str(config_path),
+        "--host",
+        "127.0.0.1",
         "--port",
         str(port),
         "--log-format",
@@ -530,8 +532,8 @@ class TargetResults:
 
     def error_summary(self) -> str:
         bad = [
-            f"{kind} round {i + 1}: {r.error_summary()}"
-            for kind, runs in (("c=N", self.throughput), ("c=1", self.latency))
+            f"c={r.connections} round {i + 1}: {r.error_summary()}"
+            for runs in (self.throughput, self.latency)
             for i, r in enumerate(runs)
             if r.has_errors
         ]
@@ -577,15 +579,21 @@ def compute_summary(results: dict[str, TargetResults]) -> dict[str, Any]:
     if f and d:
         ratios["forwarder_vs_direct_rps"] = f.rps / d.rps
         added["forwarder_minus_direct_p50_ms"] = f.p50_ms - d.p50_ms
-    return {"ratios": ratios, "added_latency_ms": added, "checks": checks}
+    # A verdict from runs with errors (or a dead server) means nothing.
+    valid = not any(r.has_errors for r in results.values())
+    return {"ratios": ratios, "added_latency_ms": added, "checks": checks, "checks_valid": valid}
 
 
 def _us(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.0f}us"
 
 
-def _verdict(ok: bool | None) -> str:
-    return "" if ok is None else ("PASS" if ok else "FAIL")
+def _verdict(ok: bool | None, valid: bool) -> str:
+    if ok is None:
+        return ""
+    if not valid:
+        return "INVALID (runs had errors)"
+    return "PASS" if ok else "FAIL"
 
 
 def text_report(
@@ -607,6 +615,7 @@ def text_report(
         )
     lines.append("")
     ratios, added, checks = summary["ratios"], summary["added_latency_ms"], summary["checks"]
+    valid: bool = summary["checks_valid"]
     rows: list[tuple[str, str, str]] = []
     if "gateway_vs_forwarder_rps" in ratios:
         rows.append(
@@ -614,7 +623,7 @@ def text_report(
                 "gateway / forwarder rps",
                 f"{ratios['gateway_vs_forwarder_rps']:.2f}x",
                 f">= {MIN_RPS_RATIO_VS_FORWARDER}x "
-                f"{_verdict(checks.get('rps_ratio_vs_forwarder_ok'))}",
+                f"{_verdict(checks.get('rps_ratio_vs_forwarder_ok'), valid)}",
             )
         )
     if "gateway_vs_forwarder_cpu_per_req" in ratios:
@@ -634,7 +643,7 @@ def text_report(
             (
                 "added p50 c=1: gateway - direct",
                 f"{added['gateway_minus_direct_p50_ms']:+.3f} ms",
-                f"<= {MAX_ADDED_P50_MS} ms {_verdict(checks.get('added_p50_vs_direct_ok'))}",
+                f"<= {MAX_ADDED_P50_MS} ms {_verdict(checks.get('added_p50_vs_direct_ok'), valid)}",
             )
         )
     if "forwarder_minus_direct_p50_ms" in added:
@@ -650,7 +659,8 @@ def text_report(
             (
                 "added p50 c=1: gateway - forwarder",
                 f"{added['gateway_minus_forwarder_p50_ms']:+.3f} ms",
-                f"<= {MAX_ADDED_P50_MS} ms {_verdict(checks.get('added_p50_vs_forwarder_ok'))}",
+                f"<= {MAX_ADDED_P50_MS} ms "
+                f"{_verdict(checks.get('added_p50_vs_forwarder_ok'), valid)}",
             )
         )
     for label, value, target in rows:
@@ -687,7 +697,7 @@ def machine_info(wrk: str) -> dict[str, Any]:
         "python": platform.python_version(),
         "kernel": platform.release(),
         "packages": versions,
-        "wrk": wrk_version[0] if wrk_version else "unknown",
+        "wrk": wrk_version[0].split(" Copyright")[0] if wrk_version else "unknown",
         "git": (git_rev if re.fullmatch(r"[0-9a-f]+", git_rev) else "no commit")
         + (" (dirty)" if git_dirty else ""),
     }
@@ -713,7 +723,7 @@ def markdown_report(
         f"{p['duration']} s per run, {p['warmup']} s warm-up, median of {p['rounds']} rounds "
         "(alternating order). Request: POST /v1/chat/completions, small JSON body.",
         "",
-        f"| target | rps c={p['connections']} | server CPU/req c={p['connections']} (µs) "
+        f"| target | rps c={p['connections']} | server CPU/req c={p['connections']} (us) "
         "| p50 c=1 (ms) | p99 c=1 (ms) | rps c=1 | rps per round | errors |",
         "|---|---:|---:|---:|---:|---:|---|---|",
     ]
@@ -725,12 +735,13 @@ def markdown_report(
             f"| {res.p50_ms:.3f} | {res.p99_ms:.3f} | {res.c1_rps:.0f} | {rounds} | {errors} |"
         )
     ratios, added, checks = summary["ratios"], summary["added_latency_ms"], summary["checks"]
+    valid: bool = summary["checks_valid"]
     out += ["", "| comparison | value | target |", "|---|---:|---|"]
     if "gateway_vs_forwarder_rps" in ratios:
         out.append(
             f"| gateway / forwarder rps | {ratios['gateway_vs_forwarder_rps']:.2f}x "
             f"| >= {MIN_RPS_RATIO_VS_FORWARDER}x "
-            f"{_verdict(checks.get('rps_ratio_vs_forwarder_ok'))} |"
+            f"{_verdict(checks.get('rps_ratio_vs_forwarder_ok'), valid)} |"
         )
     if "gateway_vs_forwarder_cpu_per_req" in ratios:
         out.append(
@@ -745,7 +756,7 @@ def markdown_report(
     if "gateway_minus_direct_p50_ms" in added:
         out.append(
             f"| added p50 c=1, gateway - direct | {added['gateway_minus_direct_p50_ms']:+.3f} ms "
-            f"| <= {MAX_ADDED_P50_MS} ms {_verdict(checks.get('added_p50_vs_direct_ok'))} |"
+            f"| <= {MAX_ADDED_P50_MS} ms {_verdict(checks.get('added_p50_vs_direct_ok'), valid)} |"
         )
     if "forwarder_minus_direct_p50_ms" in added:
         out.append(
@@ -756,7 +767,8 @@ def markdown_report(
         out.append(
             f"| added p50 c=1, gateway - forwarder "
             f"| {added['gateway_minus_forwarder_p50_ms']:+.3f} ms "
-            f"| <= {MAX_ADDED_P50_MS} ms {_verdict(checks.get('added_p50_vs_forwarder_ok'))} |"
+            f"| <= {MAX_ADDED_P50_MS} ms "
+            f"{_verdict(checks.get('added_p50_vs_forwarder_ok'), valid)} |"
         )
     if meta.get("gateway_cmd_override"):
         out += ["", f"Note: gateway slot overridden with `{meta['gateway_cmd_override']}`."]
