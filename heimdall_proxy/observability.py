@@ -9,13 +9,19 @@ from collections.abc import Iterator
 from typing import Any
 
 import orjson
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
+from prometheus_client import CollectorRegistry, disable_created_metrics
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from heimdall_proxy.datalayer.pool import EndpointPool
 from heimdall_proxy.framework.log import V
 from heimdall_proxy.framework.scheduler import Observe
+from heimdall_proxy.loopmetrics import (
+    CounterFamily,
+    FamiliesCollector,
+    GaugeFamily,
+    HistogramFamily,
+)
 
 # The *_created series double the exposition for no use to a dashboard.
 disable_created_metrics()  # type: ignore[no-untyped-call]
@@ -98,70 +104,73 @@ class _PoolCollector(Collector):
 
 
 class GatewayMetrics:
-    """All of the gateway's own metrics, in a registry of their own (one per app)."""
+    """All of the gateway's own metrics, in a registry of their own (one per app). The
+    request-path families are loop-local (see loopmetrics); the pod gauges are read from the
+    pool at scrape time."""
 
     def __init__(self, pool: EndpointPool, pool_name: str = "heimdall") -> None:
         self.registry = CollectorRegistry(auto_describe=True)
-        r = self.registry
-        model_labels = ["model_name", "target_model_name"]
-        self.requests = Counter(
+        model_labels = ("model_name", "target_model_name")
+        self.requests = CounterFamily(
             "inference_objective_request",
             "Requests served, by model, serving pod and status code.",
-            [*model_labels, "pod", "code"],
-            registry=r,
+            (*model_labels, "pod", "code"),
         )
-        self.errors = Counter(
+        self.errors = CounterFamily(
             "inference_objective_request_error",
             "Requests the gateway failed itself, by error code.",
-            [*model_labels, "error_code"],
-            registry=r,
+            (*model_labels, "error_code"),
         )
-        self.duration = Histogram(
+        self.duration = HistogramFamily(
             "inference_objective_request_duration_seconds",
             "End-to-end request latency as seen by the gateway.",
             model_labels,
             buckets=_LATENCY_BUCKETS,
-            registry=r,
         )
-        self.ttft = Histogram(
+        self.ttft = HistogramFamily(
             "inference_objective_request_ttft_seconds",
             "Time to the first response byte of streamed requests.",
             model_labels,
             buckets=_LATENCY_BUCKETS,
-            registry=r,
         )
-        self.running = Gauge(
+        self.running = GaugeFamily(
             "inference_objective_running_requests",
             "Requests in flight through the gateway.",
-            ["model_name"],
-            registry=r,
+            ("model_name",),
         )
-        self.upstream_failures = Counter(
+        self.upstream_failures = CounterFamily(
             "inference_objective_upstream_failures",
             "Attempts that failed before a response (connect errors, resets); the gateway "
             "retried them on the next pod when it could.",
-            ["pod", "reason"],
-            registry=r,
+            ("pod", "reason"),
         )
-        self.scheduler_duration = Histogram(
+        scheduler = HistogramFamily(
             "inference_extension_scheduler_e2e_duration_seconds",
             "Scheduling cycle latency.",
             buckets=_PLUGIN_BUCKETS,
-            registry=r,
         )
-        self.plugin_duration = Histogram(
+        self.scheduler_duration = scheduler.labels()
+        self.plugin_duration = HistogramFamily(
             "inference_extension_plugin_duration_seconds",
             "Per-plugin latency.",
-            ["extension_point", "plugin_type", "plugin_name"],
+            ("extension_point", "plugin_type", "plugin_name"),
             buckets=_PLUGIN_BUCKETS,
-            registry=r,
         )
-        r.register(_PoolCollector(pool, pool_name))
+        families: list[CounterFamily | GaugeFamily | HistogramFamily] = [
+            self.requests,
+            self.errors,
+            self.duration,
+            self.ttft,
+            self.running,
+            self.upstream_failures,
+            scheduler,
+            self.plugin_duration,
+        ]
+        self.registry.register(FamiliesCollector(families))
+        self.registry.register(_PoolCollector(pool, pool_name))
 
     def plugin_timer(self, point: str, plugin_type: str, plugin_name: str) -> Observe:
-        child = self.plugin_duration.labels(point, plugin_type, plugin_name)
-        observe: Observe = child.observe
-        return observe
+        return self.plugin_duration.labels(point, plugin_type, plugin_name).observe
 
 
 class JsonFormatter(logging.Formatter):

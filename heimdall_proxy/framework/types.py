@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+import random
 import time
-import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -85,7 +85,7 @@ class InferenceRequest:
     data: dict[str, Any]
     headers: Mapping[str, str]
     stream: bool = False
-    request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    request_id: str = field(default_factory=lambda: f"{random.getrandbits(64):016x}")
     received_at: float = field(default_factory=time.monotonic)
     body_modified: bool = False
     #: Real token ids, when a tokenizer prepare-data plugin ran.

@@ -240,16 +240,24 @@ class Gateway:
         state: CycleState,
         result: SchedulingResult,
     ) -> web.StreamResponse:
-        order = result.fallback_order()[: max(1, self.options.max_attempts)]
         body = orjson.dumps(ireq.data) if ireq.body_modified else ireq.body
         headers = upstream_request_headers(request.headers)
         tried = []
-        for attempt, target in enumerate(order):
+        target = result.primary.targets[0]
+        order: list[Endpoint] | None = None  # the fallback order, built only when needed
+        attempt = 0
+        while True:
             ctx = RequestContext(ireq, state, result, target, attempt=attempt)
             response = await self._attempt(request, ctx, body, headers)
             if response is not None:
                 return response
             tried.append(f"{target.name} ({ctx.error})")
+            if order is None:
+                order = result.fallback_order()[: max(1, self.options.max_attempts)]
+            attempt += 1
+            if attempt >= len(order):
+                break
+            target = order[attempt]
         raise GatewayError(
             502,
             "No model server could be reached: " + "; ".join(tried),
