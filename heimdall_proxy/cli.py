@@ -9,7 +9,7 @@ import logging
 import sys
 from collections.abc import Coroutine, Sequence
 from importlib import resources
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
@@ -18,6 +18,9 @@ from heimdall_proxy.config import ConfigError, EndpointConfig, GatewayConfig, lo
 from heimdall_proxy.framework.params import parse_duration
 from heimdall_proxy.observability import setup_logging
 from heimdall_proxy.server.gateway import ServerOptions
+
+if TYPE_CHECKING:
+    from heimdall_proxy.sim import SimOptions
 
 log = logging.getLogger("heimdall_proxy.cli")
 
@@ -92,6 +95,91 @@ def _add_server(p: argparse.ArgumentParser, default_port: int = 8000) -> None:
     _add_logging(p)
 
 
+def _seconds(text: str) -> float:
+    """Seconds as a number ("0.008") or a Go duration ("8ms", "60us")."""
+    try:
+        return float(text)
+    except ValueError:
+        return _duration(text)
+
+
+def _add_sim_engine(p: argparse.ArgumentParser, demo: bool = False) -> None:
+    """Flags of the simulated pods (`sim`, and `demo` for every pod it starts)."""
+    from heimdall_proxy.sim import SimOptions
+
+    d = SimOptions()
+    g = p.add_argument_group("simulated vLLM pod" + (" (every pod)" if demo else ""))
+    add = g.add_argument
+    add("--lora-modules", default="", help="comma-separated LoRA adapter names")
+    add("--max-loras", type=int, default=d.max_loras, help="adapters resident at once")
+    add("--role", choices=("both", "prefill", "decode", "encode"), default=d.role)
+    add("--max-num-seqs", type=int, default=d.max_num_seqs)
+    add("--max-num-batched-tokens", type=int, default=d.max_num_batched_tokens)
+    add("--max-model-len", type=int, default=d.max_model_len)
+    add("--default-max-tokens", type=int, default=d.default_max_tokens)
+    add("--block-size", type=int, default=d.block_size)
+    add("--num-gpu-blocks", type=int, default=d.num_gpu_blocks)
+    add(
+        "--no-enable-prefix-caching",
+        dest="enable_prefix_caching",
+        action="store_false",
+        help="disable prefix caching",
+    )
+    add("--cpu-offload-blocks", type=int, default=0, help="blocks of a CPU tier (0: none)")
+    for flag, default, what in (
+        ("--step-base", d.step_base, "fixed time of one engine step"),
+        ("--prefill-cost-per-token", d.prefill_cost_per_token, "per prompt token computed"),
+        ("--decode-cost-per-seq", d.decode_cost_per_seq, "per decoding request in a step"),
+        ("--kv-read-cost-per-token", d.kv_read_cost_per_token, "per context token decoded"),
+        ("--lora-load-time", d.lora_load_time, "loading an adapter that is not resident"),
+        ("--kv-transfer-cost-per-block", d.kv_transfer_cost_per_block, "remote prefill pull"),
+        ("--cpu-load-cost-per-block", d.cpu_load_cost_per_block, "CPU tier hit"),
+        ("--encode-cost-per-item", d.encode_cost_per_item, "multimodal encoder, per item"),
+    ):
+        add(flag, type=_seconds, default=default, metavar="SECONDS", help=f"{what} ({default:g}s)")
+    add("--mm-tokens-per-item", type=int, default=d.mm_tokens_per_item)
+    add(
+        "--time-scale",
+        type=float,
+        default=d.time_scale,
+        help="multiplies every simulated duration (0.01: 100x faster)",
+    )
+    add("--seed", type=int, default=None, help="seeded, deterministic outputs")
+    add(
+        "--kv-events-port",
+        type=int,
+        default=None,
+        help="ZMQ PUB port of KV events (0 or unset: off)"
+        + ("; pod i uses PORT+2i (replay +1)" if demo else ""),
+    )
+    if not demo:
+        add("--kv-events-replay-port", type=int, default=None, help="default: PUB port + 1")
+    add("--kv-events-host", default=d.kv_events_host)
+    add("--kv-events-topic", default=d.kv_events_topic, help="{name}, {model}, {host} filled in")
+    add("--kv-events-format", choices=("map", "array"), default=d.kv_events_format)
+    add("--kv-events-hash", choices=("int", "bytes"), default=d.kv_events_hash)
+    add("--advertise-host", default=d.advertise_host, help="remote_host in transfer params")
+    add("--side-channel-port", type=int, default=d.side_channel_port)
+    add("--ec-storage-path", default=None, help="directory shared with encode pods")
+    if not demo:
+        add("--engine-id", default=None)
+
+
+def sim_options(args: argparse.Namespace, **overrides: Any) -> SimOptions:
+    """SimOptions from `sim` / `demo` flags; `overrides` win."""
+    from dataclasses import fields
+
+    from heimdall_proxy.sim import SimOptions
+
+    values: dict[str, Any] = {}
+    for f in fields(SimOptions):
+        if hasattr(args, f.name):
+            values[f.name] = getattr(args, f.name)
+    values["lora_modules"] = [m for m in getattr(args, "lora_modules", "").split(",") if m]
+    values.update(overrides)
+    return SimOptions(**values)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="heimdall-proxy",
@@ -115,16 +203,17 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("config")
     check.add_argument("-v", "--v", dest="verbosity", type=_verbosity, default=0)
 
-    sim = sub.add_parser("sim", help="run one simulated vLLM pod")
+    sim = sub.add_parser(
+        "sim",
+        help="run one simulated vLLM pod",
+        description="One simulated vLLM pod: vLLM's API, metrics and KV events in front of a "
+        "continuous-batching engine model (see heimdall_proxy/sim/README.md).",
+    )
     sim.add_argument("--host", default="127.0.0.1")
     sim.add_argument("--port", type=int, default=8001)
     sim.add_argument("--name", default="sim-0")
     sim.add_argument("--model", default="sim-model")
-    sim.add_argument("--lora-modules", default="", help="comma-separated adapter names")
-    sim.add_argument("--max-loras", type=int, default=1)
-    sim.add_argument("--max-num-seqs", type=int, default=256)
-    sim.add_argument("--ttft", type=_duration, default=0.02, metavar="DURATION")
-    sim.add_argument("--token-delay", type=_duration, default=0.005, metavar="DURATION")
+    _add_sim_engine(sim)
     _add_logging(sim)
 
     demo = sub.add_parser("demo", help="simulated pods in-process plus the gateway")
@@ -132,6 +221,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--model", default="sim-model")
     demo.add_argument("--config", "-c", help="gateway config (default: the embedded demo.yaml)")
     _add_server(demo)
+    _add_sim_engine(demo, demo=True)
     return parser
 
 
@@ -173,13 +263,19 @@ def _run(coro: Coroutine[Any, Any, None]) -> None:
         asyncio.run(coro)
 
 
-async def _serve(config: GatewayConfig, options: ServerOptions, sim_pods: int, model: str) -> None:
+async def _serve(
+    config: GatewayConfig,
+    options: ServerOptions,
+    sim_pods: int,
+    model: str,
+    sim_args: argparse.Namespace | None = None,
+) -> None:
     from heimdall_proxy.server.app import create_app, serve
 
     runners: list[web.AppRunner] = []
     try:
         if not config.endpoints:
-            config = await _start_sims(config, sim_pods, model, runners)
+            config = await _start_sims(config, sim_pods, model, runners, sim_args)
         app = create_app(config, options)
         await serve(app, options.host, options.port)
     finally:
@@ -188,47 +284,60 @@ async def _serve(config: GatewayConfig, options: ServerOptions, sim_pods: int, m
 
 
 async def _start_sims(
-    config: GatewayConfig, n: int, model: str, runners: list[web.AppRunner]
+    config: GatewayConfig,
+    n: int,
+    model: str,
+    runners: list[web.AppRunner],
+    sim_args: argparse.Namespace | None = None,
 ) -> GatewayConfig:
+    """Start n simulated pods on free ports (with `demo`'s pod flags, when given) and put them
+    in the config's endpoints; pod i publishes KV events on kv_events_port + 2i."""
     from heimdall_proxy.sim import SimOptions, SimPod
 
     endpoints = []
+    base_port = getattr(sim_args, "kv_events_port", None) or None
     for i in range(max(1, n)):
-        pod = SimPod(SimOptions(name=f"sim-{i}", model=model, ttft=0.02, token_delay=0.005))
+        name = f"sim-{i}"
+        kv_port = base_port + 2 * i if base_port else None
+        if sim_args is not None:
+            opts = sim_options(sim_args, name=name, model=model, kv_events_port=kv_port)
+        else:
+            opts = SimOptions(name=name, model=model)
+        pod = SimPod(opts)
         runner = web.AppRunner(pod.app(), handler_cancellation=True, access_log=None)
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", 0)
         await site.start()
         runners.append(runner)
         port = runner.addresses[0][1]
-        endpoints.append(EndpointConfig(name=f"sim-{i}", url=f"http://127.0.0.1:{port}"))
-        log.info("simulated vLLM pod sim-%d (model %s) on http://127.0.0.1:%d", i, model, port)
+        kv_events = pod.kv_events_endpoint
+        endpoints.append(
+            EndpointConfig(name=name, url=f"http://127.0.0.1:{port}", kvEvents=kv_events)
+        )
+        log.info(
+            "simulated vLLM pod %s (model %s) on http://127.0.0.1:%d%s",
+            name,
+            model,
+            port,
+            f", KV events on {kv_events}" if kv_events else "",
+        )
     return config.model_copy(update={"endpoints": endpoints})
 
 
 async def _sim(args: argparse.Namespace) -> None:
-    from heimdall_proxy.sim import SimOptions, SimPod
+    from heimdall_proxy.sim import SimPod
 
-    pod = SimPod(
-        SimOptions(
-            name=args.name,
-            model=args.model,
-            lora_modules=[m for m in args.lora_modules.split(",") if m],
-            max_loras=args.max_loras,
-            max_num_seqs=args.max_num_seqs,
-            ttft=args.ttft,
-            token_delay=args.token_delay,
-        )
-    )
+    pod = SimPod(sim_options(args))
     runner = web.AppRunner(pod.app(), handler_cancellation=True, access_log=None)
     await runner.setup()
     await web.TCPSite(runner, args.host, args.port).start()
     log.info(
-        "simulated vLLM pod %s serving %s on http://%s:%d",
+        "simulated vLLM pod %s serving %s on http://%s:%d%s",
         args.name,
         args.model,
         args.host,
         args.port,
+        f", KV events on {pod.kv_events_endpoint}" if pod.kv_events_endpoint else "",
     )
     try:
         await asyncio.Event().wait()
@@ -313,7 +422,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"config error: {exc}", file=sys.stderr)
         return 1
     with contextlib.suppress(KeyboardInterrupt):
-        _run(_serve(config, options, pods, model))
+        sim_args = args if args.command == "demo" else None
+        _run(_serve(config, options, pods, model, sim_args))
     return 0
 
 

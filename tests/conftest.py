@@ -60,6 +60,8 @@ async def start_pod(aiohttp_server: Any) -> PodFactory:
     async def go(labels: dict[str, str] | None = None, **options: Any) -> RunningPod:
         nonlocal count
         options.setdefault("name", f"pod-{count}")
+        # The simulated engine runs at GPU speed by default; tests run it 100x faster.
+        options.setdefault("time_scale", 0.01)
         count += 1
         pod = SimPod(SimOptions(**options))
         server = await aiohttp_server(pod.app())

@@ -1,42 +1,36 @@
-"""One simulated vLLM pod.
+"""One simulated vLLM pod: vLLM's HTTP API in vLLM's shapes in front of the engine model in
+engine.py, with KV events on ZMQ (kvevents.py) and /metrics (metrics.py).
 
-The model is deliberately simple for now: at most `max_num_seqs` requests run at once (the
-rest wait in a FIFO queue, visible as `vllm:num_requests_waiting`), the first token comes
-after `ttft` seconds plus `prefill_per_token` per prompt token, and each later token after
-`token_delay`. Test knobs let a test hold a stream, break it, override metrics, or answer
-with an error status.
+Test knobs let a test hold a stream, break it, override metrics, or answer with an error
+status; they act on the HTTP side only, the engine keeps its own pace.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
+import logging
+import os
 import time
-from dataclasses import dataclass, field
+import uuid
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
 from aiohttp import web
 
-from heimdall_proxy.framework.types import ApiKind, extract_prompt_text
+from heimdall_proxy.framework.types import ApiKind
+from heimdall_proxy.sim.engine import Engine, Seq, Status
+from heimdall_proxy.sim.kvevents import KVEvent, KVEventPublisher
+from heimdall_proxy.sim.metrics import LoraInfo, render
+from heimdall_proxy.sim.options import SimOptions
 from heimdall_proxy.sim.shapes import DONE, Shapes
+from heimdall_proxy.sim.tokens import WORDS, OutputWords, Prompt, PromptError, Tokenizer
 
-_WORDS = ("the", "gateway", "routes", "tokens", "to", "a", "pod", "with", "room", "and")
+__all__ = ["WORDS", "Received", "SimOptions", "SimPod"]
 
-
-@dataclass(slots=True)
-class SimOptions:
-    name: str = "sim-0"
-    model: str = "sim-model"
-    lora_modules: list[str] = field(default_factory=list)
-    max_loras: int = 1
-    max_num_seqs: int = 256
-    ttft: float = 0.0
-    prefill_per_token: float = 0.0
-    token_delay: float = 0.0
-    default_max_tokens: int = 16
-    block_size: int = 16
-    num_gpu_blocks: int = 4096
-    max_model_len: int = 8192
+log = logging.getLogger("heimdall_proxy.sim")
 
 
 @dataclass(slots=True)
@@ -50,34 +44,76 @@ class Received:
         return orjson.loads(self.body)
 
 
-def _tokens(text: str) -> int:
-    return max(1, len(text) // 4)
-
-
-def _max_tokens(data: dict[str, Any], default: int) -> int:
+def _max_tokens(data: Mapping[str, Any], default: int) -> int:
     for key in ("max_completion_tokens", "max_tokens", "max_output_tokens"):
         value = data.get(key)
-        if isinstance(value, int) and value > 0:
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
             return value
     return default
 
 
-def _error(status: int, message: str, kind: str = "BadRequestError") -> web.Response:
-    body = {"error": {"message": message, "type": kind, "param": None, "code": status}}
+def _stop_words(data: Mapping[str, Any]) -> tuple[str, ...]:
+    stop = data.get("stop")
+    if isinstance(stop, str):
+        stop = [stop]
+    if not isinstance(stop, list):
+        return ()
+    return tuple(s.strip() for s in stop if isinstance(s, str) and s.strip())
+
+
+def _error(
+    status: int, message: str, kind: str = "BadRequestError", param: str | None = None
+) -> web.Response:
+    body = {"error": {"message": message, "type": kind, "param": param, "code": status}}
     return web.Response(status=status, body=orjson.dumps(body), content_type="application/json")
+
+
+class _StreamBroken(Exception):
+    """The break_stream_after knob cut the connection."""
+
+
+class _Aborted(Exception):
+    """The engine dropped the request (it is stopping)."""
+
+
+class _Emitter:
+    """Writes SSE chunks, applying the hold and break_stream_after knobs."""
+
+    __slots__ = ("count", "pod", "request", "response")
+
+    def __init__(self, pod: SimPod, request: web.Request, response: web.StreamResponse) -> None:
+        self.pod = pod
+        self.request = request
+        self.response = response
+        self.count = 0
+
+    async def __call__(self, chunk: bytes) -> None:
+        limit = self.pod.break_stream_after
+        if limit is not None and self.count >= limit:
+            if self.request.transport is not None:
+                self.request.transport.abort()
+            raise _StreamBroken
+        await self.response.write(chunk)
+        if self.count == 0 and self.pod.hold is not None:
+            await self.pod.hold.wait()
+        self.count += 1
 
 
 class SimPod:
     """A vLLM-compatible aiohttp app plus the state tests poke at."""
 
     def __init__(self, options: SimOptions | None = None) -> None:
-        self.options = options or SimOptions()
-        self._slots = asyncio.Semaphore(self.options.max_num_seqs)
-        self.running = 0
-        self.waiting = 0
+        self.options = o = options or SimOptions()
+        self.engine_id = o.engine_id or str(uuid.uuid5(uuid.NAMESPACE_URL, f"sim://{o.name}"))
+        self.tokenizer = Tokenizer(o.mm_tokens_per_item)
+        self.kv_events_enabled = bool(o.kv_events_port)
+        self.publisher: KVEventPublisher | None = None
+        self.engine = Engine(o, on_events=self._publish if self.kv_events_enabled else None)
         self.received: list[Received] = []
         self.completed = 0
         self.cancelled = 0
+        self._ids = itertools.count()
+        self._lora_info = LoraInfo()
         # ---- test knobs ----
         #: When set, streams pause after their first chunk until the event is set.
         self.hold: asyncio.Event | None = None
@@ -90,16 +126,83 @@ class SimPod:
         #: Values forced into /metrics (keys: waiting, running, kv_cache_usage).
         self.metrics_override: dict[str, float] = {}
 
+    # ---- state --------------------------------------------------------------------------
+    @property
+    def running(self) -> int:
+        """Requests in the engine's running batch."""
+        return self.engine.num_running
+
+    @property
+    def waiting(self) -> int:
+        """Requests in the engine's waiting queue (including those pulling KV)."""
+        return self.engine.num_waiting
+
     @property
     def served_models(self) -> list[str]:
         return [self.options.model, *self.options.lora_modules]
 
+    @property
+    def kv_events_endpoint(self) -> str | None:
+        return self.publisher.endpoint if self.publisher else None
+
+    @property
+    def kv_replay_endpoint(self) -> str | None:
+        return self.publisher.replay_endpoint if self.publisher else None
+
+    # ---- lifecycle ----------------------------------------------------------------------
+    async def start(self) -> None:
+        """Bind the KV-event sockets and start the engine (the app does it on startup)."""
+        o = self.options
+        if self.kv_events_enabled and self.publisher is None:
+            assert o.kv_events_port is not None
+            topic = o.kv_events_topic.format(name=o.name, model=o.model, host=o.advertise_host)
+            self.publisher = KVEventPublisher(
+                o.kv_events_host,
+                o.kv_events_port,
+                o.kv_events_replay_port,
+                topic,
+                o.kv_events_format,
+                o.kv_events_hash,
+                o.kv_events_buffer,
+            )
+            self.publisher.start()
+            log.info(
+                "sim pod %s: KV events on %s (replay %s)",
+                o.name,
+                self.publisher.endpoint,
+                self.publisher.replay_endpoint,
+            )
+        self.engine.start()
+
+    async def stop(self) -> None:
+        await self.engine.stop()
+        if self.publisher is not None:
+            await self.publisher.close()
+            self.publisher = None
+
+    async def _lifecycle(self, app: web.Application) -> AsyncIterator[None]:
+        await self.start()
+        yield
+        await self.stop()
+
+    async def _tag_response(self, request: web.Request, response: web.StreamResponse) -> None:
+        # Every answer, errors included, names the pod that gave it.
+        response.headers.setdefault("x-sim-pod", self.options.name)
+
+    def _publish(self, events: list[KVEvent]) -> None:
+        if self.publisher is not None:
+            self.publisher.publish(events)
+
     def app(self) -> web.Application:
         app = web.Application(client_max_size=256 * 1024 * 1024)
+        app.cleanup_ctx.append(self._lifecycle)
+        app.on_response_prepare.append(self._tag_response)
         app.router.add_get("/v1/models", self._models)
         app.router.add_get("/metrics", self._metrics)
         app.router.add_get("/health", self._health)
+        app.router.add_get("/version", self._version)
         app.router.add_post("/tokenize", self._tokenize)
+        app.router.add_post("/reset_prefix_cache", self._reset_prefix_cache)
         app.router.add_post("/v1/embeddings", self._embeddings)
         for path, api in (
             ("/v1/completions", "completions"),
@@ -113,6 +216,9 @@ class SimPod:
 
     async def _health(self, request: web.Request) -> web.Response:
         return web.Response()
+
+    async def _version(self, request: web.Request) -> web.Response:
+        return web.json_response({"version": "0.0.0+heimdall-sim"})
 
     async def _models(self, request: web.Request) -> web.Response:
         created = int(time.time())
@@ -141,36 +247,7 @@ class SimPod:
         return web.json_response({"object": "list", "data": data})
 
     def metrics_text(self) -> str:
-        o = self.options
-        override = self.metrics_override
-        running = override.get("running", self.running)
-        waiting = override.get("waiting", self.waiting)
-        kv = override.get("kv_cache_usage", min(1.0, self.running / max(1, o.max_num_seqs)))
-        labels = f'engine="0",model_name="{o.model}"'
-        lines = [
-            "# HELP vllm:num_requests_running Number of requests in model execution batches.",
-            "# TYPE vllm:num_requests_running gauge",
-            f"vllm:num_requests_running{{{labels}}} {float(running)}",
-            "# HELP vllm:num_requests_waiting Number of requests waiting to be processed.",
-            "# TYPE vllm:num_requests_waiting gauge",
-            f"vllm:num_requests_waiting{{{labels}}} {float(waiting)}",
-            "# HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.",
-            "# TYPE vllm:kv_cache_usage_perc gauge",
-            f"vllm:kv_cache_usage_perc{{{labels}}} {float(kv)}",
-            "# HELP vllm:lora_requests_info Running stats on lora requests.",
-            "# TYPE vllm:lora_requests_info gauge",
-            f'vllm:lora_requests_info{{max_lora="{o.max_loras}",running_lora_adapters="",'
-            f'waiting_lora_adapters=""}} {time.time()}',
-            "# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig",
-            "# TYPE vllm:cache_config_info gauge",
-            f'vllm:cache_config_info{{block_size="{o.block_size}",cache_dtype="auto",'
-            f'enable_prefix_caching="True",num_gpu_blocks="{o.num_gpu_blocks}"}} 1.0',
-            "# HELP vllm:prompt_tokens_total Number of prefill tokens processed.",
-            "# TYPE vllm:prompt_tokens_total counter",
-            f"vllm:prompt_tokens_total{{{labels}}} 0.0",
-            "",
-        ]
-        return "\n".join(lines)
+        return render(self.options, self.engine, self._lora_info, self.metrics_override)
 
     async def _metrics(self, request: web.Request) -> web.Response:
         if self.metrics_broken:
@@ -178,11 +255,38 @@ class SimPod:
         return web.Response(text=self.metrics_text(), content_type="text/plain")
 
     async def _tokenize(self, request: web.Request) -> web.Response:
-        data = orjson.loads(await request.read())
-        text = str(data.get("prompt", ""))
-        tokens = list(range(_tokens(text)))
-        body = {"tokens": tokens, "count": len(tokens), "max_model_len": self.options.max_model_len}
+        try:
+            data = orjson.loads(await request.read())
+        except orjson.JSONDecodeError:
+            return _error(400, "invalid JSON")
+        if not isinstance(data, dict):
+            return _error(400, "the body must be a JSON object")
+        model = data.get("model")
+        if model is not None and model not in self.served_models:
+            return _error(404, f"The model `{model}` does not exist.", "NotFoundError", "model")
+        try:
+            if "messages" in data:
+                prompt = self.tokenizer.chat(
+                    data["messages"], bool(data.get("add_generation_prompt", True))
+                )
+            else:
+                prompt = self.tokenizer.completion(data)
+                if data.get("add_special_tokens") is False and prompt.ids[:1] == [1]:
+                    prompt.ids = prompt.ids[1:]
+        except PromptError as exc:
+            return _error(400, str(exc))
+        body = {
+            "count": len(prompt.ids),
+            "max_model_len": self.options.max_model_len,
+            "tokens": prompt.ids,
+            "token_strs": None,
+        }
         return web.json_response(body)
+
+    async def _reset_prefix_cache(self, request: web.Request) -> web.Response:
+        if not self.engine.reset_prefix_cache():
+            return _error(409, "blocks are in use; reset_prefix_cache refused")
+        return web.Response()
 
     async def _embeddings(self, request: web.Request) -> web.Response:
         body = await request.read()
@@ -205,6 +309,93 @@ class SimPod:
 
         return handler
 
+    def _remote_encoded(self, data: Mapping[str, Any], prompt: Prompt) -> frozenset[str]:
+        """Multimodal items whose encoder output came from an encode pod: named in the
+        request's ec_transfer_params, or present in the shared EC storage."""
+        done: set[str] = set()
+        params = data.get("ec_transfer_params")
+        if isinstance(params, Mapping):
+            for mm_hash, item in params.items():
+                if isinstance(item, Mapping) and item.get("do_remote_encode"):
+                    done.add(str(mm_hash))
+        path = self.options.ec_storage_path
+        if path:
+            done.update(
+                m.mm_hash for m in prompt.mm if os.path.exists(os.path.join(path, m.mm_hash))
+            )
+        return frozenset(done)
+
+    def _build(self, api: ApiKind, data: Mapping[str, Any], model: str) -> Seq | web.Response:
+        o = self.options
+        try:
+            prompt = self.tokenizer.prompt(api, data)
+        except PromptError as exc:
+            return _error(400, str(exc))
+        max_tokens = _max_tokens(data, o.default_max_tokens)
+        kv_params = data.get("kv_transfer_params")
+        kv_params = kv_params if isinstance(kv_params, Mapping) else {}
+        prefill_only = bool(kv_params.get("do_remote_decode"))
+        if prefill_only:
+            max_tokens = 1
+        limit = min(o.max_model_len, self.engine.capacity_tokens)
+        total = len(prompt.ids) + max_tokens
+        if total > limit:
+            return _error(
+                400,
+                f"This model's maximum context length is {limit} tokens. However, you "
+                f"requested {total} tokens ({len(prompt.ids)} in the messages, {max_tokens} "
+                "in the completion). Please reduce the length of the messages or completion.",
+            )
+        lora = model if model != o.model else None
+        lora_id = o.lora_modules.index(model) + 1 if lora else None
+        return Seq(
+            f"{o.name}-{next(self._ids)}",
+            prompt.ids,
+            max_tokens,
+            OutputWords(o.seed, data.get("seed"), prompt.ids),
+            lora=lora,
+            lora_id=lora_id,
+            mm=prompt.mm,
+            remote_encoded=self._remote_encoded(data, prompt),
+            remote_prefill=bool(kv_params.get("do_remote_prefill")),
+            prefill_only=prefill_only,
+            encode_only=o.role == "encode",
+            stop=_stop_words(data),
+        )
+
+    def _extra_fields(self, seq: Seq) -> dict[str, Any]:
+        """kv_transfer_params of a prefill pod, ec_transfer_params of an encode pod."""
+        o = self.options
+        extra: dict[str, Any] = {}
+        if seq.kv_transfer_out is not None:
+            extra["kv_transfer_params"] = {
+                "do_remote_prefill": True,
+                "do_remote_decode": False,
+                "remote_block_ids": seq.kv_transfer_out,
+                "remote_engine_id": self.engine_id,
+                "remote_request_id": seq.id,
+                "remote_host": o.advertise_host,
+                "remote_port": o.side_channel_port,
+                "tp_size": 1,
+            }
+        if seq.encode_only and seq.mm:
+            extra["ec_transfer_params"] = {
+                m.mm_hash: {
+                    "do_remote_encode": True,
+                    "num_encoder_tokens": m.num_tokens,
+                    "remote_engine_id": self.engine_id,
+                    "remote_host": o.advertise_host,
+                    "remote_port": o.side_channel_port,
+                }
+                for m in seq.mm
+            }
+            if o.ec_storage_path:
+                os.makedirs(o.ec_storage_path, exist_ok=True)
+                for m in seq.mm:
+                    with open(os.path.join(o.ec_storage_path, m.mm_hash), "wb"):
+                        pass
+        return extra
+
     async def _inference(self, request: web.Request, api: ApiKind) -> web.StreamResponse:
         body = await request.read()
         self.received.append(Received(request.method, request.path, dict(request.headers), body))
@@ -214,163 +405,191 @@ class SimPod:
             data = orjson.loads(body)
         except orjson.JSONDecodeError:
             return _error(400, "invalid JSON")
+        if not isinstance(data, dict):
+            return _error(400, "the body must be a JSON object")
         model = data.get("model")
         if model not in self.served_models:
-            return _error(404, f"The model `{model}` does not exist.", "NotFoundError")
-        prompt_tokens = _tokens(extract_prompt_text(api, data))
-        n_tokens = _max_tokens(data, self.options.default_max_tokens)
-        words = [_WORDS[i % len(_WORDS)] for i in range(n_tokens)]
-        self.waiting += 1
+            return _error(404, f"The model `{model}` does not exist.", "NotFoundError", "model")
+        built = self._build(api, data, str(model))
+        if isinstance(built, web.Response):
+            return built
+        seq = built
+        shapes = Shapes(str(model), api)
+        self.engine.submit(seq)
         try:
-            await self._slots.acquire()
-        finally:
-            self.waiting -= 1
-        self.running += 1
-        try:
-            delay = self.options.ttft + self.options.prefill_per_token * prompt_tokens
-            if delay:
-                await asyncio.sleep(delay)
-            shapes = Shapes(str(model), api)
             if data.get("stream") is True:
-                return await self._stream(request, api, data, shapes, words, prompt_tokens)
-            if self.options.token_delay:
-                await asyncio.sleep(self.options.token_delay * n_tokens)
-            text = " ".join(words)
-            if api == "completions":
-                out = shapes.completion(text, "length", prompt_tokens, n_tokens)
-            elif api == "chat":
-                out = shapes.chat(text, "length", prompt_tokens, n_tokens)
-            else:
-                out = orjson.dumps(shapes.response_obj("completed", text, prompt_tokens, n_tokens))
+                return await self._stream(request, api, data, shapes, seq)
+            await seq.wait_done()
+            if seq.status is Status.ABORTED:
+                return _error(503, "the engine stopped", "ServiceUnavailableError")
+            out = self._body(api, shapes, seq)
             self.completed += 1
-            return web.Response(
-                body=out, content_type="application/json", headers={"x-sim-pod": self.options.name}
-            )
+            return web.Response(body=out, content_type="application/json")
         except (asyncio.CancelledError, ConnectionError):
             self.cancelled += 1
             raise
         finally:
-            self.running -= 1
-            self._slots.release()
+            self.engine.abort(seq)  # a no-op once it finished
 
-    def _chunks(
-        self, api: ApiKind, data: dict[str, Any], shapes: Shapes, words: list[str], prompt: int
-    ) -> list[bytes]:
-        n = len(words)
-        include_usage = bool((data.get("stream_options") or {}).get("include_usage"))
-        chunks: list[bytes] = []
+    def _body(self, api: ApiKind, shapes: Shapes, seq: Seq) -> bytes:
+        text, n = seq.text, seq.num_output
+        finish = seq.finish_reason or "length"
+        extra = self._extra_fields(seq)
         if api == "completions":
-            for i, w in enumerate(words):
-                chunks.append(
-                    shapes.completion_chunk(
-                        (" " if i else "") + w, "length" if i == n - 1 else None
-                    )
-                )
-            if include_usage:
-                chunks.append(shapes.usage_chunk(prompt, n))
-            chunks.append(DONE)
-        elif api == "chat":
-            chunks.append(shapes.chat_chunk({"role": "assistant", "content": ""}, None))
-            for i, w in enumerate(words):
-                chunks.append(shapes.chat_chunk({"content": (" " if i else "") + w}, None))
-            chunks.append(shapes.chat_chunk({}, "length"))
-            if include_usage:
-                chunks.append(shapes.usage_chunk(prompt, n))
-            chunks.append(DONE)
-        else:
-            item = shapes.message_item("", "in_progress")
-            text = " ".join(words)
-            chunks.append(
-                shapes.response_event(
-                    "response.created", response=shapes.response_obj("in_progress", None, prompt, 0)
-                )
-            )
-            chunks.append(
-                shapes.response_event(
-                    "response.in_progress",
-                    response=shapes.response_obj("in_progress", None, prompt, 0),
-                )
-            )
-            chunks.append(
-                shapes.response_event("response.output_item.added", output_index=0, item=item)
-            )
-            part = {"type": "output_text", "text": "", "annotations": []}
-            chunks.append(
-                shapes.response_event(
-                    "response.content_part.added",
-                    item_id=item["id"],
-                    output_index=0,
-                    content_index=0,
-                    part=part,
-                )
-            )
-            for i, w in enumerate(words):
-                chunks.append(
-                    shapes.response_event(
-                        "response.output_text.delta",
-                        item_id=item["id"],
-                        output_index=0,
-                        content_index=0,
-                        delta=(" " if i else "") + w,
-                        logprobs=[],
-                    )
-                )
-            chunks.append(
-                shapes.response_event(
-                    "response.output_text.done",
-                    item_id=item["id"],
-                    output_index=0,
-                    content_index=0,
-                    text=text,
-                    logprobs=[],
-                )
-            )
-            chunks.append(
-                shapes.response_event(
-                    "response.content_part.done",
-                    item_id=item["id"],
-                    output_index=0,
-                    content_index=0,
-                    part={**part, "text": text},
-                )
-            )
-            chunks.append(
-                shapes.response_event(
-                    "response.output_item.done",
-                    output_index=0,
-                    item=shapes.message_item(text, "completed"),
-                )
-            )
-            chunks.append(
-                shapes.response_event(
-                    "response.completed", response=shapes.response_obj("completed", text, prompt, n)
-                )
-            )
-        return chunks
+            return shapes.completion(text, finish, seq.prompt_len, n, seq.cached_tokens, **extra)
+        if api == "chat":
+            return shapes.chat(text, finish, seq.prompt_len, n, seq.cached_tokens, **extra)
+        obj = shapes.response_obj("completed", text, seq.prompt_len, n, seq.cached_tokens)
+        return orjson.dumps(obj)
 
     async def _stream(
         self,
         request: web.Request,
         api: ApiKind,
-        data: dict[str, Any],
+        data: Mapping[str, Any],
         shapes: Shapes,
-        words: list[str],
-        prompt: int,
+        seq: Seq,
     ) -> web.StreamResponse:
-        response = web.StreamResponse(
-            headers={"Content-Type": "text/event-stream", "x-sim-pod": self.options.name}
-        )
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await response.prepare(request)
-        for i, chunk in enumerate(self._chunks(api, data, shapes, words, prompt)):
-            if self.break_stream_after is not None and i >= self.break_stream_after:
-                if request.transport is not None:
-                    request.transport.abort()
-                return response
-            if i and self.options.token_delay:
-                await asyncio.sleep(self.options.token_delay)
-            await response.write(chunk)
-            if i == 0 and self.hold is not None:
-                await self.hold.wait()
+        emit = _Emitter(self, request, response)
+        include_usage = bool((data.get("stream_options") or {}).get("include_usage"))
+        try:
+            if api == "responses":
+                await self._responses_stream(emit, shapes, seq)
+            else:
+                await self._chunks_stream(emit, api, shapes, seq)
+                if include_usage:
+                    await emit(
+                        shapes.usage_chunk(seq.prompt_len, seq.num_output, seq.cached_tokens)
+                    )
+                await emit(DONE)
+        except _StreamBroken:
+            return response
+        except _Aborted:
+            if request.transport is not None:
+                request.transport.abort()
+            return response
         await response.write_eof()
         self.completed += 1
         return response
+
+    @staticmethod
+    async def _progress(seq: Seq, sent: int) -> None:
+        """Wait until the request has more than `sent` tokens or has ended."""
+        while seq.num_output <= sent and not seq.done:
+            seq.changed.clear()
+            await seq.changed.wait()
+        if seq.status is Status.ABORTED:
+            raise _Aborted
+
+    async def _chunks_stream(self, emit: _Emitter, api: ApiKind, shapes: Shapes, seq: Seq) -> None:
+        sent = 0
+        started = False
+        finish_sent = False
+        while True:
+            await self._progress(seq, sent)
+            if api == "chat" and not started:
+                await emit(shapes.chat_chunk({"role": "assistant", "content": ""}, None))
+            started = True
+            words = seq.output_words[sent:]
+            end = seq.num_output
+            for i, word in enumerate(words, start=sent):
+                last = seq.done and i == end - 1
+                finish = seq.finish_reason if last else None
+                piece = (" " if i else "") + word
+                if api == "chat":
+                    await emit(shapes.chat_chunk({"content": piece}, finish))
+                else:
+                    await emit(shapes.completion_chunk(piece, finish))
+                finish_sent = finish_sent or last
+            sent = end
+            if seq.done:
+                break
+        if not finish_sent:
+            if api == "chat":
+                await emit(shapes.chat_chunk({"content": ""}, seq.finish_reason))
+            else:
+                await emit(shapes.completion_chunk("", seq.finish_reason))
+
+    async def _responses_stream(self, emit: _Emitter, shapes: Shapes, seq: Seq) -> None:
+        prompt = seq.prompt_len
+        await emit(
+            shapes.response_event(
+                "response.created", response=shapes.response_obj("in_progress", None, prompt, 0)
+            )
+        )
+        await emit(
+            shapes.response_event(
+                "response.in_progress",
+                response=shapes.response_obj("in_progress", None, prompt, 0),
+            )
+        )
+        item = shapes.message_item("", "in_progress")
+        part = {"type": "output_text", "text": "", "annotations": []}
+        sent = 0
+        started = False
+        while True:
+            await self._progress(seq, sent)
+            if not started:
+                await emit(
+                    shapes.response_event("response.output_item.added", output_index=0, item=item)
+                )
+                await emit(
+                    shapes.response_event(
+                        "response.content_part.added",
+                        item_id=item["id"],
+                        output_index=0,
+                        content_index=0,
+                        part=part,
+                    )
+                )
+                started = True
+            end = seq.num_output
+            for i, word in enumerate(seq.output_words[sent:end], start=sent):
+                await emit(
+                    shapes.response_event(
+                        "response.output_text.delta",
+                        item_id=item["id"],
+                        output_index=0,
+                        content_index=0,
+                        delta=(" " if i else "") + word,
+                        logprobs=[],
+                    )
+                )
+            sent = end
+            if seq.done:
+                break
+        text, n = seq.text, seq.num_output
+        await emit(
+            shapes.response_event(
+                "response.output_text.done",
+                item_id=item["id"],
+                output_index=0,
+                content_index=0,
+                text=text,
+                logprobs=[],
+            )
+        )
+        await emit(
+            shapes.response_event(
+                "response.content_part.done",
+                item_id=item["id"],
+                output_index=0,
+                content_index=0,
+                part={**part, "text": text},
+            )
+        )
+        await emit(
+            shapes.response_event(
+                "response.output_item.done",
+                output_index=0,
+                item=shapes.message_item(text, "completed"),
+            )
+        )
+        await emit(
+            shapes.response_event(
+                "response.completed",
+                response=shapes.response_obj("completed", text, prompt, n, seq.cached_tokens),
+            )
+        )

@@ -21,11 +21,12 @@ def sse(doc: dict[str, Any], event: str | None = None) -> bytes:
 DONE = b"data: [DONE]\n\n"
 
 
-def usage(prompt: int, completion: int) -> dict[str, int]:
+def usage(prompt: int, completion: int, cached: int = 0) -> dict[str, Any]:
     return {
         "prompt_tokens": prompt,
         "total_tokens": prompt + completion,
         "completion_tokens": completion,
+        "prompt_tokens_details": {"cached_tokens": cached},
     }
 
 
@@ -41,8 +42,42 @@ class Shapes:
         self.seq = 0
 
     # -- completions -------------------------------------------------------------------
-    def completion(self, text: str, finish: str, prompt_tokens: int, n_tokens: int) -> bytes:
+    def completion(
+        self,
+        text: str,
+        finish: str,
+        prompt_tokens: int,
+        n_tokens: int,
+        cached: int = 0,
+        **extra: Any,
+    ) -> bytes:
+        """A /v1/completions body; `extra` adds top-level fields (kv_transfer_params)."""
         return orjson.dumps(
+            {
+                "id": self.id,
+                "object": "text_completion",
+                "created": self.created,
+                "model": self.model,
+                "choices": [
+                    {
+                        "index": 0,
+                        "text": text,
+                        "logprobs": None,
+                        "finish_reason": finish,
+                        "stop_reason": None,
+                        "prompt_logprobs": None,
+                    }
+                ],
+                "service_tier": None,
+                "system_fingerprint": None,
+                "usage": usage(prompt_tokens, n_tokens, cached),
+                "kv_transfer_params": None,
+                **extra,
+            }
+        )
+
+    def completion_chunk(self, text: str, finish: str | None) -> bytes:
+        return sse(
             {
                 "id": self.id,
                 "object": "text_completion",
@@ -57,23 +92,21 @@ class Shapes:
                         "stop_reason": None,
                     }
                 ],
-                "usage": usage(prompt_tokens, n_tokens),
-            }
-        )
-
-    def completion_chunk(self, text: str, finish: str | None) -> bytes:
-        return sse(
-            {
-                "id": self.id,
-                "object": "text_completion",
-                "created": self.created,
-                "model": self.model,
-                "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish}],
             }
         )
 
     # -- chat --------------------------------------------------------------------------
-    def chat(self, text: str, finish: str, prompt_tokens: int, n_tokens: int) -> bytes:
+    def chat(
+        self,
+        text: str,
+        finish: str,
+        prompt_tokens: int,
+        n_tokens: int,
+        cached: int = 0,
+        **extra: Any,
+    ) -> bytes:
+        """A /v1/chat/completions body; `extra` adds top-level fields (kv_transfer_params,
+        ec_transfer_params)."""
         return orjson.dumps(
             {
                 "id": self.id,
@@ -83,13 +116,27 @@ class Shapes:
                 "choices": [
                     {
                         "index": 0,
-                        "message": {"role": "assistant", "content": text, "tool_calls": []},
+                        "message": {
+                            "role": "assistant",
+                            "content": text,
+                            "refusal": None,
+                            "annotations": None,
+                            "audio": None,
+                            "function_call": None,
+                            "tool_calls": [],
+                            "reasoning_content": None,
+                        },
                         "logprobs": None,
                         "finish_reason": finish,
                         "stop_reason": None,
                     }
                 ],
-                "usage": usage(prompt_tokens, n_tokens),
+                "service_tier": None,
+                "system_fingerprint": None,
+                "usage": usage(prompt_tokens, n_tokens, cached),
+                "prompt_logprobs": None,
+                "kv_transfer_params": None,
+                **extra,
             }
         )
 
@@ -106,7 +153,7 @@ class Shapes:
             }
         )
 
-    def usage_chunk(self, prompt_tokens: int, n_tokens: int) -> bytes:
+    def usage_chunk(self, prompt_tokens: int, n_tokens: int, cached: int = 0) -> bytes:
         obj = "chat.completion.chunk" if self.api == "chat" else "text_completion"
         return sse(
             {
@@ -115,13 +162,13 @@ class Shapes:
                 "created": self.created,
                 "model": self.model,
                 "choices": [],
-                "usage": usage(prompt_tokens, n_tokens),
+                "usage": usage(prompt_tokens, n_tokens, cached),
             }
         )
 
     # -- responses ---------------------------------------------------------------------
     def response_obj(
-        self, status: str, text: str | None, prompt_tokens: int, n_tokens: int
+        self, status: str, text: str | None, prompt_tokens: int, n_tokens: int, cached: int = 0
     ) -> dict[str, Any]:
         output: list[dict[str, Any]] = []
         if text is not None:
@@ -140,7 +187,7 @@ class Shapes:
             "top_p": 1.0,
             "usage": {
                 "input_tokens": prompt_tokens,
-                "input_tokens_details": {"cached_tokens": 0},
+                "input_tokens_details": {"cached_tokens": cached},
                 "output_tokens": n_tokens,
                 "output_tokens_details": {"reasoning_tokens": 0},
                 "total_tokens": prompt_tokens + n_tokens,

@@ -101,7 +101,7 @@ async def test_client_disconnect_cancels_upstream(
 async def test_client_disconnect_while_waiting_for_non_stream_response(
     start_pod: PodFactory, start_gateway: GatewayFactory
 ) -> None:
-    pod = await start_pod(ttft=30.0)
+    pod = await start_pod(step_base=30.0, time_scale=1.0)  # one engine step: 30 s
     gw = await start_gateway(make_config([pod]))
     async with aiohttp.ClientSession() as http:
         task = asyncio.create_task(
