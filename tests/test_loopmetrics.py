@@ -38,7 +38,7 @@ def test_exposition() -> None:
     assert 'x_seconds_bucket{le="+Inf"} 4.0' in text
     assert "x_seconds_count 4.0" in text
     assert registry.get_sample_value("x_seconds_sum") == pytest.approx(5.65)
-    assert "# TYPE x_requests counter" in text
+    assert "# TYPE x_requests_total counter" in text
     assert "# TYPE x_seconds histogram" in text
 
 
