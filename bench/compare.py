@@ -11,7 +11,7 @@ Targets:
   (``pip install vllm-router``), ``--policy POLICY --worker-urls <pods>``;
 * ``gateway:PATH`` (or just a ``.yaml`` path): ``heimdall-proxy serve`` on a copy of the config
   whose ``endpoints:`` are replaced by the simulated pods (plugins, profiles and feature gates
-  are kept; labels of the config's i-th endpoint go to the i-th pod).
+  are kept; pod i takes the labels of the config's endpoint i modulo their number).
 
     python bench/compare.py --workload seed001-small --pods 4 \\
         --targets round_robin gateway:config/demo.yaml
@@ -115,6 +115,7 @@ class Pod:
     name: str
     port: int
     kv_events_port: int | None = None
+    kv_replay_port: int | None = None
 
     @property
     def url(self) -> str:
@@ -125,16 +126,18 @@ def gateway_config(doc: Mapping[str, Any], pods: Sequence[Pod]) -> dict[str, Any
     """A copy of a gateway config with its `endpoints:` replaced by `pods`.
 
     Everything else (the EndpointPickerConfig at the top level or under `config:`, feature
-    gates, other keys) is kept as is. The i-th pod inherits the labels of the config's i-th
-    endpoint, so label-based configs (roles, context-length ranges) keep their meaning.
+    gates, other keys) is kept as is. Pod i takes the labels of the config's endpoint
+    i % len(endpoints), so label-based configs (roles, context-length ranges) keep their
+    meaning, replicated over a larger fleet.
     """
     out = copy.deepcopy(dict(doc))
     old = out.get("endpoints") or []
     endpoints = []
     for i, pod in enumerate(pods):
         ep: dict[str, Any] = {"name": pod.name, "url": pod.url}
-        if i < len(old) and isinstance(old[i], Mapping) and old[i].get("labels"):
-            ep["labels"] = dict(old[i]["labels"])
+        src = old[i % len(old)] if old else None
+        if isinstance(src, Mapping) and src.get("labels"):
+            ep["labels"] = dict(src["labels"])
         if pod.kv_events_port is not None:
             ep["kvEvents"] = f"tcp://{HOST}:{pod.kv_events_port}"
         endpoints.append(ep)
@@ -273,8 +276,14 @@ class FleetSpec:
     sim_args: list[str]
     time_scale: float
     seed: int
-    kv_events: bool
+    #: "on", "off", or "auto": KV events for gateway targets when the simulator has them
+    kv_events: str
     supported: set[str] = field(default_factory=set)
+
+    def kv_events_for(self, target: Target) -> bool:
+        if self.kv_events == "auto":
+            return target.kind == "gateway" and "--kv-events-port" in self.supported
+        return self.kv_events == "on"
 
 
 def sim_command(spec: FleetSpec, pod: Pod, index: int) -> list[str]:
@@ -286,6 +295,8 @@ def sim_command(spec: FleetSpec, pod: Pod, index: int) -> list[str]:
         argv += ["--seed", str(spec.seed + index)]
     if pod.kv_events_port is not None:
         argv += ["--kv-events-port", str(pod.kv_events_port)]
+        if pod.kv_replay_port is not None and "--kv-events-replay-port" in spec.supported:
+            argv += ["--kv-events-replay-port", str(pod.kv_replay_port)]
     return argv + spec.sim_args
 
 
@@ -332,9 +343,14 @@ def router_command(
 
 
 @contextlib.contextmanager
-def fleet(spec: FleetSpec, logs: Path, prefix: str) -> Iterator[list[Pod]]:
+def fleet(spec: FleetSpec, logs: Path, prefix: str, kv_events: bool) -> Iterator[list[Pod]]:
     pods = [
-        Pod(f"pod-{i}", free_port(), free_port() if spec.kv_events else None)
+        Pod(
+            f"pod-{i}",
+            free_port(),
+            free_port() if kv_events else None,
+            free_port() if kv_events else None,
+        )
         for i in range(spec.pods)
     ]
     procs = [
@@ -389,7 +405,7 @@ def run_target(
 ) -> TargetRun:
     logs = out_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
-    with fleet(spec, logs, target.slug) as pods:
+    with fleet(spec, logs, target.slug, spec.kv_events_for(target)) as pods:
         config_path = None
         if target.kind == "gateway":
             with open(target.arg, encoding="utf-8") as f:
@@ -456,6 +472,16 @@ def machine_info() -> dict[str, str]:
             timeout=10,
             check=True,
         ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--", "heimdall_proxy"],
+            cwd=REPO_ROOT,
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        ).stdout.strip()
+        if dirty:
+            commit += " + uncommitted changes under heimdall_proxy/"
     try:
         router_version = version("vllm-router")
     except PackageNotFoundError:
@@ -562,8 +588,6 @@ def sim_extra(spec: FleetSpec) -> list[str]:
         extra += ["--time-scale", f"{spec.time_scale:g}"]
     if "--seed" in spec.supported:
         extra += ["--seed", f"{spec.seed}+i"]
-    if spec.kv_events:
-        extra += ["--kv-events-port", "P"]
     return extra + spec.sim_args
 
 
@@ -636,8 +660,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--kv-events",
         choices=("auto", "on", "off"),
         default="auto",
-        help="give each pod a --kv-events-port and the gateway its kvEvents (auto: when the "
-        "simulator supports it)",
+        help="give each pod a --kv-events-port and the gateway its kvEvents (auto: for gateway "
+        "targets, when the simulator supports it)",
     )
     parser.add_argument("--router-args", default="", help="extra flags for vllm-router")
     parser.add_argument("--gateway-args", default="", help="extra flags for heimdall-proxy serve")
@@ -676,8 +700,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for flag in dropped:
         if flag.startswith("--"):
             print(f"warning: `heimdall-proxy sim` has no {flag}; not passed", file=sys.stderr)
-    kv = args.kv_events == "on" or (args.kv_events == "auto" and "--kv-events-port" in supported)
-    spec = FleetSpec(args.pods, args.model, sim_args, scale, args.seed, kv, supported)
+    spec = FleetSpec(args.pods, args.model, sim_args, scale, args.seed, args.kv_events, supported)
     out_dir = args.out_dir or BENCH_DIR / "out" / workload.name
     out_dir.mkdir(parents=True, exist_ok=True)
     print(workload.describe(), file=sys.stderr)

@@ -325,7 +325,8 @@ def summarize(
         }
     per_pod_requests = Counter(r.pod for r in results if r.pod)
     pod_summary = {p.name: pod_stats(p) for p in pods}
-    busy = [s["busy_until"] for s in pod_summary.values() if s["busy_until"] is not None]
+    # Pods that never had work (a router that ignored them) say nothing about the drain.
+    busy = [s["busy_until"] for s in pod_summary.values() if s["busy_until"]]
     lag = [r.sent - r.offset for r in results]
     return {
         "requests": len(results),

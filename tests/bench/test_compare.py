@@ -54,13 +54,13 @@ def test_config_rewrite_keeps_plugins_and_replaces_endpoints(name: str) -> None:
     assert cfg.epp == original.epp
 
 
-def test_config_rewrite_inherits_labels_by_position() -> None:
+def test_config_rewrite_cycles_labels_by_position() -> None:
     doc = _load("heimdall-values.yaml")  # EndpointPickerConfig under `config:`, two labelled pods
     out = compare.gateway_config(doc, PODS)
     assert out["config"] == doc["config"]
     assert out["endpoints"][0]["labels"] == {"mif.moreh.io/role": "decode"}
     assert out["endpoints"][1]["labels"] == {"mif.moreh.io/role": "both"}
-    assert "labels" not in out["endpoints"][2]
+    assert out["endpoints"][2]["labels"] == {"mif.moreh.io/role": "decode"}  # cycled
     assert compare.gateway_config({}, PODS[:1]) == {
         "endpoints": [{"name": "pod-0", "url": "http://127.0.0.1:9001"}]
     }
@@ -82,14 +82,21 @@ def test_sim_flags_reads_the_installed_simulator() -> None:
 
 
 def test_commands() -> None:
-    spec = FleetSpec(2, "m", ["--max-num-seqs", "4"], 0.5, 7, False, {"--time-scale", "--seed"})
+    spec = FleetSpec(2, "m", ["--max-num-seqs", "4"], 0.5, 7, "auto", {"--time-scale", "--seed"})
     argv = compare.sim_command(spec, PODS[1], 1)
     assert argv[argv.index("--port") + 1] == "9002"
     assert argv[argv.index("--time-scale") + 1] == "0.5"
     assert argv[argv.index("--seed") + 1] == "8"
     assert argv[argv.index("--kv-events-port") + 1] == "9102"
     assert argv[-2:] == ["--max-num-seqs", "4"]
-    old_sim = FleetSpec(2, "m", [], 0.5, 7, False, set())
+    assert "--kv-events-replay-port" not in argv
+    assert not spec.kv_events_for(Target("gateway", "x.yaml"))
+    spec.supported |= {"--kv-events-port", "--kv-events-replay-port"}
+    assert spec.kv_events_for(Target("gateway", "x.yaml"))
+    assert not spec.kv_events_for(Target("vllm-router", "round_robin"))
+    replay = compare.sim_command(spec, Pod("p", 1, 2, 3), 0)
+    assert replay[replay.index("--kv-events-replay-port") + 1] == "3"
+    old_sim = FleetSpec(2, "m", [], 0.5, 7, "off", set())
     assert "--time-scale" not in compare.sim_command(old_sim, PODS[0], 0)
 
     rr = compare.router_command(Target("vllm-router", "round_robin"), PODS[:2], 8000, None, [])
@@ -121,7 +128,7 @@ def _fake_run(label: str, wall: float) -> compare.TargetRun:
 def test_results_section_is_replaced_in_place(tmp_path: Path) -> None:
     runs = [_fake_run("round_robin", 10.0), _fake_run("gateway:config/demo.yaml", 8.0)]
     wl = Workload("wl-x", {}, [TimedRequest("a", 0.0, "/v1/completions", {}, "short")])
-    spec = FleetSpec(4, "sim-model", ["--max-num-seqs", "8"], 0.25, 42, False, set())
+    spec = FleetSpec(4, "sim-model", ["--max-num-seqs", "8"], 0.25, 42, "auto", set())
     machine = {
         "arch": "x86_64",
         "nproc": "2",

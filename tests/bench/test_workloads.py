@@ -125,13 +125,17 @@ def test_explicit_inline_count_and_small_preset() -> None:
 
 def test_stream_flag_and_scaling() -> None:
     w = wl.build("seed001-small")
-    body = w.requests[0].body
-    assert body["stream"] is True
-    assert body["stream_options"] == {"include_usage": True}
-    assert body["model"] == "sim-model"
+    short = next(r for r in w.requests if r.tag == "short")
+    assert short.body["stream"] is True
+    assert short.body["stream_options"] == {"include_usage": True}
+    assert short.body["model"] == "sim-model"
+    # Heavies are not streamed unless asked: they would only measure the relays' CPU.
+    assert all(r.body["stream"] is False for r in w.requests if r.tag.startswith("heavy"))
+    streamed = wl.build("seed001-small", overrides={"stream_heavy": "true"})
+    assert all(r.body["stream"] is True for r in streamed.requests)
     plain = wl.build("seed001-small", stream=False, model="m")
-    assert plain.requests[0].body["stream"] is False
-    assert "stream_options" not in plain.requests[0].body
+    assert all(r.body["stream"] is False for r in plain.requests)
+    assert all("stream_options" not in r.body for r in plain.requests)
     assert plain.requests[0].body["model"] == "m"
     half = w.scaled(0.5)
     assert [r.offset for r in half.requests] == pytest.approx([r.offset * 0.5 for r in w.requests])
