@@ -3,6 +3,7 @@ counter stays raised."""
 
 from __future__ import annotations
 
+import random
 from typing import Any
 
 import aiohttp
@@ -274,4 +275,32 @@ async def test_plugin_crash_is_500_and_releases_counters(
             doc = await r.json()
     assert doc["error"]["code"] == "internal_error"
     assert "plugin bug" not in doc["error"]["message"]  # internals are not leaked
+    assert gw.running() == 0
+
+
+async def test_random_garbage_never_breaks_the_gateway(gw: RunningGateway) -> None:
+    """Mutated bodies and odd paths: every answer is a clean status, never a crash."""
+    rng = random.Random(1234)
+    base = bytearray(GOOD)
+    paths = ["/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/embeddings"]
+    async with aiohttp.ClientSession() as http:
+        for _ in range(300):
+            body = bytearray(base)
+            for _ in range(rng.randint(1, 6)):
+                op = rng.random()
+                pos = rng.randrange(len(body) + 1)
+                if op < 0.4 and body:
+                    body[min(pos, len(body) - 1)] = rng.randrange(256)
+                elif op < 0.7:
+                    body[pos:pos] = bytes(rng.randrange(256) for _ in range(rng.randint(1, 4)))
+                else:
+                    del body[pos : pos + rng.randint(1, 8)]
+            path = rng.choice(paths)
+            async with http.post(f"{gw.url}{path}", data=bytes(body)) as r:
+                assert r.status in (200, 400, 404, 413), (r.status, bytes(body))
+                if r.status != 200:
+                    assert set((await r.json())["error"]) == {"message", "type", "param", "code"}
+                else:
+                    await r.read()
+        await _assert_good(http, gw)
     assert gw.running() == 0
