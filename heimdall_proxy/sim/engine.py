@@ -469,7 +469,8 @@ class Engine:
                     seq.num_computed = hit_tokens
                     seq.num_cached_blocks = len(computed)
                     seq.ext_tokens = ext
-                    seq.cached_tokens = hit_tokens + ext
+                    if seq.first_scheduled is None:
+                        seq.cached_tokens = hit_tokens + ext
                     seq.ready_at = now + cost * o.time_scale
                     seq.status = Status.LOADING
                     skipped.append(seq)
@@ -490,7 +491,8 @@ class Engine:
             if fresh:
                 seq.remote_prefill = False
                 self._count_prefix(seq, seq.num_computed)
-                seq.cached_tokens = seq.num_computed
+                if seq.first_scheduled is None:  # usage reports the first admission's hits
+                    seq.cached_tokens = seq.num_computed
                 self.pool.take(computed)
                 seq.blocks = list(computed)
                 seq.num_cached_blocks = len(computed)

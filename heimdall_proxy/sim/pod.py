@@ -180,6 +180,9 @@ class SimPod:
             await self.publisher.close()
             self.publisher = None
 
+    async def _on_shutdown(self, app: web.Application) -> None:
+        await self.engine.stop()
+
     async def _lifecycle(self, app: web.Application) -> AsyncIterator[None]:
         await self.start()
         yield
@@ -196,6 +199,9 @@ class SimPod:
     def app(self) -> web.Application:
         app = web.Application(client_max_size=256 * 1024 * 1024)
         app.cleanup_ctx.append(self._lifecycle)
+        # On shutdown the engine stops first, so in-flight requests end at once instead of
+        # holding the server's graceful shutdown for as long as they would have run.
+        app.on_shutdown.append(self._on_shutdown)
         app.on_response_prepare.append(self._tag_response)
         app.router.add_get("/v1/models", self._models)
         app.router.add_get("/metrics", self._metrics)

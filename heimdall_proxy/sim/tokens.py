@@ -147,7 +147,7 @@ class Tokenizer:
         n = self.mm_tokens_per_item * (4 if kind == "video" else 1)
         return MMItem(kind, mm_hash(kind, source), n)
 
-    def _content(self, api: ApiKind, content: Any, prompt: Prompt) -> None:
+    def _content(self, content: Any, prompt: Prompt) -> None:
         if isinstance(content, list):
             for part in content:
                 part_type = part.get("type") if isinstance(part, Mapping) else None
@@ -164,9 +164,9 @@ class Tokenizer:
             text = extract_prompt_text("chat", {"messages": [{"content": content}]})
             prompt.ids.extend(tokenize(text))
 
-    def _message(self, role: Any, content: Any, prompt: Prompt, api: ApiKind) -> None:
+    def _message(self, role: Any, content: Any, prompt: Prompt) -> None:
         prompt.ids.append(ROLE_IDS.get(role, _OTHER_ROLE) if isinstance(role, str) else _OTHER_ROLE)
-        self._content(api, content, prompt)
+        self._content(content, prompt)
         prompt.ids.append(END)
 
     def chat(self, messages: Any, add_generation_prompt: bool = True) -> Prompt:
@@ -176,7 +176,7 @@ class Tokenizer:
         for msg in messages:
             if not isinstance(msg, Mapping):
                 raise PromptError("each message must be an object")
-            self._message(msg.get("role", "user"), msg.get("content"), prompt, "chat")
+            self._message(msg.get("role", "user"), msg.get("content"), prompt)
         if add_generation_prompt:
             prompt.ids.append(ROLE_IDS["assistant"])
         return prompt
@@ -185,18 +185,18 @@ class Tokenizer:
         prompt = Prompt(ids=[BOS])
         instructions = data.get("instructions")
         if isinstance(instructions, str):
-            self._message("system", instructions, prompt, "responses")
+            self._message("system", instructions, prompt)
         inp = data.get("input")
         if isinstance(inp, str):
-            self._message("user", inp, prompt, "responses")
+            self._message("user", inp, prompt)
         elif isinstance(inp, list):
             for item in inp:
                 if not isinstance(item, Mapping):
                     continue
                 if item.get("type") in ("input_text", *MM_PART_TYPES):
-                    self._message("user", [item], prompt, "responses")
+                    self._message("user", [item], prompt)
                 elif "content" in item:
-                    self._message(item.get("role", "user"), item.get("content"), prompt, "chat")
+                    self._message(item.get("role", "user"), item.get("content"), prompt)
         else:
             raise PromptError("input must be a string or a list")
         prompt.ids.append(ROLE_IDS["assistant"])

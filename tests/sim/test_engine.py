@@ -6,6 +6,10 @@ from __future__ import annotations
 import asyncio
 import time
 
+import aiohttp
+import pytest
+
+from tests.conftest import eventually
 from tests.sim.conftest import SimFactory, prompt_of
 
 
@@ -148,3 +152,18 @@ async def test_outputs_are_deterministic_under_a_seed(sim: SimFactory) -> None:
     assert await text(plain, "tell me a story") == (
         "the gateway routes tokens to a pod with room and the gateway"
     )
+
+
+async def test_shutdown_ends_requests_in_flight(sim: SimFactory) -> None:
+    s = await sim(time_scale=1.0)
+    long = {"model": "sim-model", "prompt": "x", "max_tokens": 5000}
+    streamed = asyncio.create_task(s.stream("/v1/completions", long))
+    plain = asyncio.create_task(s.post("/v1/completions", long))
+    await eventually(lambda: s.pod.running == 2)
+    t0 = time.perf_counter()
+    await s.server.close()
+    assert time.perf_counter() - t0 < 2  # 5000 tokens would take 40 s
+    with pytest.raises(aiohttp.ClientPayloadError):
+        await streamed
+    status, doc = await plain
+    assert status == 503 and doc["error"]["message"] == "the engine stopped"
