@@ -50,7 +50,8 @@ def plot_queues(
         sharey="row",
         squeeze=False,
     )
-    colors = plt.get_cmap("tab10").colors
+    cmap = plt.get_cmap("tab10")
+    colors = [cmap(i) for i in range(10)]
     for col, (label, run) in enumerate(runs):
         summary = run.get("summary", {})
         wall = summary.get("wall_clock")
