@@ -705,6 +705,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     out_dir.mkdir(parents=True, exist_ok=True)
     print(workload.describe(), file=sys.stderr)
 
+    load_before = os.getloadavg()[0]
     runs: list[TargetRun] = []
     for i, target in enumerate(targets):
         if i:
@@ -748,7 +749,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         spec=spec,
         dropped=dropped,
         plot=plot_rel,
-        notes=[*auto_notes(runs, spec), *args.note],
+        notes=[
+            f"1-minute load average before the run {load_before:.2f}, after "
+            f"{os.getloadavg()[0]:.2f} (on {os.cpu_count()} CPUs, shared with other work).",
+            *auto_notes(runs, spec),
+            *args.note,
+        ],
     )
     print(section)
     if not args.no_results:
