@@ -14,7 +14,7 @@ from tests.sim.conftest import SimFactory, prompt_of
 
 
 async def test_queue_grows_under_a_burst(sim: SimFactory) -> None:
-    s = await sim(max_num_seqs=2, time_scale=0.02)
+    s = await sim(max_num_seqs=2, time_scale=0.05)
     body = {"model": "sim-model", "prompt": "hi", "max_tokens": 20}
     tasks = [asyncio.create_task(s.post("/v1/completions", body)) for _ in range(8)]
     seen_waiting = 0.0
