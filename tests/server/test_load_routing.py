@@ -17,6 +17,7 @@ from heimdall_proxy.plugins.scorers.session_affinity import encode_token
 from tests.conftest import GatewayFactory, PodFactory, RunningGateway, eventually, make_config
 
 CTX = "mif.moreh.io/context-length-range"
+LONG = 100_000  # room for the 50,000-token overflow requests
 
 
 def profile(
@@ -35,7 +36,7 @@ async def post(
     http: aiohttp.ClientSession, gw: RunningGateway, body: dict[str, Any], **headers: str
 ) -> aiohttp.ClientResponse:
     async with http.post(f"{gw.url}/v1/completions", json=body, headers=headers) as r:
-        await r.read()
+        assert r.status == 200, await r.text()
         return r
 
 
@@ -143,9 +144,9 @@ async def test_context_length_scenarios(
     start_pod: PodFactory, start_gateway: GatewayFactory, filtering: bool
 ) -> None:
     pods = [
-        await start_pod(name="A", labels={CTX: "0-2048"}),
-        await start_pod(name="B", labels={CTX: "2048-8192"}),
-        await start_pod(name="C"),
+        await start_pod(name="A", labels={CTX: "0-2048"}, max_model_len=LONG),
+        await start_pod(name="B", labels={CTX: "2048-8192"}, max_model_len=LONG),
+        await start_pod(name="C", max_model_len=LONG),
     ]
     plugins = [{"type": "context-length-aware", "parameters": {"enableFiltering": filtering}}]
     gw = await start_gateway(
@@ -168,8 +169,8 @@ async def test_context_length_overflow_prefers_larger_max(
     start_pod: PodFactory, start_gateway: GatewayFactory
 ) -> None:
     pods = [
-        await start_pod(name="A", labels={CTX: "0-8192"}),
-        await start_pod(name="B", labels={CTX: "0-32768"}),
+        await start_pod(name="A", labels={CTX: "0-8192"}, max_model_len=LONG),
+        await start_pod(name="B", labels={CTX: "0-32768"}, max_model_len=LONG),
     ]
     gw = await start_gateway(make_config(pods, profile(("context-length-aware", 1))))
     async with aiohttp.ClientSession() as http:
