@@ -213,3 +213,30 @@ async def test_thousand_requests_with_random_aborts_leave_no_count(
     await eventually(lambda: all(active.count(p.name) == 0 for p in pods))
     assert all(work.work(p.name) == 0.0 for p in pods)
     assert sum(p.pod.cancelled for p in pods) > 0  # some aborts really reached the pods
+
+
+async def test_adapter_holding_pod_wins(
+    start_pod: PodFactory, start_gateway: GatewayFactory
+) -> None:
+    # real-time pods, so a long request keeps its adapter running while the test looks
+    opts = {"lora_modules": ["sql", "chat"], "max_loras": 1, "time_scale": 1.0}
+    a, b = await start_pod(**opts), await start_pod(**opts)
+    gw = await start_gateway(make_config([a, b], profile(("lora-affinity-scorer", 1))))
+    pool = gw.gateway.pool
+    async with aiohttp.ClientSession() as http:
+        held = []
+        for pod, adapter in ((a, "sql"), (b, "chat")):
+            # pin each adapter to its pod by sending a long request straight to the pod
+            body = {"model": adapter, "prompt": "x", "max_tokens": 5000, "stream": True}
+            r = await http.post(f"{pod.url}/v1/completions", json=body)
+            await r.content.readuntil(b"\n\n")
+            held.append(r)
+        await eventually(lambda: pool.get(a.name).metrics.lora_running == ("sql",))
+        await eventually(lambda: pool.get(b.name).metrics.lora_running == ("chat",))
+        for adapter, home in (("sql", a), ("chat", b), ("sql", a)):
+            body = {"model": adapter, "prompt": "y", "max_tokens": 1}
+            async with http.post(f"{gw.url}/v1/completions", json=body) as r:
+                assert r.status == 200
+                assert r.headers["x-sim-pod"] == home.name
+        for r in held:
+            r.close()
