@@ -1,0 +1,65 @@
+"""Prefix-cache match information shared through the CycleState.
+
+A prefix-cache scorer (prefix-cache-scorer, precise-prefix-cache-scorer) computes, before the
+profiles run, how much of the request's prompt each candidate pod already holds in its KV
+cache, and leaves the result on the CycleState under `prefix_match_key(type, name)`. Other
+plugins read it from there without importing the scorer: no-hit-lru-scorer (is the request
+cold?) and prefill deciders (how many prompt tokens are not cached on the chosen pod?).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from heimdall_proxy.framework.types import CycleState
+
+
+def prefix_match_key(plugin_type: str, plugin_name: str) -> str:
+    """The CycleState key under which the prefix-cache plugin `type`/`name` publishes its
+    PrefixCacheMatchInfo (the EPP keys it by the plugin's typed name the same way)."""
+    return f"{plugin_type}/{plugin_name}"
+
+
+@dataclass(slots=True)
+class PrefixCacheMatchInfo:
+    """How much of one request's prompt each candidate pod holds.
+
+    `block_size` is in tokens (estimated tokens when the request was not tokenized);
+    `total_blocks` is the number of full blocks of the prompt that were looked up (at most
+    the scorer's match limit); `matched_blocks[pod]` is the length of the run of cached blocks
+    starting at the first block of the prompt, in blocks (a float: the precise scorer weights
+    blocks held only in a slower tier below 1). Pods without an entry hold nothing."""
+
+    block_size: int
+    total_blocks: int
+    prompt_tokens: int
+    matched_blocks: dict[str, float] = field(default_factory=dict)
+
+    def has_hit(self) -> bool:
+        """True when at least one pod holds at least the first block."""
+        return any(v > 0.0 for v in self.matched_blocks.values())
+
+    def ratio(self, pod: str) -> float:
+        """Matched blocks / total blocks, in [0, 1] (0 for a prompt shorter than a block)."""
+        if self.total_blocks <= 0:
+            return 0.0
+        return min(1.0, self.matched_blocks.get(pod, 0.0) / self.total_blocks)
+
+    def cached_tokens(self, pod: str) -> int:
+        """Prompt tokens `pod` can skip computing: whole matched blocks times the block size,
+        never more than the prompt."""
+        blocks = int(self.matched_blocks.get(pod, 0.0))
+        return min(self.prompt_tokens, blocks * self.block_size)
+
+    def uncached_tokens(self, pod: str) -> int:
+        """Prompt tokens `pod` would have to compute."""
+        return self.prompt_tokens - self.cached_tokens(pod)
+
+
+def read_prefix_match(
+    state: CycleState, plugin_type: str, plugin_name: str
+) -> PrefixCacheMatchInfo | None:
+    """The match information `type`/`name` left on `state`, or None when it has not run (or
+    left something else under that key)."""
+    info = state.get(prefix_match_key(plugin_type, plugin_name))
+    return info if isinstance(info, PrefixCacheMatchInfo) else None

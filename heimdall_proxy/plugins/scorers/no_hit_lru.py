@@ -1,0 +1,87 @@
+"""no-hit-lru-scorer: spreads cold requests (no prefix-cache hit anywhere) across pods."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Mapping
+
+from pydantic import Field
+
+from heimdall_proxy.framework.base import BasePlugin
+from heimdall_proxy.framework.handle import PluginHandle
+from heimdall_proxy.framework.params import PluginParams
+from heimdall_proxy.framework.prefix import prefix_match_key, read_prefix_match
+from heimdall_proxy.framework.registry import register
+from heimdall_proxy.framework.types import (
+    CycleState,
+    Endpoint,
+    InferenceRequest,
+    RequestContext,
+)
+
+NO_HIT_LRU_SCORER_TYPE = "no-hit-lru-scorer"
+
+
+class NoHitLRUParams(PluginParams):
+    prefix_plugin_type: str = "prefix-cache-scorer"
+    prefix_plugin_name: str = "prefix-cache-scorer"
+    lru_size: int = Field(default=1024, gt=0)
+
+
+@register(NO_HIT_LRU_SCORER_TYPE, NoHitLRUParams)
+class NoHitLRUScorer(BasePlugin[NoHitLRUParams]):
+    """Reads the PrefixCacheMatchInfo the prefix-cache plugin `prefixPluginType` /
+    `prefixPluginName` left on the CycleState. A request is cold when no candidate holds even
+    its first block (or when that plugin left nothing, e.g. it is not declared).
+
+    Cold: candidates are ranked by when they last received a cold request: pods that never
+    did first (in candidate order), then the least recently used; rank r of n scores
+    `1 - r / (n - 1)` (a single candidate scores 1). Hot: 0.5 everywhere, so the prefix
+    scorer decides. pre_request moves the pod a cold request is sent to (and its prefill pod,
+    when one ran) to the most-recent end of an LRU of `lruSize` pods, so cache growth from
+    cold prompts is spread evenly. Ranks are taken among the candidates of the request."""
+
+    type = NO_HIT_LRU_SCORER_TYPE
+
+    def __init__(self, name: str, params: NoHitLRUParams, handle: PluginHandle) -> None:
+        super().__init__(name, params, handle)
+        self._lru: OrderedDict[str, None] = OrderedDict()
+        self._cold_key = f"{prefix_match_key(self.type, name)}#cold"
+
+    def _is_cold(self, state: CycleState) -> bool:
+        cold = state.get(self._cold_key)
+        if isinstance(cold, bool):
+            return cold
+        info = read_prefix_match(
+            state, self.params.prefix_plugin_type, self.params.prefix_plugin_name
+        )
+        cold = info is None or not info.has_hit()
+        state[self._cold_key] = cold
+        return cold
+
+    def score(
+        self, state: CycleState, request: InferenceRequest, endpoints: list[Endpoint]
+    ) -> Mapping[str, float]:
+        if not self._is_cold(state):
+            return {e.name: 0.5 for e in endpoints}
+        n = len(endpoints)
+        if n == 1:
+            return {endpoints[0].name: 1.0}
+        position = {pod: i for i, pod in enumerate(self._lru)}
+        never = [e.name for e in endpoints if e.name not in position]
+        used = sorted((e.name for e in endpoints if e.name in position), key=position.__getitem__)
+        return {pod: 1.0 - rank / (n - 1) for rank, pod in enumerate(never + used)}
+
+    async def pre_request(self, ctx: RequestContext) -> None:
+        if not self._is_cold(ctx.state):
+            return
+        for endpoint in (ctx.target, ctx.prefill):
+            if endpoint is not None:
+                self._lru[endpoint.name] = None
+                self._lru.move_to_end(endpoint.name)
+        while len(self._lru) > self.params.lru_size:
+            self._lru.popitem(last=False)
+
+    def last_used(self) -> list[str]:
+        """Pods that received cold requests, least recently first."""
+        return list(self._lru)

@@ -1,0 +1,198 @@
+"""prefix-cache-scorer: approximate prefix-cache affinity from the prompts this gateway routed."""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import Field, model_validator
+
+from heimdall_proxy.framework.base import BasePlugin
+from heimdall_proxy.framework.handle import PluginHandle
+from heimdall_proxy.framework.params import PluginParams
+from heimdall_proxy.framework.prefix import PrefixCacheMatchInfo, prefix_match_key
+from heimdall_proxy.framework.registry import register
+from heimdall_proxy.framework.types import (
+    CycleState,
+    Endpoint,
+    InferenceRequest,
+    RequestContext,
+)
+from heimdall_proxy.kvcache.approx import ApproxPrefixIndex
+from heimdall_proxy.kvcache.hashing import block_keys, namespace_seed, text_block_keys
+
+PREFIX_CACHE_SCORER_TYPE = "prefix-cache-scorer"
+#: Characters per token assumed when a request was not tokenized.
+CHARS_PER_TOKEN = 4
+
+log = logging.getLogger("heimdall_proxy.plugins.prefix_cache")
+
+
+class PrefixCacheParams(PluginParams):
+    auto_tune: bool = True
+    block_size_tokens: int = Field(default=16, gt=0)
+    #: Deprecated: block size in characters.
+    block_size: int = Field(default=0, ge=0)
+    max_prefix_blocks_to_match: int = Field(default=256, gt=0)
+    lru_capacity_per_server: int = Field(default=31250, gt=0)
+
+    @model_validator(mode="after")
+    def _legacy_block_size(self) -> PrefixCacheParams:
+        if self.block_size and "block_size_tokens" not in self.model_fields_set:
+            raise ValueError(
+                "blockSize (a block size in characters) is deprecated and cannot be used on its "
+                f"own: set blockSizeTokens instead (blockSize {self.block_size} characters is "
+                f"about {max(1, self.block_size // CHARS_PER_TOKEN)} tokens)"
+            )
+        return self
+
+
+@dataclass(slots=True)
+class _Hashes:
+    """What produce() computed for one request, kept for pre_request."""
+
+    block_size: int
+    keys: list[int]
+
+
+def request_text(request: InferenceRequest) -> str:
+    """The text the approximate scorer chunks when a request carries no token ids. Chat
+    messages are tagged with their role, so the same words said by different roles, or moved
+    from one message to the next, do not look like the same prefix."""
+    if request.api == "chat":
+        messages = request.data.get("messages")
+        if isinstance(messages, list):
+            parts: list[str] = []
+            for msg in messages:
+                if isinstance(msg, Mapping):
+                    parts.append(f"\x1e{msg.get('role', '')}\x1f")
+                    _content(msg.get("content"), parts)
+            return "".join(parts)
+    return request.prompt_text()
+
+
+def _content(content: Any, out: list[str]) -> None:
+    if isinstance(content, str):
+        out.append(content)
+    elif isinstance(content, list):
+        for part in content:
+            if isinstance(part, str):
+                out.append(part)
+            elif isinstance(part, Mapping):
+                text = part.get("text")
+                if isinstance(text, str):
+                    out.append(text)
+                else:  # an image or audio part: its URL or data identifies it
+                    out.append(f"\x1d{part.get('type', '')}\x1d")
+
+
+def cache_salt(request: InferenceRequest) -> str | None:
+    salt = request.data.get("cache_salt")
+    return salt if isinstance(salt, str) and salt else None
+
+
+@register(PREFIX_CACHE_SCORER_TYPE, PrefixCacheParams)
+class PrefixCacheScorer(BasePlugin[PrefixCacheParams]):
+    """Approximates which pods hold a request's prompt prefix in their KV cache, from the
+    prompts this gateway sent them, with no tokenizer and no KV events.
+
+    The prompt is cut into blocks: `blockSizeTokens` tokens when a tokenizer prepare-data
+    plugin left token ids on the request, else `blockSizeTokens * 4` characters (chat
+    messages tagged with their role). Blocks get chained XXH3-64 keys seeded by the model
+    name and the request's `cache_salt`, so a block's key stands for the whole prefix up to
+    it, and prompts of different models or salts never match. Only full blocks count, at most
+    `maxPrefixBlocksToMatch`; a prompt shorter than one block is scored 0 everywhere.
+
+    Index: per pod, an LRU of the keys of the prompts routed to it (`lruCapacityPerServer`
+    keys), updated in pre_request for the pod the request is sent to and, when a separate
+    prefill pod ran, for it too. With `autoTune`, the block size follows each pod's
+    `vllm:cache_config_info` `block_size` and its LRU capacity its `num_gpu_blocks`
+    (the most common block size among the candidates is used for a request).
+    `maxPrefixBlocksToMatch` is not tuned: no vLLM metric carries the context length.
+
+    Score: consecutive matched blocks from the start of the prompt / total blocks, in [0, 1].
+
+    Runs as a Producer first, so the match is on the CycleState before any scorer runs: under
+    `prefix_match_key(type, name)` as a PrefixCacheMatchInfo, for no-hit-lru-scorer and
+    prefill deciders."""
+
+    type = PREFIX_CACHE_SCORER_TYPE
+
+    def __init__(self, name: str, params: PrefixCacheParams, handle: PluginHandle) -> None:
+        super().__init__(name, params, handle)
+        if params.block_size and "block_size_tokens" in params.model_fields_set:
+            log.warning(
+                "plugin %r: blockSize is deprecated and ignored, blockSizeTokens=%d is used",
+                name,
+                params.block_size_tokens,
+            )
+        self.index = ApproxPrefixIndex(params.lru_capacity_per_server)
+        self.state_key = prefix_match_key(self.type, name)
+        self._hashes_key = f"{self.state_key}#hashes"
+
+    # ---- the request path ----------------------------------------------------------------
+
+    def _block_size(self, endpoints: list[Endpoint]) -> int:
+        if self.params.auto_tune:
+            sizes = Counter(e.metrics.block_size for e in endpoints if e.metrics.block_size)
+            if sizes:
+                top = max(sizes.values())
+                return min(size for size, n in sizes.items() if n == top)
+        return self.params.block_size_tokens
+
+    def _capacity(self, endpoint: Endpoint) -> int:
+        if self.params.auto_tune and endpoint.metrics.num_gpu_blocks:
+            return endpoint.metrics.num_gpu_blocks
+        return self.params.lru_capacity_per_server
+
+    def keys(self, request: InferenceRequest, block_size: int) -> list[int]:
+        """The chained block keys of the request's prompt (at most maxPrefixBlocksToMatch)."""
+        seed = namespace_seed(request.model, cache_salt(request))
+        limit = self.params.max_prefix_blocks_to_match
+        if request.token_ids is not None:
+            return block_keys(request.token_ids, block_size, seed, max_blocks=limit)
+        return text_block_keys(
+            request_text(request), block_size * CHARS_PER_TOKEN, seed, max_blocks=limit
+        )
+
+    def match(
+        self, state: CycleState, request: InferenceRequest, endpoints: list[Endpoint]
+    ) -> PrefixCacheMatchInfo:
+        """Compute (once per request) and publish the match of every candidate."""
+        info = state.get(self.state_key)
+        if isinstance(info, PrefixCacheMatchInfo):
+            return info
+        block_size = self._block_size(endpoints)
+        keys = self.keys(request, block_size)
+        matched = self.index.match(keys, (e.name for e in endpoints)) if keys else {}
+        info = PrefixCacheMatchInfo(
+            block_size=block_size,
+            total_blocks=len(keys),
+            prompt_tokens=request.estimated_tokens(CHARS_PER_TOKEN),
+            matched_blocks={pod: float(n) for pod, n in matched.items()},
+        )
+        state[self.state_key] = info
+        state[self._hashes_key] = _Hashes(block_size, keys)
+        return info
+
+    async def produce(
+        self, state: CycleState, request: InferenceRequest, endpoints: list[Endpoint]
+    ) -> None:
+        self.match(state, request, endpoints)
+
+    def score(
+        self, state: CycleState, request: InferenceRequest, endpoints: list[Endpoint]
+    ) -> Mapping[str, float]:
+        info = self.match(state, request, endpoints)
+        return {e.name: info.ratio(e.name) for e in endpoints}
+
+    async def pre_request(self, ctx: RequestContext) -> None:
+        hashes = ctx.state.get(self._hashes_key)
+        if not isinstance(hashes, _Hashes) or not hashes.keys:
+            return
+        for endpoint in (ctx.target, ctx.prefill):
+            if endpoint is not None:
+                self.index.add(endpoint.name, hashes.keys, self._capacity(endpoint))

@@ -1,0 +1,85 @@
+"""no-hit-lru-scorer: cold requests rotate over pods by LRU, hot requests score 0.5."""
+
+from __future__ import annotations
+
+import pytest
+
+from heimdall_proxy.framework.prefix import PrefixCacheMatchInfo, prefix_match_key
+from heimdall_proxy.framework.types import CycleState
+from heimdall_proxy.plugins.scorers.no_hit_lru import NoHitLRUParams, NoHitLRUScorer
+from tests.plugins.helpers import ctx, ep, req
+
+PODS = [ep("a"), ep("b"), ep("c")]
+
+
+def make(**params: object) -> NoHitLRUScorer:
+    return NoHitLRUScorer("n", NoHitLRUParams.model_validate(params), None)  # type: ignore[arg-type]
+
+
+def state_with(
+    matched: dict[str, float], key: str = "prefix-cache-scorer/prefix-cache-scorer"
+) -> CycleState:
+    state = CycleState()
+    state[key] = PrefixCacheMatchInfo(16, 10, 160, matched)
+    return state
+
+
+async def send_cold(scorer: NoHitLRUScorer, pod_index: int) -> None:
+    c = ctx(req(), PODS[pod_index])
+    c.state.update(state_with({}))
+    scorer.score(c.state, c.request, PODS)
+    await scorer.pre_request(c)
+
+
+def test_defaults() -> None:
+    p = NoHitLRUParams()
+    assert (p.prefix_plugin_type, p.prefix_plugin_name, p.lru_size) == (
+        "prefix-cache-scorer",
+        "prefix-cache-scorer",
+        1024,
+    )
+
+
+async def test_cold_requests_prefer_never_used_then_least_recently_used() -> None:
+    scorer = make()
+    assert scorer.score(state_with({}), req(), PODS) == {"a": 1.0, "b": 0.5, "c": 0.0}
+    await send_cold(scorer, 0)  # a used
+    assert scorer.score(state_with({}), req(), PODS) == {"b": 1.0, "c": 0.5, "a": 0.0}
+    await send_cold(scorer, 2)  # then c
+    assert scorer.score(state_with({}), req(), PODS) == {"b": 1.0, "a": 0.5, "c": 0.0}
+    await send_cold(scorer, 1)
+    await send_cold(scorer, 0)
+    assert scorer.last_used() == ["c", "b", "a"]
+    assert scorer.score(state_with({}), req(), PODS) == {"c": 1.0, "b": 0.5, "a": 0.0}
+
+
+async def test_hot_requests_are_neutral_and_do_not_touch_the_lru() -> None:
+    scorer = make()
+    hot = state_with({"b": 3.0})
+    assert scorer.score(hot, req(), PODS) == {"a": 0.5, "b": 0.5, "c": 0.5}
+    c = ctx(req(), PODS[1])
+    c.state.update(hot)
+    await scorer.pre_request(c)
+    assert scorer.last_used() == []
+
+
+async def test_missing_prefix_state_counts_as_cold_and_names_are_configurable() -> None:
+    scorer = make(prefixPluginType="precise-prefix-cache-scorer", prefixPluginName="p")
+    # state of another prefix plugin instance is not looked at
+    assert scorer.score(state_with({"a": 1.0}), req(), PODS)["a"] == 1.0
+    key = prefix_match_key("precise-prefix-cache-scorer", "p")
+    assert scorer.score(state_with({"a": 1.0}, key), req(), PODS) == {"a": 0.5, "b": 0.5, "c": 0.5}
+
+
+async def test_single_candidate_prefill_and_lru_size() -> None:
+    scorer = make(lruSize=2)
+    assert scorer.score(state_with({}), req(), PODS[:1]) == {"a": 1.0}
+    c = ctx(req(), PODS[0])
+    c.prefill = PODS[1]
+    c.state.update(state_with({}))
+    await scorer.pre_request(c)
+    assert scorer.last_used() == ["a", "b"]
+    await send_cold(scorer, 2)
+    assert scorer.last_used() == ["b", "c"]
+    got = scorer.score(state_with({}), req(), PODS)
+    assert got == pytest.approx({"a": 1.0, "b": 0.5, "c": 0.0})

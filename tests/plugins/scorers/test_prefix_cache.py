@@ -1,0 +1,165 @@
+"""prefix-cache-scorer: parameters, block keys, match info on the CycleState, index updates."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from heimdall_proxy.framework.prefix import PrefixCacheMatchInfo, read_prefix_match
+from heimdall_proxy.framework.types import CycleState, Endpoint, RequestContext
+from heimdall_proxy.plugins.scorers.prefix_cache import (
+    PrefixCacheParams,
+    PrefixCacheScorer,
+    request_text,
+)
+from tests.plugins.helpers import ctx, ep, req
+
+TYPE = "prefix-cache-scorer"
+LONG = "The quick brown fox jumps over the lazy dog. " * 20  # 900 chars: 14 blocks of 64
+
+
+def make(**params: object) -> PrefixCacheScorer:
+    return PrefixCacheScorer(TYPE, PrefixCacheParams.model_validate(params), None)  # type: ignore[arg-type]
+
+
+def completion(prompt: str, model: str = "m", **extra: object) -> object:
+    return req("completions", {"prompt": prompt, **extra}, model=model)
+
+
+async def route(scorer: PrefixCacheScorer, request: object, target: Endpoint) -> None:
+    c: RequestContext = ctx(request, target)  # type: ignore[arg-type]
+    await scorer.produce(c.state, c.request, [target])
+    await scorer.pre_request(c)
+
+
+def test_defaults_and_validation() -> None:
+    p = PrefixCacheParams()
+    assert (p.auto_tune, p.block_size_tokens, p.block_size) == (True, 16, 0)
+    assert (p.max_prefix_blocks_to_match, p.lru_capacity_per_server) == (256, 31250)
+    with pytest.raises(ValidationError, match=r"blockSize .* deprecated"):
+        PrefixCacheParams.model_validate({"blockSize": 64})
+    both = PrefixCacheParams.model_validate({"blockSize": 64, "blockSizeTokens": 8})
+    assert both.block_size_tokens == 8
+    with pytest.raises(ValidationError):
+        PrefixCacheParams.model_validate({"blockSizeTokens": 0})
+
+
+async def test_a_routed_prompt_matches_its_pod_only() -> None:
+    scorer = make(autoTune=False)
+    a, b = ep("a"), ep("b")
+    await route(scorer, completion(LONG), a)
+    state = CycleState()
+    r = completion(LONG)
+    scores = scorer.score(state, r, [a, b])
+    assert scores == {"a": 1.0, "b": 0.0}
+    info = read_prefix_match(state, TYPE, TYPE)
+    assert isinstance(info, PrefixCacheMatchInfo)
+    assert (info.block_size, info.total_blocks) == (16, len(LONG) // 64)
+    assert info.has_hit() and info.cached_tokens("a") == 14 * 16 and info.cached_tokens("b") == 0
+    assert info.uncached_tokens("b") == r.estimated_tokens()
+
+
+async def test_a_longer_prompt_scores_the_shared_fraction() -> None:
+    scorer = make(autoTune=False)
+    a = ep("a")
+    await route(scorer, completion(LONG), a)
+    longer = LONG + "x" * len(LONG)
+    got = scorer.score(CycleState(), completion(longer), [a])["a"]
+    assert got == pytest.approx((len(LONG) // 64) / (len(longer) // 64))
+    # a prompt that differs in its first block shares nothing
+    assert scorer.score(CycleState(), completion("!" + LONG), [a]) == {"a": 0.0}
+
+
+async def test_model_and_cache_salt_separate_prefixes() -> None:
+    scorer = make(autoTune=False)
+    a = ep("a")
+    await route(scorer, completion(LONG, cache_salt="s1"), a)
+    assert scorer.score(CycleState(), completion(LONG, cache_salt="s1"), [a]) == {"a": 1.0}
+    assert scorer.score(CycleState(), completion(LONG, cache_salt="s2"), [a]) == {"a": 0.0}
+    assert scorer.score(CycleState(), completion(LONG), [a]) == {"a": 0.0}
+    assert scorer.score(CycleState(), completion(LONG, model="other", cache_salt="s1"), [a]) == {
+        "a": 0.0
+    }
+
+
+async def test_short_prompts_are_ignored() -> None:
+    scorer = make(autoTune=False)
+    a = ep("a")
+    await route(scorer, completion("hi"), a)
+    state = CycleState()
+    assert scorer.score(state, completion("hi"), [a]) == {"a": 0.0}
+    info = read_prefix_match(state, TYPE, TYPE)
+    assert info is not None and info.total_blocks == 0 and not info.has_hit()
+
+
+async def test_max_prefix_blocks_and_token_ids() -> None:
+    scorer = make(autoTune=False, maxPrefixBlocksToMatch=4, blockSizeTokens=2)
+    a = ep("a")
+    r = completion("ignored when tokenized")
+    r.token_ids = list(range(20))  # type: ignore[attr-defined]
+    await route(scorer, r, a)
+    again = completion("different text, same tokens")
+    again.token_ids = list(range(20))  # type: ignore[attr-defined]
+    state = CycleState()
+    assert scorer.score(state, again, [a]) == {"a": 1.0}
+    info = read_prefix_match(state, TYPE, TYPE)
+    assert info is not None and (info.total_blocks, info.block_size, info.prompt_tokens) == (
+        4,
+        2,
+        20,
+    )
+
+
+async def test_lru_capacity_per_server_and_auto_tune() -> None:
+    fixed = make(autoTune=False, lruCapacityPerServer=5)
+    a = ep("a")
+    await route(fixed, completion(LONG), a)
+    assert fixed.index.size("a") == 5  # only the last 5 of 14 blocks are kept...
+    assert fixed.score(CycleState(), completion(LONG), [a]) == {"a": 0.0}  # ...not the first
+
+    tuned = make()  # autoTune: block size and capacity from vllm:cache_config_info
+    small = ep("s", block_size=32, num_gpu_blocks=1000)
+    await route(tuned, completion(LONG), small)
+    state = CycleState()
+    assert tuned.score(state, completion(LONG), [small]) == {"s": 1.0}
+    info = read_prefix_match(state, TYPE, TYPE)
+    assert info is not None and info.block_size == 32 and info.total_blocks == len(LONG) // 128
+    tiny = ep("t", block_size=32, num_gpu_blocks=2)
+    await route(tuned, completion(LONG), tiny)
+    assert tuned.index.size("t") == 2
+
+
+async def test_the_prefill_pod_is_indexed_too() -> None:
+    scorer = make(autoTune=False)
+    d, p = ep("d"), ep("p")
+    c = ctx(completion(LONG), d)
+    c.prefill = p
+    await scorer.produce(c.state, c.request, [d, p])
+    await scorer.pre_request(c)
+    assert scorer.score(CycleState(), completion(LONG), [d, p]) == {"d": 1.0, "p": 1.0}
+
+
+def test_chat_text_is_tagged_by_role() -> None:
+    user = req("chat", {"messages": [{"role": "user", "content": "hello"}]})
+    system = req("chat", {"messages": [{"role": "system", "content": "hello"}]})
+    assert request_text(user) != request_text(system)
+    parts = req(
+        "chat",
+        {
+            "messages": [
+                {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "image_url"}]}
+            ]
+        },
+    )
+    assert "a" in request_text(parts) and "image_url" in request_text(parts)
+    assert request_text(req("completions", {"prompt": "p"})) == "p"
+
+
+async def test_multi_turn_chat_extends_the_prefix() -> None:
+    scorer = make(autoTune=False)
+    a, b = ep("a"), ep("b")
+    turn1 = [{"role": "system", "content": LONG}, {"role": "user", "content": "q1"}]
+    await route(scorer, req("chat", {"messages": turn1}), a)
+    turn2 = [*turn1, {"role": "assistant", "content": "r1"}, {"role": "user", "content": "q2"}]
+    got = scorer.score(CycleState(), req("chat", {"messages": turn2}), [a, b])
+    assert got["a"] > 0.9 and got["b"] == 0.0
