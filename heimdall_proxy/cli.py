@@ -1,4 +1,5 @@
-"""Command line: `heimdall-proxy [serve] --config FILE`, `check-config FILE`, `sim`, `demo`."""
+"""Command line: `heimdall-proxy [serve] --config FILE`, `check-config FILE`, `sim`, `demo`,
+`tokenizer-server`."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("heimdall_proxy.cli")
 
-COMMANDS = ("serve", "check-config", "sim", "demo")
+COMMANDS = ("serve", "check-config", "sim", "demo", "tokenizer-server")
 
 
 def _duration(text: str) -> float:
@@ -222,6 +223,25 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--config", "-c", help="gateway config (default: the embedded demo.yaml)")
     _add_server(demo)
     _add_sim_engine(demo, demo=True)
+
+    tok = sub.add_parser(
+        "tokenizer-server",
+        help="serve tokenization on a Unix socket (the tokenizer plugin's udsTokenizerConfig)",
+        description="Tokenizes OpenAI request bodies as vLLM does (chat templates included) for "
+        "gateways on the same host; protocol in heimdall_proxy/tokenization/uds.py.",
+    )
+    tok.add_argument("--socket", required=True, help="socket path (host:port with --tcp)")
+    tok.add_argument("--tcp", action="store_true", help="listen on TCP host:port instead")
+    tok.add_argument(
+        "--model",
+        action="append",
+        required=True,
+        metavar="[NAME=]MODEL",
+        help="a model directory (or tokenizer.json, or a model in the local HF cache); "
+        "repeat for several models",
+    )
+    tok.add_argument("--workers", type=int, default=4, help="tokenizer threads (default 4)")
+    _add_logging(tok)
     return parser
 
 
@@ -345,6 +365,20 @@ async def _sim(args: argparse.Namespace) -> None:
         await runner.cleanup()
 
 
+def tokenizer_server(args: argparse.Namespace) -> int:
+    from heimdall_proxy.tokenization.resolve import TokenizerNotFoundError
+    from heimdall_proxy.tokenization.uds import run_server
+
+    try:
+        coro = run_server(args.socket, args.model, args.workers, args.tcp)
+        with contextlib.suppress(KeyboardInterrupt):
+            _run(coro)
+    except (TokenizerNotFoundError, OSError, ValueError) as exc:
+        print(f"tokenizer-server: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def check_config(path: str) -> int:
     """Validate like `serve` does and print the resolved plugins and profiles."""
     from heimdall_proxy.server.gateway import Gateway
@@ -406,6 +440,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "sim":
         _run(_sim(args))
         return 0
+    if args.command == "tokenizer-server":
+        return tokenizer_server(args)
     try:
         config = _load(args.config)
         if args.command == "serve":

@@ -1,5 +1,5 @@
 """Built-in plugins. Importing this package registers every plugin type."""
 
-from heimdall_proxy.plugins import filters, pickers, profiles, requestcontrol, scorers
+from heimdall_proxy.plugins import filters, pickers, prepare, profiles, requestcontrol, scorers
 
-__all__ = ["filters", "pickers", "profiles", "requestcontrol", "scorers"]
+__all__ = ["filters", "pickers", "prepare", "profiles", "requestcontrol", "scorers"]

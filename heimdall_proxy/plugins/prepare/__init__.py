@@ -1,0 +1,3 @@
+from heimdall_proxy.plugins.prepare import tokenizer
+
+__all__ = ["tokenizer"]

@@ -1,0 +1,86 @@
+"""tokenizer: prepare-data plugin that leaves the prompt's token ids on the request."""
+
+from __future__ import annotations
+
+import logging
+
+from pydantic import Field
+
+from heimdall_proxy.framework.base import BasePlugin
+from heimdall_proxy.framework.handle import PluginHandle
+from heimdall_proxy.framework.params import PluginParams
+from heimdall_proxy.framework.registry import register
+from heimdall_proxy.framework.types import Endpoint, InferenceRequest
+from heimdall_proxy.tokenization import InProcessTokenizer, LocalTokenizer, RequestTokenizer
+from heimdall_proxy.tokenization.resolve import TokenizerNotFoundError, find_tokenizer
+from heimdall_proxy.tokenization.uds import UDSTokenizerClient
+
+TOKENIZER_TYPE = "tokenizer"
+PREPARE_DATA_GATE = "prepareDataPlugins"
+DEFAULT_SOCKET = "/tmp/tokenizer/tokenizer-uds.socket"
+
+log = logging.getLogger("heimdall_proxy.plugins.tokenizer")
+
+
+class UDSTokenizerConfig(PluginParams):
+    socket_file: str = DEFAULT_SOCKET
+
+
+class TokenizerParams(PluginParams):
+    model_name: str = Field(min_length=1)
+    uds_tokenizer_config: UDSTokenizerConfig | None = None
+
+
+@register(TOKENIZER_TYPE, TokenizerParams, feature_gate=PREPARE_DATA_GATE)
+class TokenizerPlugin(BasePlugin[TokenizerParams]):
+    """Tokenizes completions, chat and responses requests once, before scheduling, and sets
+    `InferenceRequest.token_ids` for every later plugin (prefix-cache scorers, deciders).
+
+    In-process by default: `modelName`'s tokenizer.json is found locally (the model name as a
+    path, `/mnt/models/<modelName>/`, or the Hugging Face hub cache; nothing is downloaded)
+    and run on a worker thread; chat requests are first rendered with the model's chat
+    template, as vLLM renders them. With `udsTokenizerConfig`, requests go to the tokenizer
+    service on `socketFile` instead (`heimdall-proxy tokenizer-server`).
+
+    Fails open: a request that cannot be tokenized (service down, no chat template, odd
+    input) goes on without token ids, with a warning. A request that already carries token
+    ids is left alone. A missing local tokenizer is a configuration error."""
+
+    type = TOKENIZER_TYPE
+
+    def __init__(self, name: str, params: TokenizerParams, handle: PluginHandle) -> None:
+        super().__init__(name, params, handle)
+        self.failures = 0
+        self.tokenizer: RequestTokenizer
+        if params.uds_tokenizer_config is not None:
+            self.tokenizer = UDSTokenizerClient(
+                params.uds_tokenizer_config.socket_file, params.model_name
+            )
+        else:
+            try:
+                path = find_tokenizer(params.model_name)
+            except TokenizerNotFoundError as exc:
+                raise ValueError(str(exc)) from exc
+            self.tokenizer = InProcessTokenizer(LocalTokenizer(path))
+
+    async def prepare_data(self, request: InferenceRequest, endpoints: list[Endpoint]) -> None:
+        if request.token_ids is not None or request.api not in ("completions", "chat", "responses"):
+            return
+        try:
+            request.token_ids = await self.tokenizer.tokenize(
+                request.api, request.data, len(request.body)
+            )
+        except Exception as exc:
+            self.failures += 1
+            log.warning(
+                "tokenizer %r: request goes on untokenized: %s",
+                self.name,
+                exc,
+                extra={"request_id": request.request_id},
+            )
+
+    async def start(self) -> None:
+        return None
+
+    async def stop(self) -> None:
+        await self.tokenizer.close()

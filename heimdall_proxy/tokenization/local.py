@@ -1,0 +1,300 @@
+"""In-process tokenization with Hugging Face `tokenizers`, chat requests rendered with the
+model's own chat template first, as vLLM renders them.
+
+What vLLM does for each OpenAI route, and so what this module does:
+
+- completions: `prompt` (a string, or already a list of token ids) is tokenized with special
+  tokens added (BOS, per the tokenizer's post-processor). A batch (a list of prompts) is
+  routed on its first prompt.
+- chat: the messages are rendered with the chat template (`tokenizer_config.json`'s
+  `chat_template`, or `chat_template.jinja` / `chat_template.json` beside the tokenizer) in a
+  sandboxed Jinja environment configured as transformers configures it (trim_blocks,
+  lstrip_blocks, loop controls, `raise_exception`, `strftime_now`, a non-ASCII `tojson`),
+  with `add_generation_prompt` (default true), `continue_final_message`, `tools`,
+  `documents`, `chat_template_kwargs` and the special tokens (`bos_token`, `eos_token`, ...);
+  the text is then tokenized without adding special tokens (the template wrote them). List
+  contents are joined text parts unless the template iterates over `message['content']`, in
+  which case it gets the parts. Tool-call arguments given as JSON strings are parsed, as
+  vLLM does for templates that index into them.
+- responses: `instructions` becomes a system message and `input` the user / assistant
+  messages, then as chat.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import jinja2
+import jinja2.ext
+import jinja2.nodes
+import jinja2.parser
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+from tokenizers import Tokenizer
+
+SPECIAL_TOKEN_NAMES = (
+    "bos_token",
+    "eos_token",
+    "unk_token",
+    "sep_token",
+    "pad_token",
+    "cls_token",
+    "mask_token",
+)
+
+#: Template loops over a message's content parts (vLLM's "openai" content format).
+_CONTENT_LOOP = re.compile(r"for\s+\w+\s+in\s+\w+(?:\[['\"]content['\"]\]|\.content)")
+
+
+class ChatTemplateError(ValueError):
+    """The model has no chat template, or rendering it failed (raise_exception, bad input)."""
+
+
+class _GenerationTag(jinja2.ext.Extension):
+    """`{% generation %}...{% endgeneration %}` (transformers marks assistant spans with it);
+    it changes nothing in the rendered text."""
+
+    tags = {"generation"}
+
+    def parse(self, parser: jinja2.parser.Parser) -> jinja2.nodes.Node:
+        lineno = next(parser.stream).lineno
+        body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+        return jinja2.nodes.Scope(body, lineno=lineno)
+
+
+def _raise_exception(message: str) -> None:
+    raise jinja2.TemplateError(message)
+
+
+def _tojson(
+    value: Any,
+    ensure_ascii: bool = False,
+    indent: int | None = None,
+    separators: tuple[str, str] | None = None,
+    sort_keys: bool = False,
+) -> str:
+    return json.dumps(
+        value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
+    )
+
+
+def _strftime_now(fmt: str) -> str:
+    return datetime.now().strftime(fmt)
+
+
+def _environment() -> ImmutableSandboxedEnvironment:
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True,
+        lstrip_blocks=True,
+        extensions=[_GenerationTag, jinja2.ext.loopcontrols],
+    )
+    env.filters["tojson"] = _tojson
+    env.globals["raise_exception"] = _raise_exception
+    env.globals["strftime_now"] = _strftime_now
+    return env
+
+
+def _token_text(value: Any) -> str | None:
+    """A special token as tokenizer_config.json writes it: a string or an AddedToken dict."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, Mapping) and isinstance(value.get("content"), str):
+        return str(value["content"])
+    return None
+
+
+def _pick_template(value: Any) -> str | None:
+    """`chat_template` is a string, or a list of {name, template} (the "default" one)."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list):
+        named = {
+            t.get("name"): t.get("template")
+            for t in value
+            if isinstance(t, Mapping) and isinstance(t.get("template"), str)
+        }
+        return named.get("default") or next(iter(named.values()), None)
+    return None
+
+
+class LocalTokenizer:
+    """A tokenizer.json plus, from the same directory, its tokenizer_config.json (special
+    tokens, chat template) or chat_template.jinja. Thread-safe for encoding (the Rust
+    tokenizer is), so one instance serves a pool of worker threads."""
+
+    def __init__(self, tokenizer_file: str | Path) -> None:
+        path = Path(tokenizer_file)
+        self.path = path
+        self.tokenizer = Tokenizer.from_file(str(path))
+        directory = path.parent
+        config: dict[str, Any] = {}
+        cfg_file = directory / "tokenizer_config.json"
+        if cfg_file.is_file():
+            loaded = json.loads(cfg_file.read_text(encoding="utf-8"))
+            if isinstance(loaded, dict):
+                config = loaded
+        self.special_tokens: dict[str, str] = {}
+        for name in SPECIAL_TOKEN_NAMES:
+            text = _token_text(config.get(name))
+            if text is not None:
+                self.special_tokens[name] = text
+        extra = config.get("additional_special_tokens")
+        self.additional_special_tokens = [
+            t for t in (_token_text(v) for v in extra or []) if t is not None
+        ]
+        template = _pick_template(config.get("chat_template"))
+        jinja_file = directory / "chat_template.jinja"
+        json_file = directory / "chat_template.json"
+        if jinja_file.is_file():
+            template = jinja_file.read_text(encoding="utf-8")
+        elif template is None and json_file.is_file():
+            template = _pick_template(
+                json.loads(json_file.read_text(encoding="utf-8")).get("chat_template")
+            )
+        self.chat_template = template
+        self._compiled: jinja2.Template | None = None
+        self._content_parts = bool(template and _CONTENT_LOOP.search(template))
+
+    # ---- primitives ----------------------------------------------------------------------
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        ids: list[int] = self.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
+        return ids
+
+    def render_chat(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+        tools: Any = None,
+        documents: Any = None,
+        chat_template_kwargs: Mapping[str, Any] | None = None,
+    ) -> str:
+        """The prompt text vLLM would feed the model for these chat messages."""
+        if not self.chat_template:
+            raise ChatTemplateError(
+                f"{self.path.parent}: the model has no chat template (tokenizer_config.json "
+                "chat_template, chat_template.jinja)"
+            )
+        if self._compiled is None:
+            self._compiled = _environment().from_string(self.chat_template)
+        if continue_final_message and add_generation_prompt:
+            add_generation_prompt = False
+        context: dict[str, Any] = {
+            **self.special_tokens,
+            "additional_special_tokens": self.additional_special_tokens,
+            **dict(chat_template_kwargs or {}),
+            "messages": [self._message(m) for m in messages],
+            "add_generation_prompt": add_generation_prompt,
+            "tools": tools,
+            "documents": documents,
+        }
+        try:
+            text = self._compiled.render(**context)
+        except jinja2.TemplateError as exc:
+            raise ChatTemplateError(f"chat template failed: {exc}") from exc
+        if continue_final_message and messages:
+            # Cut the text after the last message's content, so the model continues it.
+            last = self._message(messages[-1]).get("content")
+            if isinstance(last, str) and last:
+                cut = text.rfind(last.strip())
+                if cut >= 0:
+                    text = text[: cut + len(last.strip())]
+        return text
+
+    def _message(self, message: Mapping[str, Any]) -> dict[str, Any]:
+        out = dict(message)
+        content = out.get("content")
+        if isinstance(content, list):
+            parts = [p if isinstance(p, Mapping) else {"type": "text", "text": p} for p in content]
+            if self._content_parts:
+                out["content"] = [dict(p) for p in parts]
+            else:
+                out["content"] = "\n".join(
+                    str(p["text"]) for p in parts if isinstance(p.get("text"), str)
+                )
+        calls = out.get("tool_calls")
+        if isinstance(calls, list):
+            parsed = []
+            for call in calls:
+                call = dict(call) if isinstance(call, Mapping) else call
+                fn = call.get("function") if isinstance(call, dict) else None
+                if isinstance(fn, Mapping) and isinstance(fn.get("arguments"), str):
+                    fn = dict(fn)
+                    with contextlib.suppress(ValueError):
+                        fn["arguments"] = json.loads(fn["arguments"])
+                    call["function"] = fn
+                parsed.append(call)
+            out["tool_calls"] = parsed
+        return out
+
+    # ---- OpenAI requests -----------------------------------------------------------------
+
+    def tokenize_request(self, api: str, data: Mapping[str, Any]) -> list[int]:
+        """The prompt token ids vLLM would compute for an OpenAI request body."""
+        if api == "chat":
+            return self.tokenize_chat(data, data.get("messages"))
+        if api == "responses":
+            return self.tokenize_chat(data, responses_messages(data))
+        prompt = data.get("prompt", data.get("input"))
+        if isinstance(prompt, list) and prompt:
+            first = prompt[0]
+            if isinstance(first, int):
+                return [int(t) for t in prompt]
+            prompt = first
+        if isinstance(prompt, list):  # a batch of token-id lists: its first one
+            return [int(t) for t in prompt]
+        if not isinstance(prompt, str):
+            raise ValueError("the request has no text prompt")
+        add_special = data.get("add_special_tokens", True)
+        return self.encode(prompt, add_special_tokens=add_special is not False)
+
+    def tokenize_chat(self, data: Mapping[str, Any], messages: Any) -> list[int]:
+        if not isinstance(messages, list) or not all(isinstance(m, Mapping) for m in messages):
+            raise ValueError("messages must be a list of objects")
+        kwargs = data.get("chat_template_kwargs")
+        text = self.render_chat(
+            messages,
+            add_generation_prompt=data.get("add_generation_prompt", True) is not False,
+            continue_final_message=data.get("continue_final_message") is True,
+            tools=data.get("tools"),
+            documents=data.get("documents"),
+            chat_template_kwargs=kwargs if isinstance(kwargs, Mapping) else None,
+        )
+        return self.encode(text, add_special_tokens=data.get("add_special_tokens") is True)
+
+
+def responses_messages(data: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The chat messages a /v1/responses request stands for."""
+    messages: list[dict[str, Any]] = []
+    instructions = data.get("instructions")
+    if isinstance(instructions, str) and instructions:
+        messages.append({"role": "system", "content": instructions})
+    inp = data.get("input")
+    if isinstance(inp, str):
+        messages.append({"role": "user", "content": inp})
+    elif isinstance(inp, list):
+        for item in inp:
+            if not isinstance(item, Mapping):
+                continue
+            role = item.get("role")
+            if role is None and item.get("type") in ("input_text", "output_text"):
+                role = "user"
+                content: Any = item.get("text", "")
+            else:
+                content = item.get("content", "")
+            if isinstance(content, list):
+                content = [
+                    {"type": "text", "text": p.get("text")}
+                    for p in content
+                    if isinstance(p, Mapping) and isinstance(p.get("text"), str)
+                ]
+            if isinstance(role, str):
+                messages.append({"role": role, "content": content})
+    return messages

@@ -1,0 +1,130 @@
+"""Finding a model's tokenizer.json on local disk (this gateway never downloads one)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+TOKENIZER_FILE = "tokenizer.json"
+
+
+class TokenizerNotFoundError(LookupError):
+    """No tokenizer file for a model in any of the places searched; the message lists them."""
+
+
+@dataclass(slots=True, frozen=True)
+class LocalSearch:
+    """The `local` tokenizer source: an explicit model -> path map, then a directory scanned
+    for `<dir>/<model>/<file>` (the EPP's auto-discovery)."""
+
+    auto_discovery_dir: str = "/mnt/models"
+    file_name: str = TOKENIZER_FILE
+    model_tokenizer_map: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(slots=True, frozen=True)
+class HFCacheSearch:
+    """The `hf` tokenizer source, offline: a tokenizers cache directory and the Hugging Face
+    hub cache (`$HF_HUB_CACHE`, `$HF_HOME/hub`, `~/.cache/huggingface/hub`)."""
+
+    cache_dir: str | None = None
+    revision: str | None = None
+
+
+def _file_in(path: Path, file_name: str) -> Path | None:
+    if path.is_file():
+        return path
+    candidate = path / file_name
+    return candidate if candidate.is_file() else None
+
+
+def hub_cache_dirs(extra: str | None = None) -> list[Path]:
+    dirs: list[Path] = []
+    if extra:
+        dirs.append(Path(extra).expanduser())
+    if os.environ.get("HF_HUB_CACHE"):
+        dirs.append(Path(os.environ["HF_HUB_CACHE"]))
+    if os.environ.get("HF_HOME"):
+        dirs.append(Path(os.environ["HF_HOME"]) / "hub")
+    dirs.append(Path.home() / ".cache" / "huggingface" / "hub")
+    return dirs
+
+
+def _in_hub_cache(root: Path, model: str, revision: str | None, file_name: str) -> Path | None:
+    """`root/<model>/<file>` or the hub layout `root/models--org--name/snapshots/<rev>/<file>`
+    (`refs/<revision or main>` names the snapshot when present)."""
+    direct = _file_in(root / model, file_name)
+    if direct is not None:
+        return direct
+    repo = root / ("models--" + model.replace("/", "--"))
+    snapshots = repo / "snapshots"
+    if not snapshots.is_dir():
+        return None
+    ref = repo / "refs" / (revision or "main")
+    if ref.is_file():
+        found = _file_in(snapshots / ref.read_text().strip(), file_name)
+        if found is not None:
+            return found
+    if revision:
+        found = _file_in(snapshots / revision, file_name)
+        if found is not None:
+            return found
+    for snap in sorted(snapshots.iterdir(), key=lambda p: p.stat().st_mtime, reverse=True):
+        found = _file_in(snap, file_name)
+        if found is not None:
+            return found
+    return None
+
+
+def find_tokenizer(
+    model: str,
+    local: LocalSearch | None = None,
+    hf: HFCacheSearch | None = None,
+    sources: Sequence[str] = ("path", "local", "hf"),
+) -> Path:
+    """The tokenizer file for `model`, searched in `sources` order: `path` (the model name is
+    itself a tokenizer file or a directory holding one), `local`, `hf` (offline caches).
+    Raises TokenizerNotFoundError naming every place looked at."""
+    local = local or LocalSearch()
+    hf = hf or HFCacheSearch()
+    looked: list[str] = []
+    for source in sources:
+        if source == "path":
+            p = Path(model).expanduser()
+            looked.append(str(p))
+            found = _file_in(p, local.file_name) if p.exists() else None
+        elif source == "local":
+            found = None
+            mapped = local.model_tokenizer_map.get(model)
+            if mapped:
+                p = Path(mapped).expanduser()
+                looked.append(f"{p} (modelTokenizerMap)")
+                found = _file_in(p, local.file_name)
+                if found is None:
+                    raise TokenizerNotFoundError(
+                        f"modelTokenizerMap maps model {model!r} to {str(p)!r}, which is neither "
+                        f"a tokenizer file nor a directory holding {local.file_name!r}"
+                    )
+            if found is None and local.auto_discovery_dir:
+                p = Path(local.auto_discovery_dir).expanduser() / model
+                looked.append(str(p / local.file_name))
+                found = _file_in(p, local.file_name)
+        elif source == "hf":
+            found = None
+            for root in hub_cache_dirs(hf.cache_dir):
+                looked.append(f"{root} (Hugging Face cache)")
+                found = _in_hub_cache(root, model, hf.revision, TOKENIZER_FILE)
+                if found is not None:
+                    break
+        else:  # pragma: no cover - callers pass known names
+            raise ValueError(f"unknown tokenizer source {source!r}")
+        if found is not None:
+            return found
+    raise TokenizerNotFoundError(
+        f"no tokenizer for model {model!r}: looked in " + ", ".join(looked) + ". This gateway "
+        "does not download tokenizers from the Hugging Face Hub: copy the model's tokenizer.json "
+        "(with tokenizer_config.json for chat) to one of those places, or map the model to it "
+        "with local.modelTokenizerMap"
+    )

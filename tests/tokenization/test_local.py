@@ -1,0 +1,142 @@
+"""In-process tokenization of OpenAI requests: completions, chat templates, responses."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from heimdall_proxy.tokenization import InProcessTokenizer
+from heimdall_proxy.tokenization.local import ChatTemplateError, LocalTokenizer, responses_messages
+from tests.tokenization.model import make_model_dir
+
+CHAT = [{"role": "system", "content": "the gateway"}, {"role": "user", "content": "hello world"}]
+
+
+def test_completions_add_bos_unless_told_not_to(tok: LocalTokenizer) -> None:
+    ids = tok.tokenize_request("completions", {"prompt": "hello world"})
+    assert ids[0] == tok.tokenizer.token_to_id("<s>")
+    assert ids[1:] == tok.encode("hello world", add_special_tokens=False)
+    assert tok.tokenize_request(
+        "completions", {"prompt": "hello", "add_special_tokens": False}
+    ) == [tok.tokenizer.token_to_id("hello")]
+    # prompts already tokenized, and batches (routed on their first prompt)
+    assert tok.tokenize_request("completions", {"prompt": [5, 6, 7]}) == [5, 6, 7]
+    assert tok.tokenize_request("completions", {"prompt": [[9, 8], [1]]}) == [9, 8]
+    assert tok.tokenize_request("completions", {"prompt": ["hello", "world"]}) == tok.encode(
+        "hello"
+    )
+    with pytest.raises(ValueError, match="no text prompt"):
+        tok.tokenize_request("completions", {"prompt": 3})
+
+
+def test_chat_is_rendered_with_the_template_then_tokenized_without_bos(tok: LocalTokenizer) -> None:
+    text = tok.render_chat(CHAT)
+    assert text == "<s><|system|> the gateway </s> <|user|> hello world </s> <|assistant|> "
+    ids = tok.tokenize_request("chat", {"messages": CHAT})
+    assert ids == tok.encode(text, add_special_tokens=False)
+    assert ids.count(tok.tokenizer.token_to_id("<s>")) == 1  # the template's BOS, not a second
+    no_gen = tok.tokenize_request("chat", {"messages": CHAT, "add_generation_prompt": False})
+    assert no_gen == ids[:-1]
+
+
+def test_template_inputs(tok: LocalTokenizer) -> None:
+    tools = [{"type": "function", "function": {"name": "get_weather"}}]
+    assert "<|tool|> 1" in tok.render_chat(CHAT, tools=tools)
+    assert "hello thanks" not in tok.render_chat(CHAT)
+    assert "thanks <|assistant|>" in tok.render_chat(
+        CHAT, chat_template_kwargs={"greeting": "thanks"}
+    )
+    parts = [
+        {
+            "role": "user",
+            "content": [{"type": "text", "text": "hello"}, {"type": "text", "text": "world"}],
+        }
+    ]
+    assert "<|user|> hello\nworld </s>" in tok.render_chat(parts)
+    with pytest.raises(ChatTemplateError, match="unknown role"):
+        tok.render_chat([{"role": "wizard", "content": "x"}])
+    cont = tok.render_chat(
+        [*CHAT, {"role": "assistant", "content": "the answer"}], continue_final_message=True
+    )
+    assert cont.endswith("<|assistant|> the answer")
+
+
+def test_tool_call_arguments_are_parsed_for_the_template(tmp_path: Path) -> None:
+    template = (
+        "{% for m in messages %}{% for c in m.get('tool_calls') or [] %}"
+        "{{ c['function']['arguments']['location'] }}{% endfor %}{% endfor %}"
+    )
+    tok = LocalTokenizer(make_model_dir(tmp_path / "m", template) / "tokenizer.json")
+    call = {
+        "type": "function",
+        "function": {"name": "get_weather", "arguments": json.dumps({"location": "paris"})},
+    }
+    assert (
+        tok.render_chat([{"role": "assistant", "content": None, "tool_calls": [call]}]) == "paris"
+    )
+
+
+def test_template_sources(tmp_path: Path) -> None:
+    none = LocalTokenizer(make_model_dir(tmp_path / "none", None) / "tokenizer.json")
+    with pytest.raises(ChatTemplateError, match="no chat template"):
+        none.tokenize_request("chat", {"messages": CHAT})
+    named = make_model_dir(
+        tmp_path / "named",
+        [{"name": "tool_use", "template": "TOOLS"}, {"name": "default", "template": "DEFAULT"}],
+    )
+    assert LocalTokenizer(named / "tokenizer.json").render_chat(CHAT) == "DEFAULT"
+    jinja = make_model_dir(tmp_path / "jinja")
+    (jinja / "chat_template.jinja").write_text("{% for m in messages %}[{{ m.role }}]{% endfor %}")
+    assert LocalTokenizer(jinja / "tokenizer.json").render_chat(CHAT) == "[system][user]"
+    as_json = make_model_dir(tmp_path / "json", None)
+    (as_json / "chat_template.json").write_text(
+        json.dumps({"chat_template": "J{{ messages|length }}"})
+    )
+    assert LocalTokenizer(as_json / "tokenizer.json").render_chat(CHAT) == "J2"
+    # a template that loops over the content gets the parts (vLLM's "openai" content format)
+    parts = make_model_dir(
+        tmp_path / "parts",
+        "{% for m in messages %}{% for p in m['content'] %}<{{ p['text'] }}>{% endfor %}{% endfor %}",
+    )
+    msg = [
+        {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}
+    ]
+    assert LocalTokenizer(parts / "tokenizer.json").render_chat(msg) == "<a><b>"
+    gen = make_model_dir(
+        tmp_path / "gen", "{% generation %}G{{ messages|length }}{% endgeneration %}"
+    )
+    assert LocalTokenizer(gen / "tokenizer.json").render_chat(CHAT) == "G2"
+
+
+def test_responses_become_chat_messages(tok: LocalTokenizer) -> None:
+    body = {"instructions": "the gateway", "input": "hello world"}
+    assert responses_messages(body) == CHAT
+    assert tok.tokenize_request("responses", body) == tok.tokenize_request(
+        "chat", {"messages": CHAT}
+    )
+    items = {
+        "input": [
+            {"role": "user", "content": [{"type": "input_text", "text": "hello"}]},
+            {"type": "input_text", "text": "world"},
+            "junk",
+        ]
+    }
+    assert responses_messages(items) == [
+        {"role": "user", "content": [{"type": "text", "text": "hello"}]},
+        {"role": "user", "content": "world"},
+    ]
+
+
+async def test_in_process_tokenizer_runs_long_inputs_on_a_thread(tok: LocalTokenizer) -> None:
+    svc = InProcessTokenizer(tok, workers=2)
+    try:
+        short = await svc.tokenize("completions", {"prompt": "hello world"}, size_hint=30)
+        long = await svc.tokenize(
+            "completions", {"prompt": "hello world " * 2000}, size_hint=30_000
+        )
+        assert short == tok.encode("hello world")
+        assert len(long) == 4001
+    finally:
+        await svc.close()
