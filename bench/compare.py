@@ -407,9 +407,11 @@ def run_target(
     logs.mkdir(parents=True, exist_ok=True)
     with fleet(spec, logs, target.slug, spec.kv_events_for(target)) as pods:
         config_path = None
+        profiles = None
         if target.kind == "gateway":
             with open(target.arg, encoding="utf-8") as f:
                 doc = yaml.safe_load(f) or {}
+            profiles = profile_summary(doc)
             config_path = out_dir / f"{target.slug}.config.yaml"
             config_path.write_text(yaml.safe_dump(gateway_config(doc, pods), sort_keys=False))
         port = free_port()
@@ -446,6 +448,7 @@ def run_target(
         target=target.label,
         router_cpu_seconds=router_cpu,
         commands=commands,
+        profiles=profiles,
         time_scale=spec.time_scale,
     )
     result.save(out_dir / f"{target.slug}.json")
@@ -537,6 +540,42 @@ def by_tag_table(runs: Sequence[TargetRun]) -> list[str]:
     return lines
 
 
+def per_pod_table(runs: Sequence[TargetRun]) -> list[str]:
+    """Requests and output tokens each pod served (from the x-sim-pod response header)."""
+    pods = sorted({p for run in runs for p in run.result.summary.get("requests_per_pod", {})})
+    if not pods:
+        return []
+    lines = [
+        "Requests / output tokens per pod:",
+        "",
+        "| target | " + " | ".join(pods) + " |",
+        "|---|" + "---:|" * len(pods),
+    ]
+    for run in runs:
+        reqs = run.result.summary.get("requests_per_pod", {})
+        toks = run.result.summary.get("output_tokens_per_pod", {})
+        cells = [f"{reqs.get(p, 0)} / {toks.get(p, 0) / 1000:.1f}k" for p in pods]
+        lines.append(f"| {run.target.label} | " + " | ".join(cells) + " |")
+    return [*lines, ""]
+
+
+def profile_summary(doc: Mapping[str, Any]) -> str:
+    """`profile: plugin xweight, ...` of a gateway config, for the record."""
+    epp = doc.get("config") if isinstance(doc.get("config"), Mapping) else doc
+    profiles = epp.get("schedulingProfiles") or []
+    if not profiles:
+        plugins = [str(p.get("type")) for p in epp.get("plugins") or [] if isinstance(p, Mapping)]
+        return "default: " + (", ".join(plugins) or "(Heimdall defaults)")
+    parts = []
+    for prof in profiles:
+        refs = []
+        for ref in prof.get("plugins") or []:
+            weight = ref.get("weight")
+            refs.append(str(ref.get("pluginRef")) + (f" x{weight:g}" if weight is not None else ""))
+        parts.append(f"{prof.get('name')}: {', '.join(refs)}")
+    return "; ".join(parts)
+
+
 def section_markers(workload: str) -> tuple[str, str]:
     return f"<!-- routing:{workload}:begin -->", f"<!-- routing:{workload}:end -->"
 
@@ -574,8 +613,12 @@ def render_section(
     ]
     if dropped:
         lines.append(f"- Not supported by this simulator, so not passed: `{' '.join(dropped)}`.")
+    for run in runs:
+        if run.result.meta.get("profiles"):
+            lines.append(f"- {run.target.label} profiles: {run.result.meta['profiles']}.")
     lines += [f"- {note}" for note in notes]
     lines += ["", "Latencies in seconds.", "", *results_table(runs), "", *by_tag_table(runs), ""]
+    lines += per_pod_table(runs)
     if plot:
         lines += [f"![per-pod queue and running requests over time]({plot})", ""]
     lines.append(end)
@@ -615,15 +658,6 @@ def auto_notes(runs: Sequence[TargetRun], spec: FleetSpec) -> list[str]:
             "Prefix hit rate n/a: the pods expose no `vllm:prefix_cache_queries_total` / "
             "`vllm:prefix_cache_hits_total` counters (or saw no queries)."
         )
-    pod_counts = [run.result.summary.get("requests_per_pod") for run in runs]
-    if any(pod_counts):
-        parts = [
-            f"{run.target.label}: "
-            + ", ".join(f"{k} {v}" for k, v in run.result.summary["requests_per_pod"].items())
-            for run in runs
-            if run.result.summary.get("requests_per_pod")
-        ]
-        notes.append("Requests per pod (x-sim-pod response header): " + "; ".join(parts) + ".")
     return notes
 
 

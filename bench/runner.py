@@ -324,6 +324,10 @@ def summarize(
             "e2e": distribution([r.e2e for r in tagged if r.e2e is not None]),
         }
     per_pod_requests = Counter(r.pod for r in results if r.pod)
+    per_pod_tokens: Counter[str] = Counter()
+    for r in ok:
+        if r.pod:
+            per_pod_tokens[r.pod] += r.completion_tokens or 0
     pod_summary = {p.name: pod_stats(p) for p in pods}
     # Pods that never had work (a router that ignored them) say nothing about the drain.
     busy = [s["busy_until"] for s in pod_summary.values() if s["busy_until"]]
@@ -341,6 +345,7 @@ def summarize(
         "pods": pod_summary,
         "pods_drained": {"first": min(busy), "last": max(busy)} if busy else None,
         "requests_per_pod": dict(sorted(per_pod_requests.items())),
+        "output_tokens_per_pod": dict(sorted(per_pod_tokens.items())),
         "send_lag": {"p50": percentile(lag, 50), "max": max(lag, default=None)},
         "completion_tokens": sum(r.completion_tokens or 0 for r in ok),
     }

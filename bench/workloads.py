@@ -393,13 +393,18 @@ PRESETS: dict[str, Preset] = {
         Seed001Params(
             total=200,
             heavy_seeds=100,
+            # 10 ms apart rather than all at once: the seeds then reach the router in order, so
+            # round-robin deals every 4th (super-heavy) seed to the same pod, the imbalance the
+            # reference's round-robin run showed. Sent all at t=0, connection set-up races
+            # shuffle them and a multi-threaded router spreads the heavy specs at random.
+            seed_interval=0.01,
             burst_start=2.5,
             burst_interval=0.25,
             jitter=0.25,
             inline_extra_gap=0.25,
         ),
-        "seed001 for a simulated fleet: a quarter of the requests (100 heavy seeds, 4 inline "
-        "heavies, 96 short/medium) at twice the burst rate, on KV-bound pods",
+        "seed001 for a simulated fleet: a quarter of the requests (100 heavy seeds 10 ms apart, "
+        "4 inline heavies, 96 short/medium) at twice the burst rate, on KV-bound pods",
         # 1024 blocks x 16 = 16k tokens of KV per pod: the heavy seeds keep every pod
         # saturated (a waiting queue) through the whole burst, as the reference's 70B pods were.
         sim_args=("--num-gpu-blocks", "1024"),

@@ -113,8 +113,26 @@ def test_commands() -> None:
 
 def _fake_run(label: str, wall: float) -> compare.TargetRun:
     reqs = [
-        runner.RequestResult("a", "short", "/v1/completions", 0.0, ttft=0.1, e2e=1.0, pod="pod-0"),
-        runner.RequestResult("b", "heavy", "/v1/completions", 0.0, ttft=0.2, e2e=2.0, pod="pod-1"),
+        runner.RequestResult(
+            "a",
+            "short",
+            "/v1/completions",
+            0.0,
+            ttft=0.1,
+            e2e=1.0,
+            pod="pod-0",
+            completion_tokens=30,
+        ),
+        runner.RequestResult(
+            "b",
+            "heavy",
+            "/v1/completions",
+            0.0,
+            ttft=0.2,
+            e2e=2.0,
+            pod="pod-1",
+            completion_tokens=1050,
+        ),
     ]
     series = runner.PodSeries("pod-0", "http://x")
     series.add(0.0, {"waiting": 0, "running": 1})
@@ -154,6 +172,7 @@ def test_results_section_is_replaced_in_place(tmp_path: Path) -> None:
     assert "| heimdall-proxy demo.yaml | 8.0 |" in section
     assert "![per-pod queue" in section and "plots/wl-x-queues.png" in section
     assert "no `--time-scale`" in section
+    assert "| vllm-router round_robin | 1 / 0.0k | 1 / 1.1k |" in section
     assert "Prefix hit rate n/a" in section
 
     results = tmp_path / "RESULTS.md"
@@ -176,3 +195,24 @@ def test_plot_writes_a_png(tmp_path: Path) -> None:
     runs = [_fake_run("round_robin", 1.0), _fake_run("cache_aware", 1.2)]
     out = plot_queues([(r.target.label, r.result.to_json()) for r in runs], tmp_path / "q.png", "t")
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_profile_summary() -> None:
+    doc = {
+        "plugins": [{"type": "queue-scorer"}, {"type": "max-score-picker"}],
+        "schedulingProfiles": [
+            {
+                "name": "default",
+                "plugins": [
+                    {"pluginRef": "queue-scorer", "weight": 2},
+                    {"pluginRef": "max-score-picker"},
+                ],
+            }
+        ],
+    }
+    assert compare.profile_summary(doc) == "default: queue-scorer x2, max-score-picker"
+    assert compare.profile_summary({"config": doc, "gateway": {}}) == compare.profile_summary(doc)
+    assert compare.profile_summary({"plugins": doc["plugins"]}) == (
+        "default: queue-scorer, max-score-picker"
+    )
+    assert compare.profile_summary({}) == "default: (Heimdall defaults)"
