@@ -611,6 +611,12 @@ def render_section(
         f"- Fleet: {spec.pods} fresh simulated pods per target, each "
         f"`{shlex.join(['heimdall-proxy', 'sim', '--model', spec.model, *sim_extra(spec)])}`.",
     ]
+    kv_targets = [r.target.label for r in runs if spec.kv_events_for(r.target)]
+    if kv_targets:
+        lines.append(
+            f"- KV events on for {', '.join(kv_targets)}: each pod also had `--kv-events-port` "
+            "(and `--kv-events-replay-port`) and the gateway config `kvEvents:` pointing at it."
+        )
     if dropped:
         lines.append(f"- Not supported by this simulator, so not passed: `{' '.join(dropped)}`.")
     for run in runs:

@@ -174,6 +174,7 @@ def test_results_section_is_replaced_in_place(tmp_path: Path) -> None:
     assert "no `--time-scale`" in section
     assert "| vllm-router round_robin | 1 / 0.0k | 1 / 1.1k |" in section
     assert "Prefix hit rate n/a" in section
+    assert "KV events on" not in section  # the simulator in `spec` has no --kv-events-port
 
     results = tmp_path / "RESULTS.md"
     results.write_text("# Results\n\n## Overhead\n\nkept text\n")
