@@ -1,0 +1,187 @@
+"""Decoding vLLM's KV-cache event batches.
+
+A ZMQ message from a vLLM publisher is three frames: topic, sequence number (8 bytes
+big-endian) and a msgpack payload, the batch. vLLM has sent the batch in two shapes, and its
+events in two shapes, all accepted here:
+
+- batch: `[ts, [events...], data_parallel_rank]` (msgspec array_like, older vLLM; the rank is
+  optional) or `{"ts", "events", "data_parallel_rank"}` (newer vLLM);
+- event: a positional array tagged by class name first,
+  `["BlockStored", block_hashes, parent_block_hash, token_ids, block_size, lora_id, medium,
+  lora_name, ...]`, `["BlockRemoved", block_hashes, medium]`, `["AllBlocksCleared"]`
+  (fields newer than the reader may follow, and older publishers stop earlier), or a map
+  tagged by `"type"` with the same field names.
+
+Block hashes are integers or bytes (vLLM's sha256 hashes); bytes are read as the big-endian
+integer of their last 8 bytes, as vLLM itself converts them, so every engine hash is an int.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+
+#: Positional field order of the array-tagged form (after the tag).
+_STORED_FIELDS = (
+    "block_hashes",
+    "parent_block_hash",
+    "token_ids",
+    "block_size",
+    "lora_id",
+    "medium",
+    "lora_name",
+)
+_REMOVED_FIELDS = ("block_hashes", "medium")
+
+
+class EventDecodeError(ValueError):
+    """A payload that is not a vLLM KV-event batch."""
+
+
+@dataclass(slots=True)
+class BlockStored:
+    block_hashes: list[int]
+    parent_block_hash: int | None
+    token_ids: list[int]
+    block_size: int
+    lora_name: str | None
+    medium: str | None
+    lora_id: int | None = None
+
+
+@dataclass(slots=True)
+class BlockRemoved:
+    block_hashes: list[int]
+    medium: str | None
+
+
+@dataclass(slots=True)
+class AllBlocksCleared:
+    medium: str | None = None
+
+
+KVEvent = BlockStored | BlockRemoved | AllBlocksCleared
+
+
+@dataclass(slots=True)
+class EventBatch:
+    ts: float
+    events: list[KVEvent]
+    dp_rank: int | None = None
+    #: Events of a type this reader does not know (skipped).
+    unknown: int = 0
+
+
+def engine_hash(value: Any) -> int:
+    """An engine block hash as an int (bytes: the big-endian value of the last 8 bytes)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(value, bytes | bytearray | memoryview):
+        raw = bytes(value)
+        if not raw:
+            raise EventDecodeError("empty block hash")
+        return int.from_bytes(raw[-8:], "big")
+    raise EventDecodeError(f"a block hash must be an int or bytes, not {type(value).__name__}")
+
+
+def _hashes(value: Any) -> list[int]:
+    if not isinstance(value, list | tuple):
+        raise EventDecodeError("block_hashes must be a list")
+    return [engine_hash(h) for h in value]
+
+
+def _fields(raw: Any, names: Sequence[str]) -> tuple[str, dict[str, Any]]:
+    """(tag, fields) of one event in either shape."""
+    if isinstance(raw, Mapping):
+        tag = raw.get("type")
+        if not isinstance(tag, str):
+            raise EventDecodeError("an event map must carry a string 'type'")
+        return tag, dict(raw)
+    if isinstance(raw, list | tuple) and raw and isinstance(raw[0], str):
+        return raw[0], dict(zip(names, raw[1:], strict=False))
+    raise EventDecodeError("an event must be a tagged array or a map with 'type'")
+
+
+def _tag(raw: Any) -> str | None:
+    if isinstance(raw, Mapping):
+        tag = raw.get("type")
+    elif isinstance(raw, list | tuple) and raw:
+        tag = raw[0]
+    else:
+        return None
+    return tag if isinstance(tag, str) else None
+
+
+def _str_or_none(value: Any) -> str | None:
+    if value is None:
+        return None
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    return str(value)
+
+
+def decode_event(raw: Any) -> KVEvent | None:
+    """One event, or None for an event type this reader does not know."""
+    tag = _tag(raw)
+    if tag == "BlockStored":
+        _, f = _fields(raw, _STORED_FIELDS)
+        hashes = _hashes(f.get("block_hashes"))
+        parent = f.get("parent_block_hash")
+        tokens = f.get("token_ids") or []
+        if not isinstance(tokens, list | tuple):
+            raise EventDecodeError("token_ids must be a list")
+        block_size = f.get("block_size")
+        if not isinstance(block_size, int) or block_size < 0:
+            block_size = len(tokens) // len(hashes) if hashes else 0
+        return BlockStored(
+            block_hashes=hashes,
+            parent_block_hash=None if parent is None else engine_hash(parent),
+            token_ids=tokens if isinstance(tokens, list) else list(tokens),
+            block_size=block_size,
+            lora_name=_str_or_none(f.get("lora_name")),
+            medium=_str_or_none(f.get("medium")),
+            lora_id=f["lora_id"] if isinstance(f.get("lora_id"), int) else None,
+        )
+    if tag == "BlockRemoved":
+        _, f = _fields(raw, _REMOVED_FIELDS)
+        return BlockRemoved(_hashes(f.get("block_hashes")), _str_or_none(f.get("medium")))
+    if tag == "AllBlocksCleared":
+        medium = raw.get("medium") if isinstance(raw, Mapping) else None
+        return AllBlocksCleared(_str_or_none(medium))
+    if tag is None:
+        raise EventDecodeError("an event must be a tagged array or a map with 'type'")
+    return None
+
+
+def decode_batch(payload: bytes) -> EventBatch:
+    """A msgpack payload -> EventBatch. Raises EventDecodeError."""
+    try:
+        raw = msgpack.unpackb(payload, raw=False, strict_map_key=False)
+    except (msgpack.UnpackException, ValueError) as exc:
+        raise EventDecodeError(f"not msgpack: {exc}") from exc
+    if isinstance(raw, Mapping):
+        ts, events, rank = raw.get("ts"), raw.get("events"), raw.get("data_parallel_rank")
+    elif isinstance(raw, list | tuple) and len(raw) >= 2:
+        ts, events = raw[0], raw[1]
+        rank = raw[2] if len(raw) > 2 else None
+    else:
+        raise EventDecodeError("a batch must be [ts, events, dp_rank] or a map")
+    if not isinstance(events, list | tuple):
+        raise EventDecodeError("a batch's events must be a list")
+    out: list[KVEvent] = []
+    unknown = 0
+    for item in events:
+        event = decode_event(item)
+        if event is None:
+            unknown += 1
+        else:
+            out.append(event)
+    return EventBatch(
+        ts=float(ts) if isinstance(ts, int | float) else 0.0,
+        events=out,
+        dp_rank=rank if isinstance(rank, int) else None,
+        unknown=unknown,
+    )

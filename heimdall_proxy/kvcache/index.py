@@ -1,0 +1,520 @@
+"""The KV-block index: which pods hold which blocks, in which storage tier, fed by KV events.
+
+Keys are this gateway's own block keys (heimdall_proxy.kvcache.hashing), recomputed from the
+token ids a BlockStored event carries: vLLM's own hashes depend on its hash function and seed,
+so they are only used to find our key again when a block is removed (each pod has a map from
+its engine hashes to our keys). An event whose parent block is unknown (events were missed)
+cannot be placed in the chain and is dropped (counted as an orphan).
+
+Lookups answer, per pod, the length of the run of blocks it holds from the start of the
+prompt, each block weighted by the fastest tier holding it (GPU 1.0, CPU 0.8, disk 0.5 by
+default): the longest-prefix score of the precise prefix-cache scorer.
+
+Backends: InMemoryIndex (bounded by a key count, or by bytes for costAwareMemoryConfig) here,
+RedisIndex in redis_index.py. Both implement the KVBlockIndex Protocol.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections import deque
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from itertools import islice
+from typing import Protocol
+
+from heimdall_proxy.kvcache.hashing import block_keys
+
+#: Storage tiers in a fixed slot order (the Redis layout depends on it); vLLM's `medium`
+#: is matched case-insensitively, a missing medium is the GPU.
+TIERS = ("gpu", "cpu", "disk")
+DEFAULT_TIER_WEIGHTS: Mapping[str, float] = {"gpu": 1.0, "cpu": 0.8, "disk": 0.5}
+
+
+@dataclass(slots=True)
+class KVCacheStats:
+    """Counters of the index and its event feed (enableMetrics logs them)."""
+
+    batches: int = 0
+    stored_blocks: int = 0
+    removed_blocks: int = 0
+    cleared: int = 0
+    orphan_events: int = 0
+    unknown_removals: int = 0
+    block_size_mismatch: int = 0
+    unknown_medium: int = 0
+    unknown_events: int = 0
+    decode_errors: int = 0
+    gaps: int = 0
+    missed_batches: int = 0
+    replayed_batches: int = 0
+    publisher_restarts: int = 0
+    evicted_keys: int = 0
+    speculative_blocks: int = 0
+    lookups: int = 0
+    lookup_hits: int = 0
+
+    def as_dict(self) -> dict[str, int]:
+        return asdict(self)
+
+
+def tier_of(medium: str | None) -> str:
+    return "gpu" if not medium else medium.lower()
+
+
+def tier_weights(overrides: Mapping[str, float] | None = None) -> dict[str, float]:
+    weights = dict(DEFAULT_TIER_WEIGHTS)
+    for name, weight in (overrides or {}).items():
+        key = name.lower()
+        if key not in TIERS:
+            raise ValueError(f"unknown storage tier {name!r} (known: {', '.join(TIERS)})")
+        if not 0.0 <= weight <= 1.0:
+            raise ValueError(f"tier weight of {name!r} must be in [0, 1], got {weight}")
+        weights[key] = float(weight)
+    return weights
+
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B?|B)?\s*$", re.IGNORECASE)
+_UNITS = {"": 1, "B": 1}
+for _i, _u in enumerate("KMGT", start=1):
+    _UNITS[_u] = _UNITS[_u + "B"] = 1000**_i
+    _UNITS[_u + "I"] = _UNITS[_u + "IB"] = 1024**_i
+
+
+def parse_bytes(value: str | int) -> int:
+    """ "2GiB", "500MiB", "1GB", "4096" -> bytes."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        if value <= 0:
+            raise ValueError("a size must be positive")
+        return value
+    match = _SIZE.match(str(value))
+    if match is None:
+        raise ValueError(f"invalid size {value!r} (want e.g. '2GiB', '500MiB')")
+    unit = (match.group(2) or "").upper()
+    size = int(float(match.group(1)) * _UNITS[unit])
+    if size <= 0:
+        raise ValueError("a size must be positive")
+    return size
+
+
+def event_keys(
+    token_ids: Sequence[int],
+    engine_block_size: int,
+    n_hashes: int,
+    block_size: int,
+    seed: int,
+    parent_key: int | None,
+) -> tuple[list[int], int] | None:
+    """Our keys for a BlockStored event and how many of them each engine block spans, or None
+    when the engine's block size is not a multiple of ours (the blocks cannot be mapped)."""
+    if engine_block_size <= 0 or engine_block_size % block_size:
+        return None
+    per = engine_block_size // block_size
+    n = min(n_hashes, len(token_ids) // engine_block_size)
+    if n <= 0:
+        return [], per
+    tokens = (
+        token_ids if len(token_ids) == n * engine_block_size else token_ids[: n * engine_block_size]
+    )
+    return block_keys(tokens, block_size, seed, parent_key), per
+
+
+class KVBlockIndex(Protocol):
+    """An index backend. All methods are coroutines so a remote backend fits; `flush` makes
+    the writes queued so far visible (a no-op in memory)."""
+
+    block_size: int
+    stats: KVCacheStats
+
+    async def start(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+    async def block_stored(
+        self,
+        pod: str,
+        medium: str | None,
+        engine_hashes: Sequence[int],
+        parent_hash: int | None,
+        token_ids: Sequence[int],
+        engine_block_size: int,
+        seed: int,
+    ) -> None:
+        """Apply one BlockStored event of `pod`."""
+        ...
+
+    async def block_removed(
+        self, pod: str, medium: str | None, engine_hashes: Sequence[int]
+    ) -> None: ...
+
+    async def cleared(self, pod: str) -> None:
+        """Forget everything `pod` holds (AllBlocksCleared, a restarted or departed pod)."""
+        ...
+
+    async def add_speculative(self, pod: str, keys: Sequence[int], ttl: float) -> None:
+        """Assume `pod` holds `keys` (in its GPU tier) for `ttl` seconds."""
+        ...
+
+    async def lookup(self, keys: Sequence[int], pods: Sequence[str]) -> dict[str, float]:
+        """Per pod, the tier-weighted length of its run of `keys` from the first; pods with
+        none are left out."""
+        ...
+
+    async def flush(self) -> None: ...
+
+
+def iter_bits(mask: int) -> list[int]:
+    """The single-bit values set in `mask`."""
+    out = []
+    while mask:
+        low = mask & -mask
+        out.append(low)
+        mask ^= low
+    return out
+
+
+class InMemoryIndex:
+    """Dicts of int -> int bitmask (bit i: the pod with index i), one dict per tier, so a
+    lookup is one dict probe and a few integer operations per block whatever the number of
+    pods, and ingest is a pop and a store per block.
+
+    Bounds: at most `max_keys` keys per tier (the oldest written are evicted first, in chunks
+    of 1/64th: LRU on write), at most `pod_cache_size` pods per key (when one more pod stores
+    a key, the pod with the lowest index is dropped from it), and engine-hash maps of at most
+    `max_keys` entries in all (a pod that grows its map evicts its own oldest entries)."""
+
+    def __init__(
+        self,
+        block_size: int,
+        max_keys: int = 100_000_000,
+        pod_cache_size: int = 10,
+        weights: Mapping[str, float] | None = None,
+        stats: KVCacheStats | None = None,
+    ) -> None:
+        if block_size <= 0:
+            raise ValueError("block_size must be positive")
+        self.block_size = block_size
+        self.stats = stats or KVCacheStats()
+        self.max_keys = max(1, max_keys)
+        self.pod_cache_size = max(1, pod_cache_size)
+        w = tier_weights(weights)
+        self._weights = [w[t] for t in TIERS]
+        self._tier_slot = {t: i for i, t in enumerate(TIERS)}
+        self._tiers: list[dict[int, int]] = [{} for _ in TIERS]
+        self._pod_index: dict[str, int] = {}
+        self._pod_names: list[str] = []
+        self._engine: list[dict[int, int | tuple[int, ...]]] = []
+        self._engine_total = 0
+        self._spec: dict[int, int] = {}
+        self._spec_expiry: dict[tuple[int, int], float] = {}
+        self._spec_queue: deque[tuple[float, int, int]] = deque()
+
+    # ---- lifecycle -----------------------------------------------------------------------
+
+    async def start(self) -> None:
+        return None
+
+    async def close(self) -> None:
+        return None
+
+    async def flush(self) -> None:
+        return None
+
+    # ---- bookkeeping ---------------------------------------------------------------------
+
+    def _pod(self, pod: str) -> int:
+        idx = self._pod_index.get(pod)
+        if idx is None:
+            idx = len(self._pod_names)
+            self._pod_index[pod] = idx
+            self._pod_names.append(pod)
+            self._engine.append({})
+        return idx
+
+    def _slot(self, medium: str | None) -> int | None:
+        slot = self._tier_slot.get(tier_of(medium))
+        if slot is None:
+            self.stats.unknown_medium += 1
+        return slot
+
+    def _evict(self, d: dict[int, int]) -> None:
+        n = len(d) - self.max_keys + max(1, self.max_keys // 64)
+        for key in list(islice(d, n)):
+            del d[key]
+        self.stats.evicted_keys += n
+
+    def _set(self, slot: int, bit: int, keys: Sequence[int]) -> None:
+        d = self._tiers[slot]
+        limit = self.pod_cache_size
+        pop = d.pop
+        for key in keys:
+            m = pop(key, 0)
+            if not m & bit:
+                if m and m.bit_count() >= limit:
+                    m &= m - 1
+                m |= bit
+            d[key] = m
+        if len(d) > self.max_keys:
+            self._evict(d)
+
+    def _unset(self, slot: int, bit: int, keys: Sequence[int]) -> None:
+        d = self._tiers[slot]
+        keep = ~bit
+        for key in keys:
+            m = d.get(key)
+            if m is not None:
+                m &= keep
+                if m:
+                    d[key] = m
+                else:
+                    del d[key]
+
+    def _remember(self, idx: int, hashes: Sequence[int], keys: list[int], per: int) -> None:
+        emap = self._engine[idx]
+        before = len(emap)
+        if per == 1:
+            emap.update(zip(hashes, keys, strict=False))
+        else:
+            emap.update(
+                (h, tuple(keys[j * per : (j + 1) * per]))
+                for j, h in enumerate(hashes[: len(keys) // per])
+            )
+        self._engine_total += len(emap) - before
+        if self._engine_total > self.max_keys:
+            n = self._engine_total - self.max_keys + max(1, self.max_keys // 64)
+            n = min(len(emap), n)
+            for h in list(islice(emap, n)):
+                del emap[h]
+            self._engine_total -= n
+
+    @staticmethod
+    def _flatten(values: Sequence[int | tuple[int, ...]]) -> list[int]:
+        out: list[int] = []
+        for v in values:
+            if isinstance(v, int):
+                out.append(v)
+            else:
+                out.extend(v)
+        return out
+
+    # ---- events --------------------------------------------------------------------------
+
+    def stored(
+        self,
+        pod: str,
+        medium: str | None,
+        engine_hashes: Sequence[int],
+        parent_hash: int | None,
+        token_ids: Sequence[int],
+        engine_block_size: int,
+        seed: int,
+    ) -> None:
+        """Synchronous block_stored (the in-memory path never waits)."""
+        slot = self._slot(medium)
+        if slot is None or not engine_hashes:
+            return
+        idx = self._pod(pod)
+        emap = self._engine[idx]
+        bit = 1 << idx
+        if engine_hashes[0] in emap:
+            # A block stored again (after an eviction, or in another tier): its keys are
+            # known, no need to hash its tokens again.
+            known = list(map(emap.get, engine_hashes))
+            if None not in known:
+                keys = self._flatten(known)  # type: ignore[arg-type]
+                self._set(slot, bit, keys)
+                self.stats.stored_blocks += len(keys)
+                return
+        if not token_ids:  # a location-only event (offloading): resolve what is known
+            found = [v for v in map(emap.get, engine_hashes) if v is not None]
+            keys = self._flatten(found)
+            self._set(slot, bit, keys)
+            self.stats.stored_blocks += len(keys)
+            return
+        parent_key: int | None = None
+        if parent_hash is not None:
+            parent = emap.get(parent_hash)
+            if parent is None:
+                self.stats.orphan_events += 1
+                return
+            parent_key = parent if isinstance(parent, int) else parent[-1]
+        computed = event_keys(
+            token_ids, engine_block_size, len(engine_hashes), self.block_size, seed, parent_key
+        )
+        if computed is None:
+            self.stats.block_size_mismatch += 1
+            return
+        keys, per = computed
+        self._set(slot, bit, keys)
+        self._remember(idx, engine_hashes, keys, per)
+        self.stats.stored_blocks += len(keys)
+
+    async def block_stored(
+        self,
+        pod: str,
+        medium: str | None,
+        engine_hashes: Sequence[int],
+        parent_hash: int | None,
+        token_ids: Sequence[int],
+        engine_block_size: int,
+        seed: int,
+    ) -> None:
+        self.stored(pod, medium, engine_hashes, parent_hash, token_ids, engine_block_size, seed)
+
+    async def block_removed(
+        self, pod: str, medium: str | None, engine_hashes: Sequence[int]
+    ) -> None:
+        slot = self._slot(medium)
+        idx = self._pod_index.get(pod)
+        if slot is None or idx is None:
+            return
+        emap = self._engine[idx]
+        keys: list[int] = []
+        for h in engine_hashes:
+            v = emap.get(h)
+            if v is None:
+                self.stats.unknown_removals += 1
+            elif isinstance(v, int):
+                keys.append(v)
+            else:
+                keys.extend(v)
+        self._unset(slot, 1 << idx, keys)
+        self.stats.removed_blocks += len(keys)
+
+    async def cleared(self, pod: str) -> None:
+        idx = self._pod_index.get(pod)
+        if idx is None:
+            return
+        emap = self._engine[idx]
+        keys = self._flatten(list(emap.values()))
+        for slot in range(len(TIERS)):
+            self._unset(slot, 1 << idx, keys)
+        self._engine_total -= len(emap)
+        emap.clear()
+        self.stats.cleared += 1
+
+    # ---- speculative entries -------------------------------------------------------------
+
+    def _sweep(self, now: float) -> None:
+        queue = self._spec_queue
+        while queue and queue[0][0] <= now:
+            expiry, key, idx = queue.popleft()
+            if self._spec_expiry.get((key, idx)) != expiry:
+                continue  # added again later: that later entry expires it
+            del self._spec_expiry[(key, idx)]
+            m = self._spec.get(key, 0) & ~(1 << idx)
+            if m:
+                self._spec[key] = m
+            else:
+                self._spec.pop(key, None)
+
+    async def add_speculative(self, pod: str, keys: Sequence[int], ttl: float) -> None:
+        now = time.monotonic()
+        self._sweep(now)
+        idx = self._pod(pod)
+        bit = 1 << idx
+        expiry = now + ttl
+        spec = self._spec
+        for key in keys:
+            spec[key] = spec.get(key, 0) | bit
+            self._spec_expiry[(key, idx)] = expiry
+            self._spec_queue.append((expiry, key, idx))
+        self.stats.speculative_blocks += len(keys)
+
+    # ---- lookups -------------------------------------------------------------------------
+
+    def match(self, keys: Sequence[int], pods: Sequence[str]) -> dict[str, float]:
+        """Synchronous lookup."""
+        self.stats.lookups += 1
+        candidates = 0
+        names: dict[int, str] = {}
+        for pod in pods:
+            idx = self._pod_index.get(pod)
+            if idx is not None:
+                bit = 1 << idx
+                candidates |= bit
+                names[bit] = pod
+        if not candidates or not keys:
+            return {}
+        if self._spec_queue:
+            self._sweep(time.monotonic())
+        gpu = self._tiers[0].get
+        spec = self._spec.get if self._spec else None
+        lower = [(d.get, w) for d, w in zip(self._tiers[1:], self._weights[1:], strict=True) if d]
+        top_weight = self._weights[0]
+        deficit: dict[int, float] = {}
+        out: dict[str, float] = {}
+        alive = candidates
+        run = 0
+        for i, key in enumerate(keys):
+            present = gpu(key, 0)
+            if spec is not None:
+                present |= spec(key, 0)
+            if lower:
+                # pods whose fastest copy of this block is in a slower tier lose weight
+                for get, weight in lower:
+                    m = get(key, 0) & alive & ~present
+                    if m:
+                        present |= m
+                        for b in iter_bits(m):
+                            deficit[b] = deficit.get(b, 0.0) + (top_weight - weight)
+            dead = alive & ~present
+            if dead:
+                alive &= present
+                if i:
+                    for b in iter_bits(dead):
+                        out[names[b]] = i * top_weight - deficit.get(b, 0.0)
+                if not alive:
+                    break
+            run = i + 1
+        if alive and run:
+            for b in iter_bits(alive):
+                out[names[b]] = run * top_weight - deficit.get(b, 0.0)
+        if out:
+            self.stats.lookup_hits += 1
+        return out
+
+    async def lookup(self, keys: Sequence[int], pods: Sequence[str]) -> dict[str, float]:
+        return self.match(keys, pods)
+
+    # ---- introspection -------------------------------------------------------------------
+
+    def __len__(self) -> int:
+        return len(self._tiers[0])
+
+    def pods_holding(self, key: int) -> dict[str, str]:
+        """pod -> fastest tier holding `key` (tests, debugging)."""
+        out: dict[str, str] = {}
+        for tier, d in zip(TIERS, self._tiers, strict=True):
+            for b in iter_bits(d.get(key, 0)):
+                out.setdefault(self._pod_names[b.bit_length() - 1], tier)
+        return out
+
+
+#: Footprint of one stored block in InMemoryIndex (its key in a tier dict, its bitmask, its
+#: engine-map entry), measured with tracemalloc: 95-135 bytes while the index grows, up to
+#: ~230 once it churns at its bound (CPython dict tables are sized at 3x their live entries
+#: on resize). tests/kvcache/test_index.py checks a churning index stays within its budget.
+BYTES_PER_BLOCK = 256
+
+
+class CostAwareMemoryIndex(InMemoryIndex):
+    """InMemoryIndex bounded by memory: the byte budget is turned into a block budget with
+    the measured per-block footprint (BYTES_PER_BLOCK); no per-key pod limit."""
+
+    def __init__(
+        self,
+        block_size: int,
+        size: str | int = "2GiB",
+        weights: Mapping[str, float] | None = None,
+        stats: KVCacheStats | None = None,
+    ) -> None:
+        self.max_bytes = parse_bytes(size)
+        super().__init__(
+            block_size,
+            max_keys=max(64, self.max_bytes // BYTES_PER_BLOCK),
+            pod_cache_size=1 << 30,
+            weights=weights,
+            stats=stats,
+        )

@@ -1,0 +1,335 @@
+"""Following the pods' KV-event publishers over ZMQ.
+
+Two ways in, as in llm-d's kv-cache indexer:
+
+- per pod (`discoverPods`, the default): one SUB socket connected to each pod's publisher,
+  the endpoint's `kvEvents` address or `tcp://<pod host>:<socketPort>`; pods are followed as
+  they join and leave the pool (a departed pod's blocks are forgotten);
+- one bound SUB socket (`zmqEndpoint`) that publishers connect to; the pod is named by the
+  topic, `kv@<pod>@<model>` (matched to an endpoint by name, host or host:port).
+
+Every message is (topic, 8-byte big-endian sequence number, msgpack batch). A jump in the
+sequence is a gap: the missed batches are asked for on the pod's replay socket (a vLLM ROUTER
+on the publisher's port + `replayPortOffset`: send the 8-byte start sequence, receive
+(seq, payload) frames ending with seq -1) and applied in order before the batch that revealed
+the gap; a pod without a replay socket (no answer within the replay timeout) is not asked
+again for a while, and the gap is logged and counted. A sequence that goes backwards means
+the publisher restarted: the pod's blocks are forgotten (a restarted vLLM has an empty cache).
+
+Batches are decoded and applied by `concurrency` workers; a pod always goes to the same
+worker, so its events are applied in order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import zlib
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+import zmq
+import zmq.asyncio
+
+from heimdall_proxy.framework.handle import EndpointSource
+from heimdall_proxy.framework.types import Endpoint
+from heimdall_proxy.kvcache.events import EventBatch, EventDecodeError, decode_batch
+from heimdall_proxy.kvcache.index import KVCacheStats
+
+log = logging.getLogger("heimdall_proxy.kvcache.events")
+
+Apply = Callable[[str, EventBatch], Awaitable[None]]
+Forget = Callable[[str], Awaitable[None]]
+
+END_SEQ = -1
+#: How long a pod whose replay socket did not answer is not asked again.
+REPLAY_BACKOFF = 30.0
+
+
+@dataclass(slots=True)
+class SubscriberOptions:
+    topic_filter: str = "kv@"
+    concurrency: int = 4
+    discover_pods: bool = True
+    socket_port: int = 5557
+    zmq_endpoint: str = ""
+    replay_port_offset: int = 1
+    replay_timeout: float = 1.0
+    reconcile_interval: float = 1.0
+    queue_size: int = 10_000
+
+
+def replay_endpoint(endpoint: str, offset: int) -> str | None:
+    """The replay ROUTER of a `tcp://host:port` publisher (port + offset), None otherwise."""
+    if not offset or not endpoint.startswith("tcp://"):
+        return None
+    parts = urlsplit(endpoint)
+    if parts.port is None:
+        return None
+    host = endpoint[len("tcp://") : endpoint.rfind(":")]
+    return f"tcp://{host}:{parts.port + offset}"
+
+
+class KVEventsSubscriber:
+    """Keeps one subscription per pod (and optionally one bound socket) and feeds decoded
+    batches to `apply(pod, batch)`; `forget(pod)` drops a pod's blocks."""
+
+    def __init__(
+        self,
+        options: SubscriberOptions,
+        pool: EndpointSource,
+        apply: Apply,
+        forget: Forget,
+        stats: KVCacheStats | None = None,
+    ) -> None:
+        self.options = options
+        self.pool = pool
+        self._apply = apply
+        self._forget = forget
+        self.stats = stats or KVCacheStats()
+        self._ctx: zmq.asyncio.Context | None = None
+        self._subs: dict[str, tuple[str, asyncio.Task[None]]] = {}
+        self._tasks: list[asyncio.Task[None]] = []
+        self._queues: list[asyncio.Queue[tuple[str, bytes | None]]] = []
+        self._replay_down: dict[str, float] = {}
+        #: Messages received per pod (tests wait for a subscription to be live with it).
+        self.received: dict[str, int] = {}
+        self.bound_endpoint: str | None = None
+
+    # ---- lifecycle -----------------------------------------------------------------------
+
+    async def start(self) -> None:
+        if self._ctx is not None:
+            return
+        self._ctx = zmq.asyncio.Context()
+        n = max(1, self.options.concurrency)
+        self._queues = [asyncio.Queue(self.options.queue_size) for _ in range(n)]
+        self._tasks = [
+            asyncio.create_task(self._worker(q), name=f"kv-events-worker-{i}")
+            for i, q in enumerate(self._queues)
+        ]
+        if self.options.zmq_endpoint:
+            sock = self._ctx.socket(zmq.SUB)
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.bind(self.options.zmq_endpoint)
+            self.bound_endpoint = sock.getsockopt_string(zmq.LAST_ENDPOINT)
+            sock.setsockopt(zmq.SUBSCRIBE, self.options.topic_filter.encode())
+            self._tasks.append(asyncio.create_task(self._bound(sock), name="kv-events-bound"))
+        if self.options.discover_pods:
+            self.reconcile()
+            self._tasks.append(asyncio.create_task(self._reconcile_loop(), name="kv-events-pods"))
+
+    async def stop(self) -> None:
+        tasks = [t for _, t in self._subs.values()] + self._tasks
+        self._subs.clear()
+        self._tasks = []
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        if self._ctx is not None:
+            self._ctx.destroy(linger=0)
+            self._ctx = None
+
+    # ---- pods ----------------------------------------------------------------------------
+
+    def endpoint_of(self, endpoint: Endpoint) -> str:
+        if endpoint.kv_events:
+            return endpoint.kv_events
+        host = f"[{endpoint.host}]" if ":" in endpoint.host else endpoint.host
+        return f"tcp://{host}:{self.options.socket_port}"
+
+    def subscriptions(self) -> dict[str, str]:
+        """pod -> publisher endpoint followed."""
+        return {pod: ep for pod, (ep, _) in self._subs.items()}
+
+    def reconcile(self) -> None:
+        """Subscribe to new pods, drop departed ones, follow changed addresses."""
+        wanted = {e.name: self.endpoint_of(e) for e in self.pool.endpoints()}
+        for pod, (endpoint, task) in list(self._subs.items()):
+            if wanted.get(pod) != endpoint:
+                task.cancel()
+                del self._subs[pod]
+                self._enqueue_nowait(pod, None)
+                log.info("stopped following KV events of %s at %s", pod, endpoint)
+        for pod, endpoint in wanted.items():
+            current = self._subs.get(pod)
+            if current is None or current[1].done():  # new, or its subscription failed
+                task = asyncio.create_task(self._follow(pod, endpoint), name=f"kv-events-{pod}")
+                self._subs[pod] = (endpoint, task)
+                log.info("following KV events of %s at %s", pod, endpoint)
+
+    async def _reconcile_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.options.reconcile_interval)
+            self.reconcile()
+
+    def _pod_of_topic(self, topic: bytes) -> str:
+        parts = topic.decode("utf-8", "replace").split("@")
+        ident = parts[1] if len(parts) >= 2 else parts[0]
+        for e in self.pool.endpoints():
+            if ident in (e.name, e.host, e.hostport):
+                return e.name
+        return ident
+
+    # ---- receiving -----------------------------------------------------------------------
+
+    async def _follow(self, pod: str, endpoint: str) -> None:
+        assert self._ctx is not None
+        sock = self._ctx.socket(zmq.SUB)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.RCVHWM, 100_000)
+        try:
+            sock.connect(endpoint)
+            sock.setsockopt(zmq.SUBSCRIBE, self.options.topic_filter.encode())
+            expected: int | None = None
+            while True:
+                frames = await sock.recv_multipart()
+                expected = await self._received(pod, endpoint, frames, expected)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("KV events subscription of %s at %s failed", pod, endpoint)
+        finally:
+            sock.close(linger=0)
+
+    async def _bound(self, sock: zmq.asyncio.Socket) -> None:
+        expected: dict[str, int] = {}
+        try:
+            while True:
+                frames = await sock.recv_multipart()
+                if len(frames) != 3:
+                    self.stats.decode_errors += 1
+                    continue
+                pod = self._pod_of_topic(frames[0])
+                nxt = await self._received(pod, None, frames, expected.get(pod))
+                if nxt is not None:
+                    expected[pod] = nxt
+        finally:
+            sock.close(linger=0)
+
+    async def _received(
+        self, pod: str, endpoint: str | None, frames: list[bytes], expected: int | None
+    ) -> int | None:
+        """Handle one message; returns the next expected sequence number."""
+        if len(frames) != 3 or len(frames[1]) != 8:
+            self.stats.decode_errors += 1
+            return expected
+        _, seq_bytes, payload = frames
+        seq = int.from_bytes(seq_bytes, "big")
+        self.received[pod] = self.received.get(pod, 0) + 1
+        if expected is not None:
+            if seq > expected:
+                await self._gap(pod, endpoint, expected, seq)
+            elif seq < expected:
+                self.stats.publisher_restarts += 1
+                log.warning(
+                    "KV events of %s restarted at seq %d (expected %d): forgetting its blocks",
+                    pod,
+                    seq,
+                    expected,
+                )
+                await self._enqueue(pod, None)
+        await self._enqueue(pod, payload)
+        return seq + 1
+
+    async def _gap(self, pod: str, endpoint: str | None, start: int, end: int) -> None:
+        self.stats.gaps += 1
+        replayed = await self._replay(endpoint, start, end) if endpoint else None
+        if replayed is not None:
+            got = {seq for seq, _ in replayed}
+            for _, payload in replayed:
+                await self._enqueue(pod, payload)
+            self.stats.replayed_batches += len(replayed)
+            missing = (end - start) - len(got)
+        else:
+            missing = end - start
+        if missing:
+            self.stats.missed_batches += missing
+            log.warning(
+                "KV events of %s: missed %d batch(es) between seq %d and %d%s",
+                pod,
+                missing,
+                start,
+                end - 1,
+                "" if replayed is not None else " (no replay)",
+            )
+
+    async def _replay(self, endpoint: str, start: int, end: int) -> list[tuple[int, bytes]] | None:
+        """Batches [start, end) from the pod's replay socket, or None when it has none."""
+        address = replay_endpoint(endpoint, self.options.replay_port_offset)
+        now = time.monotonic()
+        if address is None or self._replay_down.get(address, 0.0) > now or self._ctx is None:
+            return None
+        sock = self._ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        timeout_ms = int(self.options.replay_timeout * 1000)
+        out: list[tuple[int, bytes]] = []
+        try:
+            sock.connect(address)
+            await sock.send_multipart([b"", start.to_bytes(8, "big")])
+            while True:
+                if not await sock.poll(timeout=timeout_ms):
+                    self._replay_down[address] = time.monotonic() + REPLAY_BACKOFF
+                    log.warning("KV events replay socket %s did not answer", address)
+                    return out or None
+                frames = await sock.recv_multipart()
+                if frames and frames[0] == b"":
+                    frames = frames[1:]
+                if len(frames) != 2 or len(frames[0]) != 8:
+                    continue
+                seq = int.from_bytes(frames[0], "big", signed=True)
+                if seq == END_SEQ:
+                    return out
+                if start <= seq < end:
+                    out.append((seq, frames[1]))
+                if seq >= end - 1:
+                    return out  # the rest of the replay repeats what the SUB socket got
+        finally:
+            sock.close(linger=0)
+
+    # ---- applying ------------------------------------------------------------------------
+
+    def _queue_of(self, pod: str) -> asyncio.Queue[tuple[str, bytes | None]]:
+        return self._queues[zlib.crc32(pod.encode()) % len(self._queues)]
+
+    async def _enqueue(self, pod: str, payload: bytes | None) -> None:
+        if self._queues:
+            await self._queue_of(pod).put((pod, payload))
+
+    def _enqueue_nowait(self, pod: str, payload: bytes | None) -> None:
+        if self._queues:
+            with contextlib.suppress(asyncio.QueueFull):
+                self._queue_of(pod).put_nowait((pod, payload))
+
+    async def _worker(self, queue: asyncio.Queue[tuple[str, bytes | None]]) -> None:
+        while True:
+            pod, payload = await queue.get()
+            try:
+                if payload is None:
+                    await self._forget(pod)
+                    continue
+                try:
+                    batch = decode_batch(payload)
+                except EventDecodeError as exc:
+                    self.stats.decode_errors += 1
+                    log.warning("undecodable KV event batch from %s: %s", pod, exc)
+                    continue
+                self.stats.batches += 1
+                self.stats.unknown_events += batch.unknown
+                await self._apply(pod, batch)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("applying KV events of %s failed", pod)
+            finally:
+                queue.task_done()
+
+    async def drain(self) -> None:
+        """Wait until every batch received so far is applied (tests, shutdown)."""
+        for q in self._queues:
+            await q.join()

@@ -1,0 +1,453 @@
+"""precise-prefix-cache-scorer: prefix-cache affinity from the pods' own KV-cache events."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Mapping
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field, field_validator, model_validator
+
+from heimdall_proxy.framework.base import BasePlugin
+from heimdall_proxy.framework.handle import PluginHandle
+from heimdall_proxy.framework.params import Duration, PluginParams
+from heimdall_proxy.framework.prefix import PrefixCacheMatchInfo, prefix_match_key
+from heimdall_proxy.framework.registry import register
+from heimdall_proxy.framework.types import (
+    CycleState,
+    Endpoint,
+    InferenceRequest,
+    RequestContext,
+)
+from heimdall_proxy.kvcache.events import BlockRemoved, BlockStored, EventBatch
+from heimdall_proxy.kvcache.hashing import block_keys, namespace_seed
+from heimdall_proxy.kvcache.index import (
+    CostAwareMemoryIndex,
+    InMemoryIndex,
+    KVBlockIndex,
+    KVCacheStats,
+    parse_bytes,
+    tier_weights,
+)
+from heimdall_proxy.kvcache.redis_index import RedisIndex
+from heimdall_proxy.kvcache.subscriber import KVEventsSubscriber, SubscriberOptions
+from heimdall_proxy.tokenization import InProcessTokenizer, RequestTokenizer
+from heimdall_proxy.tokenization.local import LocalTokenizer
+from heimdall_proxy.tokenization.resolve import (
+    HFCacheSearch,
+    LocalSearch,
+    TokenizerNotFoundError,
+    find_tokenizer,
+)
+from heimdall_proxy.tokenization.uds import UDSTokenizerClient
+
+PRECISE_PREFIX_CACHE_SCORER_TYPE = "precise-prefix-cache-scorer"
+
+log = logging.getLogger("heimdall_proxy.plugins.precise_prefix_cache")
+
+
+# ---- parameters (the reference's names and defaults; extensions are marked) ----------------
+
+
+class TokenProcessorConfig(PluginParams):
+    block_size: int = Field(default=16, gt=0)
+
+
+class InMemoryConfig(PluginParams):
+    size: int = Field(default=100_000_000, gt=0)
+    pod_cache_size: int = Field(default=10, gt=0)
+
+
+class CostAwareMemoryConfig(PluginParams):
+    size: str | int = "2GiB"
+
+    @field_validator("size")
+    @classmethod
+    def _size(cls, value: str | int) -> str | int:
+        parse_bytes(value)
+        return value
+
+
+class RedisConfig(PluginParams):
+    address: str = "redis://127.0.0.1:6379"
+    backend_type: Literal["redis", "valkey"] = "redis"
+    enable_rdma: bool = Field(default=False, alias="enableRDMA")
+    #: Extension: namespace of this index's keys (several indexes can share one server).
+    key_prefix: str = "heimdall:kv:"
+
+
+class KVBlockIndexConfig(PluginParams):
+    in_memory_config: InMemoryConfig | None = None
+    cost_aware_memory_config: CostAwareMemoryConfig | None = None
+    redis_config: RedisConfig | None = None
+    valkey_config: RedisConfig | None = None
+    enable_metrics: bool = False
+    metrics_logging_interval: Duration = 0.0
+
+    @model_validator(mode="after")
+    def _one_backend(self) -> KVBlockIndexConfig:
+        chosen = [
+            name
+            for name, value in (
+                ("inMemoryConfig", self.in_memory_config),
+                ("costAwareMemoryConfig", self.cost_aware_memory_config),
+                ("redisConfig", self.redis_config),
+                ("valkeyConfig", self.valkey_config),
+            )
+            if value is not None
+        ]
+        if len(chosen) > 1:
+            raise ValueError(
+                f"configure exactly one index backend, got {len(chosen)}: {', '.join(chosen)}"
+            )
+        return self
+
+
+class HFTokenizerConfig(PluginParams):
+    enabled: bool = True
+    hugging_face_token: str = ""
+    tokenizers_cache_dir: str = "bin"
+    tokenizer: str = ""
+    tokenizer_mode: str = "auto"
+    tokenizer_revision: str = ""
+
+
+class LocalTokenizerConfig(PluginParams):
+    auto_discovery_dir: str = "/mnt/models"
+    auto_discovery_tokenizer_file_name: str = "tokenizer.json"
+    model_tokenizer_map: dict[str, str] = Field(default_factory=dict)
+    tokenizer: str = ""
+    tokenizer_mode: str = "auto"
+    tokenizer_revision: str = ""
+
+
+class UDSTokenizerPoolConfig(PluginParams):
+    socket_file: str = "/tmp/tokenizer/tokenizer-uds.socket"
+    use_tcp: bool = Field(default=False, alias="useTCP")
+    model_tokenizer_map: dict[str, str] = Field(default_factory=dict)
+
+
+class TokenizersPoolConfig(PluginParams):
+    model_name: str = Field(min_length=1)
+    workers_count: int = Field(default=5, gt=0)
+    hf: HFTokenizerConfig | None = None
+    local: LocalTokenizerConfig | None = None
+    uds: UDSTokenizerPoolConfig | None = None
+
+
+class IndexerConfig(PluginParams):
+    kv_block_index_config: KVBlockIndexConfig = Field(default_factory=KVBlockIndexConfig)
+    tokenizers_pool_config: TokenizersPoolConfig
+
+
+class PodDiscoveryConfig(PluginParams):
+    pod_namespace: str = ""
+    socket_port: int = Field(default=5557, gt=0, lt=65536)
+
+
+class KVEventsConfig(PluginParams):
+    zmq_endpoint: str = ""
+    topic_filter: str = "kv@"
+    concurrency: int = Field(default=4, gt=0)
+    discover_pods: bool = True
+    pod_discovery_config: PodDiscoveryConfig = Field(default_factory=PodDiscoveryConfig)
+    #: Extension: the replay ROUTER is at the publisher's port + this (0: no replay).
+    replay_port_offset: int = Field(default=1, ge=0)
+    #: Extension: how long to wait for a replay answer.
+    replay_timeout: Duration = 1.0
+
+
+class PrecisePrefixCacheParams(PluginParams):
+    token_processor_config: TokenProcessorConfig = Field(default_factory=TokenProcessorConfig)
+    indexer_config: IndexerConfig
+    kv_events_config: KVEventsConfig = Field(default_factory=KVEventsConfig)
+    speculative_indexing: bool = False
+    speculative_ttl: Duration = Field(default=2.0, alias="speculativeTTL")
+    #: Extension: the weight of a block held only in a slower tier (gpu, cpu, disk).
+    tier_weights: dict[str, float] = Field(default_factory=dict)
+
+    @field_validator("tier_weights")
+    @classmethod
+    def _weights(cls, value: dict[str, float]) -> dict[str, float]:
+        tier_weights(value)
+        return value
+
+
+def unknown_nested(params: BaseModel, path: str = "parameters") -> list[str]:
+    """Dotted names of unknown keys below the top level (the loader warns about those)."""
+    out: list[str] = []
+    for name in type(params).model_fields:
+        value = getattr(params, name)
+        if isinstance(value, BaseModel):
+            alias = type(params).model_fields[name].alias or name
+            where = f"{path}.{alias}"
+            out.extend(f"{where}.{k}" for k in value.model_extra or {})
+            out.extend(unknown_nested(value, where))
+    return out
+
+
+# ---- building blocks -----------------------------------------------------------------------
+
+
+def build_tokenizer(cfg: TokenizersPoolConfig) -> RequestTokenizer:
+    """The pool's tokenizer: the UDS service when configured, else the model's local
+    tokenizer.json (local discovery first, then the offline HF caches). Raises ValueError."""
+    if cfg.uds is not None:
+        model = cfg.uds.model_tokenizer_map.get(cfg.model_name, cfg.model_name)
+        return UDSTokenizerClient(cfg.uds.socket_file, model, use_tcp=cfg.uds.use_tcp)
+    local = cfg.local or LocalTokenizerConfig()
+    hf = cfg.hf or HFTokenizerConfig()
+    sources = ["path", "local"] + (["hf"] if hf.enabled else [])
+    name = local.tokenizer or cfg.model_name
+    try:
+        path = find_tokenizer(
+            name,
+            local=LocalSearch(
+                local.auto_discovery_dir,
+                local.auto_discovery_tokenizer_file_name,
+                local.model_tokenizer_map,
+            ),
+            hf=HFCacheSearch(hf.tokenizers_cache_dir or None, hf.tokenizer_revision or None),
+            sources=sources,
+        )
+    except TokenizerNotFoundError as exc:
+        raise ValueError(f"indexerConfig.tokenizersPoolConfig: {exc}") from exc
+    return InProcessTokenizer(LocalTokenizer(path), workers=cfg.workers_count)
+
+
+def build_index(cfg: KVBlockIndexConfig, block_size: int, params: PrecisePrefixCacheParams,
+                stats: KVCacheStats) -> KVBlockIndex:  # fmt: skip
+    weights = params.tier_weights
+    if cfg.redis_config is not None or cfg.valkey_config is not None:
+        rc = cfg.redis_config or cfg.valkey_config
+        assert rc is not None
+        backend = "valkey" if cfg.valkey_config is not None else rc.backend_type
+        return RedisIndex(block_size, rc.address, rc.key_prefix, weights, stats, backend)
+    if cfg.cost_aware_memory_config is not None:
+        return CostAwareMemoryIndex(block_size, cfg.cost_aware_memory_config.size, weights, stats)
+    mem = cfg.in_memory_config or InMemoryConfig()
+    return InMemoryIndex(block_size, mem.size, mem.pod_cache_size, weights, stats)
+
+
+@register(PRECISE_PREFIX_CACHE_SCORER_TYPE, PrecisePrefixCacheParams)
+class PrecisePrefixCacheScorer(BasePlugin[PrecisePrefixCacheParams]):
+    """Scores pods by the KV blocks they really hold, learned from their KV-cache events.
+
+    Feed: a ZMQ subscription to every pod's vLLM KV-event publisher (kvEventsConfig). Each
+    BlockStored event's token ids are cut into `tokenProcessorConfig.blockSize` blocks and keyed
+    with the XXH3-64 rolling hash (heimdall_proxy.kvcache.hashing, seeded by the model, or by
+    the LoRA adapter the event names); BlockRemoved and AllBlocksCleared remove them. Media
+    (GPU, CPU, disk) are separate tiers. Index backends: inMemoryConfig, costAwareMemoryConfig,
+    redisConfig / valkeyConfig (shared by gateway replicas).
+
+    Request: a Producer step takes the prompt's token ids (left by the tokenizer plugin, or
+    computed here with the tokenizers pool and then left on the request), keys its full
+    blocks the same way (seeded by the request's adapter when it names a LoRA the pods serve,
+    else by `modelName`), looks the keys up (Redis I/O happens here, never in the scorer) and
+    publishes a PrefixCacheMatchInfo on the CycleState. Score: per pod, the longest run of
+    cached blocks from the start of the prompt, each block weighted by its fastest tier, over
+    the prompt's block count, in [0, 1]. A request that cannot be tokenized scores 0.
+
+    With `speculativeIndexing`, pre_request records the chosen pod (and prefill pod) as
+    holding the prompt's blocks for `speculativeTTL`, covering the time until its events
+    arrive. vLLM's `cache_salt` is not visible in events, so it is not part of the keys."""
+
+    type = PRECISE_PREFIX_CACHE_SCORER_TYPE
+
+    def __init__(self, name: str, params: PrecisePrefixCacheParams, handle: PluginHandle) -> None:
+        super().__init__(name, params, handle)
+        for where in unknown_nested(params):
+            log.warning(
+                "plugin %r (type %r): ignoring unknown parameter %s", name, self.type, where
+            )
+        self.block_size = params.token_processor_config.block_size
+        pool_cfg = params.indexer_config.tokenizers_pool_config
+        self.model_name = pool_cfg.model_name
+        self.tokenizer = build_tokenizer(pool_cfg)
+        self.stats = KVCacheStats()
+        index_cfg = params.indexer_config.kv_block_index_config
+        self.index = build_index(index_cfg, self.block_size, params, self.stats)
+        ev = params.kv_events_config
+        self.subscriber = KVEventsSubscriber(
+            SubscriberOptions(
+                topic_filter=ev.topic_filter,
+                concurrency=ev.concurrency,
+                discover_pods=ev.discover_pods,
+                socket_port=ev.pod_discovery_config.socket_port,
+                zmq_endpoint=ev.zmq_endpoint,
+                replay_port_offset=ev.replay_port_offset,
+                replay_timeout=ev.replay_timeout,
+            ),
+            handle.pool,
+            self.apply,
+            self.index.cleared,
+            self.stats,
+        )
+        self.state_key = prefix_match_key(self.type, name)
+        self._keys_key = f"{self.state_key}#keys"
+        self._seeds: dict[str, int] = {}
+        self._metrics_task: asyncio.Task[None] | None = None
+        self._connect_task: asyncio.Task[None] | None = None
+        self.ready = False
+        self._last_warning = 0.0
+
+    # ---- lifecycle -----------------------------------------------------------------------
+
+    async def start(self) -> None:
+        try:
+            await self.index.start()
+        except ConnectionError as exc:
+            # Fail open: route without the index until it can be reached.
+            log.error("%s: %s; retrying in the background", self.name, exc)
+            self._connect_task = asyncio.create_task(self._connect(), name=f"{self.name}-index")
+        else:
+            await self._started()
+        cfg = self.params.indexer_config.kv_block_index_config
+        if cfg.enable_metrics and cfg.metrics_logging_interval > 0:
+            self._metrics_task = asyncio.create_task(
+                self._log_metrics(cfg.metrics_logging_interval), name=f"{self.name}-metrics"
+            )
+
+    async def _started(self) -> None:
+        await self.subscriber.start()
+        self.ready = True
+
+    async def _connect(self) -> None:
+        while True:
+            await asyncio.sleep(2.0)
+            try:
+                await self.index.start()
+            except ConnectionError:
+                continue
+            log.info("%s: index reachable, following KV events", self.name)
+            await self._started()
+            return
+
+    async def stop(self) -> None:
+        for task in (self._metrics_task, self._connect_task):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        self._metrics_task = self._connect_task = None
+        self.ready = False
+        await self.subscriber.stop()
+        await self.index.close()
+        await self.tokenizer.close()
+
+    async def _log_metrics(self, interval: float) -> None:
+        while True:
+            await asyncio.sleep(interval)
+            log.info("KV-cache index metrics", extra={"plugin": self.name, **self.stats.as_dict()})
+
+    # ---- events --------------------------------------------------------------------------
+
+    def _seed(self, namespace: str) -> int:
+        seed = self._seeds.get(namespace)
+        if seed is None:
+            seed = self._seeds[namespace] = namespace_seed(namespace)
+        return seed
+
+    async def apply(self, pod: str, batch: EventBatch) -> None:
+        """Apply one decoded batch of `pod`'s events to the index."""
+        index = self.index
+        for ev in batch.events:
+            if isinstance(ev, BlockStored):
+                if ev.lora_name:
+                    namespace = ev.lora_name
+                elif ev.lora_id is not None:  # an adapter known only by number: never matched
+                    namespace = f"\x00lora-id:{ev.lora_id}"
+                else:
+                    namespace = self.model_name
+                await index.block_stored(
+                    pod,
+                    ev.medium,
+                    ev.block_hashes,
+                    ev.parent_block_hash,
+                    ev.token_ids,
+                    ev.block_size,
+                    self._seed(namespace),
+                )
+            elif isinstance(ev, BlockRemoved):
+                await index.block_removed(pod, ev.medium, ev.block_hashes)
+            else:
+                await index.flush()
+                await index.cleared(pod)
+        await index.flush()
+
+    # ---- the request path ----------------------------------------------------------------
+
+    def namespace(self, request: InferenceRequest, endpoints: list[Endpoint]) -> str:
+        """The request's adapter name when its model is a LoRA adapter of the pods (vLLM's
+        /v1/models gives adapters a `parent`), else the base model."""
+        for e in endpoints:
+            card = e.model_cards.get(request.model)
+            if card is not None:
+                return request.model if card.get("parent") else self.model_name
+        return self.model_name
+
+    async def produce(
+        self, state: CycleState, request: InferenceRequest, endpoints: list[Endpoint]
+    ) -> None:
+        tokens = request.token_ids
+        if tokens is None:
+            try:
+                tokens = await self.tokenizer.tokenize(request.api, request.data, len(request.body))
+            except Exception as exc:
+                log.warning(
+                    "%s: cannot tokenize the request, scoring it 0: %s",
+                    self.name,
+                    exc,
+                    extra={"request_id": request.request_id},
+                )
+                return
+            request.token_ids = tokens
+        keys = block_keys(tokens, self.block_size, self._seed(self.namespace(request, endpoints)))
+        matched: dict[str, float] = {}
+        if keys and self.ready:
+            try:
+                matched = await self.index.lookup(keys, [e.name for e in endpoints])
+            except Exception as exc:  # an unreachable index: route as if nothing matched
+                self._warn(f"{self.name}: index lookup failed, scoring 0: {exc}")
+        state[self.state_key] = PrefixCacheMatchInfo(
+            block_size=self.block_size,
+            total_blocks=len(keys),
+            prompt_tokens=len(tokens),
+            matched_blocks=matched,
+        )
+        state[self._keys_key] = keys
+
+    def _warn(self, message: str) -> None:
+        now = time.monotonic()
+        if now - self._last_warning >= 10.0:
+            self._last_warning = now
+            log.warning(message)
+
+    def score(
+        self, state: CycleState, request: InferenceRequest, endpoints: list[Endpoint]
+    ) -> Mapping[str, float]:
+        info = state.get(self.state_key)
+        if not isinstance(info, PrefixCacheMatchInfo):
+            return {e.name: 0.0 for e in endpoints}
+        return {e.name: info.ratio(e.name) for e in endpoints}
+
+    async def pre_request(self, ctx: RequestContext) -> None:
+        if not self.params.speculative_indexing:
+            return
+        keys = ctx.state.get(self._keys_key)
+        if not keys:
+            return
+        try:
+            for endpoint in (ctx.target, ctx.prefill):
+                if endpoint is not None:
+                    await self.index.add_speculative(
+                        endpoint.name, keys, self.params.speculative_ttl
+                    )
+        except Exception as exc:
+            self._warn(f"{self.name}: speculative indexing failed: {exc}")
+
+    def metrics(self) -> dict[str, Any]:
+        return self.stats.as_dict()

@@ -1,0 +1,80 @@
+"""Decoding vLLM KV-event batches in every shape vLLM has used."""
+
+from __future__ import annotations
+
+import hashlib
+
+import msgpack
+import pytest
+
+from heimdall_proxy.kvcache.events import (
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    EventDecodeError,
+    decode_batch,
+    engine_hash,
+)
+from tests.kvcache.vllm_wire import batch, cleared, removed, stored
+
+
+@pytest.mark.parametrize("shape", ["map", "array", "map-batch"])
+def test_every_shape_decodes_the_same(shape: str) -> None:
+    events = [
+        stored([11, 12], list(range(32)), parent=10, medium="CPU", lora_name="ad", lora_id=3),
+        removed([11], medium=None),
+        cleared(),
+    ]
+    got = decode_batch(batch(events, shape, dp_rank=2))
+    assert got.dp_rank == 2 and got.ts > 0 and got.unknown == 0
+    assert got.events == [
+        BlockStored([11, 12], 10, list(range(32)), 16, "ad", "CPU", 3),
+        BlockRemoved([11], None),
+        AllBlocksCleared(),
+    ]
+
+
+def test_bytes_hashes_are_read_as_their_last_8_bytes() -> None:
+    digest = hashlib.sha256(b"x").digest()
+    assert engine_hash(digest) == int.from_bytes(digest[-8:], "big")
+    assert engine_hash(b"\x01") == 1
+    got = decode_batch(batch([stored([digest], list(range(16)), parent=b"\x00" * 7 + b"\x05")]))
+    ev = got.events[0]
+    assert isinstance(ev, BlockStored)
+    assert ev.block_hashes == [engine_hash(digest)] and ev.parent_block_hash == 5
+    with pytest.raises(EventDecodeError):
+        engine_hash(b"")
+    with pytest.raises(EventDecodeError):
+        engine_hash(1.5)
+
+
+def test_older_and_newer_field_lists() -> None:
+    # an old publisher without medium / lora_name, a new one with extra trailing fields
+    old = msgpack.packb([1.0, [["BlockStored", [1], None, [5] * 16, 16, None]]])
+    ev = decode_batch(old).events[0]
+    assert isinstance(ev, BlockStored) and ev.medium is None and ev.lora_name is None
+    new = msgpack.packb(
+        [
+            1.0,
+            [["BlockStored", [1], None, [5] * 16, 16, None, "GPU", None, [None], 0, "full", None]],
+        ]
+    )
+    assert decode_batch(new).events[0] == BlockStored([1], None, [5] * 16, 16, None, "GPU")
+    newer_map = msgpack.packb(
+        {"ts": 1.0, "events": [{**stored([1], [5] * 16), "extra_keys": [None], "group_idx": 0}]}
+    )
+    assert decode_batch(newer_map).events[0] == BlockStored([1], None, [5] * 16, 16, None, "GPU")
+    no_rank = msgpack.packb([1.0, [["AllBlocksCleared"]]])
+    assert decode_batch(no_rank).dp_rank is None
+
+
+def test_unknown_events_are_counted_and_garbage_rejected() -> None:
+    got = decode_batch(
+        msgpack.packb([1.0, [["SomethingNew", 1], {"type": "Other"}, ["AllBlocksCleared"]]])
+    )
+    assert got.unknown == 2 and got.events == [AllBlocksCleared()]
+    for bad in (b"\xc1", msgpack.packb(3), msgpack.packb([1.0, 5]), msgpack.packb([1.0, [[1, 2]]])):
+        with pytest.raises(EventDecodeError):
+            decode_batch(bad)
+    with pytest.raises(EventDecodeError):
+        decode_batch(msgpack.packb([1.0, [["BlockStored", "notalist"]]]))

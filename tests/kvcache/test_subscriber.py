@@ -1,0 +1,197 @@
+"""Following KV-event publishers over real ZMQ sockets: order, gaps and replay, restarts,
+a bound socket named by topic, pods joining and leaving."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+import zmq
+import zmq.asyncio
+
+from heimdall_proxy.framework.types import Endpoint
+from heimdall_proxy.kvcache.events import AllBlocksCleared, BlockStored, EventBatch
+from heimdall_proxy.kvcache.subscriber import (
+    KVEventsSubscriber,
+    SubscriberOptions,
+    replay_endpoint,
+)
+from tests.conftest import eventually
+from tests.kvcache.vllm_wire import Publisher, batch, cleared, stored, until_live
+
+
+class Pool:
+    def __init__(self, endpoints: list[Endpoint]) -> None:
+        self.list = endpoints
+
+    def endpoints(self) -> list[Endpoint]:
+        return self.list
+
+    def get(self, name: str) -> Endpoint | None:
+        return next((e for e in self.list if e.name == name), None)
+
+
+def pod(name: str, kv: str | None = None, host: str = "127.0.0.1") -> Endpoint:
+    return Endpoint(name=name, url=f"http://{host}:8000", host=host, port=8000, kv_events=kv)
+
+
+class Sink:
+    def __init__(self) -> None:
+        self.batches: list[tuple[str, EventBatch]] = []
+        self.forgotten: list[str] = []
+
+    async def apply(self, pod: str, b: EventBatch) -> None:
+        self.batches.append((pod, b))
+
+    async def forget(self, pod: str) -> None:
+        self.forgotten.append(pod)
+
+    def tokens(self) -> list[int]:
+        """First token of every stored event, in order applied."""
+        return [
+            e.token_ids[0] for _, b in self.batches for e in b.events if isinstance(e, BlockStored)
+        ]
+
+
+@pytest.fixture
+async def ctx() -> AsyncIterator[zmq.asyncio.Context]:
+    c = zmq.asyncio.Context()
+    yield c
+    c.destroy(linger=0)
+
+
+async def follow(pool: Pool, sink: Sink, **opts: Any) -> KVEventsSubscriber:
+    sub = KVEventsSubscriber(SubscriberOptions(**opts), pool, sink.apply, sink.forget)
+    await sub.start()
+    return sub
+
+
+def ev(n: int) -> bytes:
+    return batch([stored([n], [n] * 16)])
+
+
+@pytest.mark.parametrize("shape", ["map", "array", "map-batch"])
+async def test_batches_arrive_in_order(ctx: zmq.asyncio.Context, shape: str) -> None:
+    pub = Publisher(ctx, replay=False)
+    sink = Sink()
+    sub = await follow(Pool([pod("a", pub.endpoint)]), sink)
+    try:
+        await until_live(pub, sub.received, "a")
+        for n in range(1, 6):
+            await pub.publish(batch([stored([n], [n] * 16)], shape))
+        await pub.publish(batch([cleared()], shape))
+        await eventually(
+            lambda: any(isinstance(e, AllBlocksCleared) for _, b in sink.batches for e in b.events)
+        )
+        assert sink.tokens() == [1, 2, 3, 4, 5]
+        assert {p for p, _ in sink.batches} == {"a"}
+        assert sub.stats.gaps == 0
+    finally:
+        await sub.stop()
+        await pub.close()
+
+
+async def test_a_gap_is_replayed_in_order(ctx: zmq.asyncio.Context) -> None:
+    pub = Publisher(ctx, replay=True)
+    sink = Sink()
+    sub = await follow(Pool([pod("a", pub.endpoint)]), sink)
+    try:
+        await until_live(pub, sub.received, "a")
+        await pub.publish(ev(1))
+        await pub.publish(ev(2), send=False)
+        await pub.publish(ev(3), send=False)
+        await pub.publish(ev(4))
+        await eventually(lambda: 4 in sink.tokens())
+        assert sink.tokens() == [1, 2, 3, 4]
+        assert (sub.stats.gaps, sub.stats.replayed_batches, sub.stats.missed_batches) == (1, 2, 0)
+        assert len(pub.replay_requests) == 1
+    finally:
+        await sub.stop()
+        await pub.close()
+
+
+async def test_a_gap_without_replay_is_counted(ctx: zmq.asyncio.Context) -> None:
+    pub = Publisher(ctx, replay=False)
+    sink = Sink()
+    sub = await follow(Pool([pod("a", pub.endpoint)]), sink, replay_timeout=0.2)
+    try:
+        await until_live(pub, sub.received, "a")
+        await pub.publish(ev(1))
+        await pub.publish(ev(2), send=False)
+        await pub.publish(ev(3))
+        await eventually(lambda: 3 in sink.tokens())
+        assert sink.tokens() == [1, 3]
+        assert (sub.stats.gaps, sub.stats.missed_batches) == (1, 1)
+        # the replay socket is not asked again for a while: the next gap is counted at once
+        await pub.publish(ev(4), send=False)
+        await pub.publish(ev(5))
+        await eventually(lambda: 5 in sink.tokens(), within=0.15)
+        assert sub.stats.missed_batches == 2
+    finally:
+        await sub.stop()
+        await pub.close()
+
+
+async def test_a_restarted_publisher_makes_the_pod_forgotten(ctx: zmq.asyncio.Context) -> None:
+    pub = Publisher(ctx, replay=False)
+    sink = Sink()
+    sub = await follow(Pool([pod("a", pub.endpoint)]), sink)
+    try:
+        await until_live(pub, sub.received, "a")
+        await pub.publish(ev(1))
+        await pub.publish(ev(2), seq=0)  # seq went back: a new publisher
+        await eventually(lambda: 2 in sink.tokens())
+        assert sink.forgotten == ["a"] and sub.stats.publisher_restarts == 1
+    finally:
+        await sub.stop()
+        await pub.close()
+
+
+async def test_a_bound_socket_names_pods_by_topic(ctx: zmq.asyncio.Context) -> None:
+    pool = Pool([pod("vllm-0", host="10.0.0.7"), pod("vllm-1", host="10.0.0.8")])
+    sink = Sink()
+    sub = await follow(pool, sink, zmq_endpoint="tcp://127.0.0.1:*", discover_pods=False)
+    assert sub.bound_endpoint is not None and sub.subscriptions() == {}
+    pushers = []
+    try:
+        for topic in ("kv@vllm-0@m", "kv@10.0.0.8@m", "kv@stranger@m"):
+            p = ctx.socket(zmq.PUB)
+            p.setsockopt(zmq.LINGER, 0)
+            p.connect(sub.bound_endpoint)
+            pushers.append((topic, p))
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 5
+        seqs = dict.fromkeys(range(3), 0)
+        while len(sub.received) < 3:
+            assert loop.time() < deadline
+            for i, (topic, p) in enumerate(pushers):
+                await p.send_multipart([topic.encode(), seqs[i].to_bytes(8, "big"), batch([])])
+                seqs[i] += 1
+            await asyncio.sleep(0.02)
+        assert set(sub.received) == {"vllm-0", "vllm-1", "stranger"}
+        assert sub.stats.gaps == 0
+    finally:
+        for _, p in pushers:
+            p.close(0)
+        await sub.stop()
+
+
+async def test_pods_joining_and_leaving(ctx: zmq.asyncio.Context) -> None:
+    pub = Publisher(ctx, replay=False)
+    pool = Pool([pod("a", pub.endpoint)])
+    sink = Sink()
+    sub = await follow(pool, sink, reconcile_interval=0.05, socket_port=6123)
+    try:
+        await until_live(pub, sub.received, "a")
+        pool.list = [pod("b", host="10.1.2.3")]
+        await eventually(lambda: "a" in sink.forgotten)
+        assert sub.subscriptions() == {"b": "tcp://10.1.2.3:6123"}
+    finally:
+        await sub.stop()
+        await pub.close()
+    assert replay_endpoint("tcp://h:5557", 1) == "tcp://h:5558"
+    assert replay_endpoint("tcp://[::1]:5557", 2) == "tcp://[::1]:5559"
+    assert replay_endpoint("ipc:///tmp/x", 1) is None
+    assert replay_endpoint("tcp://h:5557", 0) is None
