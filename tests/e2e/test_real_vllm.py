@@ -1,0 +1,428 @@
+"""End to end against real vLLM: two vLLM CPU pods serving a tiny model, the gateway in front.
+
+Deselected by default (pyproject's addopts); run with
+
+    bash bench/real_vllm/setup.sh && python -m pytest -m e2e_vllm tests/e2e
+
+The pods are started once per session with bench/real_vllm/start_pods.sh (about a minute on
+two cores) and stopped at the end; the gateway runs as a subprocess exactly as a user starts it,
+with queue-scorer + kv-cache-utilization-scorer and --response-header. Every test is skipped,
+with the reason, when the vLLM venv or the model is missing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import msgpack
+import pytest
+import yaml
+import zmq
+from prometheus_client.parser import text_string_to_metric_families
+
+from heimdall_proxy.config import parse_config
+from tests.conftest import GatewayFactory
+
+# Pod start-up runs inside the first test's timeout: allow for it on a busy machine.
+pytestmark = [pytest.mark.e2e_vllm, pytest.mark.timeout(600)]
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPTS = REPO / "bench" / "real_vllm"
+VENV = Path(os.environ.get("VLLM_VENV", REPO / ".venv-vllm"))
+MODEL_DIR = Path(os.environ.get("VLLM_MODEL_DIR", SCRIPTS / ".model" / "tiny-llama"))
+MODEL = "tiny-llama"
+BLOCK_SIZE = 32
+HEADER = "x-decoder-host-port"
+
+EPP = {
+    "apiVersion": "inference.networking.x-k8s.io/v1alpha1",
+    "kind": "EndpointPickerConfig",
+    "plugins": [
+        {"type": "queue-scorer"},
+        {"type": "kv-cache-utilization-scorer"},
+        {"type": "max-score-picker"},
+    ],
+    "schedulingProfiles": [
+        {
+            "name": "default",
+            "plugins": [
+                {"pluginRef": "queue-scorer"},
+                {"pluginRef": "kv-cache-utilization-scorer"},
+                {"pluginRef": "max-score-picker"},
+            ],
+        }
+    ],
+}
+
+
+@dataclass(frozen=True)
+class Pod:
+    name: str
+    url: str
+    kv_events: str
+    replay: str
+    topic: str
+
+    @property
+    def host_port(self) -> str:
+        return self.url.removeprefix("http://")
+
+
+@dataclass(frozen=True)
+class GatewayProcess:
+    url: str
+    log: Path
+
+
+def _free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def _free_base_port() -> int:
+    """A base port with BASE, BASE+1 (HTTP) and BASE+1000..BASE+1003 (KV events) free."""
+    rng = random.Random()
+    for _ in range(200):
+        base = rng.randrange(20000, 40000, 2)
+        if all(_free(p) for p in (base, base + 1, *range(base + 1000, base + 1004))):
+            return base
+    raise RuntimeError("no free ports for the vLLM pods")
+
+
+def _get(url: str, timeout: float = 5.0) -> tuple[int, bytes]:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:
+            return resp.status, resp.read()
+    except urllib.error.HTTPError as exc:
+        with exc:
+            return exc.code, exc.read()
+
+
+@pytest.fixture(scope="session")
+def pods(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[Pod]]:
+    if not (VENV / "bin" / "vllm").exists():
+        pytest.skip(f"no vLLM venv at {VENV}: run `bash bench/real_vllm/setup.sh` first")
+    if not (MODEL_DIR / "config.json").exists():
+        pytest.skip(f"no model at {MODEL_DIR}: run `bash bench/real_vllm/setup.sh` first")
+    run_dir = tmp_path_factory.mktemp("vllm-pods")
+    base = _free_base_port()
+    env = {
+        **os.environ,
+        "RUN_DIR": str(run_dir),
+        "VLLM_VENV": str(VENV),
+        "VLLM_MODEL_DIR": str(MODEL_DIR),
+        "VLLM_MODEL_NAME": MODEL,
+    }
+    try:
+        proc = subprocess.run(
+            ["bash", str(SCRIPTS / "start_pods.sh"), "2", str(base)],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=480,
+            check=False,
+        )
+        if proc.returncode != 0:
+            pytest.fail(f"start_pods.sh failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
+        rows = (run_dir / "pods.tsv").read_text().splitlines()
+        yield [Pod(*row.split("\t")) for row in rows]
+    finally:
+        # Also after a timeout: the pid files are written before start_pods.sh waits.
+        subprocess.run(
+            ["bash", str(SCRIPTS / "stop_pods.sh")],
+            env=env,
+            capture_output=True,
+            timeout=120,
+            check=False,
+        )
+
+
+def _gateway_config(pods: list[Pod]) -> dict[str, Any]:
+    return {
+        **EPP,
+        "endpoints": [{"name": p.name, "url": p.url, "kvEvents": p.kv_events} for p in pods],
+    }
+
+
+@pytest.fixture(scope="session")
+def gateway(pods: list[Pod], tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
+    work = tmp_path_factory.mktemp("gateway")
+    config = work / "gateway.yaml"
+    config.write_text(yaml.safe_dump(_gateway_config(pods), sort_keys=False))
+    port = _free_base_port()
+    url = f"http://127.0.0.1:{port}"
+    log_path = work / "gateway.log"
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "heimdall_proxy.cli",
+                "serve",
+                "--config",
+                str(config),
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--response-header",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            if proc.poll() is not None:
+                pytest.fail(f"gateway exited ({proc.returncode}):\n{log_path.read_text()}")
+            with contextlib.suppress(OSError):
+                status, body = _get(f"{url}/v1/models")
+                if status == 200 and json.loads(body)["data"]:
+                    break
+            if time.monotonic() > deadline:
+                pytest.fail(f"gateway not serving models in 60 s:\n{log_path.read_text()}")
+            time.sleep(0.2)
+        yield GatewayProcess(url, log_path)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.fixture
+def client(gateway: GatewayProcess) -> Iterator[Any]:
+    from openai import OpenAI
+
+    with OpenAI(base_url=f"{gateway.url}/v1", api_key="unused", max_retries=0, timeout=120) as c:
+        yield c
+
+
+# The model has random weights: what it says is noise. ignore_eos keeps the length exact.
+PROMPT = "The router picks a pod for every request"
+LENGTH = {"max_tokens": 8, "extra_body": {"ignore_eos": True}}
+
+
+def test_models_lists_the_pods_model(client: Any) -> None:
+    models = client.models.list()
+    assert [m.id for m in models.data] == [MODEL]
+
+
+def test_completions(client: Any, pods: list[Pod]) -> None:
+    raw = client.completions.with_raw_response.create(model=MODEL, prompt=PROMPT, **LENGTH)
+    assert raw.headers[HEADER] in {p.host_port for p in pods}
+    reply = raw.parse()
+    assert reply.model == MODEL
+    assert isinstance(reply.choices[0].text, str)
+    assert reply.choices[0].finish_reason == "length"
+    assert reply.usage.completion_tokens == 8
+    assert reply.usage.prompt_tokens > 1
+
+
+def test_completions_stream(client: Any) -> None:
+    chunks = list(
+        client.completions.create(
+            model=MODEL,
+            prompt=PROMPT,
+            stream=True,
+            stream_options={"include_usage": True},
+            **LENGTH,
+        )
+    )
+    finishes = [c.choices[0].finish_reason for c in chunks if c.choices]
+    assert sum(1 for c in chunks if c.choices) >= 2
+    assert [f for f in finishes if f] == ["length"]
+    assert chunks[-1].usage.completion_tokens == 8
+
+
+def test_chat(client: Any, pods: list[Pod]) -> None:
+    raw = client.chat.completions.with_raw_response.create(
+        model=MODEL,
+        messages=[
+            {"role": "system", "content": "You are terse."},
+            {"role": "user", "content": "Which pod?"},
+        ],
+        **LENGTH,
+    )
+    assert raw.headers[HEADER] in {p.host_port for p in pods}
+    reply = raw.parse()
+    assert reply.choices[0].message.role == "assistant"
+    assert isinstance(reply.choices[0].message.content, str)
+    assert reply.choices[0].finish_reason == "length"
+    assert reply.usage.completion_tokens == 8
+
+
+def test_chat_stream(client: Any) -> None:
+    chunks = list(
+        client.chat.completions.create(
+            model=MODEL,
+            messages=[{"role": "user", "content": "Which pod?"}],
+            stream=True,
+            stream_options={"include_usage": True},
+            **LENGTH,
+        )
+    )
+    deltas = [c.choices[0].delta for c in chunks if c.choices]
+    assert deltas[0].role == "assistant"
+    assert sum(1 for d in deltas if d.content) >= 1
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
+    assert chunks[-1].usage.completion_tokens == 8
+
+
+def test_responses(client: Any, pods: list[Pod]) -> None:
+    raw = client.responses.with_raw_response.create(
+        model=MODEL, input="Which pod?", max_output_tokens=8
+    )
+    assert raw.headers[HEADER] in {p.host_port for p in pods}
+    reply = raw.parse()
+    assert reply.object == "response"
+    assert reply.output[0].type == "message"
+    assert isinstance(reply.output_text, str)
+    assert 0 < reply.usage.output_tokens <= 8
+
+
+def test_responses_stream(client: Any) -> None:
+    events = list(
+        client.responses.create(model=MODEL, input="Which pod?", max_output_tokens=8, stream=True)
+    )
+    types = [e.type for e in events]
+    assert types[0] == "response.created"
+    assert "response.output_text.delta" in types
+    assert types[-1] in ("response.completed", "response.incomplete")
+    assert 0 < events[-1].response.usage.output_tokens <= 8
+
+
+def test_requests_reach_both_pods(client: Any, pods: list[Pod]) -> None:
+    """Idle pods tie on both scorers and max-score-picker breaks ties at random; a request in
+    flight raises its pod's KV usage. Either way both pods serve some of 16 requests (the
+    chance that one pod gets all of them at random is 2**-15)."""
+    served = set()
+    for i in range(16):
+        raw = client.completions.with_raw_response.create(
+            model=MODEL, prompt=f"{PROMPT} {i}", max_tokens=2
+        )
+        served.add(raw.headers[HEADER])
+    assert served == {p.host_port for p in pods}
+
+
+def _gateway_samples(gateway: GatewayProcess) -> list[Any]:
+    status, body = _get(f"{gateway.url}/metrics")
+    assert status == 200
+    return [s for f in text_string_to_metric_families(body.decode()) for s in f.samples]
+
+
+def test_gateway_metrics_show_both_pods_from_real_vllm_metrics(
+    client: Any, gateway: GatewayProcess, pods: list[Pod]
+) -> None:
+    client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=2)
+    samples = _gateway_samples(gateway)
+
+    def per_pod(name: str) -> dict[str, float]:
+        return {s.labels["model_server_pod"]: s.value for s in samples if s.name == name}
+
+    names = {p.name for p in pods}
+    assert per_pod("inference_pool_per_pod_healthy") == dict.fromkeys(names, 1.0)
+    for gauge in (
+        "inference_pool_per_pod_queue_size",
+        "inference_pool_per_pod_running_requests",
+        "inference_pool_per_pod_kv_cache_utilization",
+    ):
+        values = per_pod(gauge)
+        assert set(values) == names, gauge
+        assert all(v >= 0 for v in values.values()), gauge
+    assert all(
+        0.0 <= v <= 1.0 for v in per_pod("inference_pool_per_pod_kv_cache_utilization").values()
+    )
+    ready = [s.value for s in samples if s.name == "inference_pool_ready_pods"]
+    assert ready == [2.0]
+    served = {
+        s.labels["pod"]
+        for s in samples
+        if s.name == "inference_objective_request_total" and s.labels.get("code") == "200"
+    }
+    assert served <= names
+    assert served
+
+
+async def test_gateway_pool_reads_cache_config_from_real_pods(
+    pods: list[Pod], start_gateway: GatewayFactory
+) -> None:
+    """The gateway's own data layer, in-process, on the pods' real /metrics: the pool's
+    endpoints carry vllm:cache_config_info's block_size and num_gpu_blocks (the gateway's
+    /metrics does not export them)."""
+    gw = await start_gateway(parse_config(_gateway_config(pods), "<e2e>"), metrics_interval=0.1)
+    for pod in pods:
+        endpoint = gw.gateway.pool.get(pod.name)
+        assert endpoint is not None
+        assert endpoint.healthy
+        assert endpoint.models is not None and MODEL in endpoint.models
+        assert endpoint.metrics.updated_at > 0
+        assert endpoint.metrics.block_size == BLOCK_SIZE
+        assert endpoint.metrics.num_gpu_blocks is not None
+        assert endpoint.metrics.num_gpu_blocks > 0
+
+
+def test_kv_events_come_from_the_pod_that_served(client: Any, pods: list[Pod]) -> None:
+    """A prompt of several blocks, routed by the gateway, is stored by the pod the response
+    header names, and that pod alone publishes BlockStored for it."""
+    ctx = zmq.Context()
+    subs = []
+    try:
+        poller = zmq.Poller()
+        for pod in pods:
+            sub = ctx.socket(zmq.SUB)
+            sub.setsockopt(zmq.LINGER, 0)
+            sub.connect(pod.kv_events)
+            sub.setsockopt(zmq.SUBSCRIBE, pod.topic.encode())
+            poller.register(sub, zmq.POLLIN)
+            subs.append(sub)
+        time.sleep(0.5)  # ZMQ slow joiner: let the subscriptions reach the publishers
+        prompt = " ".join(f"unique{random.randrange(10**9)}" for _ in range(40))
+        raw = client.completions.with_raw_response.create(model=MODEL, prompt=prompt, max_tokens=1)
+        served = next(p for p in pods if p.host_port == raw.headers[HEADER])
+        prompt_tokens = raw.parse().usage.prompt_tokens
+        assert prompt_tokens >= 2 * BLOCK_SIZE
+
+        stored: dict[str, list[dict[str, Any]]] = {p.topic: [] for p in pods}
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            if stored[served.topic]:
+                # Got the first batch; give a split batch or a stray event elsewhere a moment.
+                deadline = min(deadline, time.monotonic() + 0.5)
+            for sock, _ in poller.poll(timeout=200):
+                topic, seq, payload = sock.recv_multipart()
+                assert len(seq) == 8
+                _ts, events, _rank = msgpack.unpackb(payload, raw=False, strict_map_key=False)
+                stored[topic.decode()] += [e for e in events if e["type"] == "BlockStored"]
+        events = stored[served.topic]
+        assert events, f"no BlockStored from {served.name}"
+        blocks = sum(len(e["block_hashes"]) for e in events)
+        assert blocks == prompt_tokens // BLOCK_SIZE
+        for e in events:
+            assert e["block_size"] == BLOCK_SIZE
+            assert len(e["token_ids"]) == BLOCK_SIZE * len(e["block_hashes"])
+        others = [p for p in pods if p is not served]
+        assert all(not stored[p.topic] for p in others)
+    finally:
+        for sub in subs:
+            sub.close()
+        ctx.term()
