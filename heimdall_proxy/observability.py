@@ -144,6 +144,17 @@ class GatewayMetrics:
             "retried them on the next pod when it could.",
             ("pod", "reason"),
         )
+        self.disagg_hops = CounterFamily(
+            "inference_objective_disagg_hops",
+            "Encode and prefill hops the gateway sent that succeeded, by stage and pod.",
+            ("stage", "pod"),
+        )
+        self.disagg_hop_failures = CounterFamily(
+            "inference_objective_disagg_hop_failures",
+            "Encode and prefill hops that failed (connect error, timeout, error status, no "
+            "transfer parameters); the request was served without that stage.",
+            ("stage", "pod"),
+        )
         scheduler = HistogramFamily(
             "inference_extension_scheduler_e2e_duration_seconds",
             "Scheduling cycle latency.",
@@ -163,6 +174,8 @@ class GatewayMetrics:
             self.ttft,
             self.running,
             self.upstream_failures,
+            self.disagg_hops,
+            self.disagg_hop_failures,
             scheduler,
             self.plugin_duration,
         ]

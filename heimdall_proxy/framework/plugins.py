@@ -95,6 +95,18 @@ class ProfileHandler(Protocol):
 
 
 @runtime_checkable
+class Decider(Protocol):
+    """A disaggregation decider (prefill or encode), consulted by disagg-profile-handler or
+    pd-profile-handler after the decode profile picked its pod. Synchronous and pure CPU,
+    like the profile handler that calls it."""
+
+    def decide(self, state: CycleState, request: InferenceRequest, decode: Endpoint) -> bool:
+        """True when the stage this decider guards should run for `request`, whose decode
+        pod is `decode`. May read what producers left on `state` (prefix match info)."""
+        ...
+
+
+@runtime_checkable
 class PrepareData(Protocol):
     async def prepare_data(self, request: InferenceRequest, endpoints: list[Endpoint]) -> None:
         """Enrich the request before scheduling (token ids, a rewritten body, ...)."""
@@ -155,6 +167,7 @@ class Lifecycle(Protocol):
 #: Extension points, as named in logs, metrics and `check-config` output.
 EXTENSION_POINTS: dict[str, type] = {
     "ProfileHandler": ProfileHandler,
+    "Decider": Decider,
     "Filter": Filter,
     "Scorer": Scorer,
     "Picker": Picker,

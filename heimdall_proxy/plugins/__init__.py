@@ -1,5 +1,21 @@
 """Built-in plugins. Importing this package registers every plugin type."""
 
-from heimdall_proxy.plugins import filters, pickers, prepare, profiles, requestcontrol, scorers
+from heimdall_proxy.plugins import (
+    deciders,
+    filters,
+    pickers,
+    prepare,
+    profiles,
+    requestcontrol,
+    scorers,
+)
 
-__all__ = ["filters", "pickers", "prepare", "profiles", "requestcontrol", "scorers"]
+__all__ = [
+    "deciders",
+    "filters",
+    "pickers",
+    "prepare",
+    "profiles",
+    "requestcontrol",
+    "scorers",
+]

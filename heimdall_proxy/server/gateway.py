@@ -33,6 +33,7 @@ from heimdall_proxy.framework.types import (
 from heimdall_proxy.observability import GatewayMetrics
 from heimdall_proxy.server.errors import GatewayError
 from heimdall_proxy.server.headers import client_response_headers, upstream_request_headers
+from heimdall_proxy.server.hops import Hops
 from heimdall_proxy.server.parse import parse_body
 
 log = logging.getLogger("heimdall_proxy.server")
@@ -242,12 +243,14 @@ class Gateway:
     ) -> web.StreamResponse:
         body = orjson.dumps(ireq.data) if ireq.body_modified else ireq.body
         headers = upstream_request_headers(request.headers)
+        # a disaggregated plan's encode and prefill hops, once, before any decode attempt
+        prefill, body = await Hops(self.session, self.metrics).run(ireq, state, headers, body)
         tried = []
         target = result.primary.targets[0]
         order: list[Endpoint] | None = None  # the fallback order, built only when needed
         attempt = 0
         while True:
-            ctx = RequestContext(ireq, state, result, target, attempt=attempt)
+            ctx = RequestContext(ireq, state, result, target, prefill=prefill, attempt=attempt)
             response = await self._attempt(request, ctx, body, headers)
             if response is not None:
                 return response

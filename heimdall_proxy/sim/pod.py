@@ -446,7 +446,7 @@ class SimPod:
         if api == "chat":
             return shapes.chat(text, finish, seq.prompt_len, n, seq.cached_tokens, **extra)
         obj = shapes.response_obj("completed", text, seq.prompt_len, n, seq.cached_tokens)
-        return orjson.dumps(obj)
+        return orjson.dumps({**obj, **extra})
 
     async def _stream(
         self,

@@ -1,3 +1,3 @@
-from heimdall_proxy.plugins.filters import by_label, by_label_selector
+from heimdall_proxy.plugins.filters import by_label, by_label_selector, role
 
-__all__ = ["by_label", "by_label_selector"]
+__all__ = ["by_label", "by_label_selector", "role"]

@@ -1,3 +1,3 @@
-from heimdall_proxy.plugins.profiles import single
+from heimdall_proxy.plugins.profiles import disagg, single
 
-__all__ = ["single"]
+__all__ = ["disagg", "single"]

@@ -1,3 +1,3 @@
-from heimdall_proxy.plugins.requestcontrol import response_header
+from heimdall_proxy.plugins.requestcontrol import disagg_headers, response_header
 
-__all__ = ["response_header"]
+__all__ = ["disagg_headers", "response_header"]

@@ -1,0 +1,116 @@
+"""Disaggregated serving: what the profile handlers, the disagg-headers-handler and the
+server's hop code share.
+
+A disaggregation profile handler (disagg-profile-handler, pd-profile-handler) leaves a
+DisaggPlan on the CycleState: which prefill pod and which encode pods the scheduler chose for
+the request, and whether the gateway itself sends them their hop (`gateway` mode) or only
+names them in headers for a sidecar on the decode pod (`headers` mode). The server performs
+the hops and records which stages really ran (`prefill_done`, `encode_done`); the
+disagg-headers-handler then writes `mif-prefill-endpoint` / `mif-encode-endpoints` for those.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from heimdall_proxy.framework.prefix import PrefixCacheMatchInfo, read_prefix_match
+from heimdall_proxy.framework.types import ApiKind, CycleState, Endpoint
+
+#: Upstream request header naming the prefill pod (host:port), for the decode pod.
+PREFILL_ENDPOINT_HEADER = "mif-prefill-endpoint"
+#: Upstream request header listing the encode pods (host:port,host:port), for the decode pod.
+ENCODE_ENDPOINTS_HEADER = "mif-encode-endpoints"
+
+#: Values of the `mif.moreh.io/role` label.
+ROLE_PREFILL = "prefill"
+ROLE_DECODE = "decode"
+ROLE_BOTH = "both"
+ROLE_ENCODE = "encode"
+ROLE_ENCODE_PREFILL = "encode-prefill"
+ROLE_ENCODE_PREFILL_DECODE = "encode-prefill-decode"
+
+#: `gateway`: the gateway sends the encode and prefill hops itself (no sidecar needed);
+#: `headers`: it only writes the mif-* headers and the decode pod's sidecar does the rest.
+DisaggMode = Literal["gateway", "headers"]
+
+#: CycleState key of the DisaggPlan.
+DISAGG_PLAN_KEY = "disagg/plan"
+#: CycleState key where a profile handler names the prefix-cache plugin (type, name) whose
+#: match information its prefill decider should read (pd-profile-handler's
+#: prefixPluginType / prefixPluginName).
+PREFIX_PLUGIN_HINT_KEY = "disagg/prefix-plugin"
+
+#: Content-part types that carry an image, audio clip or video (chat and Responses API).
+MULTIMODAL_PART_TYPES = frozenset(
+    {"image_url", "input_image", "input_audio", "audio_url", "video_url", "input_video"}
+)
+
+
+@dataclass(slots=True)
+class DisaggPlan:
+    """The stages the scheduler chose besides decode, and (filled in by the server) the ones
+    that ran. `prefill` is the chosen prefill pod; `encode` the chosen encode pods, best
+    first. `hop_timeout` bounds each hop (seconds)."""
+
+    mode: DisaggMode = "gateway"
+    prefill: Endpoint | None = None
+    encode: list[Endpoint] = field(default_factory=list)
+    hop_timeout: float = 60.0
+    #: The prefill pod whose KV the decode request uses (None: prefill did not run or failed).
+    prefill_done: Endpoint | None = None
+    #: The encode pods whose encoder output the decode request uses.
+    encode_done: list[Endpoint] = field(default_factory=list)
+
+
+def read_plan(state: CycleState) -> DisaggPlan | None:
+    plan = state.get(DISAGG_PLAN_KEY)
+    return plan if isinstance(plan, DisaggPlan) else None
+
+
+def find_prefix_match(state: CycleState) -> PrefixCacheMatchInfo | None:
+    """The prefix-cache match information on `state`: from the plugin a profile handler
+    named under PREFIX_PLUGIN_HINT_KEY when it did, else from the first prefix-cache plugin
+    that published one (a config normally declares one)."""
+    hint = state.get(PREFIX_PLUGIN_HINT_KEY)
+    if isinstance(hint, tuple) and len(hint) == 2:
+        return read_prefix_match(state, str(hint[0]), str(hint[1]))
+    for value in state.values():
+        if isinstance(value, PrefixCacheMatchInfo):
+            return value
+    return None
+
+
+def multimodal_parts(api: ApiKind, data: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Every image / audio / video content part of a chat request's messages or a Responses
+    request's input, in order."""
+    out: list[dict[str, Any]] = []
+
+    def scan(content: Any) -> None:
+        if isinstance(content, Mapping):
+            content = [content]
+        if isinstance(content, list):
+            for part in content:
+                if isinstance(part, dict) and part.get("type") in MULTIMODAL_PART_TYPES:
+                    out.append(part)
+
+    if api == "chat":
+        messages = data.get("messages")
+        if isinstance(messages, list):
+            for msg in messages:
+                if isinstance(msg, Mapping):
+                    scan(msg.get("content"))
+    elif api == "responses":
+        inp = data.get("input")
+        if isinstance(inp, list):
+            for item in inp:
+                if isinstance(item, Mapping):
+                    scan(item)
+                    scan(item.get("content"))
+    return out
+
+
+def is_multimodal(api: ApiKind, data: Mapping[str, Any]) -> bool:
+    """True when the request holds at least one image, audio or video part."""
+    return bool(multimodal_parts(api, data))
