@@ -7,6 +7,8 @@ from collections.abc import Mapping
 import orjson
 from aiohttp import web
 
+from heimdall_proxy.framework.errors import RequestError
+
 INVALID_REQUEST = "invalid_request_error"
 SERVER_ERROR = "server_error"
 
@@ -31,6 +33,18 @@ class GatewayError(Exception):
         self.code = code
         self.param = param
         self.headers = dict(headers or {})
+
+    @classmethod
+    def from_request_error(cls, exc: RequestError) -> GatewayError:
+        """The server-side twin of an error a plugin raised to answer the client."""
+        return cls(
+            exc.status,
+            exc.message,
+            type=exc.type,
+            code=exc.code,
+            param=exc.param,
+            headers=exc.headers,
+        )
 
     def response(self) -> web.Response:
         return error_response(

@@ -18,6 +18,7 @@ from yarl import URL
 from heimdall_proxy.config import GatewayConfig, PluginConfig
 from heimdall_proxy.datalayer.pool import EndpointPool, ModelNotFoundError, NoEndpointsError
 from heimdall_proxy.datalayer.refresher import PoolRefresher, RefreshOptions
+from heimdall_proxy.framework.errors import RequestError
 from heimdall_proxy.framework.handle import PluginHandle
 from heimdall_proxy.framework.loader import PluginSet, build_plugins
 from heimdall_proxy.framework.registry import Registry, load_builtin_plugins
@@ -225,6 +226,9 @@ class Gateway:
                 await plugin.prepare_data(ireq, candidates)
             except GatewayError:
                 raise
+            except RequestError as exc:
+                # a deliberate answer (e.g. an unknown previous_response_id), not a failure
+                raise GatewayError.from_request_error(exc) from exc
             except Exception:
                 # prepare-data plugins fail open: the request goes on without their data
                 log.exception("prepare-data plugin %r failed", getattr(plugin, "name", plugin))
