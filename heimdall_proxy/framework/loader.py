@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from heimdall_proxy.config import ConfigError, EndpointPickerConfig, PluginConfig
 from heimdall_proxy.framework.handle import PluginHandle, PluginLookupError
@@ -20,6 +20,7 @@ from heimdall_proxy.framework.plugins import (
     ProfileHandler,
     ResponseComplete,
     ResponseReceived,
+    ResponsesStoreAPI,
     ResponseStreaming,
     Scorer,
     extension_points,
@@ -66,6 +67,8 @@ class PluginSet:
     response_streaming: list[ResponseStreaming] = field(default_factory=list)
     response_complete: list[ResponseComplete] = field(default_factory=list)
     lifecycle: list[Lifecycle] = field(default_factory=list)
+    #: The plugin serving GET/DELETE /v1/responses/{id}, if one is declared.
+    responses_store: ResponsesStoreAPI | None = None
 
 
 def _params_error(plugin: PluginConfig, exc: ValidationError) -> ConfigError:
@@ -77,6 +80,21 @@ def _params_error(plugin: PluginConfig, exc: ValidationError) -> ConfigError:
     return ConfigError(
         f"plugin {plugin.instance_name!r} (type {plugin.type!r}): " + "; ".join(parts)
     )
+
+
+def unknown_params(model: BaseModel, prefix: str = "") -> list[str]:
+    """Names of the keys a parameter model kept as extras, nested ones as dotted paths
+    (`storeConfig.inMemoryConfig.maxEntrys`), so a typo deep in a config is reported too."""
+    found = [prefix + key for key in model.model_extra or {}]
+    for name, info in type(model).model_fields.items():
+        value = getattr(model, name)
+        path = f"{prefix}{info.alias or name}"
+        children = value if isinstance(value, list) else [value]
+        for i, child in enumerate(children):
+            if isinstance(child, BaseModel):
+                where = f"{path}[{i}]" if isinstance(value, list) else path
+                found.extend(unknown_params(child, where + "."))
+    return found
 
 
 def instantiate(
@@ -94,12 +112,13 @@ def instantiate(
         params = spec.params.model_validate(cfg.parameters or {})
     except ValidationError as exc:
         raise _params_error(cfg, exc) from exc
-    if params.model_extra:
+    unknown = unknown_params(params)
+    if unknown:
         log.warning(
             "plugin %r (type %r): ignoring unknown parameters %s",
             name,
             cfg.type,
-            ", ".join(sorted(params.model_extra)),
+            ", ".join(sorted(unknown)),
         )
     try:
         plugin = spec.factory(name, params, handle)
@@ -245,6 +264,13 @@ def build_plugins(
         except ValueError as exc:
             raise ConfigError(f"profile handler {handler_name!r}: {exc}") from exc
 
+    stores = [(n, p) for n, p in plugins.items() if isinstance(p, ResponsesStoreAPI)]
+    if len(stores) > 1:
+        raise ConfigError(
+            "only one responses store may be declared, found: "
+            + ", ".join(f"{n!r}" for n, _ in stores)
+        )
+
     pset = PluginSet(
         plugins=plugins,
         scheduler=Scheduler(handler, profiles, timers),
@@ -252,6 +278,7 @@ def build_plugins(
         handler_name=handler_name,
         handler_defaulted=handler_defaulted,
         skipped=skipped,
+        responses_store=stores[0][1] if stores else None,
     )
     for plugin in plugins.values():
         if isinstance(plugin, PrepareData):

@@ -11,7 +11,7 @@ hooks are all async.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from heimdall_proxy.framework.types import (
     CycleState,
@@ -164,6 +164,28 @@ class Lifecycle(Protocol):
     async def stop(self) -> None: ...
 
 
+@runtime_checkable
+class ResponsesStoreAPI(Protocol):
+    """A store of Responses API objects that the server exposes as `GET /v1/responses/{id}`,
+    `DELETE /v1/responses/{id}` and `GET /v1/responses/{id}/input_items`. The server finds
+    the (at most one) plugin implementing it; the routes answer 404 when there is none."""
+
+    async def get_response(self, response_id: str) -> dict[str, Any] | None:
+        """The stored response object as the model server produced it, or None when unknown
+        (never stored, expired, evicted or deleted)."""
+        ...
+
+    async def delete_response(self, response_id: str) -> bool:
+        """Delete a stored response; False when there was none."""
+        ...
+
+    async def get_input_items(self, response_id: str) -> list[dict[str, Any]] | None:
+        """Every input item the model read for that response, oldest first, each an object
+        with a string `id` (earlier turns of a conversation included), or None when the
+        response is unknown. The server pages and orders them."""
+        ...
+
+
 #: Extension points, as named in logs, metrics and `check-config` output.
 EXTENSION_POINTS: dict[str, type] = {
     "ProfileHandler": ProfileHandler,
@@ -177,6 +199,7 @@ EXTENSION_POINTS: dict[str, type] = {
     "ResponseReceived": ResponseReceived,
     "ResponseStreaming": ResponseStreaming,
     "ResponseComplete": ResponseComplete,
+    "ResponsesStore": ResponsesStoreAPI,
 }
 
 

@@ -8,6 +8,7 @@ from heimdall_proxy.plugins import (
     profiles,
     requestcontrol,
     scorers,
+    store,
 )
 
 __all__ = [
@@ -18,4 +19,5 @@ __all__ = [
     "profiles",
     "requestcontrol",
     "scorers",
+    "store",
 ]

@@ -1,0 +1,93 @@
+"""Where responses-store keeps its entries: the backend contract and the in-memory backend.
+The Redis (+ MongoDB) backend is in tiered.py."""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Protocol
+
+
+class StoreBackend(Protocol):
+    """Opaque entries (serialised JSON) by response id. Every method may raise when the
+    backing service is unreachable; the plugin decides what that means for the request."""
+
+    #: Entries larger than this are not stored (the plugin checks before put()).
+    max_entry_bytes: int
+
+    async def start(self) -> None:
+        """Open connections and start background work."""
+        ...
+
+    async def stop(self) -> None:
+        """Stop background work and close connections."""
+        ...
+
+    async def put(self, response_id: str, entry: bytes) -> None: ...
+
+    async def get(self, response_id: str) -> bytes | None:
+        """The entry, or None when unknown, expired or deleted."""
+        ...
+
+    async def delete(self, response_id: str) -> bool:
+        """False when there was no such entry."""
+        ...
+
+
+class InMemoryBackend:
+    """A process-local LRU: at most `max_entries` entries, each dropped `ttl` seconds after
+    it was stored (0: never). Reading an entry makes it the most recently used. Not shared
+    between gateway replicas and lost on restart."""
+
+    def __init__(
+        self,
+        ttl: float,
+        max_entries: int,
+        max_entry_bytes: int,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.ttl = ttl
+        self.max_entries = max_entries
+        self.max_entry_bytes = max_entry_bytes
+        self._clock = clock
+        #: id -> (deadline, entry), least recently used first
+        self._entries: OrderedDict[str, tuple[float, bytes]] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    async def start(self) -> None:
+        return None
+
+    async def stop(self) -> None:
+        return None
+
+    async def put(self, response_id: str, entry: bytes) -> None:
+        now = self._clock()
+        deadline = now + self.ttl if self.ttl > 0 else float("inf")
+        entries = self._entries
+        entries[response_id] = (deadline, entry)
+        entries.move_to_end(response_id)
+        # Expired entries are dropped when read; also drop the ones at the cold end here so
+        # a store that is only written does not keep them until LRU eviction.
+        while entries:
+            oldest_id, (oldest_deadline, _) = next(iter(entries.items()))
+            if oldest_deadline > now and len(entries) <= self.max_entries:
+                break
+            del entries[oldest_id]
+
+    async def get(self, response_id: str) -> bytes | None:
+        item = self._entries.get(response_id)
+        if item is None:
+            return None
+        deadline, entry = item
+        if deadline <= self._clock():
+            del self._entries[response_id]
+            return None
+        self._entries.move_to_end(response_id)
+        return entry
+
+    async def delete(self, response_id: str) -> bool:
+        item = self._entries.pop(response_id, None)
+        return item is not None and item[0] > self._clock()
