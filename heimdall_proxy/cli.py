@@ -414,6 +414,11 @@ def describe(gateway: Any) -> str:
         )
     for name, gate in pset.skipped.items():
         out.append(f"  {name}: skipped, feature gate {gate!r} not enabled")
+    if pset.data_sources:
+        out.append("data sources:")
+        for wired in pset.data_sources:
+            extractors = ", ".join(name for name, _ in wired.extractors)
+            out.append(f"  {wired.name} -> {extractors}")
     suffix = " (default)" if pset.handler_defaulted else ""
     out.append(f"profile handler: {pset.handler_name}{suffix}")
     out.append("scheduling profiles:")

@@ -14,7 +14,8 @@ import orjson
 
 from heimdall_proxy.datalayer.pool import EndpointPool
 from heimdall_proxy.datalayer.vllm_metrics import parse_vllm_metrics
-from heimdall_proxy.framework.types import Endpoint
+from heimdall_proxy.framework.loader import WiredSource
+from heimdall_proxy.framework.types import Endpoint, parse_model_list, publish_models
 
 log = logging.getLogger("heimdall_proxy.datalayer")
 
@@ -31,14 +32,23 @@ class RefreshOptions:
 
 
 class PoolRefresher:
-    """One task per pod keeps its metrics snapshot, health and model list fresh."""
+    """One task per pod keeps its metrics snapshot, health and model list fresh.
+
+    The model list comes from the pod's `/v1/models`, unless data-layer sources are wired
+    (`data.sources` in the config): then those sources are polled instead, on the same
+    interval, and their extractors publish the models."""
 
     def __init__(
-        self, pool: EndpointPool, session: aiohttp.ClientSession, options: RefreshOptions
+        self,
+        pool: EndpointPool,
+        session: aiohttp.ClientSession,
+        options: RefreshOptions,
+        sources: list[WiredSource] | None = None,
     ) -> None:
         self.pool = pool
         self.session = session
         self.options = options
+        self.sources = list(sources or [])
         self._tasks: list[asyncio.Task[None]] = []
         self.scrape_count = 0
 
@@ -75,8 +85,34 @@ class PoolRefresher:
 
     async def _refresh(self, endpoint: Endpoint, *, models: bool) -> None:
         if models and endpoint.name not in self.pool.static_models:
-            await self._refresh_models(endpoint)
+            if self.sources:
+                await self._collect_sources(endpoint)
+            else:
+                await self._refresh_models(endpoint)
         await self._scrape(endpoint)
+
+    def _models_timeout(self) -> float:
+        return max(self.options.metrics_timeout, 2.0)
+
+    async def _collect_sources(self, endpoint: Endpoint) -> None:
+        for wired in self.sources:
+            try:
+                async with asyncio.timeout(self._models_timeout()):
+                    data = await wired.source.collect(endpoint, self.session)
+            except Exception as exc:
+                log.debug("data source %r failed for %s: %r", wired.name, endpoint.name, exc)
+                continue
+            for name, extractor in wired.extractors:
+                try:
+                    extractor.extract(endpoint, data)
+                except Exception as exc:
+                    log.debug(
+                        "data extractor %r failed on %r for %s: %r",
+                        name,
+                        wired.name,
+                        endpoint.name,
+                        exc,
+                    )
 
     async def _scrape(self, endpoint: Endpoint) -> None:
         timeout = aiohttp.ClientTimeout(total=self.options.metrics_timeout)
@@ -108,27 +144,20 @@ class PoolRefresher:
             )
 
     async def _refresh_models(self, endpoint: Endpoint) -> None:
-        timeout = aiohttp.ClientTimeout(total=max(self.options.metrics_timeout, 2.0))
+        timeout = aiohttp.ClientTimeout(total=self._models_timeout())
         try:
             async with self.session.get(
                 f"{endpoint.url}{self.options.models_path}", timeout=timeout
             ) as resp:
                 if resp.status != 200:
                     raise ValueError(f"HTTP {resp.status}")
-                doc = orjson.loads(await resp.read())
-            cards = {
-                str(card["id"]): card
-                for card in doc["data"]
-                if isinstance(card, dict) and isinstance(card.get("id"), str)
-            }
-        except (aiohttp.ClientError, TimeoutError, ValueError, KeyError, TypeError) as exc:
+                cards = parse_model_list(orjson.loads(await resp.read()))
+        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
             log.debug("model list refresh failed for %s: %r", endpoint.name, exc)
             return
-        if endpoint.models != frozenset(cards):
+        if publish_models(endpoint, cards):
             log.info(
                 "endpoint serves models: %s",
                 ", ".join(sorted(cards)),
                 extra={"endpoint": endpoint.name},
             )
-        endpoint.model_cards = cards
-        endpoint.models = frozenset(cards)

@@ -8,9 +8,11 @@ from dataclasses import dataclass, field
 
 from pydantic import BaseModel, ValidationError
 
-from heimdall_proxy.config import ConfigError, EndpointPickerConfig, PluginConfig
+from heimdall_proxy.config import ConfigError, DataConfig, EndpointPickerConfig, PluginConfig
 from heimdall_proxy.framework.handle import PluginHandle, PluginLookupError
 from heimdall_proxy.framework.plugins import (
+    DataExtractor,
+    DataSource,
     Filter,
     Lifecycle,
     Picker,
@@ -51,6 +53,16 @@ class ResolvedProfile:
 
 
 @dataclass(slots=True)
+class WiredSource:
+    """One `data.sources` entry, validated: the source plugin and the extractors that read
+    what it collects, in declaration order."""
+
+    name: str
+    source: DataSource
+    extractors: list[tuple[str, DataExtractor]]
+
+
+@dataclass(slots=True)
 class PluginSet:
     """Every plugin instance, by extension point, in declaration order."""
 
@@ -69,6 +81,8 @@ class PluginSet:
     lifecycle: list[Lifecycle] = field(default_factory=list)
     #: The plugin serving GET/DELETE /v1/responses/{id}, if one is declared.
     responses_store: ResponsesStoreAPI | None = None
+    #: Data-layer sources wired by the config's `data` field (each with >= 1 extractor).
+    data_sources: list[WiredSource] = field(default_factory=list)
 
 
 def _params_error(plugin: PluginConfig, exc: ValidationError) -> ConfigError:
@@ -279,6 +293,7 @@ def build_plugins(
         handler_defaulted=handler_defaulted,
         skipped=skipped,
         responses_store=stores[0][1] if stores else None,
+        data_sources=wire_data_layer(epp.data, plugins, skipped),
     )
     for plugin in plugins.values():
         if isinstance(plugin, PrepareData):
@@ -296,3 +311,75 @@ def build_plugins(
         if isinstance(plugin, Lifecycle):
             pset.lifecycle.append(plugin)
     return pset
+
+
+def wire_data_layer(
+    data: DataConfig | None, plugins: dict[str, object], skipped: dict[str, str]
+) -> list[WiredSource]:
+    """Resolve the config's `data.sources` against the declared plugins. A reference to a
+    plugin skipped for want of its feature gate is dropped with a warning (as the plugin
+    itself is); any other wiring mistake is a ConfigError. A source left with no extractor
+    is not polled (nothing would read its data)."""
+    wired: list[WiredSource] = []
+    referenced: set[str] = set()
+    for i, src in enumerate(data.sources if data is not None else []):
+        ref = src.plugin_ref
+        where = f"data.sources[{i}]: pluginRef {ref!r}"
+        if ref in skipped:
+            log.warning(
+                "%s is skipped because feature gate %r is not enabled; the source is not polled",
+                where,
+                skipped[ref],
+            )
+            continue
+        source = plugins.get(ref)
+        if source is None:
+            raise ConfigError(f"{where} names no declared plugin")
+        if not isinstance(source, DataSource):
+            raise ConfigError(f"{where}: {_not_a(source, 'data source')}")
+        if ref in referenced:
+            raise ConfigError(f"{where}: the source is listed twice in data.sources")
+        referenced.add(ref)
+        extractors: list[tuple[str, DataExtractor]] = []
+        for j, ext_cfg in enumerate(src.extractors):
+            ext_ref = ext_cfg.plugin_ref
+            ext_where = f"data.sources[{i}].extractors[{j}]: pluginRef {ext_ref!r}"
+            if ext_ref in skipped:
+                log.warning(
+                    "%s is skipped because feature gate %r is not enabled",
+                    ext_where,
+                    skipped[ext_ref],
+                )
+                continue
+            extractor = plugins.get(ext_ref)
+            if extractor is None:
+                raise ConfigError(f"{ext_where} names no declared plugin")
+            if not isinstance(extractor, DataExtractor):
+                raise ConfigError(f"{ext_where}: {_not_a(extractor, 'data extractor')}")
+            if extractor.input_type != source.output_type:
+                raise ConfigError(
+                    f"{ext_where}: the extractor reads {extractor.input_type!r} data but source "
+                    f"{ref!r} produces {source.output_type!r}"
+                )
+            if any(name == ext_ref for name, _ in extractors):
+                raise ConfigError(f"{ext_where}: the extractor is listed twice for this source")
+            extractors.append((ext_ref, extractor))
+            referenced.add(ext_ref)
+        if not extractors:
+            log.warning(
+                "%s has no extractor; nothing would read its data, so it is not polled", where
+            )
+            continue
+        wired.append(WiredSource(ref, source, extractors))
+    for name, plugin in plugins.items():
+        if name not in referenced and isinstance(plugin, DataSource | DataExtractor):
+            log.warning(
+                "data-layer plugin %r is declared but not wired in data.sources; it does nothing",
+                name,
+            )
+    return wired
+
+
+def _not_a(plugin: object, what: str) -> str:
+    points = ", ".join(extension_points(plugin)) or "no extension point"
+    return f"plugin type {getattr(plugin, 'type', '?')!r} is not a {what} (it is: {points})"

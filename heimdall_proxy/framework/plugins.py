@@ -11,7 +11,7 @@ hooks are all async.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from heimdall_proxy.framework.types import (
     CycleState,
@@ -22,6 +22,9 @@ from heimdall_proxy.framework.types import (
     SchedulingResult,
     ScoredEndpoint,
 )
+
+if TYPE_CHECKING:
+    import aiohttp
 
 
 @runtime_checkable
@@ -186,6 +189,35 @@ class ResponsesStoreAPI(Protocol):
         ...
 
 
+@runtime_checkable
+class DataSource(Protocol):
+    """A data-layer source: fetches one kind of raw data from a pod. Wired to extractors by
+    the config's `data.sources`; polled by the data layer on the model-list interval."""
+
+    #: Names what collect() returns; an extractor is wired to it only if its `input_type`
+    #: is the same.
+    output_type: str
+
+    async def collect(self, endpoint: Endpoint, session: aiohttp.ClientSession) -> object:
+        """Fetch the pod's raw data over the data layer's shared session. Raises on any
+        failure (the data layer logs it and keeps the pod's last published data)."""
+        ...
+
+
+@runtime_checkable
+class DataExtractor(Protocol):
+    """A data-layer extractor: turns what a source collected into fields of the Endpoint
+    the scheduler reads (models, model cards, ...)."""
+
+    #: The `output_type` of the sources this extractor understands.
+    input_type: str
+
+    def extract(self, endpoint: Endpoint, data: object) -> None:
+        """Publish `data` onto `endpoint` in place. Raises ValueError on data it cannot
+        read (the endpoint is then left unchanged)."""
+        ...
+
+
 #: Extension points, as named in logs, metrics and `check-config` output.
 EXTENSION_POINTS: dict[str, type] = {
     "ProfileHandler": ProfileHandler,
@@ -200,6 +232,8 @@ EXTENSION_POINTS: dict[str, type] = {
     "ResponseStreaming": ResponseStreaming,
     "ResponseComplete": ResponseComplete,
     "ResponsesStore": ResponsesStoreAPI,
+    "DataSource": DataSource,
+    "DataExtractor": DataExtractor,
 }
 
 

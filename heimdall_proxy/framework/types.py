@@ -65,6 +65,29 @@ class Endpoint:
         return f"Endpoint({self.name!r}, {self.url!r})"
 
 
+def parse_model_list(doc: Any) -> dict[str, dict[str, Any]]:
+    """The model cards of an OpenAI `/v1/models` document (`{"object": "list", "data":
+    [{"id": ...}, ...]}`; vLLM lists LoRA adapters there too), keyed by id. Cards without a
+    string id are skipped. Raises ValueError when `doc` is not such a list."""
+    data = doc.get("data") if isinstance(doc, Mapping) else None
+    if not isinstance(data, list):
+        raise ValueError("not a model list: want an object with a `data` array")
+    return {
+        card["id"]: card
+        for card in data
+        if isinstance(card, dict) and isinstance(card.get("id"), str)
+    }
+
+
+def publish_models(endpoint: Endpoint, cards: dict[str, dict[str, Any]]) -> bool:
+    """Set the models an endpoint serves; True when the set changed."""
+    models = frozenset(cards)
+    changed = endpoint.models != models
+    endpoint.model_cards = cards
+    endpoint.models = models
+    return changed
+
+
 class CycleState(dict[str, Any]):
     """Per-request scratch space shared by the plugins of one scheduling cycle (prefix match
     information, predictions, decider results). Keys are namespaced by the writer, usually

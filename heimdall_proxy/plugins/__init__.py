@@ -1,6 +1,7 @@
 """Built-in plugins. Importing this package registers every plugin type."""
 
 from heimdall_proxy.plugins import (
+    datasources,
     deciders,
     filters,
     pickers,
@@ -12,6 +13,7 @@ from heimdall_proxy.plugins import (
 )
 
 __all__ = [
+    "datasources",
     "deciders",
     "filters",
     "pickers",

@@ -118,6 +118,7 @@ class Gateway:
             self.pool,
             data_session,
             RefreshOptions(opts.metrics_interval, opts.metrics_timeout, opts.models_interval),
+            self.plugins.data_sources,
         )
         started: list[object] = []
         try:

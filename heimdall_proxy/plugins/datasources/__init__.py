@@ -1,0 +1,3 @@
+from heimdall_proxy.plugins.datasources import models
+
+__all__ = ["models"]
