@@ -90,6 +90,8 @@ def engine_hash(value: Any) -> int:
 def _hashes(value: Any) -> list[int]:
     if not isinstance(value, list | tuple):
         raise EventDecodeError("block_hashes must be a list")
+    if set(map(type, value)) <= {int}:  # the usual case, checked in C
+        return value if isinstance(value, list) else list(value)
     return [engine_hash(h) for h in value]
 
 

@@ -18,15 +18,20 @@ not tokenized (`text_block_keys`).
 
 from __future__ import annotations
 
+import functools
 import struct
 import sys
 from array import array
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
+from itertools import repeat
+from operator import itemgetter
+from typing import overload
 
 import xxhash
 
 _xxh3 = xxhash.xxh3_64_intdigest
 _pack_pair = struct.Struct("<QQ").pack
+_first = itemgetter(0)
 _BIG_ENDIAN = sys.byteorder == "big"
 _U32 = "I" if array("I").itemsize == 4 else "L"
 
@@ -60,28 +65,84 @@ def block_keys(
         n = max_blocks
     if n <= 0:
         return []
-    step = block_size * 4
-    buf = tokens_to_bytes(tokens[: n * block_size] if len(tokens) != n * block_size else tokens)
-    return _chain(buf, step, n * step, seed, parent)
-
-
-def _chain(buf: bytes, step: int, end: int, seed: int, parent: int | None) -> list[int]:
-    # One loop, locals only: this runs for every block of every KV event and every prompt.
+    buf = tokens_to_bytes(tokens if len(tokens) == n * block_size else tokens[: n * block_size])
+    # Local hashes in C (no Python frame per block); only the chain needs a Python loop.
+    chunks = map(_first, _chunker(block_size * 4)(buf))
+    local = list(map(_xxh3, chunks, repeat(seed, n)))
     h = _xxh3
     pack = _pack_pair
-    out: list[int] = []
-    append = out.append
     if parent is None:
-        prev = h(buf[0:step], seed)
-        append(prev)
-        start = step
+        prev = local[0]
+        out = [prev]
+        rest = local[1:]
     else:
         prev = parent
-        start = 0
-    for off in range(start, end, step):
-        prev = h(pack(prev, h(buf[off : off + step], seed)), seed)
+        out = []
+        rest = local
+    append = out.append
+    for value in rest:
+        prev = h(pack(prev, value), seed)
         append(prev)
     return out
+
+
+class LazyBlockKeys(Sequence[int]):
+    """The block keys of a prompt, computed a chunk at a time as they are read: a lookup
+    that stops at the first block no pod holds (a cold prompt) hashes one chunk, not the
+    whole prompt. Reading everything (len() is free) gives exactly `block_keys(...)`."""
+
+    __slots__ = ("_block_size", "_chunk", "_keys", "_n", "_seed", "_tokens")
+
+    def __init__(self, tokens: Sequence[int], block_size: int, seed: int, chunk: int = 64) -> None:
+        self._tokens = tokens
+        self._block_size = block_size
+        self._seed = seed
+        self._chunk = chunk
+        self._n = len(tokens) // block_size
+        self._keys: list[int] = []
+
+    def __len__(self) -> int:
+        return self._n
+
+    def _ensure(self, upto: int) -> None:
+        have = len(self._keys)
+        if upto <= have:
+            return
+        upto = min(self._n, max(upto, have + self._chunk))
+        bs = self._block_size
+        parent = self._keys[-1] if self._keys else None
+        self._keys.extend(block_keys(self._tokens[have * bs : upto * bs], bs, self._seed, parent))
+
+    @overload
+    def __getitem__(self, index: int) -> int: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[int]: ...
+
+    def __getitem__(self, index: int | slice) -> int | list[int]:
+        if isinstance(index, slice):
+            start, stop, _ = index.indices(self._n)
+            self._ensure(max(start, stop))
+            return self._keys[index]
+        if index < 0:
+            index += self._n
+        if not 0 <= index < self._n:
+            raise IndexError("block index out of range")
+        self._ensure(index + 1)
+        return self._keys[index]
+
+    def __iter__(self) -> Iterator[int]:
+        self._ensure(self._n)
+        return iter(self._keys)
+
+    def computed(self) -> int:
+        """How many keys have been hashed so far."""
+        return len(self._keys)
+
+
+@functools.lru_cache(maxsize=16)
+def _chunker(size: int) -> Callable[[bytes], Iterator[tuple[bytes]]]:
+    return struct.Struct(f"{size}s").iter_unpack
 
 
 def text_block_keys(

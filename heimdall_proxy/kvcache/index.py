@@ -21,7 +21,8 @@ import time
 from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
-from itertools import islice
+from itertools import accumulate, groupby, islice, repeat
+from operator import and_, or_
 from typing import Protocol
 
 from heimdall_proxy.kvcache.hashing import block_keys
@@ -174,6 +175,78 @@ def iter_bits(mask: int) -> list[int]:
     return out
 
 
+class RunWalker:
+    """Longest runs of blocks from the start of a prompt, per pod, fed the prompt's presence
+    masks a chunk at a time (bit b: the pod with bit b holds the block).
+
+    `fast[j]` has the pods holding block j in the fastest tier (or speculatively); each entry
+    of `lows` is (masks, loss) for a slower tier, fastest first, where `loss` is the weight a
+    block held only there loses. The walk over a chunk is C-level (itertools.accumulate of
+    the AND of masks); Python code runs only where a pod drops out or a block is held in a
+    slower tier only."""
+
+    __slots__ = ("alive", "blocks", "deficit", "done", "runs", "top")
+
+    def __init__(self, candidates: int, top_weight: float = 1.0) -> None:
+        self.alive = candidates
+        self.top = top_weight
+        self.blocks = 0
+        self.deficit: dict[int, float] = {}
+        self.runs: dict[int, float] = {}
+        self.done = not candidates
+
+    def feed(self, fast: list[int], lows: Sequence[tuple[list[int], float]] = ()) -> bool:
+        """Walk one chunk; False once no candidate is left (the rest of the prompt is moot)."""
+        if self.done:
+            return False
+        present = fast
+        for masks, _ in lows:
+            present = list(map(or_, present, masks))
+        acc = list(accumulate(present, and_, initial=self.alive))
+        if lows:
+            covered = fast
+            deficit = self.deficit
+            for masks, loss in lows:
+                for j, m in enumerate(masks):
+                    m &= acc[j + 1] & ~covered[j]
+                    if m:
+                        for b in iter_bits(m):
+                            deficit[b] = deficit.get(b, 0.0) + loss
+                covered = list(map(or_, covered, masks))
+        final = acc[-1]
+        if final != self.alive:
+            # acc only ever loses bits: visit the points where it changes (groupby runs in C)
+            prev = self.alive
+            base = self.blocks - 1
+            for a, group in groupby(range(1, len(acc)), acc.__getitem__):
+                if a == prev:
+                    continue
+                held = base + next(group)
+                if held:
+                    for b in iter_bits(prev & ~a):
+                        self.runs[b] = held * self.top - self.deficit.get(b, 0.0)
+                prev = a
+                if not a:
+                    break
+            self.alive = final
+        self.blocks += len(fast)
+        if not final:
+            self.done = True
+        return not self.done
+
+    def result(self, names: Mapping[int, str]) -> dict[str, float]:
+        """pod name -> weighted run, for pods that hold at least the first block."""
+        runs = dict(self.runs)
+        if self.alive and self.blocks:
+            for b in iter_bits(self.alive):
+                runs[b] = self.blocks * self.top - self.deficit.get(b, 0.0)
+        return {names[b]: v for b, v in runs.items() if v > 0.0}
+
+
+#: Blocks looked up per step of a walk (a cold prompt stops after the first step).
+WALK_CHUNK = 64
+
+
 class InMemoryIndex:
     """Dicts of int -> int bitmask (bit i: the pod with index i), one dict per tier, so a
     lookup is one dict probe and a few integer operations per block whatever the number of
@@ -246,15 +319,21 @@ class InMemoryIndex:
 
     def _set(self, slot: int, bit: int, keys: Sequence[int]) -> None:
         d = self._tiers[slot]
-        limit = self.pod_cache_size
-        pop = d.pop
-        for key in keys:
-            m = pop(key, 0)
-            if not m & bit:
-                if m and m.bit_count() >= limit:
-                    m &= m - 1
-                m |= bit
-            d[key] = m
+        if d.keys().isdisjoint(keys):
+            # All new (the common case for fresh blocks): one C-level update.
+            d.update(zip(keys, repeat(bit)))
+        else:
+            get = d.get
+            limit = self.pod_cache_size
+            for key in keys:
+                m = get(key, 0)
+                if m & bit:
+                    continue  # already held: nothing to write
+                if m:
+                    if m.bit_count() >= limit:
+                        m &= m - 1
+                    del d[key]  # written again: to the young end of the eviction order
+                d[key] = m | bit
         if len(d) > self.max_keys:
             self._evict(d)
 
@@ -322,8 +401,8 @@ class InMemoryIndex:
             # known, no need to hash its tokens again.
             known = list(map(emap.get, engine_hashes))
             if None not in known:
-                keys = self._flatten(known)  # type: ignore[arg-type]
-                self._set(slot, bit, keys)
+                keys = known if isinstance(known[0], int) else self._flatten(known)  # type: ignore[arg-type]
+                self._set(slot, bit, keys)  # type: ignore[arg-type]
                 self.stats.stored_blocks += len(keys)
                 return
         if not token_ids:  # a location-only event (offloading): resolve what is known
@@ -441,36 +520,30 @@ class InMemoryIndex:
             self._sweep(time.monotonic())
         gpu = self._tiers[0].get
         spec = self._spec.get if self._spec else None
-        lower = [(d.get, w) for d, w in zip(self._tiers[1:], self._weights[1:], strict=True) if d]
-        top_weight = self._weights[0]
-        deficit: dict[int, float] = {}
-        out: dict[str, float] = {}
-        alive = candidates
-        run = 0
-        for i, key in enumerate(keys):
-            present = gpu(key, 0)
+        top = self._weights[0]
+        lower = sorted(
+            (
+                (d.get, top - w)
+                for d, w in zip(self._tiers[1:], self._weights[1:], strict=True)
+                if d
+            ),
+            key=lambda t: t[1],
+        )
+        walker = RunWalker(candidates, top)
+        for start in range(0, len(keys), WALK_CHUNK):
+            chunk = keys[start : start + WALK_CHUNK]
+            zeros = repeat(0, len(chunk))
+            fast = list(map(gpu, chunk, zeros))
             if spec is not None:
-                present |= spec(key, 0)
-            if lower:
-                # pods whose fastest copy of this block is in a slower tier lose weight
-                for get, weight in lower:
-                    m = get(key, 0) & alive & ~present
-                    if m:
-                        present |= m
-                        for b in iter_bits(m):
-                            deficit[b] = deficit.get(b, 0.0) + (top_weight - weight)
-            dead = alive & ~present
-            if dead:
-                alive &= present
-                if i:
-                    for b in iter_bits(dead):
-                        out[names[b]] = i * top_weight - deficit.get(b, 0.0)
-                if not alive:
-                    break
-            run = i + 1
-        if alive and run:
-            for b in iter_bits(alive):
-                out[names[b]] = run * top_weight - deficit.get(b, 0.0)
+                fast = list(map(or_, fast, map(spec, chunk, repeat(0, len(chunk)))))
+            lows = []
+            for get, loss in lower:
+                masks = list(map(get, chunk, repeat(0, len(chunk))))
+                if any(masks):
+                    lows.append((masks, loss))
+            if not walker.feed(fast, lows):
+                break
+        out = walker.result(names)
         if out:
             self.stats.lookup_hits += 1
         return out

@@ -8,8 +8,11 @@ scripts name keys they compute, which Redis Cluster would not accept):
 - `b:<key>`     STRING bitmap of one block key: bit `index * 3 + slot` is set when the pod
                 holds the block in tier slot (0 GPU, 1 CPU, 2 disk);
 - `s:<key>`     STRING bitmap of speculative entries (bit `index * 3`), expiring with PEXPIRE;
-- `e:<pod>`     HASH engine hash -> our key(s) (comma-separated), to apply BlockRemoved and
-                AllBlocksCleared; an entry goes when no tier holds the block any more.
+- `e:<pod>`     HASH engine hash -> our key(s), to apply BlockRemoved and AllBlocksCleared;
+                an entry goes when no tier holds the block any more.
+
+`<key>`, engine hashes and key lists are 8-byte big-endian binary (keys and hash fields are
+binary-safe in Redis), so a whole event travels as two arguments.
 
 Writes are Lua scripts queued on a pipeline and sent once per event batch (`flush`). A lookup
 is one script: it MGETs the prompt's bitmaps, stops at the first block nobody holds, and
@@ -23,11 +26,15 @@ the parent of every stored event.
 
 from __future__ import annotations
 
+import functools
 import logging
+import struct
 import time
 from collections.abc import Mapping, Sequence
-from itertools import islice
-from typing import Any
+from functools import reduce
+from itertools import chain, islice, repeat
+from operator import itemgetter, lshift, or_
+from typing import Any, Literal
 
 import redis.asyncio as aioredis
 from redis.commands.core import AsyncScript
@@ -36,11 +43,14 @@ from redis.exceptions import NoScriptError
 from heimdall_proxy.kvcache.index import (
     TIERS,
     KVCacheStats,
+    RunWalker,
     event_keys,
-    iter_bits,
     tier_of,
     tier_weights,
 )
+
+_first = itemgetter(0)
+_BIG: Literal["big"] = "big"
 
 log = logging.getLogger("heimdall_proxy.kvcache.redis")
 
@@ -54,31 +64,45 @@ redis.call('HSET', KEYS[1], ARGV[1], i)
 return i
 """
 
-# ARGV: prefix, pod, bit offset, then pairs (engine hash, keys csv)
+# Keys travel as blobs of 8-byte big-endian values (one argument per event, not per block),
+# and are used as the binary suffix of Redis key names.
+
+# ARGV: prefix, pod, bit offset, name width, blocks per engine block, engine hashes blob,
+# keys blob, block-key names blob (every name `width` bytes: the client builds them, so the
+# script slices blobs with one struct.unpack instead of a string operation per block)
 _STORE = """
-local p = ARGV[1]
-local emap = p .. 'e:' .. ARGV[2]
+local emap = ARGV[1] .. 'e:' .. ARGV[2]
 local off = tonumber(ARGV[3])
-for i = 4, #ARGV, 2 do
-  redis.call('HSET', emap, ARGV[i], ARGV[i + 1])
-  for k in string.gmatch(ARGV[i + 1], '[^,]+') do
-    redis.call('SETBIT', p .. 'b:' .. k, off, 1)
-  end
+local width = tonumber(ARGV[4])
+local per = tonumber(ARGV[5]) * 8
+local ehs, keys, names = ARGV[6], ARGV[7], ARGV[8]
+local n = #ehs / 8
+local e = {struct.unpack(string.rep('c8', n), ehs)}
+local k = {struct.unpack(string.rep('c' .. per, n), keys)}
+local pairs = {}
+for i = 1, n do
+  pairs[#pairs + 1] = e[i]
+  pairs[#pairs + 1] = k[i]
 end
+redis.call('HSET', emap, unpack(pairs))
+local m = #names / width
+local nm = {struct.unpack(string.rep('c' .. width, m), names)}
+for i = 1, m do redis.call('SETBIT', nm[i], off, 1) end
 return 0
 """
 
-# ARGV: prefix, pod, bit offset, engine hashes... (location-only events)
+# ARGV: prefix, pod, bit offset, engine hashes blob (a location-only event)
 _STORE_KNOWN = """
 local p = ARGV[1]
 local emap = p .. 'e:' .. ARGV[2]
 local off = tonumber(ARGV[3])
+local ehs = ARGV[4]
 local n = 0
-for i = 4, #ARGV do
-  local keys = redis.call('HGET', emap, ARGV[i])
-  if keys then
-    for k in string.gmatch(keys, '[^,]+') do
-      redis.call('SETBIT', p .. 'b:' .. k, off, 1)
+for i = 1, #ehs, 8 do
+  local mine = redis.call('HGET', emap, string.sub(ehs, i, i + 7))
+  if mine then
+    for j = 1, #mine, 8 do
+      redis.call('SETBIT', p .. 'b:' .. string.sub(mine, j, j + 7), off, 1)
       n = n + 1
     end
   end
@@ -86,22 +110,24 @@ end
 return n
 """
 
-# ARGV: prefix, pod, pod index, slot, tiers, engine hashes...
+# ARGV: prefix, pod, pod index, slot, tiers, engine hashes blob -> {removed, unknown}
 _REMOVE = """
 local p = ARGV[1]
 local emap = p .. 'e:' .. ARGV[2]
-local base = tonumber(ARGV[3]) * tonumber(ARGV[5])
-local slot = tonumber(ARGV[4])
 local tiers = tonumber(ARGV[5])
+local base = tonumber(ARGV[3]) * tiers
+local slot = tonumber(ARGV[4])
+local ehs = ARGV[6]
 local removed, unknown = 0, 0
-for i = 6, #ARGV do
-  local keys = redis.call('HGET', emap, ARGV[i])
-  if not keys then
+for i = 1, #ehs, 8 do
+  local eh = string.sub(ehs, i, i + 7)
+  local mine = redis.call('HGET', emap, eh)
+  if not mine then
     unknown = unknown + 1
   else
     local held = false
-    for k in string.gmatch(keys, '[^,]+') do
-      local bk = p .. 'b:' .. k
+    for j = 1, #mine, 8 do
+      local bk = p .. 'b:' .. string.sub(mine, j, j + 7)
       redis.call('SETBIT', bk, base + slot, 0)
       removed = removed + 1
       for t = 0, tiers - 1 do
@@ -109,52 +135,50 @@ for i = 6, #ARGV do
       end
       if redis.call('BITCOUNT', bk) == 0 then redis.call('DEL', bk) end
     end
-    if not held then redis.call('HDEL', emap, ARGV[i]) end
+    if not held then redis.call('HDEL', emap, eh) end
   end
 end
 return {removed, unknown}
 """
 
-# ARGV: prefix, pod index, tiers, keys...
+# ARGV: prefix, pod index, tiers, keys blob
 _CLEAR = """
 local p = ARGV[1]
-local base = tonumber(ARGV[2]) * tonumber(ARGV[3])
 local tiers = tonumber(ARGV[3])
-for i = 4, #ARGV do
-  local bk = p .. 'b:' .. ARGV[i]
+local base = tonumber(ARGV[2]) * tiers
+local keys = ARGV[4]
+for i = 1, #keys, 8 do
+  local bk = p .. 'b:' .. string.sub(keys, i, i + 7)
   for t = 0, tiers - 1 do redis.call('SETBIT', bk, base + t, 0) end
   if redis.call('BITCOUNT', bk) == 0 then redis.call('DEL', bk) end
 end
 return 0
 """
 
-# ARGV: prefix, bit offset, ttl ms, keys...
+# ARGV: bit offset, ttl ms, name width, speculative-key names blob
 _SPECULATE = """
-local p = ARGV[1]
-local off = tonumber(ARGV[2])
-local ttl = tonumber(ARGV[3])
-for i = 4, #ARGV do
-  local sk = p .. 's:' .. ARGV[i]
-  redis.call('SETBIT', sk, off, 1)
-  redis.call('PEXPIRE', sk, ttl)
+local off = tonumber(ARGV[1])
+local ttl = tonumber(ARGV[2])
+local width = tonumber(ARGV[3])
+local names = ARGV[4]
+local m = #names / width
+local nm = {struct.unpack(string.rep('c' .. width, m), names)}
+for i = 1, m do
+  redis.call('SETBIT', nm[i], off, 1)
+  redis.call('PEXPIRE', nm[i], ttl)
 end
 return 0
 """
 
-# ARGV: prefix, width, with speculative (0/1), keys... -> {bitmaps, speculative bitmaps}
+# ARGV: name width, bitmap width, block-key names blob, speculative-key names blob (or "")
+# -> {bitmaps, speculative bitmaps}, each bitmap cut or zero-padded to the bitmap width.
+# Stops at the first block nobody holds, reading blocks 8 then 256 at a time, so a cold
+# prompt costs one small MGET.
 _LOOKUP = """
-local p = ARGV[1]
+local width = tonumber(ARGV[1])
 local w = tonumber(ARGV[2])
-local spec = ARGV[3] == '1'
-local n = #ARGV - 3
-local names = {}
-for i = 1, n do names[i] = p .. 'b:' .. ARGV[i + 3] end
-local vals = redis.call('MGET', unpack(names))
-local specs = nil
-if spec then
-  for i = 1, n do names[i] = p .. 's:' .. ARGV[i + 3] end
-  specs = redis.call('MGET', unpack(names))
-end
+local names, snames = ARGV[3], ARGV[4]
+local n = #names / width
 local zero = string.rep('\\0', w)
 local out, sout = {}, {}
 local function fit(v)
@@ -164,12 +188,28 @@ local function fit(v)
   if len > w then return string.sub(v, 1, w) end
   return v
 end
-for i = 1, n do
-  local v = vals[i]
-  local s = specs and specs[i]
-  if not v and not s then break end
-  out[i] = fit(v)
-  if specs then sout[i] = fit(s) end
+local i, step = 0, 8
+while i < n do
+  local cnt = math.min(step, n - i)
+  local fmt = string.rep('c' .. width, cnt)
+  local nm = {struct.unpack(fmt, names, i * width + 1)}
+  nm[#nm] = nil
+  local vals = redis.call('MGET', unpack(nm))
+  local specs = nil
+  if #snames > 0 then
+    local sn = {struct.unpack(fmt, snames, i * width + 1)}
+    sn[#sn] = nil
+    specs = redis.call('MGET', unpack(sn))
+  end
+  for k = 1, cnt do
+    local v = vals[k]
+    local s = specs and specs[k]
+    if not v and not s then return {table.concat(out), table.concat(sout)} end
+    out[#out + 1] = fit(v)
+    if specs then sout[#sout + 1] = fit(s) end
+  end
+  i = i + cnt
+  step = 256
 end
 return {table.concat(out), table.concat(sout)}
 """
@@ -177,11 +217,45 @@ return {table.concat(out), table.concat(sout)}
 #: Engine-hash -> key entries cached per pod (the rest is read back from Redis when needed).
 LOCAL_CACHE_PER_POD = 200_000
 _CLEAR_CHUNK = 2000
+_U64 = (1 << 64) - 1
 
 
-def _csv(raw: str | bytes) -> list[int]:
-    text = raw.decode() if isinstance(raw, bytes) else raw
-    return [int(k) for k in text.split(",") if k]
+def blob(values: Sequence[int]) -> bytes:
+    """Values as concatenated 8-byte big-endian (engine hashes taken modulo 2**64)."""
+    try:
+        return struct.pack(f">{len(values)}Q", *values)
+    except struct.error:  # a negative or wider engine hash
+        return struct.pack(f">{len(values)}Q", *(v & _U64 for v in values))
+
+
+def unblob(data: bytes) -> list[int]:
+    return list(struct.unpack(f">{len(data) // 8}Q", data[: len(data) // 8 * 8]))
+
+
+@functools.lru_cache(maxsize=64)
+def _splitter(width: int) -> Any:
+    return struct.Struct(f"{width}s").iter_unpack
+
+
+#: Blocks per store script call: Lua's unpack() takes at most a few thousand values.
+_STORE_CHUNK = 1024
+
+
+@functools.lru_cache(maxsize=512)
+def _names_struct(prefix_len: int, count: int) -> struct.Struct:
+    return struct.Struct(">" + f"{prefix_len}sQ" * count)
+
+
+def names_blob(prefix: bytes, keys: Sequence[int]) -> bytes:
+    """`prefix + 8-byte big-endian key` for every key, concatenated (64 at a time with a
+    cached struct, so building the names of a long prompt is a few C calls)."""
+    n = len(keys)
+    parts = []
+    for i in range(0, n, 64):
+        chunk = keys[i : i + 64]
+        s = _names_struct(len(prefix), len(chunk))
+        parts.append(s.pack(*chain.from_iterable(zip(repeat(prefix), chunk))))
+    return b"".join(parts)
 
 
 def normalize_address(address: str) -> str:
@@ -206,6 +280,7 @@ class RedisIndex:
         weights: Mapping[str, float] | None = None,
         stats: KVCacheStats | None = None,
         backend_type: str = "redis",
+        speculative: bool = False,
     ) -> None:
         if block_size <= 0:
             raise ValueError("block_size must be positive")
@@ -214,6 +289,10 @@ class RedisIndex:
         self.address = normalize_address(address)
         self.backend_type = backend_type
         self.prefix = key_prefix
+        self._block_prefix = (key_prefix + "b:").encode()
+        self._spec_prefix = (key_prefix + "s:").encode()
+        self._name_width = len(self._block_prefix) + 8
+        self.speculative = speculative
         w = tier_weights(weights)
         self._weights = [w[t] for t in TIERS]
         self._slot = {t: i for i, t in enumerate(TIERS)}
@@ -294,6 +373,11 @@ class RedisIndex:
     def _queue(self, script: str, args: list[Any]) -> None:
         self._queued.append((script, args))
 
+    @property
+    def pending(self) -> int:
+        """Writes queued and not yet flushed."""
+        return len(self._queued)
+
     # ---- pods ----------------------------------------------------------------------------
 
     async def _pod(self, pod: str) -> int:
@@ -335,11 +419,11 @@ class RedisIndex:
     async def _parent_key(self, pod: str, parent_hash: int) -> int | None:
         cached = self._local(pod).get(parent_hash)
         if cached is None:
-            raw = await self.redis.hget(self.prefix + "e:" + pod, str(parent_hash))
-            if raw is None:
+            raw = await self.redis.hget(self.prefix + "e:" + pod, blob([parent_hash]))
+            if not raw:
                 return None
-            keys = tuple(_csv(raw))
-            cached = keys[0] if len(keys) == 1 else keys
+            keys = unblob(raw.encode() if isinstance(raw, str) else raw)
+            cached = keys[0] if len(keys) == 1 else tuple(keys)
             self._local(pod)[parent_hash] = cached
         return cached if isinstance(cached, int) else cached[-1]
 
@@ -363,14 +447,18 @@ class RedisIndex:
         cache = self._local(pod)
         known = list(map(cache.get, engine_hashes))
         if None not in known:  # stored again: keys known, no hashing
-            pairs: list[Any] = []
-            for h, v in zip(engine_hashes, known, strict=True):
-                pairs += [h, str(v) if isinstance(v, int) else ",".join(map(str, v))]  # type: ignore[arg-type]
-            self._queue("store", [self.prefix, pod, offset, *pairs])
-            self.stats.stored_blocks += len(pairs) // 2
+            first = known[0]
+            per = 1 if isinstance(first, int) else len(first)  # type: ignore[arg-type]
+            keys: list[int] = []
+            for v in known:
+                if isinstance(v, int):
+                    keys.append(v)
+                else:
+                    keys.extend(v)  # type: ignore[arg-type]
+            self._store(pod, offset, per, engine_hashes, keys)
             return
         if not token_ids:
-            self._queue("store_known", [self.prefix, pod, offset, *engine_hashes])
+            self._queue("store_known", [self.prefix, pod, offset, blob(engine_hashes)])
             return
         parent_key: int | None = None
         if parent_hash is not None:
@@ -385,16 +473,37 @@ class RedisIndex:
             self.stats.block_size_mismatch += 1
             return
         keys, per = computed
-        args: list[Any] = [self.prefix, pod, offset]
-        for j, h in enumerate(engine_hashes[: len(keys) // per]):
-            mine = keys[j * per : (j + 1) * per]
-            cache[h] = mine[0] if per == 1 else tuple(mine)
-            args += [h, ",".join(map(str, mine))]
-        self._queue("store", args)
-        self.stats.stored_blocks += len(keys)
+        stored = engine_hashes[: len(keys) // per]
+        if per == 1:
+            cache.update(zip(stored, keys, strict=True))
+        else:
+            cache.update((h, tuple(keys[j * per : (j + 1) * per])) for j, h in enumerate(stored))
+        self._store(pod, offset, per, stored, keys)
         if len(cache) > LOCAL_CACHE_PER_POD:
             for h in list(islice(cache, LOCAL_CACHE_PER_POD // 64)):
                 del cache[h]
+
+    def _store(
+        self, pod: str, offset: int, per: int, hashes: Sequence[int], keys: Sequence[int]
+    ) -> None:
+        step = max(1, _STORE_CHUNK // per)
+        for i in range(0, len(hashes), step):
+            own = keys[i * per : (i + step) * per]
+            mine = blob(own)
+            self._queue(
+                "store",
+                [
+                    self.prefix,
+                    pod,
+                    offset,
+                    self._name_width,
+                    per,
+                    blob(hashes[i : i + step]),
+                    mine,
+                    names_blob(self._block_prefix, own),
+                ],
+            )
+        self.stats.stored_blocks += len(keys)
 
     async def block_removed(
         self, pod: str, medium: str | None, engine_hashes: Sequence[int]
@@ -403,17 +512,18 @@ class RedisIndex:
         if slot is None or not engine_hashes:
             return
         idx = await self._pod(pod)
-        self._queue("remove", [self.prefix, pod, idx, slot, _T, *engine_hashes])
+        self._queue("remove", [self.prefix, pod, idx, slot, _T, blob(engine_hashes)])
 
     async def cleared(self, pod: str) -> None:
         await self.flush()
         idx = await self._pod(pod)
         emap = self.prefix + "e:" + pod
         values = await self.redis.hvals(emap)
-        keys = [k for raw in values for k in _csv(raw)]
-        for start in range(0, len(keys), _CLEAR_CHUNK):
-            chunk = keys[start : start + _CLEAR_CHUNK]
-            await self._scripts["clear"](keys=[], args=[self.prefix, idx, _T, *chunk])
+        keys = b"".join(v.encode() if isinstance(v, str) else v for v in values)
+        step = _CLEAR_CHUNK * 8
+        for start in range(0, len(keys), step):
+            chunk = keys[start : start + step]
+            await self._scripts["clear"](keys=[], args=[self.prefix, idx, _T, chunk])
         await self.redis.delete(emap)
         self._cache.pop(pod, None)
         self.stats.cleared += 1
@@ -421,9 +531,11 @@ class RedisIndex:
     async def add_speculative(self, pod: str, keys: Sequence[int], ttl: float) -> None:
         if not keys:
             return
+        self.speculative = True
         idx = await self._pod(pod)
         ttl_ms = max(1, int(ttl * 1000))
-        await self._scripts["speculate"](keys=[], args=[self.prefix, idx * _T, ttl_ms, *keys])
+        names = names_blob(self._spec_prefix, keys)
+        await self._scripts["speculate"](keys=[], args=[idx * _T, ttl_ms, self._name_width, names])
         self.stats.speculative_blocks += len(keys)
 
     # ---- lookups -------------------------------------------------------------------------
@@ -436,53 +548,45 @@ class RedisIndex:
         if not indices:
             return {}
         width = (_T * (max(indices.values()) + 1) + 7) // 8
-        main, spec = await self._scripts["lookup"](keys=[], args=[self.prefix, width, 1, *keys])
-        return self._walk(main, spec, width, indices)
+        names = names_blob(self._block_prefix, keys)
+        snames = names_blob(self._spec_prefix, keys) if self.speculative else b""
+        main, spec = await self._scripts["lookup"](
+            keys=[], args=[self._name_width, width, names, snames]
+        )
+        out = self._walk(main, spec, width, indices)
+        if out:
+            self.stats.lookup_hits += 1
+        return out
 
     def _walk(
         self, main: bytes, spec: bytes, width: int, indices: dict[str, int]
     ) -> dict[str, float]:
-        top = 8 * width - 1
-        names: dict[int, str] = {}
-        candidates = 0
-        for pod, idx in indices.items():
-            bit = 1 << (top - idx * _T)  # the pod's GPU slot; CPU is one bit lower, disk two
-            candidates |= bit
-            names[bit] = pod
-        weights = self._weights
-        top_weight = weights[0]
-        lower = [(shift, top_weight - weights[shift]) for shift in range(1, _T)]
         n = len(main) // width
-        has_spec = len(spec) == len(main)
-        deficit: dict[int, float] = {}
-        out: dict[str, float] = {}
-        alive = candidates
-        run = 0
-        from_bytes = int.from_bytes
-        for i in range(n):
-            v = from_bytes(main[i * width : (i + 1) * width], "big")
-            present = v & alive
-            if has_spec:
-                present |= from_bytes(spec[i * width : (i + 1) * width], "big") & alive
-            if v:
-                for shift, loss in lower:
-                    m = (v << shift) & alive & ~present
-                    if m:
-                        present |= m
-                        for b in iter_bits(m):
-                            deficit[b] = deficit.get(b, 0.0) + loss
-            dead = alive & ~present
-            if dead:
-                alive &= present
-                if i:
-                    for b in iter_bits(dead):
-                        out[names[b]] = i * top_weight - deficit.get(b, 0.0)
-                if not alive:
-                    break
-            run = i + 1
-        if alive and run:
-            for b in iter_bits(alive):
-                out[names[b]] = run * top_weight - deficit.get(b, 0.0)
-        if out:
-            self.stats.lookup_hits += 1
-        return out
+        if not n:
+            return {}
+        top_bit = 8 * width - 1
+        names: dict[int, str] = {}
+        gpu = 0
+        for pod, idx in indices.items():
+            bit = 1 << (top_bit - idx * _T)  # the pod's GPU slot; CPU one bit lower, disk two
+            gpu |= bit
+            names[bit] = pod
+        split = _splitter(width)
+        values = list(map(int.from_bytes, map(_first, split(main)), repeat(_BIG, n)))
+        # The walk ANDs every mask into the candidates' GPU-slot bits, so the other bits of a
+        # bitmap (CPU, disk, other pods) need no masking out.
+        fast = values
+        if len(spec) == len(main):
+            specs = map(int.from_bytes, map(_first, split(spec)), repeat(_BIG, n))
+            fast = list(map(or_, values, specs))
+        top = self._weights[0]
+        lows = []
+        anywhere = reduce(or_, values, 0)
+        for shift in range(1, _T):
+            if (anywhere << shift) & gpu:  # some candidate holds some block in this tier
+                masks = list(map(lshift, values, repeat(shift, n)))
+                lows.append((masks, top - self._weights[shift]))
+        lows.sort(key=lambda t: t[1])
+        walker = RunWalker(gpu, top)
+        walker.feed(fast, lows)
+        return walker.result(names)

@@ -17,7 +17,8 @@ again for a while, and the gap is logged and counted. A sequence that goes backw
 the publisher restarted: the pod's blocks are forgotten (a restarted vLLM has an empty cache).
 
 Batches are decoded and applied by `concurrency` workers; a pod always goes to the same
-worker, so its events are applied in order.
+worker, so its events are applied in order. A worker flushes the index (`flush`) when its
+queue runs dry or every FLUSH_EVERY batches.
 """
 
 from __future__ import annotations
@@ -43,10 +44,14 @@ log = logging.getLogger("heimdall_proxy.kvcache.events")
 
 Apply = Callable[[str, EventBatch], Awaitable[None]]
 Forget = Callable[[str], Awaitable[None]]
+Flush = Callable[[], Awaitable[None]]
 
 END_SEQ = -1
 #: How long a pod whose replay socket did not answer is not asked again.
 REPLAY_BACKOFF = 30.0
+#: A worker flushes the index's queued writes when it has nothing left to apply, or after
+#: this many batches (a remote index then gets one round trip per burst, not per batch).
+FLUSH_EVERY = 64
 
 
 @dataclass(slots=True)
@@ -84,11 +89,13 @@ class KVEventsSubscriber:
         apply: Apply,
         forget: Forget,
         stats: KVCacheStats | None = None,
+        flush: Flush | None = None,
     ) -> None:
         self.options = options
         self.pool = pool
         self._apply = apply
         self._forget = forget
+        self._flush = flush
         self.stats = stats or KVCacheStats()
         self._ctx: zmq.asyncio.Context | None = None
         self._subs: dict[str, tuple[str, asyncio.Task[None]]] = {}
@@ -307,21 +314,30 @@ class KVEventsSubscriber:
                 self._queue_of(pod).put_nowait((pod, payload))
 
     async def _worker(self, queue: asyncio.Queue[tuple[str, bytes | None]]) -> None:
+        unflushed = 0
         while True:
             pod, payload = await queue.get()
             try:
                 if payload is None:
                     await self._forget(pod)
-                    continue
-                try:
-                    batch = decode_batch(payload)
-                except EventDecodeError as exc:
-                    self.stats.decode_errors += 1
-                    log.warning("undecodable KV event batch from %s: %s", pod, exc)
-                    continue
-                self.stats.batches += 1
-                self.stats.unknown_events += batch.unknown
-                await self._apply(pod, batch)
+                else:
+                    try:
+                        batch = decode_batch(payload)
+                    except EventDecodeError as exc:
+                        self.stats.decode_errors += 1
+                        log.warning("undecodable KV event batch from %s: %s", pod, exc)
+                    else:
+                        self.stats.batches += 1
+                        self.stats.unknown_events += batch.unknown
+                        await self._apply(pod, batch)
+                        unflushed += 1
+                if (
+                    self._flush is not None
+                    and unflushed
+                    and (queue.empty() or unflushed >= FLUSH_EVERY)
+                ):
+                    unflushed = 0
+                    await self._flush()
             except asyncio.CancelledError:
                 raise
             except Exception:

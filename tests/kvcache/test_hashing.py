@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import struct
 
+import pytest
 import xxhash
 
 from heimdall_proxy.kvcache.hashing import (
+    LazyBlockKeys,
     block_keys,
     namespace_seed,
     text_block_keys,
@@ -81,3 +83,18 @@ def test_text_blocks_chain_the_same_way() -> None:
     local0 = xxhash.xxh3_64_intdigest(b"abcdefgh", seed)
     assert keys[0] == local0
     assert keys[1] == xxhash.xxh3_64_intdigest(struct.pack("<QQ", local0, local0), seed)
+
+
+def test_lazy_keys_are_the_same_keys_computed_on_demand() -> None:
+    seed = namespace_seed("m")
+    tokens = list(range(7, 7 + 16 * 200 + 5))
+    full = block_keys(tokens, 16, seed)
+    lazy = LazyBlockKeys(tokens, 16, seed, chunk=64)
+    assert len(lazy) == 200 and lazy.computed() == 0
+    assert lazy[0:10] == full[0:10] and lazy.computed() == 64
+    assert lazy[70] == full[70] and lazy.computed() == 128
+    assert lazy[-1] == full[-1] and lazy.computed() == 200
+    assert list(lazy) == full and lazy[5:300] == full[5:]
+    with pytest.raises(IndexError):
+        lazy[200]
+    assert not LazyBlockKeys(tokens[:10], 16, seed)

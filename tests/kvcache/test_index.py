@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator
 import pytest
 import redis.asyncio as aioredis
 
-from heimdall_proxy.kvcache.hashing import block_keys, namespace_seed
+from heimdall_proxy.kvcache.hashing import LazyBlockKeys, block_keys, namespace_seed
 from heimdall_proxy.kvcache.index import (
     BYTES_PER_BLOCK,
     CostAwareMemoryIndex,
@@ -125,6 +125,18 @@ async def test_speculative_entries_expire(index: KVBlockIndex) -> None:
     assert index.stats.speculative_blocks == 3
 
 
+async def test_a_cold_prompt_is_hashed_one_chunk_deep() -> None:
+    idx = InMemoryIndex(BS)
+    await store(idx, "a", [1, 2, 3, 4], PROMPT)
+    rng = random.Random(4)
+    cold = LazyBlockKeys([rng.randrange(9999) for _ in range(512 * BS)], BS, SEED)
+    assert await idx.lookup(cold, ["a"]) == {}
+    assert cold.computed() == 64
+    warm = LazyBlockKeys(PROMPT + [1] * (300 * BS), BS, SEED)
+    assert await idx.lookup(warm, ["a"]) == {"a": 4.0}
+    assert warm.computed() == 64
+
+
 async def test_many_pods(index: KVBlockIndex) -> None:
     """64 pods holding different prefix lengths of one long prompt."""
     rng = random.Random(7)
@@ -231,3 +243,52 @@ async def test_redis_scripts_are_reloaded_and_errors_are_clear(redis_prefix: str
     assert normalize_address("valkey://h:1") == "redis://h:1"
     assert normalize_address("valkeys://h:1") == "rediss://h:1"
     assert normalize_address("h:1") == "redis://h:1"
+
+
+async def test_lookups_match_a_naive_model(redis_prefix: str) -> None:
+    """Random pods holding random blocks (holes punched, so not always prefix-closed) in
+    random tiers: both backends agree with a direct transcription of the definition."""
+    rng = random.Random(11)
+    n_blocks, pods = 150, [f"p{i}" for i in range(12)]
+    tokens = [rng.randrange(50_000) for _ in range(n_blocks * BS)]
+    keys = block_keys(tokens, BS, SEED)
+    weight = {"GPU": 1.0, "CPU": 0.8, "DISK": 0.5}
+    memory = InMemoryIndex(BS, pod_cache_size=64)
+    remote = RedisIndex(BS, REDIS_URL, key_prefix=redis_prefix)
+    await remote.start()
+    present: dict[tuple[str, str], set[int]] = {}
+    try:
+        for p_i, pod in enumerate(pods):
+            depth = rng.randrange(n_blocks + 1)
+            hashes = list(range(p_i * 10_000 + 1, p_i * 10_000 + 1 + depth))
+            for tier in ("GPU", "CPU", "DISK"):
+                if not depth or rng.random() < 0.4:
+                    continue
+                for idx in (memory, remote):
+                    await idx.block_stored(pod, tier, hashes, None, tokens[: depth * BS], BS, SEED)
+                    await idx.flush()
+                have = present.setdefault((pod, tier), set(range(depth)))
+                for _ in range(rng.randrange(3)):  # punch holes in this tier
+                    hole = rng.randrange(depth)
+                    for idx in (memory, remote):
+                        await idx.block_removed(pod, tier, [hashes[hole]])
+                        await idx.flush()
+                    have.discard(hole)
+        expected: dict[str, float] = {}
+        for pod in pods:
+            run = 0.0
+            for b in range(n_blocks):
+                best = max(
+                    (w for t, w in weight.items() if b in present.get((pod, t), set())),
+                    default=0.0,
+                )
+                if not best:
+                    break
+                run += best
+            if run:
+                expected[pod] = run
+        assert memory.match(keys, pods) == pytest.approx(expected)
+        assert await remote.lookup(keys, pods) == pytest.approx(expected)
+        assert expected
+    finally:
+        await remote.close()

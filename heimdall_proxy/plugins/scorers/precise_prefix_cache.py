@@ -23,7 +23,7 @@ from heimdall_proxy.framework.types import (
     RequestContext,
 )
 from heimdall_proxy.kvcache.events import BlockRemoved, BlockStored, EventBatch
-from heimdall_proxy.kvcache.hashing import block_keys, namespace_seed
+from heimdall_proxy.kvcache.hashing import LazyBlockKeys, namespace_seed
 from heimdall_proxy.kvcache.index import (
     CostAwareMemoryIndex,
     InMemoryIndex,
@@ -225,7 +225,15 @@ def build_index(cfg: KVBlockIndexConfig, block_size: int, params: PrecisePrefixC
         rc = cfg.redis_config or cfg.valkey_config
         assert rc is not None
         backend = "valkey" if cfg.valkey_config is not None else rc.backend_type
-        return RedisIndex(block_size, rc.address, rc.key_prefix, weights, stats, backend)
+        return RedisIndex(
+            block_size,
+            rc.address,
+            rc.key_prefix,
+            weights,
+            stats,
+            backend,
+            speculative=params.speculative_indexing,
+        )
     if cfg.cost_aware_memory_config is not None:
         return CostAwareMemoryIndex(block_size, cfg.cost_aware_memory_config.size, weights, stats)
     mem = cfg.in_memory_config or InMemoryConfig()
@@ -285,6 +293,7 @@ class PrecisePrefixCacheScorer(BasePlugin[PrecisePrefixCacheParams]):
             self.apply,
             self.index.cleared,
             self.stats,
+            self.index.flush,
         )
         self.state_key = prefix_match_key(self.type, name)
         self._keys_key = f"{self.state_key}#keys"
@@ -352,7 +361,8 @@ class PrecisePrefixCacheScorer(BasePlugin[PrecisePrefixCacheParams]):
         return seed
 
     async def apply(self, pod: str, batch: EventBatch) -> None:
-        """Apply one decoded batch of `pod`'s events to the index."""
+        """Apply one decoded batch of `pod`'s events to the index (a remote index queues the
+        writes: the subscriber flushes them, `flush()` does it by hand)."""
         index = self.index
         for ev in batch.events:
             if isinstance(ev, BlockStored):
@@ -376,7 +386,6 @@ class PrecisePrefixCacheScorer(BasePlugin[PrecisePrefixCacheParams]):
             else:
                 await index.flush()
                 await index.cleared(pod)
-        await index.flush()
 
     # ---- the request path ----------------------------------------------------------------
 
@@ -405,7 +414,10 @@ class PrecisePrefixCacheScorer(BasePlugin[PrecisePrefixCacheParams]):
                 )
                 return
             request.token_ids = tokens
-        keys = block_keys(tokens, self.block_size, self._seed(self.namespace(request, endpoints)))
+        # Lazily hashed: the in-memory lookup stops hashing where the last pod drops out.
+        keys = LazyBlockKeys(
+            tokens, self.block_size, self._seed(self.namespace(request, endpoints))
+        )
         matched: dict[str, float] = {}
         if keys and self.ready:
             try:

@@ -1,0 +1,383 @@
+"""KV-block index benchmark: event ingest (blocks/s) and lookup latency of an 8k-token prompt
+at 64 pods, for the in-memory and the Redis backends of precise-prefix-cache-scorer.
+
+Ingest, three ways:
+
+* events   - the whole path of a KV-event batch: msgpack decode, keys recomputed from the
+             token ids (XXH3-64 rolling hash), index and engine-map updates (the plugin's
+             `apply`). Each event stores 32 blocks of 16 tokens, chained on the pod's previous
+             event, round-robin over the pods.
+* re-store - the same events again: the blocks' engine hashes are known, so no re-hashing
+             (vLLM stores a block again after an eviction, or in another tier).
+* keys     - the index data structure alone: precomputed keys added for a pod.
+
+Lookup: a prompt of `--prompt-tokens` tokens (512 blocks of 16), candidates = all pods, in
+three states: cold (nobody holds the first block), staggered (pod i holds the first
+(i+1)/pods of the prompt; every pod is alive for part of the walk) and full (every pod holds
+every block: the most work a lookup can do). `lookup` times the index lookup (keys given);
+`keys+lookup` adds hashing the prompt. The index also holds the ingest benchmark's blocks.
+
+Timings are best-of `--repeat` for throughput and percentiles over `--lookups` calls for
+latency; the machine is usually shared, so the load average is printed with the results.
+
+Run: python bench/prefix_index.py [--backend memory redis] [--redis-url URL] [--markdown]
+                                  [--update-results bench/RESULTS.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import platform
+import random
+import statistics
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import msgpack
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from heimdall_proxy.kvcache.events import BlockStored, decode_batch  # noqa: E402
+from heimdall_proxy.kvcache.hashing import LazyBlockKeys, block_keys, namespace_seed  # noqa: E402
+from heimdall_proxy.kvcache.index import InMemoryIndex, KVBlockIndex  # noqa: E402
+from heimdall_proxy.kvcache.redis_index import RedisIndex  # noqa: E402
+from heimdall_proxy.kvcache.subscriber import FLUSH_EVERY  # noqa: E402
+
+BLOCK = 16
+BLOCKS_PER_EVENT = 32
+MODEL = "bench-model"
+BEGIN = "<!-- prefix-index:begin -->"
+END = "<!-- prefix-index:end -->"
+
+
+@dataclass
+class Result:
+    backend: str
+    ingest: dict[str, float] = field(default_factory=dict)  # phase -> blocks/s
+    lookup: dict[str, dict[str, float]] = field(default_factory=dict)  # "state/kind" -> stats
+    blocks: int = 0
+    keys_in_index: int = 0
+
+
+def make_events(pods: int, n_blocks: int, seed: int = 1) -> list[tuple[str, bytes]]:
+    """(pod, msgpack batch) pairs in vLLM's map shape, blocks chained per pod."""
+    rng = random.Random(seed)
+    last: dict[str, int | None] = {}
+    out = []
+    engine = 1
+    for i in range(n_blocks // BLOCKS_PER_EVENT):
+        pod = f"pod-{i % pods}"
+        hashes = list(range(engine, engine + BLOCKS_PER_EVENT))
+        engine += BLOCKS_PER_EVENT
+        tokens = [rng.randrange(128_000) for _ in range(BLOCKS_PER_EVENT * BLOCK)]
+        event = {
+            "type": "BlockStored",
+            "block_hashes": hashes,
+            "parent_block_hash": last.get(pod),
+            "token_ids": tokens,
+            "block_size": BLOCK,
+            "lora_id": None,
+            "medium": "GPU",
+            "lora_name": None,
+        }
+        last[pod] = hashes[-1]
+        out.append((pod, msgpack.packb([time.time(), [event], 0])))
+    return out
+
+
+async def apply_all(index: KVBlockIndex, events: list[tuple[str, bytes]], seed: int) -> None:
+    """What the subscriber's worker and PrecisePrefixCacheScorer.apply do for each batch:
+    decode, apply, flush the index every FLUSH_EVERY batches (and at the end)."""
+    for i, (pod, payload) in enumerate(events, start=1):
+        batch = decode_batch(payload)
+        for ev in batch.events:
+            assert isinstance(ev, BlockStored)
+            await index.block_stored(
+                pod, ev.medium, ev.block_hashes, ev.parent_block_hash, ev.token_ids,
+                ev.block_size, seed,
+            )  # fmt: skip
+        if i % FLUSH_EVERY == 0:
+            await index.flush()
+    await index.flush()
+
+
+def percentiles(samples_ns: list[int]) -> dict[str, float]:
+    s = sorted(samples_ns)
+    pick = lambda q: s[min(len(s) - 1, int(q * len(s)))] / 1000.0  # noqa: E731 - µs
+    return {
+        "p50": pick(0.50),
+        "p99": pick(0.99),
+        "max": s[-1] / 1000.0,
+        "mean": statistics.fmean(s) / 1000.0,
+    }
+
+
+async def bench(
+    backend: str, pods: int, prompt_tokens: int, ingest_blocks: int, lookups: int, repeat: int,
+    redis_url: str,
+) -> Result:  # fmt: skip
+    seed = namespace_seed(MODEL)
+    result = Result(backend)
+    prefix = f"hp-bench:{uuid.uuid4().hex[:10]}:"
+    events = make_events(pods, ingest_blocks)
+    result.blocks = len(events) * BLOCKS_PER_EVENT
+
+    def fresh() -> KVBlockIndex:
+        if backend == "memory":
+            # podCacheSize = pods, so the "full" lookup really walks every pod
+            return InMemoryIndex(BLOCK, pod_cache_size=pods)
+        return RedisIndex(BLOCK, redis_url, key_prefix=prefix)
+
+    # ---- ingest --------------------------------------------------------------------------
+    best_events = best_restore = float("inf")
+    index = fresh()
+    for rep in range(repeat):
+        if rep:
+            await index.close()
+            await wipe(backend, redis_url, prefix)
+            index = fresh()
+        await index.start()
+        t0 = time.perf_counter()
+        await apply_all(index, events, seed)
+        best_events = min(best_events, time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        await apply_all(index, events, seed)
+        best_restore = min(best_restore, time.perf_counter() - t0)
+    result.ingest["events"] = result.blocks / best_events
+    result.ingest["re-store"] = result.blocks / best_restore
+    if backend == "memory":
+        rng = random.Random(5)
+        key_sets = [[rng.getrandbits(64) for _ in range(BLOCKS_PER_EVENT)] for _ in events]
+        best_keys = float("inf")
+        for _ in range(repeat):
+            idx = InMemoryIndex(BLOCK, pod_cache_size=pods)
+            bits = [1 << idx._pod(f"pod-{i % pods}") for i in range(len(key_sets))]
+            t0 = time.perf_counter()
+            for bit, keys in zip(bits, key_sets, strict=True):
+                idx._set(0, bit, keys)
+            best_keys = min(best_keys, time.perf_counter() - t0)
+        result.ingest["keys"] = result.blocks / best_keys
+
+    # ---- lookups -------------------------------------------------------------------------
+    rng = random.Random(9)
+    prompt = [rng.randrange(128_000) for _ in range(prompt_tokens)]
+    keys = block_keys(prompt, BLOCK, seed)
+    n = len(keys)
+    names = [f"pod-{p}" for p in range(pods)]
+    cold_prompt = [rng.randrange(128_000) for _ in range(prompt_tokens)]
+    cold_keys = block_keys(cold_prompt, BLOCK, seed)
+    engine = 10**12
+
+    async def hold(pod: str, count: int) -> None:
+        nonlocal engine
+        hashes = list(range(engine, engine + count))
+        engine += count
+        await index.block_stored(pod, "GPU", hashes, None, prompt[: count * BLOCK], BLOCK, seed)
+        await index.flush()
+
+    for p, pod in enumerate(names):  # staggered: pod p holds (p+1)/pods of the prompt
+        await hold(pod, max(1, (p + 1) * n // pods))
+
+    async def measure(label: str, k: list[int], expect: dict[str, float] | None) -> None:
+        got = await index.lookup(k, names)
+        if expect is not None:
+            assert got == expect, (label, got)
+        for kind in ("lookup", "keys+lookup"):
+            samples = []
+            cpu = []
+            for _ in range(lookups):
+                c0 = time.thread_time_ns()
+                t0 = time.perf_counter_ns()
+                if kind == "keys+lookup":  # as the plugin does: keys hashed as the walk needs them
+                    k2 = LazyBlockKeys(prompt if k is keys else cold_prompt, BLOCK, seed)
+                    await index.lookup(k2, names)
+                else:
+                    await index.lookup(k, names)
+                samples.append(time.perf_counter_ns() - t0)
+                cpu.append(time.thread_time_ns() - c0)
+            result.lookup[f"{label}/{kind}"] = percentiles(samples)
+            result.lookup[f"{label}/{kind}/cpu"] = percentiles(cpu)
+
+    staggered = {pod: float(max(1, (p + 1) * n // pods)) for p, pod in enumerate(names)}
+    await measure("cold", cold_keys, {})
+    await measure("staggered", keys, staggered)
+    for pod in names:  # full: every pod holds every block
+        await index.block_stored(
+            pod, "GPU", list(range(engine, engine + n)), None, prompt, BLOCK, seed
+        )
+        engine += n
+    await index.flush()
+    await measure("full", keys, dict.fromkeys(names, float(n)))
+    if isinstance(index, InMemoryIndex):
+        result.keys_in_index = len(index)
+    await index.close()
+    await wipe(backend, redis_url, prefix)
+    return result
+
+
+async def wipe(backend: str, redis_url: str, prefix: str) -> None:
+    if backend != "redis":
+        return
+    import redis.asyncio as aioredis
+
+    client = aioredis.from_url(redis_url)
+    try:
+        batch: list[Any] = []
+        async for key in client.scan_iter(match=prefix + "*", count=5000):
+            batch.append(key)
+            if len(batch) >= 5000:
+                await client.delete(*batch)
+                batch = []
+        if batch:
+            await client.delete(*batch)
+    finally:
+        await client.aclose()
+
+
+def machine() -> str:
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+            check=True,
+        ).stdout.strip()  # fmt: skip
+    except (OSError, subprocess.CalledProcessError):
+        commit = "?"
+    return (
+        f"{platform.machine()}, {os.cpu_count()} CPUs ({cpu}), {platform.system()} "
+        f"{platform.release()}, Python {platform.python_version()}, heimdall-proxy at {commit}"
+    )
+
+
+def markdown(results: list[Result], args: argparse.Namespace, load: tuple[float, float]) -> str:
+    cmd = "python bench/prefix_index.py " + " ".join(
+        a for a in sys.argv[1:] if not a.startswith("--update-results") and a != "--markdown"
+    )
+    lines = [
+        BEGIN,
+        "## KV-block index (precise-prefix-cache-scorer)",
+        "",
+        f"Run {time.strftime('%Y-%m-%d')} with:",
+        "",
+        "```sh",
+        cmd.strip(),
+        "```",
+        "",
+        f"- Machine: {machine()}.",
+        f"- 1-minute load average before the run {load[0]:.2f}, after {load[1]:.2f} "
+        "(on a machine shared with other work: numbers are best-of / percentiles, not means).",
+        f"- {args.pods} pods, blocks of {BLOCK} tokens; ingest: {results[0].blocks:,} blocks in "
+        f"events of {BLOCKS_PER_EVENT} blocks; lookup: a {args.prompt_tokens}-token prompt "
+        f"({args.prompt_tokens // BLOCK} blocks), {args.lookups} lookups per row.",
+        "- Targets: ingest >= 1M blocks/s in memory; lookup p99 <= 1 ms.",
+        "",
+        f"Ingest, blocks/s (best of {args.repeat}):",
+        "",
+        "| backend | events (decode + re-hash + index) | re-store (known blocks) | keys only |",
+        "|---|---:|---:|---:|",
+    ]
+    for r in results:
+        keys = f"{r.ingest['keys']:,.0f}" if "keys" in r.ingest else "-"
+        lines.append(
+            f"| {r.backend} | {r.ingest['events']:,.0f} | {r.ingest['re-store']:,.0f} | {keys} |"
+        )
+    lines += [
+        "",
+        "Lookup latency, µs, p50 / p99 / max: wall clock, and (for the in-memory backend, where",
+        "all the work is this thread's) the thread's CPU time, which leaves out the time the",
+        "process was not scheduled on the shared machine:",
+        "",
+        "| backend | prompt state | lookup | keys + lookup | lookup, CPU | keys + lookup, CPU |",
+        "|---|---|---:|---:|---:|---:|",
+    ]
+
+    def cell(st: dict[str, float]) -> str:
+        return f"{st['p50']:.0f} / {st['p99']:.0f} / {st['max']:.0f}"
+
+    for r in results:
+        for state in ("cold", "staggered", "full"):
+            a = r.lookup[f"{state}/lookup"]
+            b = r.lookup[f"{state}/keys+lookup"]
+            if r.backend == "memory":
+                cpu = f"{cell(r.lookup[f'{state}/lookup/cpu'])} | "
+                cpu += cell(r.lookup[f"{state}/keys+lookup/cpu"])
+            else:
+                cpu = "- | -"
+            lines.append(f"| {r.backend} | {state} | {cell(a)} | {cell(b)} | {cpu} |")
+    lines += [
+        "",
+        "States: cold = no pod holds the first block; staggered = pod i holds the first "
+        f"(i+1)/{args.pods} of the prompt; full = all {args.pods} pods hold all of it. "
+        "`keys + lookup` includes hashing the prompt (XXH3-64 over its token ids, a chunk of 64 "
+        "blocks at a time as the walk needs them, as the plugin does).",
+        END,
+    ]
+    return "\n".join(lines)
+
+
+def update_results(path: Path, section: str) -> None:
+    text = path.read_text() if path.exists() else "# Benchmark results\n"
+    if BEGIN in text and END in text:
+        head, rest = text.split(BEGIN, 1)
+        _, tail = rest.split(END, 1)
+        text = head + section + tail
+    else:
+        text = text.rstrip("\n") + "\n\n" + section + "\n"
+    path.write_text(text)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--backend", nargs="+", choices=("memory", "redis"), default=["memory", "redis"])
+    p.add_argument("--redis-url", default="redis://127.0.0.1:6379/0")
+    p.add_argument("--pods", type=int, default=64)
+    p.add_argument("--prompt-tokens", type=int, default=8192)
+    p.add_argument("--ingest-blocks", type=int, default=262_144)
+    p.add_argument("--lookups", type=int, default=1000)
+    p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--markdown", action="store_true", help="print the RESULTS.md section")
+    p.add_argument("--update-results", metavar="FILE", help="write the section into FILE")
+    args = p.parse_args()
+    load0 = os.getloadavg()[0]
+    results = []
+    for backend in args.backend:
+        r = asyncio.run(
+            bench(backend, args.pods, args.prompt_tokens, args.ingest_blocks, args.lookups,
+                  args.repeat, args.redis_url)
+        )  # fmt: skip
+        results.append(r)
+        print(
+            f"{backend}: ingest " + ", ".join(f"{k} {v:,.0f} blocks/s" for k, v in r.ingest.items())
+        )
+        for label, stats in r.lookup.items():
+            if label.endswith("/cpu") and backend != "memory":
+                continue
+            p50, p99, top = stats["p50"], stats["p99"], stats["max"]
+            print(f"  {label:22s} p50 {p50:7.0f} µs  p99 {p99:7.0f} µs  max {top:7.0f} µs")
+    load1 = os.getloadavg()[0]
+    section = markdown(results, args, (load0, load1))
+    if args.markdown:
+        print(section)
+    if args.update_results:
+        update_results(Path(args.update_results), section)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
