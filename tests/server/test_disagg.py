@@ -518,3 +518,38 @@ def test_builtin_registry_knows_every_disagg_type() -> None:
         "disagg-headers-handler",
         "prefill-header-handler",
     } <= types
+
+
+async def test_a_slow_prefill_pod_times_out_and_is_served_decode_only(
+    start_pod: PodFactory, start_gateway: GatewayFactory
+) -> None:
+    # at this time scale the prefill pod needs seconds for the prompt
+    prefill = await start_pod(
+        labels={ROLE: "prefill"}, role="prefill", name="prefill-0", time_scale=100.0
+    )
+    decode = await start_pod(labels={ROLE: "decode"}, role="decode", name="decode-0")
+    epp = canonical(hopTimeout="200ms")
+    gw = await start_gateway(make_config([prefill, decode], epp))
+    status, _, _ = await chat(gw, LONG, max_tokens=2)
+    assert status == 200
+    assert "kv_transfer_params" not in bodies(decode)[0]
+    labels = {"stage": "prefill", "pod": "prefill-0"}
+    assert gw.metric("inference_objective_disagg_hop_failures_total", labels) == 1
+
+
+async def test_streamed_responses_after_a_prefill_hop(
+    start_pod: PodFactory, start_gateway: GatewayFactory
+) -> None:
+    prefill, decode = await pd_pods(start_pod)
+    gw = await start_gateway(make_config([prefill, decode], canonical()))
+    body = {"model": "sim-model", "input": LONG, "max_output_tokens": 3, "stream": True}
+    async with aiohttp.ClientSession() as http:
+        async with http.post(f"{gw.url}/v1/responses", json=body) as r:
+            assert r.status == 200
+            text = await r.text()
+    assert "response.completed" in text
+    [hop] = bodies(prefill)
+    assert hop["stream"] is False and hop["max_output_tokens"] == 1 and hop["store"] is False
+    [final] = bodies(decode)
+    assert final["stream"] is True and final["max_output_tokens"] == 3
+    assert final["kv_transfer_params"]["do_remote_prefill"] is True
