@@ -55,6 +55,15 @@ from heimdall_proxy.kvcache.subscriber import FLUSH_EVERY  # noqa: E402
 BLOCK = 16
 BLOCKS_PER_EVENT = 32
 MODEL = "bench-model"
+NOTES = """Where the time goes. In memory, the index itself ("keys only", a dict update per event
+and an AND per block and lookup step) is far from the limits; the event path is bound by
+CPython work every event needs: msgpack-decoding the token ids (about 0.5 µs a block) and
+re-hashing them (two XXH3 calls a block), since vLLM's own block hashes cannot be used as
+keys. A block stored again skips the hashing (`re-store`). With Redis, every request costs one
+round trip and one Lua call (redis-py adds about 0.1 ms a command here, and the Redis server
+shares the two CPUs): for a prompt whose 512 blocks are all held somewhere, the script MGETs
+512 bitmaps and returns them as one string; a cold prompt stops after 8. Writes are one
+script call per event, one SETBIT per block, flushed once per burst of batches."""
 BEGIN = "<!-- prefix-index:begin -->"
 END = "<!-- prefix-index:end -->"
 
@@ -266,9 +275,16 @@ def machine() -> str:
 
 
 def markdown(results: list[Result], args: argparse.Namespace, load: tuple[float, float]) -> str:
-    cmd = "python bench/prefix_index.py " + " ".join(
-        a for a in sys.argv[1:] if not a.startswith("--update-results") and a != "--markdown"
-    )
+    shown: list[str] = []
+    skip = False
+    for arg in sys.argv[1:]:
+        if skip:
+            skip = False
+        elif arg == "--update-results":
+            skip = True  # and its value
+        elif not arg.startswith("--update-results=") and arg != "--markdown":
+            shown.append(arg)
+    cmd = "python bench/prefix_index.py " + " ".join(shown)
     lines = [
         BEGIN,
         "## KV-block index (precise-prefix-cache-scorer)",
@@ -326,6 +342,8 @@ def markdown(results: list[Result], args: argparse.Namespace, load: tuple[float,
         f"(i+1)/{args.pods} of the prompt; full = all {args.pods} pods hold all of it. "
         "`keys + lookup` includes hashing the prompt (XXH3-64 over its token ids, a chunk of 64 "
         "blocks at a time as the walk needs them, as the plugin does).",
+        "",
+        NOTES,
         END,
     ]
     return "\n".join(lines)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from pathlib import Path
 from typing import Any
@@ -225,3 +226,35 @@ async def test_untokenizable_requests_score_zero(model_dir: Path) -> None:
     await scorer.produce(state, r, [ep("a")])
     assert r.token_ids is None
     assert scorer.score(state, r, [ep("a")]) == {"a": 0.0}
+
+
+async def test_metrics_are_logged_and_an_unreachable_index_fails_open(
+    model_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    scorer = make(
+        str(model_dir),
+        indexer={"kvBlockIndexConfig": {"enableMetrics": True, "metricsLoggingInterval": "50ms"}},
+        kvEventsConfig={"discoverPods": False},
+    )
+    with caplog.at_level(logging.INFO, logger="heimdall_proxy.plugins.precise_prefix_cache"):
+        await scorer.start()
+        try:
+            assert scorer.ready
+            await asyncio.sleep(0.12)
+        finally:
+            await scorer.stop()
+    assert "KV-cache index metrics" in caplog.text
+    down = make(
+        str(model_dir),
+        indexer={"kvBlockIndexConfig": {"redisConfig": {"address": "redis://127.0.0.1:1"}}},
+        kvEventsConfig={"discoverPods": False},
+    )
+    await down.start()  # does not raise: routes without the index, retries in the background
+    try:
+        assert not down.ready
+        state = CycleState()
+        r = req("completions", {"prompt": "hello world the gateway routes"})
+        await down.produce(state, r, [ep("a")])
+        assert down.score(state, r, [ep("a")]) == {"a": 0.0}
+    finally:
+        await down.stop()
