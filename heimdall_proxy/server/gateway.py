@@ -105,6 +105,9 @@ class Gateway:
             # keep-alive shorter than uvicorn's 5 s, so a pooled connection is never one the
             # pod has already closed
             connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=4.0),
+            # never keep a pod's Set-Cookie and replay it for another client (and a cookie
+            # jar costs a filter per request)
+            cookie_jar=aiohttp.DummyCookieJar(),
             auto_decompress=False,
             skip_auto_headers=("User-Agent", "Accept-Encoding", "Content-Type"),
             timeout=aiohttp.ClientTimeout(
@@ -112,7 +115,8 @@ class Gateway:
             ),
         )
         data_session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=4.0)
+            connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=4.0),
+            cookie_jar=aiohttp.DummyCookieJar(),
         )
         self.refresher = PoolRefresher(
             self.pool,

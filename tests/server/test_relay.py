@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import socket
+from typing import Any
 
 import aiohttp
 import pytest
+from aiohttp import web
 
 from tests.conftest import GatewayFactory, PodFactory, eventually, make_config
 
@@ -221,3 +223,33 @@ async def test_no_response_header_without_flag(
     async with aiohttp.ClientSession() as http:
         async with http.post(f"{gw.url}/v1/chat/completions", json=CHAT) as r:
             assert "x-decoder-host-port" not in r.headers
+
+
+async def test_pod_cookies_reach_the_client_but_are_never_replayed(
+    aiohttp_server: Any, start_gateway: GatewayFactory
+) -> None:
+    seen_cookies: list[str | None] = []
+
+    async def completions(request: web.Request) -> web.Response:
+        seen_cookies.append(request.headers.get("Cookie"))
+        resp = web.json_response({"id": "x", "choices": []})
+        resp.set_cookie("pod_session", "secret-of-client-1")
+        return resp
+
+    async def models(request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [{"id": "m", "object": "model"}]})
+
+    app = web.Application()
+    app.router.add_post("/v1/completions", completions)
+    app.router.add_get("/v1/models", models)
+    server = await aiohttp_server(app)
+    # a host name, not an IP: aiohttp's default jar only keeps cookies of named hosts
+    pod = {"name": "cookie-pod", "url": f"http://localhost:{server.port}", "models": ["m"]}
+    gw = await start_gateway(make_config([], extra_endpoints=[pod]), metrics_interval=30.0)
+    body = {"model": "m", "prompt": "x"}
+    for _ in range(2):  # two different clients
+        async with aiohttp.ClientSession() as http:
+            async with http.post(f"{gw.url}/v1/completions", json=body) as r:
+                assert r.status == 200
+                assert "pod_session=secret-of-client-1" in r.headers["Set-Cookie"]
+    assert seen_cookies == [None, None]
