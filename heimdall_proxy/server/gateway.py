@@ -18,6 +18,7 @@ from yarl import URL
 from heimdall_proxy.config import GatewayConfig, PluginConfig
 from heimdall_proxy.datalayer.pool import EndpointPool, ModelNotFoundError, NoEndpointsError
 from heimdall_proxy.datalayer.refresher import PoolRefresher, RefreshOptions
+from heimdall_proxy.framework.disagg import read_plan
 from heimdall_proxy.framework.errors import RequestError
 from heimdall_proxy.framework.handle import PluginHandle
 from heimdall_proxy.framework.loader import PluginSet, build_plugins
@@ -89,6 +90,7 @@ class Gateway:
             self.metrics.plugin_timer,
             extra,
         )
+        self._has_prepare = bool(self.plugins.prepare_data or self.plugins.producers)
         self._session: aiohttp.ClientSession | None = None
         self.refresher: PoolRefresher | None = None
 
@@ -172,7 +174,8 @@ class Gateway:
             candidates = self._candidates(ireq)
             model_label = ireq.model
             state = CycleState()
-            await self._prepare(ireq, state, candidates)
+            if self._has_prepare:
+                await self._prepare(ireq, state, candidates)
             t0 = time.perf_counter()
             try:
                 result = self.plugins.scheduler.schedule(state, ireq, candidates)
@@ -253,7 +256,9 @@ class Gateway:
         body = orjson.dumps(ireq.data) if ireq.body_modified else ireq.body
         headers = upstream_request_headers(request.headers)
         # a disaggregated plan's encode and prefill hops, once, before any decode attempt
-        prefill, body = await Hops(self.session, self.metrics).run(ireq, state, headers, body)
+        prefill: Endpoint | None = None
+        if read_plan(state) is not None:
+            prefill, body = await Hops(self.session, self.metrics).run(ireq, state, headers, body)
         tried = []
         target = result.primary.targets[0]
         order: list[Endpoint] | None = None  # the fallback order, built only when needed
@@ -286,7 +291,8 @@ class Gateway:
         """One try on ctx.target. Returns None when the pod failed before sending a response
         (the caller moves on to the next pod)."""
         target = ctx.target
-        await self._hooks_pre_request(ctx)
+        if self.plugins.pre_request:
+            await self._hooks_pre_request(ctx)
         upstream: aiohttp.ClientResponse | None = None
         complete = False
         try:
@@ -304,7 +310,8 @@ class Gateway:
                 return None
             ctx.status = upstream.status
             ctx.upstream_response_headers = upstream.headers
-            await self._hooks_response_received(ctx)
+            if self.plugins.response_received:
+                await self._hooks_response_received(ctx)
             out_headers = client_response_headers(upstream.headers)
             if ctx.response_headers:
                 out_headers.update(ctx.response_headers)
@@ -330,7 +337,8 @@ class Gateway:
                     upstream.release()
                 else:
                     upstream.close()
-            await self._hooks_response_complete(ctx)
+            if self.plugins.response_complete:
+                await self._hooks_response_complete(ctx)
 
     def _attempt_failed(self, ctx: RequestContext, stage: str, exc: BaseException) -> None:
         ctx.error = f"{stage} failed: {type(exc).__name__}: {exc}"
