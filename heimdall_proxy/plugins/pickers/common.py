@@ -1,4 +1,4 @@
-"""Parameters shared by the pickers."""
+"""What the pickers share: their parameters and their random generator."""
 
 from __future__ import annotations
 
@@ -6,6 +6,8 @@ import random
 
 from pydantic import Field
 
+from heimdall_proxy.framework.base import BasePlugin
+from heimdall_proxy.framework.handle import PluginHandle
 from heimdall_proxy.framework.params import PluginParams
 
 
@@ -13,6 +15,11 @@ class PickerParams(PluginParams):
     max_num_of_endpoints: int = Field(default=1, ge=1)
 
 
-def make_rng() -> random.Random:
-    """Each picker owns its generator, so tests can seed one without touching global state."""
-    return random.Random()
+class PickerBase(BasePlugin[PickerParams]):
+    """Holds `maxNumOfEndpoints` as `self._k` and a generator of the picker's own, so tests can
+    seed one (`picker.rng.seed(...)`) without touching global state."""
+
+    def __init__(self, name: str, params: PickerParams, handle: PluginHandle) -> None:
+        super().__init__(name, params, handle)
+        self.rng = random.Random()
+        self._k = params.max_num_of_endpoints

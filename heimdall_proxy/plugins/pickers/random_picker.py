@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from heimdall_proxy.framework.base import BasePlugin
-from heimdall_proxy.framework.handle import PluginHandle
 from heimdall_proxy.framework.registry import register
 from heimdall_proxy.framework.types import (
     CycleState,
@@ -11,21 +9,16 @@ from heimdall_proxy.framework.types import (
     ProfileResult,
     ScoredEndpoint,
 )
-from heimdall_proxy.plugins.pickers.common import PickerParams, make_rng
+from heimdall_proxy.plugins.pickers.common import PickerBase, PickerParams
 
 RANDOM_PICKER_TYPE = "random-picker"
 
 
 @register(RANDOM_PICKER_TYPE, PickerParams)
-class RandomPicker(BasePlugin[PickerParams]):
+class RandomPicker(PickerBase):
     """Picks `maxNumOfEndpoints` distinct endpoints uniformly at random."""
 
     type = RANDOM_PICKER_TYPE
-
-    def __init__(self, name: str, params: PickerParams, handle: PluginHandle) -> None:
-        super().__init__(name, params, handle)
-        self.rng = make_rng()
-        self._k = params.max_num_of_endpoints
 
     def pick(
         self, state: CycleState, request: InferenceRequest, scored: list[ScoredEndpoint]

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from heimdall_proxy.framework.base import BasePlugin
-from heimdall_proxy.framework.handle import PluginHandle
 from heimdall_proxy.framework.registry import register
 from heimdall_proxy.framework.types import (
     CycleState,
@@ -11,24 +9,19 @@ from heimdall_proxy.framework.types import (
     ProfileResult,
     ScoredEndpoint,
 )
-from heimdall_proxy.plugins.pickers.common import PickerParams, make_rng
+from heimdall_proxy.plugins.pickers.common import PickerBase, PickerParams
 
 WEIGHTED_RANDOM_PICKER_TYPE = "weighted-random-picker"
 
 
 @register(WEIGHTED_RANDOM_PICKER_TYPE, PickerParams)
-class WeightedRandomPicker(BasePlugin[PickerParams]):
+class WeightedRandomPicker(PickerBase):
     """Weighted sampling without replacement (Efraimidis-Spirakis A-Res): each endpoint with
     score w > 0 draws key = u^(1/w), u uniform in (0, 1); the `maxNumOfEndpoints` largest keys
     win, so the first pick has probability w / sum(w). Zero-scored endpoints come after every
     positive one, in random order; when all scores are zero the choice is uniform."""
 
     type = WEIGHTED_RANDOM_PICKER_TYPE
-
-    def __init__(self, name: str, params: PickerParams, handle: PluginHandle) -> None:
-        super().__init__(name, params, handle)
-        self.rng = make_rng()
-        self._k = params.max_num_of_endpoints
 
     def pick(
         self, state: CycleState, request: InferenceRequest, scored: list[ScoredEndpoint]
