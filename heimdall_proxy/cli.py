@@ -235,10 +235,18 @@ def build_parser() -> argparse.ArgumentParser:
     tok.add_argument(
         "--model",
         action="append",
-        required=True,
+        default=[],
         metavar="[NAME=]MODEL",
         help="a model directory (or tokenizer.json, or a model in the local HF cache); "
         "repeat for several models",
+    )
+    tok.add_argument(
+        "--sim-model",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="serve NAME with the simulator's deterministic tokenization (`heimdall-proxy "
+        "sim` pods), so a gateway's token ids and block keys match the simulated fleet's",
     )
     tok.add_argument("--workers", type=int, default=4, help="tokenizer threads (default 4)")
     _add_logging(tok)
@@ -370,7 +378,9 @@ def tokenizer_server(args: argparse.Namespace) -> int:
     from heimdall_proxy.tokenization.uds import run_server
 
     try:
-        coro = run_server(args.socket, args.model, args.workers, args.tcp)
+        if not args.model and not args.sim_model:
+            raise ValueError("give at least one --model or --sim-model")
+        coro = run_server(args.socket, args.model, args.workers, args.tcp, args.sim_model)
         with contextlib.suppress(KeyboardInterrupt):
             _run(coro)
     except (TokenizerNotFoundError, OSError, ValueError) as exc:

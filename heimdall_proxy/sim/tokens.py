@@ -223,3 +223,22 @@ class Tokenizer:
         if api == "responses":
             return self.responses(data)
         return self.completion(data)
+
+
+class SimRequestTokenizer:
+    """The simulator's tokenization behind the tokenizer service's interface
+    (`heimdall-proxy tokenizer-server --sim-model NAME`): a gateway whose tokenizer plugin or
+    precise-prefix-cache-scorer uses that service computes the very prompt ids the simulated
+    pods compute, and so the block keys of their KV events (benchmarks on the simulated
+    fleet)."""
+
+    def __init__(self, mm_tokens_per_item: int = 256) -> None:
+        self._tokenizer = Tokenizer(mm_tokens_per_item)
+
+    def tokenize_request(self, api: str, data: Mapping[str, Any]) -> list[int]:
+        kind: ApiKind = api if api in ("chat", "responses") else "completions"  # type: ignore[assignment]
+        return self._tokenizer.prompt(kind, data).ids
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        ids = tokenize(text)
+        return [BOS, *ids] if add_special_tokens else ids

@@ -28,10 +28,10 @@ import itertools
 import logging
 import os
 import struct
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import msgpack
 
@@ -190,10 +190,18 @@ def _prepare_socket_path(address: str) -> None:
         path.unlink()
 
 
-class TokenizerServer:
-    """Serves LocalTokenizers by model name on a Unix socket (or TCP host:port)."""
+class ServedTokenizer(Protocol):
+    """What the server needs of a tokenizer (LocalTokenizer, or the simulator's)."""
 
-    def __init__(self, tokenizers: Mapping[str, LocalTokenizer], workers: int = 4) -> None:
+    def tokenize_request(self, api: str, data: Mapping[str, Any]) -> list[int]: ...
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]: ...
+
+
+class TokenizerServer:
+    """Serves tokenizers by model name on a Unix socket (or TCP host:port)."""
+
+    def __init__(self, tokenizers: Mapping[str, ServedTokenizer], workers: int = 4) -> None:
         if not tokenizers:
             raise ValueError("a tokenizer server needs at least one tokenizer")
         self.tokenizers = dict(tokenizers)
@@ -202,7 +210,7 @@ class TokenizerServer:
         self._tasks: set[asyncio.Task[None]] = set()
         self._writers: set[asyncio.StreamWriter] = set()
 
-    def _tokenizer(self, model: Any) -> LocalTokenizer:
+    def _tokenizer(self, model: Any) -> ServedTokenizer:
         if isinstance(model, str) and model in self.tokenizers:
             return self.tokenizers[model]
         if len(self.tokenizers) == 1:
@@ -291,10 +299,20 @@ def load_models(specs: list[str]) -> dict[str, LocalTokenizer]:
 
 
 async def run_server(
-    address: str, specs: list[str], workers: int = 4, use_tcp: bool = False
+    address: str,
+    specs: list[str],
+    workers: int = 4,
+    use_tcp: bool = False,
+    sim_models: Sequence[str] = (),
 ) -> None:
-    """Serve until cancelled (the `tokenizer-server` command)."""
-    server = TokenizerServer(load_models(specs), workers)
+    """Serve until cancelled (the `tokenizer-server` command). `sim_models`: names served
+    with the simulator's tokenization (heimdall_proxy.sim.tokens)."""
+    from heimdall_proxy.sim.tokens import SimRequestTokenizer
+
+    tokenizers: dict[str, ServedTokenizer] = dict(load_models(specs))
+    for name in sim_models:
+        tokenizers[name] = SimRequestTokenizer()
+    server = TokenizerServer(tokenizers, workers)
     await server.start(address, use_tcp)
     log.info(
         "tokenizer service for %s on %s%s",

@@ -140,3 +140,46 @@ async def test_tokenizer_server_command(model_dir: Path, tok: LocalTokenizer, so
     )  # fmt: skip
     _, err = await bad.communicate()
     assert bad.returncode == 1 and b"no tokenizer for model" in err
+
+
+async def test_sim_model_tokenizes_as_the_simulated_pods(sock: str) -> None:
+    """`--sim-model NAME`: the simulator's own tokenization, so a gateway's prompt ids (and
+    block keys) are those of the `heimdall-proxy sim` pods' KV events."""
+    from heimdall_proxy.sim.tokens import BOS, Tokenizer, tokenize
+
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "heimdall_proxy", "tokenizer-server", "--socket", sock,
+        "--sim-model", "sim-model", "--workers", "1",
+        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    client = UDSTokenizerClient(sock, "sim-model", timeout=2.0)
+    sim = Tokenizer()
+    chat = {
+        "messages": [
+            {"role": "system", "content": "You are terse."},
+            {"role": "user", "content": "hello wonderful world"},
+        ]
+    }
+    completion = {"prompt": "route these tokens"}
+    try:
+        for _ in range(200):
+            try:
+                assert await client.tokenize("chat", chat) == sim.prompt("chat", chat).ids
+                break
+            except TokenizerServiceError:
+                await asyncio.sleep(0.05)
+        else:
+            raise AssertionError("the tokenizer server did not come up")
+        expected = sim.prompt("completions", completion).ids
+        assert await client.tokenize("completions", completion) == expected
+        assert await client.encode("route these") == [BOS, *tokenize("route these")]
+    finally:
+        await client.close()
+        proc.terminate()
+        await proc.wait()
+    bad = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "heimdall_proxy", "tokenizer-server", "--socket", sock,
+        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    _, err = await bad.communicate()
+    assert bad.returncode == 1 and b"--sim-model" in err
