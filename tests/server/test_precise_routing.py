@@ -228,13 +228,18 @@ async def test_the_simulated_pods_own_events_bring_a_prompt_back(
     await eventually(lambda: len(sc.subscriber.subscriptions()) == 3)
     prompt = list(range(5000, 5000 + 16 * 8))  # 8 blocks of token ids
     async with aiohttp.ClientSession() as http:
-        # ZMQ subscriptions take a moment to be live: warm pod-2 until its events are seen
-        for _ in range(100):
+        # ZMQ subscriptions take a moment to be live (a PUB drops what it sends before the
+        # SUB joined): warm pod-2 until its events are seen, clearing its prefix cache before
+        # each retry so the retry really stores (and announces) the blocks again
+        for attempt in range(50):
+            if attempt:
+                async with http.post(f"{pods[2].url}/reset_prefix_cache") as r:
+                    assert r.status == 200
             body = {"model": "sim-model", "prompt": prompt, "max_tokens": 1}
             async with http.post(f"{pods[2].url}/v1/completions", json=body) as r:
                 assert r.status == 200
             with contextlib.suppress(AssertionError):
-                await eventually(lambda: sc.stats.stored_blocks >= 8, within=0.2)
+                await eventually(lambda: sc.stats.stored_blocks >= 8, within=0.5)
                 break
         else:
             raise AssertionError("the simulated pod's KV events never arrived")

@@ -137,7 +137,9 @@ async def subscribe(ctx: zmq.asyncio.Context, endpoint: str, topic: bytes = b"")
     sub.setsockopt(zmq.LINGER, 0)
     sub.setsockopt(zmq.SUBSCRIBE, topic)
     sub.connect(endpoint)
-    await asyncio.sleep(0.15)  # ZMQ's slow joiner: let the subscription reach the publisher
+    # ZMQ's slow joiner: a PUB drops what it sends before the subscription reached it;
+    # half a second covers a busy 2-core machine
+    await asyncio.sleep(0.5)
     return sub
 
 
