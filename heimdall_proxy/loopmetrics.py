@@ -9,7 +9,8 @@ time, and prometheus-client still does the exposition."""
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Generic, TypeVar
 
 from prometheus_client.core import (
     CounterMetricFamily,
@@ -53,16 +54,22 @@ class HistogramChild:
         self.sum += value
 
 
-class _Family:
-    kind = ""
+C = TypeVar("C")
 
-    def __init__(self, name: str, doc: str, labelnames: Sequence[str] = ()) -> None:
+
+class _Family(Generic[C]):
+    """Label values -> child, created on first use by `new`."""
+
+    def __init__(
+        self, name: str, doc: str, labelnames: Sequence[str], new: Callable[[], C]
+    ) -> None:
         self.name = name
         self.doc = doc
         self.labelnames = tuple(labelnames)
-        self._children: dict[tuple[str, ...], object] = {}
+        self._new = new
+        self._children: dict[tuple[str, ...], C] = {}
 
-    def _child(self, values: tuple[str, ...]) -> object:
+    def labels(self, *values: str) -> C:
         child = self._children.get(values)
         if child is None:
             if len(values) != len(self.labelnames):
@@ -70,55 +77,39 @@ class _Family:
             child = self._children[values] = self._new()
         return child
 
-    def _new(self) -> object:
-        raise NotImplementedError
 
-
-class CounterFamily(_Family):
-    def labels(self, *values: str) -> CounterChild:
-        return self._child(values)  # type: ignore[return-value]
-
-    def _new(self) -> CounterChild:
-        return CounterChild()
+class CounterFamily(_Family[CounterChild]):
+    def __init__(self, name: str, doc: str, labelnames: Sequence[str] = ()) -> None:
+        super().__init__(name, doc, labelnames, CounterChild)
 
     def collect(self) -> CounterMetricFamily:
         fam = CounterMetricFamily(self.name, self.doc, labels=self.labelnames)
         for values, child in self._children.items():
-            fam.add_metric(values, child.value)  # type: ignore[attr-defined]
+            fam.add_metric(values, child.value)
         return fam
 
 
-class GaugeFamily(_Family):
-    def labels(self, *values: str) -> GaugeChild:
-        return self._child(values)  # type: ignore[return-value]
-
-    def _new(self) -> GaugeChild:
-        return GaugeChild()
+class GaugeFamily(_Family[GaugeChild]):
+    def __init__(self, name: str, doc: str, labelnames: Sequence[str] = ()) -> None:
+        super().__init__(name, doc, labelnames, GaugeChild)
 
     def collect(self) -> GaugeMetricFamily:
         fam = GaugeMetricFamily(self.name, self.doc, labels=self.labelnames)
         for values, child in self._children.items():
-            fam.add_metric(values, child.value)  # type: ignore[attr-defined]
+            fam.add_metric(values, child.value)
         return fam
 
 
-class HistogramFamily(_Family):
+class HistogramFamily(_Family[HistogramChild]):
     def __init__(
         self, name: str, doc: str, labelnames: Sequence[str] = (), *, buckets: Iterable[float]
     ) -> None:
-        super().__init__(name, doc, labelnames)
         self.buckets = tuple(sorted(buckets))
-
-    def labels(self, *values: str) -> HistogramChild:
-        return self._child(values)  # type: ignore[return-value]
-
-    def _new(self) -> HistogramChild:
-        return HistogramChild(self.buckets)
+        super().__init__(name, doc, labelnames, lambda: HistogramChild(self.buckets))
 
     def collect(self) -> HistogramMetricFamily:
         fam = HistogramMetricFamily(self.name, self.doc, labels=self.labelnames)
         for values, child in self._children.items():
-            assert isinstance(child, HistogramChild)
             running = 0
             cumulative = []
             for bound, n in zip((*child.bounds, float("inf")), child.counts, strict=True):
