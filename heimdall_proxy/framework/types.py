@@ -140,7 +140,10 @@ class InferenceRequest:
         self._prompt_text = None
 
 
-def _content_text(content: Any, out: list[str]) -> None:
+def content_text(content: Any, out: list[str], *, mark_media: bool = False) -> None:
+    """Append the text of a message `content` (a string, or a list of parts: strings and
+    {"text": ...} parts) to `out`. With `mark_media`, a part without text (an image, audio or
+    video part) is marked by its type, so prompts that differ only there do not look alike."""
     if isinstance(content, str):
         out.append(content)
     elif isinstance(content, list):
@@ -151,6 +154,8 @@ def _content_text(content: Any, out: list[str]) -> None:
                 text = part.get("text")
                 if isinstance(text, str):
                     out.append(text)
+                elif mark_media:
+                    out.append(f"\x1d{part.get('type', '')}\x1d")
 
 
 def extract_prompt_text(api: ApiKind, data: Mapping[str, Any]) -> str:
@@ -161,7 +166,7 @@ def extract_prompt_text(api: ApiKind, data: Mapping[str, Any]) -> str:
         if isinstance(messages, list):
             for msg in messages:
                 if isinstance(msg, Mapping):
-                    _content_text(msg.get("content"), out)
+                    content_text(msg.get("content"), out)
     elif api == "completions":
         prompt = data.get("prompt")
         if isinstance(prompt, str):
@@ -178,9 +183,9 @@ def extract_prompt_text(api: ApiKind, data: Mapping[str, Any]) -> str:
         elif isinstance(inp, list):
             for item in inp:
                 if isinstance(item, Mapping):
-                    _content_text(item.get("content"), out)
+                    content_text(item.get("content"), out)
                     if item.get("type") == "input_text":
-                        _content_text([item], out)
+                        content_text([item], out)
     return "".join(out)
 
 

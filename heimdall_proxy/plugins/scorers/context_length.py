@@ -4,7 +4,6 @@ A Filter (when enableFiltering) and a Scorer."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
 
 from pydantic import Field, field_validator
 
@@ -12,7 +11,12 @@ from heimdall_proxy.framework.base import BasePlugin
 from heimdall_proxy.framework.handle import PluginHandle
 from heimdall_proxy.framework.params import PluginParams
 from heimdall_proxy.framework.registry import register
-from heimdall_proxy.framework.types import CycleState, Endpoint, InferenceRequest
+from heimdall_proxy.framework.types import (
+    CycleState,
+    Endpoint,
+    InferenceRequest,
+    extract_prompt_text,
+)
 
 CONTEXT_LENGTH_AWARE_TYPE = "context-length-aware"
 CONTEXT_LENGTH_LABEL = "mif.moreh.io/context-length-range"
@@ -75,43 +79,12 @@ def range_score(tokens: int, ranges: list[tuple[int, int]]) -> float:
     return best
 
 
-def _text_chars(content: Any) -> int:
-    if isinstance(content, str):
-        return len(content)
-    total = 0
-    if isinstance(content, list):
-        for part in content:
-            if isinstance(part, str):
-                total += len(part)
-            elif isinstance(part, dict):
-                text = part.get("text")
-                if isinstance(text, str):
-                    total += len(text)
-    return total
-
-
 def request_chars(request: InferenceRequest) -> int:
     """Characters the seed counts: chat message contents (text parts of list contents too),
-    the completions prompt, the Responses API input."""
-    data = request.data
-    if request.api == "chat":
-        messages = data.get("messages")
-        if isinstance(messages, list):
-            return sum(_text_chars(m.get("content")) for m in messages if isinstance(m, dict))
-        return 0
-    if request.api == "completions":
-        return _text_chars(data.get("prompt"))
+    the completions prompt, the Responses API input (not its `instructions`)."""
     if request.api == "responses":
-        inp = data.get("input")
-        if isinstance(inp, list):
-            return sum(
-                _text_chars(i.get("content"))
-                + _text_chars([i] if i.get("type") == "input_text" else None)
-                for i in inp
-                if isinstance(i, dict)
-            )
-        return _text_chars(inp)
-    return 0
+        return len(extract_prompt_text("responses", {"input": request.data.get("input")}))
+    return len(request.prompt_text())
 
 
 @register(CONTEXT_LENGTH_AWARE_TYPE, ContextLengthParams)

@@ -6,7 +6,6 @@ import logging
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from pydantic import Field, model_validator
 
@@ -20,6 +19,7 @@ from heimdall_proxy.framework.types import (
     Endpoint,
     InferenceRequest,
     RequestContext,
+    content_text,
 )
 from heimdall_proxy.kvcache.approx import ApproxPrefixIndex
 from heimdall_proxy.kvcache.hashing import block_keys, namespace_seed, text_block_keys
@@ -69,24 +69,9 @@ def request_text(request: InferenceRequest) -> str:
             for msg in messages:
                 if isinstance(msg, Mapping):
                     parts.append(f"\x1e{msg.get('role', '')}\x1f")
-                    _content(msg.get("content"), parts)
+                    content_text(msg.get("content"), parts, mark_media=True)
             return "".join(parts)
     return request.prompt_text()
-
-
-def _content(content: Any, out: list[str]) -> None:
-    if isinstance(content, str):
-        out.append(content)
-    elif isinstance(content, list):
-        for part in content:
-            if isinstance(part, str):
-                out.append(part)
-            elif isinstance(part, Mapping):
-                text = part.get("text")
-                if isinstance(text, str):
-                    out.append(text)
-                else:  # an image or audio part: its URL or data identifies it
-                    out.append(f"\x1d{part.get('type', '')}\x1d")
 
 
 def cache_salt(request: InferenceRequest) -> str | None:
