@@ -42,6 +42,8 @@ from typing import Any, TextIO
 
 import yaml
 
+from heimdall_proxy.config import DEFAULT_EPP
+
 BENCH_DIR = Path(__file__).resolve().parent
 REPO_ROOT = BENCH_DIR.parent
 TARGETS = ("direct", "forwarder", "gateway")
@@ -54,23 +56,10 @@ TARGET_LABELS = {
 MIN_RPS_RATIO_VS_FORWARDER = 0.8
 MAX_ADDED_P50_MS = 0.5
 
+# The EPP's default scorers, exactly as the gateway uses them when a config declares none.
 BASE_CONFIG_TEMPLATE: dict[str, Any] = {
     "endpoints": [{"name": "upstream-0", "url": "<filled in>"}],
-    "plugins": [
-        {"type": "queue-scorer"},
-        {"type": "kv-cache-utilization-scorer"},
-        {"type": "max-score-picker"},
-    ],
-    "schedulingProfiles": [
-        {
-            "name": "default",
-            "plugins": [
-                {"pluginRef": "queue-scorer"},
-                {"pluginRef": "kv-cache-utilization-scorer"},
-                {"pluginRef": "max-score-picker"},
-            ],
-        }
-    ],
+    **copy.deepcopy(DEFAULT_EPP),
 }
 
 WRK_RESULT_RE = re.compile(r"^BENCH_RESULT (?P<fields>.*)$", re.MULTILINE)

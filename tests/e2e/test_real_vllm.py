@@ -12,6 +12,7 @@ with the reason, when the vLLM venv or the model is missing.
 
 from __future__ import annotations
 
+import copy
 import random
 import time
 from collections.abc import Iterator
@@ -22,7 +23,7 @@ import pytest
 import zmq
 from prometheus_client.parser import text_string_to_metric_families
 
-from heimdall_proxy.config import parse_config
+from heimdall_proxy.config import DEFAULT_EPP, parse_config
 from tests.conftest import GatewayFactory
 from tests.e2e.conftest import (
     BLOCK_SIZE,
@@ -37,25 +38,7 @@ from tests.e2e.conftest import (
 # Pod start-up runs inside the first test's timeout: allow for it on a busy machine.
 pytestmark = [pytest.mark.e2e_vllm, pytest.mark.timeout(600)]
 
-EPP = {
-    "apiVersion": "inference.networking.x-k8s.io/v1alpha1",
-    "kind": "EndpointPickerConfig",
-    "plugins": [
-        {"type": "queue-scorer"},
-        {"type": "kv-cache-utilization-scorer"},
-        {"type": "max-score-picker"},
-    ],
-    "schedulingProfiles": [
-        {
-            "name": "default",
-            "plugins": [
-                {"pluginRef": "queue-scorer"},
-                {"pluginRef": "kv-cache-utilization-scorer"},
-                {"pluginRef": "max-score-picker"},
-            ],
-        }
-    ],
-}
+EPP = copy.deepcopy(DEFAULT_EPP)
 
 
 def _gateway_config(pods: list[Pod]) -> dict[str, Any]:
