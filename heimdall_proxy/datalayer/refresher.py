@@ -50,7 +50,6 @@ class PoolRefresher:
         self.options = options
         self.sources = list(sources or [])
         self._tasks: list[asyncio.Task[None]] = []
-        self.scrape_count = 0
 
     async def refresh_once(self) -> None:
         """Scrape every pod once, concurrently (used at start-up before serving)."""
@@ -125,7 +124,6 @@ class PoolRefresher:
         except (aiohttp.ClientError, TimeoutError, ValueError, UnicodeDecodeError) as exc:
             self._failed(endpoint, f"metrics scrape failed: {exc!r}")
             return
-        self.scrape_count += 1
         endpoint.metrics = snapshot
         endpoint.consecutive_failures = 0
         if not endpoint.healthy:

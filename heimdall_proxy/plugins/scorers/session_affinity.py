@@ -47,7 +47,7 @@ class SessionAffinityScorer(BasePlugin[NoParams]):
     def score(
         self, state: CycleState, request: InferenceRequest, endpoints: list[Endpoint]
     ) -> Mapping[str, float]:
-        token = request.headers.get(SESSION_HEADER)
+        token = request.session_token
         pod = decode_token(token) if token else None
         if pod is not None:
             names = {e.name for e in endpoints}
