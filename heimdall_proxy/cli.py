@@ -297,14 +297,16 @@ async def _serve(
     sim_pods: int,
     model: str,
     sim_args: argparse.Namespace | None = None,
+    app: web.Application | None = None,
 ) -> None:
+    """Serve `app`; without one, start simulated pods and build the app on them."""
     from heimdall_proxy.server.app import create_app, serve
 
     runners: list[web.AppRunner] = []
     try:
-        if not config.endpoints:
+        if app is None:
             config = await _start_sims(config, sim_pods, model, runners, sim_args)
-        app = create_app(config, options)
+            app = create_app(config, options)
         await serve(app, options.host, options.port)
     finally:
         for runner in runners:
@@ -465,16 +467,21 @@ def main(argv: Sequence[str] | None = None) -> int:
             model, pods = args.model, args.pods
             config = config.model_copy(update={"endpoints": []})
         options = _server_options(args)
-        # Validate plugins before any socket is opened (create_app does it again, cheaply).
+        # Config errors surface here, before any socket is opened. With real endpoints this
+        # is the app that serves; simulated pods are only known once started, so for them the
+        # plugins are validated now and the app is built on the pods later.
+        from heimdall_proxy.server.app import create_app
         from heimdall_proxy.server.gateway import Gateway
 
-        Gateway(config, options)
+        app = create_app(config, options) if config.endpoints else None
+        if app is None:
+            Gateway(config, options)
     except ConfigError as exc:
         print(f"config error: {exc}", file=sys.stderr)
         return 1
     with contextlib.suppress(KeyboardInterrupt):
         sim_args = args if args.command == "demo" else None
-        _run(_serve(config, options, pods, model, sim_args))
+        _run(_serve(config, options, pods, model, sim_args, app))
     return 0
 
 
