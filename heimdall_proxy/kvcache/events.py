@@ -95,18 +95,6 @@ def _hashes(value: Any) -> list[int]:
     return [engine_hash(h) for h in value]
 
 
-def _fields(raw: Any, names: Sequence[str]) -> tuple[str, dict[str, Any]]:
-    """(tag, fields) of one event in either shape."""
-    if isinstance(raw, Mapping):
-        tag = raw.get("type")
-        if not isinstance(tag, str):
-            raise EventDecodeError("an event map must carry a string 'type'")
-        return tag, dict(raw)
-    if isinstance(raw, list | tuple) and raw and isinstance(raw[0], str):
-        return raw[0], dict(zip(names, raw[1:], strict=False))
-    raise EventDecodeError("an event must be a tagged array or a map with 'type'")
-
-
 def _tag(raw: Any) -> str | None:
     if isinstance(raw, Mapping):
         tag = raw.get("type")
@@ -115,6 +103,17 @@ def _tag(raw: Any) -> str | None:
     else:
         return None
     return tag if isinstance(tag, str) else None
+
+
+def _values(raw: Any, names: Sequence[str]) -> list[Any]:
+    """The values of `names` in one event of either shape, None where a field is missing
+    (read in place: no intermediate dict on the ingest path)."""
+    if isinstance(raw, Mapping):
+        return list(map(raw.get, names))
+    values = list(raw[1 : len(names) + 1])
+    if len(values) < len(names):  # an older publisher stops earlier
+        values.extend([None] * (len(names) - len(values)))
+    return values
 
 
 def _str_or_none(value: Any) -> str | None:
@@ -129,13 +128,14 @@ def decode_event(raw: Any) -> KVEvent | None:
     """One event, or None for an event type this reader does not know."""
     tag = _tag(raw)
     if tag == "BlockStored":
-        _, f = _fields(raw, _STORED_FIELDS)
-        hashes = _hashes(f.get("block_hashes"))
-        parent = f.get("parent_block_hash")
-        tokens = f.get("token_ids") or []
-        if not isinstance(tokens, list | tuple):
+        hashes, parent, tokens, block_size, lora_id, medium, lora_name = _values(
+            raw, _STORED_FIELDS
+        )
+        hashes = _hashes(hashes)
+        if tokens is None:
+            tokens = []
+        elif not isinstance(tokens, list | tuple):
             raise EventDecodeError("token_ids must be a list")
-        block_size = f.get("block_size")
         if not isinstance(block_size, int) or block_size < 0:
             block_size = len(tokens) // len(hashes) if hashes else 0
         return BlockStored(
@@ -143,13 +143,13 @@ def decode_event(raw: Any) -> KVEvent | None:
             parent_block_hash=None if parent is None else engine_hash(parent),
             token_ids=tokens if isinstance(tokens, list) else list(tokens),
             block_size=block_size,
-            lora_name=_str_or_none(f.get("lora_name")),
-            medium=_str_or_none(f.get("medium")),
-            lora_id=f["lora_id"] if isinstance(f.get("lora_id"), int) else None,
+            lora_name=_str_or_none(lora_name),
+            medium=_str_or_none(medium),
+            lora_id=lora_id if isinstance(lora_id, int) else None,
         )
     if tag == "BlockRemoved":
-        _, f = _fields(raw, _REMOVED_FIELDS)
-        return BlockRemoved(_hashes(f.get("block_hashes")), _str_or_none(f.get("medium")))
+        hashes, medium = _values(raw, _REMOVED_FIELDS)
+        return BlockRemoved(_hashes(hashes), _str_or_none(medium))
     if tag == "AllBlocksCleared":
         medium = raw.get("medium") if isinstance(raw, Mapping) else None
         return AllBlocksCleared(_str_or_none(medium))
