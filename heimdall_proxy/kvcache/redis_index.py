@@ -32,7 +32,7 @@ import struct
 import time
 from collections.abc import Mapping, Sequence
 from functools import reduce
-from itertools import chain, islice, repeat
+from itertools import islice, repeat
 from operator import itemgetter, lshift, or_
 from typing import Any, Literal
 
@@ -182,11 +182,9 @@ local n = #names / width
 local zero = string.rep('\\0', w)
 local out, sout = {}, {}
 local function fit(v)
-  if not v then return zero end
   local len = #v
-  if len < w then return v .. string.sub(zero, 1, w - len) end
-  if len > w then return string.sub(v, 1, w) end
-  return v
+  if len < w then return v .. string.sub(zero, len + 1) end
+  return string.sub(v, 1, w)
 end
 local i, step = 0, 8
 while i < n do
@@ -203,10 +201,16 @@ while i < n do
   end
   for k = 1, cnt do
     local v = vals[k]
-    local s = specs and specs[k]
-    if not v and not s then return {table.concat(out), table.concat(sout)} end
-    out[#out + 1] = fit(v)
-    if specs then sout[#sout + 1] = fit(s) end
+    if specs then
+      local sv = specs[k]
+      if not v and not sv then return {table.concat(out), table.concat(sout)} end
+      if not sv then sv = zero elseif #sv ~= w then sv = fit(sv) end
+      sout[i + k] = sv
+    elseif not v then
+      return {table.concat(out), ''}
+    end
+    if not v then v = zero elseif #v ~= w then v = fit(v) end
+    out[i + k] = v
   end
   i = i + cnt
   step = 256
@@ -241,21 +245,19 @@ def _splitter(width: int) -> Any:
 _STORE_CHUNK = 1024
 
 
-@functools.lru_cache(maxsize=512)
-def _names_struct(prefix_len: int, count: int) -> struct.Struct:
-    return struct.Struct(">" + f"{prefix_len}sQ" * count)
-
-
 def names_blob(prefix: bytes, keys: Sequence[int]) -> bytes:
-    """`prefix + 8-byte big-endian key` for every key, concatenated (64 at a time with a
-    cached struct, so building the names of a long prompt is a few C calls)."""
+    """`prefix + 8-byte big-endian key` for every key, concatenated. Built column by column
+    with strided slice assignments (one C-level copy per byte of the name), so the names of
+    a long prompt cost a few dozen C calls, not a Python step per key."""
     n = len(keys)
-    parts = []
-    for i in range(0, n, 64):
-        chunk = keys[i : i + 64]
-        s = _names_struct(len(prefix), len(chunk))
-        parts.append(s.pack(*chain.from_iterable(zip(repeat(prefix), chunk))))
-    return b"".join(parts)
+    width = len(prefix) + 8
+    out = bytearray(n * width)
+    for j, byte in enumerate(prefix):
+        out[j::width] = bytes((byte,)) * n
+    packed = blob(keys)
+    for j in range(8):
+        out[len(prefix) + j :: width] = packed[j::8]
+    return bytes(out)
 
 
 def normalize_address(address: str) -> str:

@@ -19,7 +19,7 @@ from heimdall_proxy.kvcache.index import (
     parse_bytes,
     tier_weights,
 )
-from heimdall_proxy.kvcache.redis_index import RedisIndex, normalize_address
+from heimdall_proxy.kvcache.redis_index import RedisIndex, names_blob, normalize_address
 from tests.kvcache.redisns import REDIS_URL
 
 BS = 16
@@ -203,6 +203,14 @@ def test_sizes_and_weights() -> None:
 
 
 # ---- Redis only --------------------------------------------------------------------------
+
+
+def test_names_blob_is_prefix_and_big_endian_key_per_key() -> None:
+    rng = random.Random(3)
+    for prefix, n in ((b"heimdall:kv:b:", 513), (b"", 3), (b"x", 0)):
+        keys = [rng.getrandbits(64) for _ in range(n)]
+        expected = b"".join(prefix + k.to_bytes(8, "big") for k in keys)
+        assert names_blob(prefix, keys) == expected
 
 
 async def test_replicas_share_one_redis_index(redis_prefix: str) -> None:
