@@ -5,16 +5,17 @@ from __future__ import annotations
 import logging
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import orjson
-from prometheus_client import CollectorRegistry, disable_created_metrics
+from prometheus_client import CollectorRegistry, Metric, disable_created_metrics
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from heimdall_proxy.datalayer.pool import EndpointPool
 from heimdall_proxy.framework.log import V
+from heimdall_proxy.framework.plugins import MetricsSource
 from heimdall_proxy.framework.scheduler import Observe
 from heimdall_proxy.loopmetrics import (
     CounterFamily,
@@ -103,6 +104,36 @@ class _PoolCollector(Collector):
         return family
 
 
+class _SourcesCollector(Collector):
+    """The families of the plugins that export metrics, merged by name: samples with the
+    same name and labels are summed (two instances of one plugin type add up, as they would
+    in one process-wide counter)."""
+
+    def __init__(self, sources: Iterable[MetricsSource]) -> None:
+        self.sources = list(sources)
+
+    def collect(self) -> Iterator[Metric]:
+        merged: dict[str, Metric] = {}
+        index: dict[tuple[str, tuple[tuple[str, str], ...]], int] = {}
+        for source in self.sources:
+            for family in source.collect_metrics():
+                into = merged.get(family.name)
+                if into is None:
+                    into = merged[family.name] = Metric(
+                        family.name, family.documentation, family.type, family.unit
+                    )
+                for sample in family.samples:
+                    key = (sample.name, tuple(sorted(sample.labels.items())))
+                    at = index.get(key)
+                    if at is None:
+                        index[key] = len(into.samples)
+                        into.samples.append(sample)
+                    else:
+                        old = into.samples[at]
+                        into.samples[at] = old._replace(value=old.value + sample.value)
+        yield from merged.values()
+
+
 class GatewayMetrics:
     """All of the gateway's own metrics, in a registry of their own (one per app). The
     request-path families are loop-local (see loopmetrics); the pod gauges are read from the
@@ -181,6 +212,12 @@ class GatewayMetrics:
         ]
         self.registry.register(FamiliesCollector(families))
         self.registry.register(_PoolCollector(pool, pool_name))
+
+    def add_sources(self, plugins: Iterable[object]) -> None:
+        """Expose the metrics of the plugins that have their own (MetricsSource)."""
+        sources = [p for p in plugins if isinstance(p, MetricsSource)]
+        if sources:
+            self.registry.register(_SourcesCollector(sources))
 
     def plugin_timer(self, point: str, plugin_type: str, plugin_name: str) -> Observe:
         return self.plugin_duration.labels(point, plugin_type, plugin_name).observe

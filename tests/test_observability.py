@@ -8,7 +8,8 @@ import sys
 from collections.abc import Iterator
 
 import pytest
-from prometheus_client import generate_latest
+from prometheus_client import Metric, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from heimdall_proxy.config import EndpointConfig
 from heimdall_proxy.datalayer.pool import EndpointPool
@@ -187,3 +188,27 @@ def test_request_metrics_and_plugin_timer() -> None:
         get("inference_extension_plugin_duration_seconds_bucket", {**plabels, "le": "5e-05"}) == 1.0
     )
     assert other.registry.get_sample_value("inference_objective_request_total", labels) is None
+
+
+class _Source:
+    """A plugin with metrics of its own (MetricsSource)."""
+
+    def __init__(self, hits: float, pod: str) -> None:
+        self.hits = hits
+        self.pod = pod
+
+    def collect_metrics(self) -> Iterator[Metric]:
+        yield CounterMetricFamily("demo_hits", "Hits.", value=self.hits)
+        per_pod = GaugeMetricFamily("demo_pod_load", "Load.", labels=["pod"])
+        per_pod.add_metric([self.pod], 1.0)
+        yield per_pod
+
+
+def test_plugin_metrics_are_exposed_and_same_name_samples_summed() -> None:
+    m = GatewayMetrics(EndpointPool([]))
+    m.add_sources([_Source(2, "a"), object(), _Source(3, "a"), _Source(1, "b")])
+    text = generate_latest(m.registry).decode()
+    assert "demo_hits_total 6.0" in text
+    assert 'demo_pod_load{pod="a"} 2.0' in text and 'demo_pod_load{pod="b"} 1.0' in text
+    assert text.count("# TYPE demo_hits_total counter") == 1
+    m.add_sources([object()])  # nothing to expose: nothing registered

@@ -10,7 +10,7 @@ hooks are all async.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from heimdall_proxy.framework.types import (
@@ -25,6 +25,7 @@ from heimdall_proxy.framework.types import (
 
 if TYPE_CHECKING:
     import aiohttp
+    from prometheus_client import Metric
 
 
 @runtime_checkable
@@ -156,6 +157,14 @@ class ResponseComplete(Protocol):
         """The attempt ended: response fully sent, upstream failed, or the client went away
         (`ctx.error` says which). Always called, exactly once per pre_request."""
         ...
+
+
+@runtime_checkable
+class MetricsSource(Protocol):
+    """Plugins with metrics of their own on the gateway's /metrics. Called at scrape time;
+    families of the same name from several plugins are summed sample by sample."""
+
+    def collect_metrics(self) -> Iterable[Metric]: ...
 
 
 @runtime_checkable

@@ -55,6 +55,9 @@ class KVCacheStats:
     speculative_blocks: int = 0
     lookups: int = 0
     lookup_hits: int = 0
+    #: Blocks of the prompts looked up, and those some candidate held (the longest run).
+    lookup_keys: int = 0
+    lookup_key_hits: int = 0
 
     def as_dict(self) -> dict[str, int]:
         return asdict(self)
@@ -185,7 +188,7 @@ class RunWalker:
     the AND of masks); Python code runs only where a pod drops out or a block is held in a
     slower tier only."""
 
-    __slots__ = ("alive", "blocks", "deficit", "done", "runs", "top")
+    __slots__ = ("alive", "blocks", "deficit", "done", "dropped_at", "runs", "top")
 
     def __init__(self, candidates: int, top_weight: float = 1.0) -> None:
         self.alive = candidates
@@ -193,6 +196,7 @@ class RunWalker:
         self.blocks = 0
         self.deficit: dict[int, float] = {}
         self.runs: dict[int, float] = {}
+        self.dropped_at = 0
         self.done = not candidates
 
     def feed(self, fast: list[int], lows: Sequence[tuple[list[int], float]] = ()) -> bool:
@@ -221,7 +225,7 @@ class RunWalker:
             for a, group in groupby(range(1, len(acc)), acc.__getitem__):
                 if a == prev:
                     continue
-                held = base + next(group)
+                held = self.dropped_at = base + next(group)
                 if held:
                     for b in iter_bits(prev & ~a):
                         self.runs[b] = held * self.top - self.deficit.get(b, 0.0)
@@ -234,6 +238,11 @@ class RunWalker:
             self.done = True
         return not self.done
 
+    @property
+    def longest(self) -> int:
+        """Blocks from the start held by some candidate (the longest run, unweighted)."""
+        return self.blocks if self.alive else self.dropped_at
+
     def result(self, names: Mapping[int, str]) -> dict[str, float]:
         """pod name -> weighted run, for pods that hold at least the first block."""
         runs = dict(self.runs)
@@ -241,6 +250,18 @@ class RunWalker:
             for b in iter_bits(self.alive):
                 runs[b] = self.blocks * self.top - self.deficit.get(b, 0.0)
         return {names[b]: v for b, v in runs.items() if v > 0.0}
+
+
+def finish_lookup(
+    stats: KVCacheStats, walker: RunWalker, n_keys: int, names: Mapping[int, str]
+) -> dict[str, float]:
+    """A finished walk's result, counted in `stats` (the lookup itself already was)."""
+    out = walker.result(names)
+    stats.lookup_keys += n_keys
+    stats.lookup_key_hits += walker.longest
+    if out:
+        stats.lookup_hits += 1
+    return out
 
 
 #: Blocks looked up per step of a walk (a cold prompt stops after the first step).
@@ -515,6 +536,7 @@ class InMemoryIndex:
                 candidates |= bit
                 names[bit] = pod
         if not candidates or not keys:
+            self.stats.lookup_keys += len(keys)
             return {}
         if self._spec_queue:
             self._sweep(time.monotonic())
@@ -543,10 +565,7 @@ class InMemoryIndex:
                     lows.append((masks, loss))
             if not walker.feed(fast, lows):
                 break
-        out = walker.result(names)
-        if out:
-            self.stats.lookup_hits += 1
-        return out
+        return finish_lookup(self.stats, walker, len(keys), names)
 
     async def lookup(self, keys: Sequence[int], pods: Sequence[str]) -> dict[str, float]:
         return self.match(keys, pods)

@@ -45,6 +45,7 @@ from heimdall_proxy.kvcache.index import (
     KVCacheStats,
     RunWalker,
     event_keys,
+    finish_lookup,
     tier_of,
     tier_weights,
 )
@@ -548,6 +549,7 @@ class RedisIndex:
             return {}
         indices = await self._known_indices(pods)
         if not indices:
+            self.stats.lookup_keys += len(keys)
             return {}
         width = (_T * (max(indices.values()) + 1) + 7) // 8
         names = names_blob(self._block_prefix, keys)
@@ -555,16 +557,14 @@ class RedisIndex:
         main, spec = await self._scripts["lookup"](
             keys=[], args=[self._name_width, width, names, snames]
         )
-        out = self._walk(main, spec, width, indices)
-        if out:
-            self.stats.lookup_hits += 1
-        return out
+        return self._walk(main, spec, width, indices, len(keys))
 
     def _walk(
-        self, main: bytes, spec: bytes, width: int, indices: dict[str, int]
+        self, main: bytes, spec: bytes, width: int, indices: dict[str, int], n_keys: int
     ) -> dict[str, float]:
         n = len(main) // width
         if not n:
+            self.stats.lookup_keys += n_keys
             return {}
         top_bit = 8 * width - 1
         names: dict[int, str] = {}
@@ -591,4 +591,4 @@ class RedisIndex:
         lows.sort(key=lambda t: t[1])
         walker = RunWalker(gpu, top)
         walker.feed(fast, lows)
-        return walker.result(names)
+        return finish_lookup(self.stats, walker, n_keys, names)

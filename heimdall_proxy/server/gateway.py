@@ -90,6 +90,7 @@ class Gateway:
             self.metrics.plugin_timer,
             extra,
         )
+        self.metrics.add_sources(self.plugins.plugins.values())
         self._has_prepare = bool(self.plugins.prepare_data or self.plugins.producers)
         self._session: aiohttp.ClientSession | None = None
         self.refresher: PoolRefresher | None = None

@@ -14,6 +14,7 @@ import aiohttp
 import pytest
 import zmq
 import zmq.asyncio
+from prometheus_client.parser import text_string_to_metric_families
 
 from heimdall_proxy.config import GatewayConfig, parse_config
 from heimdall_proxy.plugins.scorers.precise_prefix_cache import PrecisePrefixCacheScorer
@@ -246,3 +247,66 @@ async def test_the_simulated_pods_own_events_bring_a_prompt_back(
         for _ in range(3):
             assert await served_by(http, gw, prompt) == pods[2].name
         assert await served_by(http, gw, list(range(1, 129))) == pods[0].name  # cold: a tie
+
+
+def scraped(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+async def test_enable_metrics_exports_the_index_families(
+    start_pod: PodFactory, start_gateway: GatewayFactory, model_dir: Path,
+    zctx: zmq.asyncio.Context, enabled: bool,
+) -> None:  # fmt: skip
+    pods = [await start_pod() for _ in range(2)]
+    pubs = [Publisher(zctx, replay=False, topic=f"kv@{p.name}@sim-model") for p in pods]
+    try:
+        epp = precise_epp(
+            model_dir, indexerConfig={"kvBlockIndexConfig": {"enableMetrics": enabled}}
+        )
+        gw = await start_gateway(config(pods, [p.endpoint for p in pubs], epp))
+        sc = scorer_of(gw)
+        for p, pub in zip(pods, pubs, strict=True):
+            await until_live(pub, sc.subscriber.received, p.name)
+        tok = LocalTokenizer(model_dir / "tokenizer.json")
+        tokens = tok.encode(PROMPT)
+        n = len(tokens) // BS
+        cold_n = len(tok.encode("yes no " + PROMPT)) // BS
+        held = n // 2  # pod-1 holds the first half of the prompt
+        probes = sc.stats.batches  # until_live's
+        await pubs[1].publish(
+            batch([stored(list(range(10, 10 + held)), tokens[: held * BS], block_size=BS)])
+        )
+        await pubs[1].publish(batch([removed([10 + held - 1])]))  # ...less its last block
+        await applied(gw, lambda s: s["removed_blocks"] >= 1)
+        async with aiohttp.ClientSession() as http:
+            assert await served_by(http, gw, PROMPT) == pods[1].name
+            assert await served_by(http, gw, "yes no " + PROMPT) == pods[0].name  # cold
+            async with http.get(f"{gw.url}/metrics") as r:
+                assert r.status == 200
+                got = scraped(await r.text())
+        names = {name for name, _ in got}
+        if not enabled:
+            assert not any(
+                name.startswith(("kvcache_index_", "heimdall_kvcache_")) for name in names
+            )
+            return
+        assert got["kvcache_index_admissions_total", ()] == held
+        assert got["kvcache_index_evictions_total", ()] == 1
+        assert got["kvcache_index_lookup_requests_total", ()] == 2
+        assert got["kvcache_index_lookup_key_total", (("result", "hit"),)] == held - 1
+        assert got["kvcache_index_lookup_key_total", (("result", "miss"),)] == n + cold_n - (
+            held - 1
+        )
+        assert got["kvcache_index_lookup_latency_seconds_count", ()] == 2
+        assert got["kvcache_index_lookup_latency_seconds_bucket", (("le", "+Inf"),)] == 2
+        assert got["kvcache_index_lookup_latency_seconds_sum", ()] > 0
+        assert got["heimdall_kvcache_feed_total", (("kind", "batches"),)] == probes + 2
+        assert got["heimdall_kvcache_feed_total", (("kind", "gaps"),)] == 0
+    finally:
+        for pub in pubs:
+            await pub.close()

@@ -6,9 +6,11 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any, Literal
 
+from prometheus_client import Metric
+from prometheus_client.core import CounterMetricFamily
 from pydantic import BaseModel, Field, field_validator, model_validator
 
 from heimdall_proxy.framework.base import BasePlugin
@@ -34,6 +36,7 @@ from heimdall_proxy.kvcache.index import (
 )
 from heimdall_proxy.kvcache.redis_index import RedisIndex
 from heimdall_proxy.kvcache.subscriber import KVEventsSubscriber, SubscriberOptions
+from heimdall_proxy.loopmetrics import HistogramFamily
 from heimdall_proxy.tokenization import InProcessTokenizer, RequestTokenizer
 from heimdall_proxy.tokenization.local import LocalTokenizer
 from heimdall_proxy.tokenization.resolve import (
@@ -45,6 +48,20 @@ from heimdall_proxy.tokenization.resolve import (
 from heimdall_proxy.tokenization.uds import UDSTokenizerClient
 
 PRECISE_PREFIX_CACHE_SCORER_TYPE = "precise-prefix-cache-scorer"
+
+#: Lookup latency buckets: Prometheus' defaults (as llm-d's indexer uses) below which finer
+#: ones, since a lookup takes well under 5 ms.
+_LOOKUP_BUCKETS = (
+    0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025,
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+)  # fmt: skip
+#: KVCacheStats fields exported as heimdall_kvcache_feed_total{kind}: the event feed's
+#: health (the llm-d families cover admissions, evictions and lookups).
+_FEED_KINDS = (
+    "batches", "gaps", "missed_batches", "replayed_batches", "publisher_restarts",
+    "decode_errors", "unknown_events", "orphan_events", "unknown_removals",
+    "block_size_mismatch", "unknown_medium", "cleared", "evicted_keys", "speculative_blocks",
+)  # fmt: skip
 
 log = logging.getLogger("heimdall_proxy.plugins.precise_prefix_cache")
 
@@ -298,6 +315,12 @@ class PrecisePrefixCacheScorer(BasePlugin[PrecisePrefixCacheParams]):
         self.state_key = prefix_match_key(self.type, name)
         self._keys_key = f"{self.state_key}#keys"
         self._seeds: dict[str, int] = {}
+        self._lookup_latency = HistogramFamily(
+            "kvcache_index_lookup_latency_seconds",
+            "Latency of KV-block index lookups (hashing the prompt included), in seconds.",
+            buckets=_LOOKUP_BUCKETS,
+        )
+        self._observe_lookup = self._lookup_latency.labels().observe
         self._metrics_task: asyncio.Task[None] | None = None
         self._connect_task: asyncio.Task[None] | None = None
         self.ready = False
@@ -420,10 +443,12 @@ class PrecisePrefixCacheScorer(BasePlugin[PrecisePrefixCacheParams]):
         )
         matched: dict[str, float] = {}
         if keys and self.ready:
+            t0 = time.perf_counter()
             try:
                 matched = await self.index.lookup(keys, [e.name for e in endpoints])
             except Exception as exc:  # an unreachable index: route as if nothing matched
                 self._warn(f"{self.name}: index lookup failed, scoring 0: {exc}")
+            self._observe_lookup(time.perf_counter() - t0)
         state[self.state_key] = PrefixCacheMatchInfo(
             block_size=self.block_size,
             total_blocks=len(keys),
@@ -463,3 +488,34 @@ class PrecisePrefixCacheScorer(BasePlugin[PrecisePrefixCacheParams]):
 
     def metrics(self) -> dict[str, Any]:
         return self.stats.as_dict()
+
+    def collect_metrics(self) -> Iterator[Metric]:
+        """With `kvBlockIndexConfig.enableMetrics`: the indexer families llm-d's KV-cache
+        manager exports (kvcache_index_*), and the event feed's counters."""
+        if not self.params.indexer_config.kv_block_index_config.enable_metrics:
+            return
+        stats = self.stats
+        for name, doc, value in (
+            ("kvcache_index_admissions", "KV blocks admitted to the index.", stats.stored_blocks),
+            ("kvcache_index_evictions", "KV blocks removed by events.", stats.removed_blocks),
+            ("kvcache_index_lookup_requests", "Index lookups.", stats.lookups),
+        ):
+            yield CounterMetricFamily(name, doc, value=value)
+        keys = CounterMetricFamily(
+            "kvcache_index_lookup_key",
+            "Prompt blocks looked up, by result: hit when some candidate pod held the block "
+            "and every block before it.",
+            labels=["result"],
+        )
+        keys.add_metric(["hit"], stats.lookup_key_hits)
+        keys.add_metric(["miss"], stats.lookup_keys - stats.lookup_key_hits)
+        yield keys
+        yield self._lookup_latency.collect()
+        feed = CounterMetricFamily(
+            "heimdall_kvcache_feed",
+            "KV-event feed and index counters of precise-prefix-cache-scorer, by kind.",
+            labels=["kind"],
+        )
+        for kind in _FEED_KINDS:
+            feed.add_metric([kind], getattr(stats, kind))
+        yield feed
