@@ -59,6 +59,8 @@ async def test_runs_from_the_first_block(index: KVBlockIndex) -> None:
     other = block_keys(PROMPT, BS, namespace_seed("adapter"))
     assert await index.lookup(other, ["a", "b"]) == {}
     assert index.stats.stored_blocks == 8 and index.stats.lookups == 5
+    # key hits: the longest run any candidate held (4, 2, 1, 0, 0) of the keys looked up
+    assert (index.stats.lookup_keys, index.stats.lookup_key_hits) == (4 + 4 + 1 + 0 + 4, 7)
 
 
 async def test_chains_across_events_and_drops_orphans(index: KVBlockIndex) -> None:
@@ -283,8 +285,10 @@ async def test_lookups_match_a_naive_model(redis_prefix: str) -> None:
                         await idx.flush()
                     have.discard(hole)
         expected: dict[str, float] = {}
+        longest = 0  # blocks from the start some pod holds (the lookup's key hits)
         for pod in pods:
             run = 0.0
+            held = 0
             for b in range(n_blocks):
                 best = max(
                     (w for t, w in weight.items() if b in present.get((pod, t), set())),
@@ -293,10 +297,14 @@ async def test_lookups_match_a_naive_model(redis_prefix: str) -> None:
                 if not best:
                     break
                 run += best
+                held += 1
+            longest = max(longest, held)
             if run:
                 expected[pod] = run
         assert memory.match(keys, pods) == pytest.approx(expected)
         assert await remote.lookup(keys, pods) == pytest.approx(expected)
         assert expected
+        for idx in (memory, remote):
+            assert (idx.stats.lookup_keys, idx.stats.lookup_key_hits) == (n_blocks, longest)
     finally:
         await remote.close()
