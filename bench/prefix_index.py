@@ -55,15 +55,21 @@ from heimdall_proxy.kvcache.subscriber import FLUSH_EVERY  # noqa: E402
 BLOCK = 16
 BLOCKS_PER_EVENT = 32
 MODEL = "bench-model"
-NOTES = """Where the time goes. In memory, the index itself ("keys only", a dict update per event
-and an AND per block and lookup step) is far from the limits; the event path is bound by
-CPython work every event needs: msgpack-decoding the token ids (about 0.5 µs a block) and
-re-hashing them (two XXH3 calls a block), since vLLM's own block hashes cannot be used as
-keys. A block stored again skips the hashing (`re-store`). With Redis, every request costs one
-round trip and one Lua call (redis-py adds about 0.1 ms a command here, and the Redis server
-shares the two CPUs): for a prompt whose 512 blocks are all held somewhere, the script MGETs
-512 bitmaps and returns them as one string; a cold prompt stops after 8. Writes are one
-script call per event, one SETBIT per block, flushed once per burst of batches."""
+NOTES = """Where the time goes (each part timed alone on the same machine, per block). In memory,
+the event path is CPython work every event needs: msgpack-decoding the token ids (~0.31 µs) and
+turning the batch into events (~0.09), re-hashing the tokens (~0.27: the u32 packing and
+local XXH3 run in C, the rolling chain is one Python step per block, ~0.09), since vLLM's own
+block hashes cannot be used as keys, then the tier dict (~0.11) and the pod's engine-hash map
+for later removals (~0.11), both bound by dict inserts into large tables. A block stored again
+skips the hashing (`re-store`); the index structure alone is "keys only". With Redis, a lookup
+is one round trip and one Lua call: for a prompt whose 512 blocks are all held, the script
+MGETs 512 bitmaps and returns them as one string (~150 µs inside Redis, from INFO
+commandstats), and the client builds the key names and walks the bitmaps (~100 µs); the Redis
+server shares the two CPUs with the benchmark. The Redis backend hashes the whole prompt
+before its one round trip (the names go in the request), so its `keys + lookup` is the
+full hashing cost even for a cold prompt; a cold prompt's script stops after 8 blocks.
+Writes are one script call per event, one SETBIT per block, flushed once per burst of
+batches."""
 BEGIN = "<!-- prefix-index:begin -->"
 END = "<!-- prefix-index:end -->"
 
