@@ -18,7 +18,7 @@ integer of their last 8 bytes, as vLLM itself converts them, so every engine has
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,6 +35,8 @@ _STORED_FIELDS = (
     "lora_name",
 )
 _REMOVED_FIELDS = ("block_hashes", "medium")
+_INT = {int}
+_SEQUENCES = (list, tuple)
 
 
 class EventDecodeError(ValueError):
@@ -77,83 +79,86 @@ class EventBatch:
 
 def engine_hash(value: Any) -> int:
     """An engine block hash as an int (bytes: the big-endian value of the last 8 bytes)."""
-    if isinstance(value, int) and not isinstance(value, bool):
+    if type(value) is int:
         return value
     if isinstance(value, bytes | bytearray | memoryview):
         raw = bytes(value)
         if not raw:
             raise EventDecodeError("empty block hash")
         return int.from_bytes(raw[-8:], "big")
+    if isinstance(value, int) and not isinstance(value, bool):
+        return int(value)
     raise EventDecodeError(f"a block hash must be an int or bytes, not {type(value).__name__}")
 
 
 def _hashes(value: Any) -> list[int]:
-    if not isinstance(value, list | tuple):
-        raise EventDecodeError("block_hashes must be a list")
-    if set(map(type, value)) <= {int}:  # the usual case, checked in C
-        return value if isinstance(value, list) else list(value)
+    if type(value) is not list:
+        if not isinstance(value, tuple):
+            raise EventDecodeError("block_hashes must be a list")
+        value = list(value)
+    ints: list[int] = value
+    if set(map(type, ints)) <= _INT:  # the usual case, checked in C
+        return ints
     return [engine_hash(h) for h in value]
 
 
-def _tag(raw: Any) -> str | None:
-    if isinstance(raw, Mapping):
-        tag = raw.get("type")
-    elif isinstance(raw, list | tuple) and raw:
-        tag = raw[0]
-    else:
-        return None
-    return tag if isinstance(tag, str) else None
-
-
-def _values(raw: Any, names: Sequence[str]) -> list[Any]:
-    """The values of `names` in one event of either shape, None where a field is missing
-    (read in place: no intermediate dict on the ingest path)."""
-    if isinstance(raw, Mapping):
+def _values(raw: Any, names: Sequence[str]) -> Sequence[Any]:
+    """The values of `names` in one event (a dict, or a tagged list whose fields follow the
+    tag), None where a field is missing, read in place."""
+    if type(raw) is dict:
         return list(map(raw.get, names))
-    values = list(raw[1 : len(names) + 1])
+    values: Sequence[Any] = raw[1 : len(names) + 1]
     if len(values) < len(names):  # an older publisher stops earlier
-        values.extend([None] * (len(names) - len(values)))
+        values = [*values, *([None] * (len(names) - len(values)))]
     return values
 
 
 def _str_or_none(value: Any) -> str | None:
-    if value is None:
-        return None
+    if value is None or type(value) is str:
+        return value
     if isinstance(value, bytes):
         return value.decode("utf-8", "replace")
     return str(value)
 
 
 def decode_event(raw: Any) -> KVEvent | None:
-    """One event, or None for an event type this reader does not know."""
-    tag = _tag(raw)
+    """One event, or None for an event type this reader does not know. msgpack gives maps as
+    dicts and arrays as lists, so those are what is checked (a tuple is taken as an array)."""
+    if type(raw) is dict:
+        tag = raw.get("type")
+    elif isinstance(raw, _SEQUENCES) and raw:
+        tag = raw[0]
+    else:
+        tag = None
     if tag == "BlockStored":
         hashes, parent, tokens, block_size, lora_id, medium, lora_name = _values(
             raw, _STORED_FIELDS
         )
         hashes = _hashes(hashes)
-        if tokens is None:
-            tokens = []
-        elif not isinstance(tokens, list | tuple):
-            raise EventDecodeError("token_ids must be a list")
-        if not isinstance(block_size, int) or block_size < 0:
+        if type(tokens) is not list:
+            if tokens is None:
+                tokens = []
+            elif isinstance(tokens, tuple):
+                tokens = list(tokens)
+            else:
+                raise EventDecodeError("token_ids must be a list")
+        if type(block_size) is not int or block_size < 0:
             block_size = len(tokens) // len(hashes) if hashes else 0
         return BlockStored(
             block_hashes=hashes,
             parent_block_hash=None if parent is None else engine_hash(parent),
-            token_ids=tokens if isinstance(tokens, list) else list(tokens),
+            token_ids=tokens,
             block_size=block_size,
             lora_name=_str_or_none(lora_name),
             medium=_str_or_none(medium),
-            lora_id=lora_id if isinstance(lora_id, int) else None,
+            lora_id=lora_id if type(lora_id) is int else None,
         )
     if tag == "BlockRemoved":
         hashes, medium = _values(raw, _REMOVED_FIELDS)
         return BlockRemoved(_hashes(hashes), _str_or_none(medium))
     if tag == "AllBlocksCleared":
-        medium = raw.get("medium") if isinstance(raw, Mapping) else None
-        return AllBlocksCleared(_str_or_none(medium))
-    if tag is None:
+        return AllBlocksCleared(_str_or_none(raw.get("medium") if type(raw) is dict else None))
+    if not isinstance(tag, str):
         raise EventDecodeError("an event must be a tagged array or a map with 'type'")
     return None
 
@@ -164,14 +169,14 @@ def decode_batch(payload: bytes) -> EventBatch:
         raw = msgpack.unpackb(payload, raw=False, strict_map_key=False)
     except (msgpack.UnpackException, ValueError) as exc:
         raise EventDecodeError(f"not msgpack: {exc}") from exc
-    if isinstance(raw, Mapping):
+    if type(raw) is dict:
         ts, events, rank = raw.get("ts"), raw.get("events"), raw.get("data_parallel_rank")
-    elif isinstance(raw, list | tuple) and len(raw) >= 2:
+    elif type(raw) is list and len(raw) >= 2:
         ts, events = raw[0], raw[1]
         rank = raw[2] if len(raw) > 2 else None
     else:
         raise EventDecodeError("a batch must be [ts, events, dp_rank] or a map")
-    if not isinstance(events, list | tuple):
+    if not isinstance(events, _SEQUENCES):
         raise EventDecodeError("a batch's events must be a list")
     out: list[KVEvent] = []
     unknown = 0
@@ -184,6 +189,6 @@ def decode_batch(payload: bytes) -> EventBatch:
     return EventBatch(
         ts=float(ts) if isinstance(ts, int | float) else 0.0,
         events=out,
-        dp_rank=rank if isinstance(rank, int) else None,
+        dp_rank=rank if type(rank) is int else None,
         unknown=unknown,
     )

@@ -295,6 +295,7 @@ class InMemoryIndex:
         w = tier_weights(weights)
         self._weights = [w[t] for t in TIERS]
         self._tier_slot = {t: i for i, t in enumerate(TIERS)}
+        self._medium_slot: dict[str | None, int] = {}
         self._tiers: list[dict[int, int]] = [{} for _ in TIERS]
         self._pod_index: dict[str, int] = {}
         self._pod_names: list[str] = []
@@ -327,9 +328,13 @@ class InMemoryIndex:
         return idx
 
     def _slot(self, medium: str | None) -> int | None:
-        slot = self._tier_slot.get(tier_of(medium))
+        slot = self._medium_slot.get(medium)
         if slot is None:
-            self.stats.unknown_medium += 1
+            slot = self._tier_slot.get(tier_of(medium))
+            if slot is None:
+                self.stats.unknown_medium += 1
+            elif len(self._medium_slot) < 64:  # the few spellings a fleet uses
+                self._medium_slot[medium] = slot
         return slot
 
     def _evict(self, d: dict[int, int]) -> None:
