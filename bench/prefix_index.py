@@ -84,15 +84,14 @@ class Result:
 
 
 def make_events(pods: int, n_blocks: int, seed: int = 1) -> list[tuple[str, bytes]]:
-    """(pod, msgpack batch) pairs in vLLM's map shape, blocks chained per pod."""
+    """(pod, msgpack batch) pairs in vLLM's map shape, blocks chained per pod; engine hashes
+    are random unsigned 64-bit ints, as vLLM 0.32 sends them (sha256-derived)."""
     rng = random.Random(seed)
     last: dict[str, int | None] = {}
     out = []
-    engine = 1
     for i in range(n_blocks // BLOCKS_PER_EVENT):
         pod = f"pod-{i % pods}"
-        hashes = list(range(engine, engine + BLOCKS_PER_EVENT))
-        engine += BLOCKS_PER_EVENT
+        hashes = [rng.getrandbits(64) for _ in range(BLOCKS_PER_EVENT)]
         tokens = [rng.randrange(128_000) for _ in range(BLOCKS_PER_EVENT * BLOCK)]
         event = {
             "type": "BlockStored",
