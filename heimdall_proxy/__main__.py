@@ -1,3 +1,5 @@
 from heimdall_proxy.cli import main
 
-raise SystemExit(main())
+# Guarded: worker processes (spawned) import the main module again.
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -52,6 +52,9 @@ class BlockStored:
     lora_name: str | None
     medium: str | None
     lora_id: int | None = None
+    #: The local hashes of the tokens in the index's block size, when kvcache.prepare
+    #: computed them (the token ids are dropped then).
+    local_hashes: list[int] | None = None
 
 
 @dataclass(slots=True)

@@ -51,24 +51,22 @@ def tokens_to_bytes(tokens: Sequence[int]) -> bytes:
     return arr.tobytes()
 
 
-def block_keys(
-    tokens: Sequence[int],
-    block_size: int,
-    seed: int,
-    parent: int | None = None,
-    max_blocks: int | None = None,
-) -> list[int]:
-    """The rolling keys of the full blocks of `tokens` (at most `max_blocks`), chained from
-    `parent` (None: from the root)."""
+def local_hashes(tokens: Sequence[int], block_size: int, seed: int) -> list[int]:
+    """local[i] of every full block of `tokens`: XXH3-64 of the block's little-endian u32
+    token ids (in C: no Python frame per block)."""
     n = len(tokens) // block_size
-    if max_blocks is not None and n > max_blocks:
-        n = max_blocks
     if n <= 0:
         return []
     buf = tokens_to_bytes(tokens if len(tokens) == n * block_size else tokens[: n * block_size])
-    # Local hashes in C (no Python frame per block); only the chain needs a Python loop.
     chunks = map(_first, _chunker(block_size * 4)(buf))
-    local = list(map(_xxh3, chunks, repeat(seed, n)))
+    return list(map(_xxh3, chunks, repeat(seed, n)))
+
+
+def chain_keys(local: Sequence[int], seed: int, parent: int | None = None) -> list[int]:
+    """The rolling keys seq[i] of blocks with local hashes `local`, chained from `parent`
+    (None: from the root). One Python step per block: each key needs the one before."""
+    if not local:
+        return []
     h = _xxh3
     pack = _pack_pair
     if parent is None:
@@ -84,6 +82,20 @@ def block_keys(
         prev = h(pack(prev, value), seed)
         append(prev)
     return out
+
+
+def block_keys(
+    tokens: Sequence[int],
+    block_size: int,
+    seed: int,
+    parent: int | None = None,
+    max_blocks: int | None = None,
+) -> list[int]:
+    """The rolling keys of the full blocks of `tokens` (at most `max_blocks`), chained from
+    `parent` (None: from the root)."""
+    if max_blocks is not None and len(tokens) > max_blocks * block_size:
+        tokens = tokens[: max(0, max_blocks) * block_size]
+    return chain_keys(local_hashes(tokens, block_size, seed), seed, parent)
 
 
 class LazyBlockKeys(Sequence[int]):

@@ -25,7 +25,7 @@ from itertools import accumulate, groupby, islice, repeat
 from operator import and_, or_
 from typing import Protocol
 
-from heimdall_proxy.kvcache.hashing import block_keys
+from heimdall_proxy.kvcache.hashing import chain_keys, local_hashes
 
 #: Storage tiers in a fixed slot order (the Redis layout depends on it); vLLM's `medium`
 #: is matched case-insensitively, a missing medium is the GPU.
@@ -109,19 +109,25 @@ def event_keys(
     block_size: int,
     seed: int,
     parent_key: int | None,
+    local: Sequence[int] | None = None,
 ) -> tuple[list[int], int] | None:
     """Our keys for a BlockStored event and how many of them each engine block spans, or None
-    when the engine's block size is not a multiple of ours (the blocks cannot be mapped)."""
+    when the engine's block size is not a multiple of ours (the blocks cannot be mapped).
+    `local`: the local hashes of the event's tokens in our blocks, when already computed
+    (kvcache.prepare does it off the event loop); the token ids are not read then."""
     if engine_block_size <= 0 or engine_block_size % block_size:
         return None
     per = engine_block_size // block_size
-    n = min(n_hashes, len(token_ids) // engine_block_size)
-    if n <= 0:
-        return [], per
-    tokens = (
-        token_ids if len(token_ids) == n * engine_block_size else token_ids[: n * engine_block_size]
-    )
-    return block_keys(tokens, block_size, seed, parent_key), per
+    if local is None:
+        n = min(n_hashes, len(token_ids) // engine_block_size)
+        if len(token_ids) != n * engine_block_size:
+            token_ids = token_ids[: n * engine_block_size]
+        local = local_hashes(token_ids, block_size, seed)
+    else:
+        n = min(n_hashes, len(local) // per)
+        if len(local) != n * per:
+            local = local[: n * per]
+    return chain_keys(local, seed, parent_key), per
 
 
 class KVBlockIndex(Protocol):
@@ -144,8 +150,11 @@ class KVBlockIndex(Protocol):
         token_ids: Sequence[int],
         engine_block_size: int,
         seed: int,
+        *,
+        local_hashes: Sequence[int] | None = None,
     ) -> None:
-        """Apply one BlockStored event of `pod`."""
+        """Apply one BlockStored event of `pod`; `local_hashes` (in our block size, with
+        `seed`) stand in for the token ids when kvcache.prepare computed them already."""
         ...
 
     async def block_removed(
@@ -414,6 +423,7 @@ class InMemoryIndex:
         token_ids: Sequence[int],
         engine_block_size: int,
         seed: int,
+        local_hashes: Sequence[int] | None = None,
     ) -> None:
         """Synchronous block_stored (the in-memory path never waits)."""
         slot = self._slot(medium)
@@ -431,7 +441,8 @@ class InMemoryIndex:
                 self._set(slot, bit, keys)  # type: ignore[arg-type]
                 self.stats.stored_blocks += len(keys)
                 return
-        if not token_ids:  # a location-only event (offloading): resolve what is known
+        if not token_ids and local_hashes is None:
+            # a location-only event (offloading): resolve what is known
             found = [v for v in map(emap.get, engine_hashes) if v is not None]
             keys = self._flatten(found)
             self._set(slot, bit, keys)
@@ -445,7 +456,13 @@ class InMemoryIndex:
                 return
             parent_key = parent if isinstance(parent, int) else parent[-1]
         computed = event_keys(
-            token_ids, engine_block_size, len(engine_hashes), self.block_size, seed, parent_key
+            token_ids,
+            engine_block_size,
+            len(engine_hashes),
+            self.block_size,
+            seed,
+            parent_key,
+            local_hashes,
         )
         if computed is None:
             self.stats.block_size_mismatch += 1
@@ -464,8 +481,19 @@ class InMemoryIndex:
         token_ids: Sequence[int],
         engine_block_size: int,
         seed: int,
+        *,
+        local_hashes: Sequence[int] | None = None,
     ) -> None:
-        self.stored(pod, medium, engine_hashes, parent_hash, token_ids, engine_block_size, seed)
+        self.stored(
+            pod,
+            medium,
+            engine_hashes,
+            parent_hash,
+            token_ids,
+            engine_block_size,
+            seed,
+            local_hashes,
+        )
 
     async def block_removed(
         self, pod: str, medium: str | None, engine_hashes: Sequence[int]

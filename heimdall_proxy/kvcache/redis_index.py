@@ -441,6 +441,8 @@ class RedisIndex:
         token_ids: Sequence[int],
         engine_block_size: int,
         seed: int,
+        *,
+        local_hashes: Sequence[int] | None = None,
     ) -> None:
         slot = self._slot_of(medium)
         if slot is None or not engine_hashes:
@@ -460,7 +462,7 @@ class RedisIndex:
                     keys.extend(v)  # type: ignore[arg-type]
             self._store(pod, offset, per, engine_hashes, keys)
             return
-        if not token_ids:
+        if not token_ids and local_hashes is None:
             self._queue("store_known", [self.prefix, pod, offset, blob(engine_hashes)])
             return
         parent_key: int | None = None
@@ -470,7 +472,13 @@ class RedisIndex:
                 self.stats.orphan_events += 1
                 return
         computed = event_keys(
-            token_ids, engine_block_size, len(engine_hashes), self.block_size, seed, parent_key
+            token_ids,
+            engine_block_size,
+            len(engine_hashes),
+            self.block_size,
+            seed,
+            parent_key,
+            local_hashes,
         )
         if computed is None:
             self.stats.block_size_mismatch += 1

@@ -16,9 +16,11 @@ the gap; a pod without a replay socket (no answer within the replay timeout) is 
 again for a while, and the gap is logged and counted. A sequence that goes backwards means
 the publisher restarted: the pod's blocks are forgotten (a restarted vLLM has an empty cache).
 
-Batches are decoded and applied by `concurrency` workers; a pod always goes to the same
-worker, so its events are applied in order. A worker flushes the index (`flush`) when its
-queue runs dry or every FLUSH_EVERY batches.
+Batches are applied by `concurrency` workers; a pod always goes to the same worker, so its
+events are applied in order. A worker takes everything queued (up to DRAIN_MAX batches),
+has it decoded in one `prepare` call (kvcache.prepare: in worker processes, with the tokens
+hashed), then applies it in order. It flushes the index (`flush`) when its queue runs dry or
+every FLUSH_EVERY batches.
 """
 
 from __future__ import annotations
@@ -43,6 +45,8 @@ from heimdall_proxy.kvcache.index import KVCacheStats
 log = logging.getLogger("heimdall_proxy.kvcache.events")
 
 Apply = Callable[[str, EventBatch], Awaitable[None]]
+#: Payloads -> their batches in order (an undecodable one as its error message).
+Prepare = Callable[[list[bytes]], Awaitable[list[EventBatch | str]]]
 Forget = Callable[[str], Awaitable[None]]
 Flush = Callable[[], Awaitable[None]]
 
@@ -52,6 +56,8 @@ REPLAY_BACKOFF = 30.0
 #: A worker flushes the index's queued writes when it has nothing left to apply, or after
 #: this many batches (a remote index then gets one round trip per burst, not per batch).
 FLUSH_EVERY = 64
+#: Batches a worker takes from its queue at most, to prepare them in one call.
+DRAIN_MAX = 256
 
 
 @dataclass(slots=True)
@@ -65,6 +71,17 @@ class SubscriberOptions:
     replay_timeout: float = 1.0
     reconcile_interval: float = 1.0
     queue_size: int = 10_000
+
+
+async def decode_inline(payloads: list[bytes]) -> list[EventBatch | str]:
+    """The default Prepare: decode on the event loop."""
+    out: list[EventBatch | str] = []
+    for payload in payloads:
+        try:
+            out.append(decode_batch(payload))
+        except EventDecodeError as exc:
+            out.append(str(exc))
+    return out
 
 
 def replay_endpoint(endpoint: str, offset: int) -> str | None:
@@ -90,17 +107,20 @@ class KVEventsSubscriber:
         forget: Forget,
         stats: KVCacheStats | None = None,
         flush: Flush | None = None,
+        prepare: Prepare | None = None,
     ) -> None:
         self.options = options
         self.pool = pool
         self._apply = apply
         self._forget = forget
         self._flush = flush
+        self._prepare = prepare or decode_inline
         self.stats = stats or KVCacheStats()
         self._ctx: zmq.asyncio.Context | None = None
         self._subs: dict[str, tuple[str, asyncio.Task[None]]] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self._queues: list[asyncio.Queue[tuple[str, bytes | None]]] = []
+        self._queue_by_pod: dict[str, asyncio.Queue[tuple[str, bytes | None]]] = {}
         self._replay_down: dict[str, float] = {}
         #: Messages received per pod (tests wait for a subscription to be live with it).
         self.received: dict[str, int] = {}
@@ -114,6 +134,7 @@ class KVEventsSubscriber:
         self._ctx = zmq.asyncio.Context()
         n = max(1, self.options.concurrency)
         self._queues = [asyncio.Queue(self.options.queue_size) for _ in range(n)]
+        self._queue_by_pod = {}
         self._tasks = [
             asyncio.create_task(self._worker(q), name=f"kv-events-worker-{i}")
             for i, q in enumerate(self._queues)
@@ -302,11 +323,25 @@ class KVEventsSubscriber:
     # ---- applying ------------------------------------------------------------------------
 
     def _queue_of(self, pod: str) -> asyncio.Queue[tuple[str, bytes | None]]:
-        return self._queues[zlib.crc32(pod.encode()) % len(self._queues)]
+        queue = self._queue_by_pod.get(pod)
+        if queue is None:
+            queue = self._queues[zlib.crc32(pod.encode()) % len(self._queues)]
+            if len(self._queue_by_pod) < 100_000:
+                self._queue_by_pod[pod] = queue
+        return queue
+
+    async def feed(self, pod: str, payload: bytes) -> None:
+        """Apply a batch received some other way as if `pod`'s publisher had sent it (its
+        sequence number is not checked): replay tools, benchmarks, tests."""
+        await self._enqueue(pod, payload)
 
     async def _enqueue(self, pod: str, payload: bytes | None) -> None:
         if self._queues:
-            await self._queue_of(pod).put((pod, payload))
+            queue = self._queue_of(pod)
+            if queue.full():
+                await queue.put((pod, payload))  # back-pressure: wait for the workers
+            else:
+                queue.put_nowait((pod, payload))
 
     def _enqueue_nowait(self, pod: str, payload: bytes | None) -> None:
         if self._queues:
@@ -316,34 +351,54 @@ class KVEventsSubscriber:
     async def _worker(self, queue: asyncio.Queue[tuple[str, bytes | None]]) -> None:
         unflushed = 0
         while True:
-            pod, payload = await queue.get()
+            items = [await queue.get()]
+            while len(items) < DRAIN_MAX and not queue.empty():
+                items.append(queue.get_nowait())
+            try:
+                unflushed = await self._process(items, unflushed, queue)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("applying KV events failed")
+            finally:
+                for _ in items:
+                    queue.task_done()
+
+    async def _process(
+        self,
+        items: list[tuple[str, bytes | None]],
+        unflushed: int,
+        queue: asyncio.Queue[tuple[str, bytes | None]],
+    ) -> int:
+        """Prepare the payloads of `items` in one call, then apply them (and forget pods) in
+        order; returns the batches applied since the last flush."""
+        payloads = [payload for _, payload in items if payload is not None]
+        prepared = iter(await self._prepare(payloads))
+        for pod, payload in items:
             try:
                 if payload is None:
                     await self._forget(pod)
-                else:
-                    try:
-                        batch = decode_batch(payload)
-                    except EventDecodeError as exc:
-                        self.stats.decode_errors += 1
-                        log.warning("undecodable KV event batch from %s: %s", pod, exc)
-                    else:
-                        self.stats.batches += 1
-                        self.stats.unknown_events += batch.unknown
-                        await self._apply(pod, batch)
-                        unflushed += 1
-                if (
-                    self._flush is not None
-                    and unflushed
-                    and (queue.empty() or unflushed >= FLUSH_EVERY)
-                ):
-                    unflushed = 0
-                    await self._flush()
+                    continue
+                batch = next(prepared)
+                if isinstance(batch, str):
+                    self.stats.decode_errors += 1
+                    log.warning("undecodable KV event batch from %s: %s", pod, batch)
+                    continue
+                self.stats.batches += 1
+                self.stats.unknown_events += batch.unknown
+                await self._apply(pod, batch)
+                unflushed += 1
             except asyncio.CancelledError:
                 raise
             except Exception:
                 log.exception("applying KV events of %s failed", pod)
-            finally:
-                queue.task_done()
+            if self._flush is not None and unflushed >= FLUSH_EVERY:
+                unflushed = 0
+                await self._flush()
+        if self._flush is not None and unflushed and queue.empty():
+            unflushed = 0
+            await self._flush()
+        return unflushed
 
     async def drain(self) -> None:
         """Wait until every batch received so far is applied (tests, shutdown)."""

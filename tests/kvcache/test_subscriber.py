@@ -13,6 +13,8 @@ import zmq.asyncio
 
 from heimdall_proxy.framework.types import Endpoint
 from heimdall_proxy.kvcache.events import AllBlocksCleared, BlockStored, EventBatch
+from heimdall_proxy.kvcache.hashing import local_hashes, namespace_seed
+from heimdall_proxy.kvcache.prepare import EventPreparer
 from heimdall_proxy.kvcache.subscriber import (
     KVEventsSubscriber,
     SubscriberOptions,
@@ -195,3 +197,44 @@ async def test_pods_joining_and_leaving(ctx: zmq.asyncio.Context) -> None:
     assert replay_endpoint("tcp://[::1]:5557", 2) == "tcp://[::1]:5559"
     assert replay_endpoint("ipc:///tmp/x", 1) is None
     assert replay_endpoint("tcp://h:5557", 0) is None
+
+
+async def test_batches_prepared_in_a_worker_process_keep_their_order(
+    ctx: zmq.asyncio.Context,
+) -> None:
+    """Decoding and hashing in a worker process (the plugin's default on a multi-CPU
+    machine): stored, undecodable and restart-forget items still apply in arrival order."""
+    seed = namespace_seed("m")
+    first_local = {local_hashes([n] * 16, 16, seed)[0]: n for n in range(1, 5)}
+    log: list[Any] = []
+
+    async def apply(pod_name: str, b: EventBatch) -> None:
+        for e in b.events:
+            assert isinstance(e, BlockStored) and e.token_ids == [] and e.local_hashes
+            log.append(first_local[e.local_hashes[0]])
+
+    async def forget(pod_name: str) -> None:
+        log.append(f"forget {pod_name}")
+
+    preparer = EventPreparer(16, "m", processes=1)
+    pub = Publisher(ctx, replay=False)
+    sub = KVEventsSubscriber(
+        SubscriberOptions(), Pool([pod("a", pub.endpoint)]), apply, forget,
+        prepare=preparer.prepare,
+    )  # fmt: skip
+    await sub.start()
+    try:
+        await until_live(pub, sub.received, "a")
+        log.clear()
+        await pub.publish(ev(1))
+        await pub.publish(b"\xc1 not msgpack")
+        await pub.publish(ev(2))
+        await pub.publish(ev(3), seq=0)  # seq went back: a new publisher
+        await pub.publish(ev(4))
+        await eventually(lambda: 4 in log)
+        assert log == [1, 2, "forget a", 3, 4]
+        assert sub.stats.decode_errors == 1
+    finally:
+        await sub.stop()
+        await preparer.close()
+        await pub.close()

@@ -277,6 +277,7 @@ async def test_enable_metrics_exports_the_index_families(
         n = len(tokens) // BS
         cold_n = len(tok.encode("yes no " + PROMPT)) // BS
         held = n // 2  # pod-1 holds the first half of the prompt
+        await sc.subscriber.drain()
         probes = sc.stats.batches  # until_live's
         await pubs[1].publish(
             batch([stored(list(range(10, 10 + held)), tokens[: held * BS], block_size=BS)])

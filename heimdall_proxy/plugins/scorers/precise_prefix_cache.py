@@ -24,8 +24,8 @@ from heimdall_proxy.framework.types import (
     InferenceRequest,
     RequestContext,
 )
-from heimdall_proxy.kvcache.events import BlockRemoved, BlockStored, EventBatch
-from heimdall_proxy.kvcache.hashing import LazyBlockKeys, namespace_seed
+from heimdall_proxy.kvcache.events import EventBatch
+from heimdall_proxy.kvcache.hashing import LazyBlockKeys
 from heimdall_proxy.kvcache.index import (
     CostAwareMemoryIndex,
     InMemoryIndex,
@@ -33,6 +33,12 @@ from heimdall_proxy.kvcache.index import (
     KVCacheStats,
     parse_bytes,
     tier_weights,
+)
+from heimdall_proxy.kvcache.prepare import (
+    EventPreparer,
+    apply_batch,
+    cached_seed,
+    default_processes,
 )
 from heimdall_proxy.kvcache.redis_index import RedisIndex
 from heimdall_proxy.kvcache.subscriber import KVEventsSubscriber, SubscriberOptions
@@ -175,6 +181,9 @@ class KVEventsConfig(PluginParams):
     replay_port_offset: int = Field(default=1, ge=0)
     #: Extension: how long to wait for a replay answer.
     replay_timeout: Duration = 1.0
+    #: Extension: worker processes that decode batches and hash their tokens (0: on the
+    #: event loop); by default one when the machine has more than one CPU.
+    decode_processes: int = Field(default_factory=default_processes, ge=0)
 
 
 class PrecisePrefixCacheParams(PluginParams):
@@ -266,7 +275,9 @@ class PrecisePrefixCacheScorer(BasePlugin[PrecisePrefixCacheParams]):
     with the XXH3-64 rolling hash (heimdall_proxy.kvcache.hashing, seeded by the model, or by
     the LoRA adapter the event names); BlockRemoved and AllBlocksCleared remove them. Media
     (GPU, CPU, disk) are separate tiers. Index backends: inMemoryConfig, costAwareMemoryConfig,
-    redisConfig / valkeyConfig (shared by gateway replicas).
+    redisConfig / valkeyConfig (shared by gateway replicas). Decoding the batches and hashing
+    their tokens runs in `kvEventsConfig.decodeProcesses` worker processes (kvcache.prepare),
+    so the event loop that serves requests only chains the keys and updates the index.
 
     Request: a Producer step takes the prompt's token ids (left by the tokenizer plugin, or
     computed here with the tokenizers pool and then left on the request), keys its full
@@ -296,6 +307,7 @@ class PrecisePrefixCacheScorer(BasePlugin[PrecisePrefixCacheParams]):
         index_cfg = params.indexer_config.kv_block_index_config
         self.index = build_index(index_cfg, self.block_size, params, self.stats)
         ev = params.kv_events_config
+        self.preparer = EventPreparer(self.block_size, self.model_name, ev.decode_processes)
         self.subscriber = KVEventsSubscriber(
             SubscriberOptions(
                 topic_filter=ev.topic_filter,
@@ -311,10 +323,10 @@ class PrecisePrefixCacheScorer(BasePlugin[PrecisePrefixCacheParams]):
             self.index.cleared,
             self.stats,
             self.index.flush,
+            self.preparer.prepare,
         )
         self.state_key = prefix_match_key(self.type, name)
         self._keys_key = f"{self.state_key}#keys"
-        self._seeds: dict[str, int] = {}
         self._lookup_latency = HistogramFamily(
             "kvcache_index_lookup_latency_seconds",
             "Latency of KV-block index lookups (hashing the prompt included), in seconds.",
@@ -344,6 +356,7 @@ class PrecisePrefixCacheScorer(BasePlugin[PrecisePrefixCacheParams]):
             )
 
     async def _started(self) -> None:
+        self.preparer.start()
         await self.subscriber.start()
         self.ready = True
 
@@ -367,6 +380,7 @@ class PrecisePrefixCacheScorer(BasePlugin[PrecisePrefixCacheParams]):
         self._metrics_task = self._connect_task = None
         self.ready = False
         await self.subscriber.stop()
+        await self.preparer.close()
         await self.index.close()
         await self.tokenizer.close()
 
@@ -377,38 +391,10 @@ class PrecisePrefixCacheScorer(BasePlugin[PrecisePrefixCacheParams]):
 
     # ---- events --------------------------------------------------------------------------
 
-    def _seed(self, namespace: str) -> int:
-        seed = self._seeds.get(namespace)
-        if seed is None:
-            seed = self._seeds[namespace] = namespace_seed(namespace)
-        return seed
-
     async def apply(self, pod: str, batch: EventBatch) -> None:
         """Apply one decoded batch of `pod`'s events to the index (a remote index queues the
         writes: the subscriber flushes them, `flush()` does it by hand)."""
-        index = self.index
-        for ev in batch.events:
-            if isinstance(ev, BlockStored):
-                if ev.lora_name:
-                    namespace = ev.lora_name
-                elif ev.lora_id is not None:  # an adapter known only by number: never matched
-                    namespace = f"\x00lora-id:{ev.lora_id}"
-                else:
-                    namespace = self.model_name
-                await index.block_stored(
-                    pod,
-                    ev.medium,
-                    ev.block_hashes,
-                    ev.parent_block_hash,
-                    ev.token_ids,
-                    ev.block_size,
-                    self._seed(namespace),
-                )
-            elif isinstance(ev, BlockRemoved):
-                await index.block_removed(pod, ev.medium, ev.block_hashes)
-            else:
-                await index.flush()
-                await index.cleared(pod)
+        await apply_batch(self.index, pod, batch, self.model_name)
 
     # ---- the request path ----------------------------------------------------------------
 
@@ -439,7 +425,7 @@ class PrecisePrefixCacheScorer(BasePlugin[PrecisePrefixCacheParams]):
             request.token_ids = tokens
         # Lazily hashed: the in-memory lookup stops hashing where the last pod drops out.
         keys = LazyBlockKeys(
-            tokens, self.block_size, self._seed(self.namespace(request, endpoints))
+            tokens, self.block_size, cached_seed(self.namespace(request, endpoints))
         )
         matched: dict[str, float] = {}
         if keys and self.ready:

@@ -1,0 +1,119 @@
+"""Preparing KV-event batches off the event loop: decoded and hashed alike in a worker process
+and inline, fed to the index with the same result as raw token ids, and no batch lost when a
+worker process dies."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import signal
+from collections.abc import AsyncIterator
+
+import pytest
+
+from heimdall_proxy.kvcache.events import BlockStored, EventBatch, decode_batch
+from heimdall_proxy.kvcache.hashing import block_keys, local_hashes, namespace_seed
+from heimdall_proxy.kvcache.index import InMemoryIndex
+from heimdall_proxy.kvcache.prepare import (
+    EventPreparer,
+    event_namespace,
+    pack,
+    prepare_batches,
+    unpack,
+)
+from tests.kvcache.vllm_wire import batch, cleared, removed, stored
+
+BS = 4
+MODEL = "m"
+rng = random.Random(7)
+TOKENS = [rng.randrange(200_000) for _ in range(10 * BS + 3)]  # 10 full blocks and a bit
+
+PAYLOADS = [
+    batch([stored([1, 2, 3, 4], TOKENS[: 4 * BS], block_size=BS)]),
+    batch(
+        [stored([5, 6, 7], TOKENS[4 * BS : 10 * BS], parent=4, block_size=2 * BS)],  # 2 per
+        "array",
+    ),
+    batch([stored([8], TOKENS[:BS], block_size=BS, lora_name="ad", medium="CPU")]),
+    batch([stored([9], TOKENS[:6], block_size=6)]),  # not a multiple of ours: left as is
+    b"\xc1 not msgpack",
+    batch([removed([2]), cleared()]),
+    batch([stored([10, 11], [], block_size=BS)]),  # location only: nothing to hash
+]
+
+
+def test_prepared_batches_carry_local_hashes_instead_of_tokens() -> None:
+    got = prepare_batches(PAYLOADS, BS, MODEL)
+    seed = namespace_seed(MODEL)
+    first, second, lora, odd, bad, rest, location = got
+    assert isinstance(first, EventBatch) and isinstance(second, EventBatch)
+    ev = first.events[0]
+    assert isinstance(ev, BlockStored) and ev.token_ids == []
+    assert ev.local_hashes == local_hashes(TOKENS[: 4 * BS], BS, seed)
+    ev2 = second.events[0]
+    assert isinstance(ev2, BlockStored)  # 3 engine blocks of 8 tokens, 6 of ours
+    assert ev2.local_hashes == local_hashes(TOKENS[4 * BS : 10 * BS], BS, seed)
+    ev3 = lora.events[0] if isinstance(lora, EventBatch) else None
+    assert isinstance(ev3, BlockStored)
+    assert ev3.local_hashes == local_hashes(TOKENS[:BS], BS, namespace_seed("ad"))
+    ev4 = odd.events[0] if isinstance(odd, EventBatch) else None
+    assert isinstance(ev4, BlockStored) and ev4.local_hashes is None and ev4.token_ids
+    assert isinstance(bad, str) and "msgpack" in bad
+    assert isinstance(rest, EventBatch) and rest.events == decode_batch(PAYLOADS[5]).events
+    ev7 = location.events[0] if isinstance(location, EventBatch) else None
+    assert isinstance(ev7, BlockStored) and ev7.local_hashes is None
+    assert event_namespace(None, 3, MODEL) == "\x00lora-id:3"
+    assert event_namespace(None, None, MODEL) == MODEL
+
+
+def test_the_compact_form_round_trips() -> None:
+    prepared = prepare_batches(PAYLOADS, BS, MODEL)
+    assert unpack(pack(prepared)) == prepared
+
+
+async def test_the_index_gets_the_same_keys_either_way() -> None:
+    seed = namespace_seed(MODEL)
+    raw, ready = InMemoryIndex(BS), InMemoryIndex(BS)
+    for payload, prepared in zip(PAYLOADS, prepare_batches(PAYLOADS, BS, MODEL), strict=True):
+        if isinstance(prepared, str):
+            continue
+        for ev, pev in zip(decode_batch(payload).events, prepared.events, strict=True):
+            if isinstance(ev, BlockStored) and isinstance(pev, BlockStored):
+                s = namespace_seed(event_namespace(ev.lora_name, ev.lora_id, MODEL))
+                args = (ev.medium, ev.block_hashes, ev.parent_block_hash)
+                raw.stored("p", *args, ev.token_ids, ev.block_size, s)
+                ready.stored("p", *args, pev.token_ids, pev.block_size, s, pev.local_hashes)
+    assert raw._tiers == ready._tiers and raw._engine == ready._engine
+    assert raw.stats == ready.stats
+    assert ready.match(block_keys(TOKENS, BS, seed), ["p"]) == {"p": 10.0}
+    assert ready.stats.block_size_mismatch == 1
+
+
+@pytest.fixture
+async def preparer() -> AsyncIterator[EventPreparer]:
+    p = EventPreparer(BS, MODEL, processes=1)
+    p.start()
+    yield p
+    await p.close()
+
+
+async def test_a_worker_process_prepares_what_inline_would(preparer: EventPreparer) -> None:
+    assert await preparer.prepare(PAYLOADS) == preparer.inline(PAYLOADS)
+    assert await preparer.prepare([]) == []
+
+
+async def test_a_killed_worker_loses_no_batch(preparer: EventPreparer) -> None:
+    await preparer.prepare(PAYLOADS[:1])  # the worker is up
+    pool = preparer._pool
+    assert pool is not None
+    for pid in list(pool._processes):  # type: ignore[attr-defined]
+        os.kill(pid, signal.SIGKILL)
+    await asyncio.sleep(0.2)
+    # the pool is broken: this call is prepared inline, the next after the backoff
+    # gets a new pool
+    assert await preparer.prepare(PAYLOADS) == preparer.inline(PAYLOADS)
+    assert preparer._pool is None
+    preparer._broken_at -= 60
+    assert await preparer.prepare(PAYLOADS) == preparer.inline(PAYLOADS)
+    assert preparer._pool is not None and preparer._pool is not pool
