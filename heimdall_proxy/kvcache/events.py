@@ -195,3 +195,14 @@ def decode_batch(payload: bytes) -> EventBatch:
         dp_rank=rank if type(rank) is int else None,
         unknown=unknown,
     )
+
+
+def decode_payloads(payloads: Sequence[bytes]) -> list[EventBatch | str]:
+    """decode_batch for each payload; an undecodable one becomes its error message."""
+    out: list[EventBatch | str] = []
+    for payload in payloads:
+        try:
+            out.append(decode_batch(payload))
+        except EventDecodeError as exc:
+            out.append(str(exc))
+    return out

@@ -10,10 +10,11 @@ index update, about half the work.
 
 `EventPreparer` runs it in worker processes (spawned, so nothing of the gateway's loop or
 sockets is inherited), one call per burst of batches a subscriber worker drained from its
-queue, or inline when it has no processes. Batches cross the process boundary in a compact
+queue. Without processes it only decodes, on the event loop, and the index hashes the
+tokens of the blocks it does not know yet. Batches cross the process boundary in a compact
 tuple form: dataclasses pickle several times slower. A broken pool (a worker killed) is
 replaced on the next call, at most every BROKEN_BACKOFF seconds; meanwhile batches are
-prepared inline, so none is lost.
+decoded inline, so none is lost.
 """
 
 from __future__ import annotations
@@ -36,9 +37,8 @@ from heimdall_proxy.kvcache.events import (
     BlockRemoved,
     BlockStored,
     EventBatch,
-    EventDecodeError,
     KVEvent,
-    decode_batch,
+    decode_payloads,
 )
 from heimdall_proxy.kvcache.hashing import local_hashes, namespace_seed
 from heimdall_proxy.kvcache.index import KVBlockIndex
@@ -70,12 +70,9 @@ def cached_seed(namespace: str) -> int:
 
 def prepare_batches(payloads: Sequence[bytes], block_size: int, model_name: str) -> list[Prepared]:
     """Decode each payload and hash its stored blocks' tokens (see the module docstring)."""
-    out: list[Prepared] = []
-    for payload in payloads:
-        try:
-            batch = decode_batch(payload)
-        except EventDecodeError as exc:
-            out.append(str(exc))
+    out = decode_payloads(payloads)
+    for batch in out:
+        if isinstance(batch, str):
             continue
         for ev in batch.events:
             if type(ev) is BlockStored and ev.token_ids:
@@ -89,7 +86,6 @@ def prepare_batches(payloads: Sequence[bytes], block_size: int, model_name: str)
                 seed = cached_seed(event_namespace(ev.lora_name, ev.lora_id, model_name))
                 ev.local_hashes = local_hashes(tokens, block_size, seed)
                 ev.token_ids = []
-        out.append(batch)
     return out
 
 
@@ -175,7 +171,8 @@ def default_processes() -> int:
 
 
 class EventPreparer:
-    """Runs prepare_batches in `processes` worker processes, or inline (processes=0)."""
+    """Runs prepare_batches in `processes` worker processes; without (processes=0, or a
+    broken pool) batches are only decoded, inline."""
 
     def __init__(self, block_size: int, model_name: str, processes: int = 0) -> None:
         self.block_size = block_size
@@ -201,7 +198,9 @@ class EventPreparer:
             await asyncio.to_thread(pool.shutdown, True, cancel_futures=True)
 
     def inline(self, payloads: Sequence[bytes]) -> list[Prepared]:
-        return prepare_batches(payloads, self.block_size, self.model_name)
+        """Without worker processes: only decode, and leave the hashing to the index, which
+        skips it for blocks it already knows."""
+        return decode_payloads(payloads)
 
     async def prepare(self, payloads: Sequence[bytes]) -> list[Prepared]:
         """The batches of `payloads`, in order; an undecodable one is its error message."""
@@ -219,7 +218,7 @@ class EventPreparer:
                 pool, _prepare_packed, payloads, self.block_size, self.model_name
             )
         except BrokenProcessPool:
-            log.error("a KV-event worker process died; preparing batches inline for now")
+            log.error("a KV-event worker process died; decoding batches inline for now")
             self._broken_at = time.monotonic()
             if self._pool is pool:
                 self._pool = None

@@ -39,7 +39,7 @@ import zmq.asyncio
 
 from heimdall_proxy.framework.handle import EndpointSource
 from heimdall_proxy.framework.types import Endpoint
-from heimdall_proxy.kvcache.events import EventBatch, EventDecodeError, decode_batch
+from heimdall_proxy.kvcache.events import EventBatch, decode_payloads
 from heimdall_proxy.kvcache.index import KVCacheStats
 
 log = logging.getLogger("heimdall_proxy.kvcache.events")
@@ -75,13 +75,7 @@ class SubscriberOptions:
 
 async def decode_inline(payloads: list[bytes]) -> list[EventBatch | str]:
     """The default Prepare: decode on the event loop."""
-    out: list[EventBatch | str] = []
-    for payload in payloads:
-        try:
-            out.append(decode_batch(payload))
-        except EventDecodeError as exc:
-            out.append(str(exc))
-    return out
+    return decode_payloads(payloads)
 
 
 def replay_endpoint(endpoint: str, offset: int) -> str | None:

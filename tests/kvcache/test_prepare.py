@@ -1,6 +1,6 @@
-"""Preparing KV-event batches off the event loop: decoded and hashed alike in a worker process
-and inline, fed to the index with the same result as raw token ids, and no batch lost when a
-worker process dies."""
+"""Preparing KV-event batches off the event loop: decoded and hashed in a worker process, fed
+to the index with the same result as raw token ids, and no batch lost when a worker process
+dies."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from heimdall_proxy.kvcache.events import BlockStored, EventBatch, decode_batch
+from heimdall_proxy.kvcache.events import BlockStored, EventBatch, decode_batch, decode_payloads
 from heimdall_proxy.kvcache.hashing import block_keys, local_hashes, namespace_seed
 from heimdall_proxy.kvcache.index import InMemoryIndex
 from heimdall_proxy.kvcache.prepare import (
@@ -98,9 +98,12 @@ async def preparer() -> AsyncIterator[EventPreparer]:
     await p.close()
 
 
-async def test_a_worker_process_prepares_what_inline_would(preparer: EventPreparer) -> None:
-    assert await preparer.prepare(PAYLOADS) == preparer.inline(PAYLOADS)
+async def test_a_worker_process_hashes_and_inline_only_decodes(preparer: EventPreparer) -> None:
+    assert await preparer.prepare(PAYLOADS) == prepare_batches(PAYLOADS, BS, MODEL)
     assert await preparer.prepare([]) == []
+    inline = EventPreparer(BS, MODEL, processes=0)
+    assert await inline.prepare(PAYLOADS) == decode_payloads(PAYLOADS)
+    assert inline._pool is None
 
 
 async def test_a_killed_worker_loses_no_batch(preparer: EventPreparer) -> None:
@@ -110,10 +113,10 @@ async def test_a_killed_worker_loses_no_batch(preparer: EventPreparer) -> None:
     for pid in list(pool._processes):  # type: ignore[attr-defined]
         os.kill(pid, signal.SIGKILL)
     await asyncio.sleep(0.2)
-    # the pool is broken: this call is prepared inline, the next after the backoff
-    # gets a new pool
-    assert await preparer.prepare(PAYLOADS) == preparer.inline(PAYLOADS)
+    # the pool is broken: this call is decoded inline, the next after the backoff gets a
+    # new pool
+    assert await preparer.prepare(PAYLOADS) == decode_payloads(PAYLOADS)
     assert preparer._pool is None
     preparer._broken_at -= 60
-    assert await preparer.prepare(PAYLOADS) == preparer.inline(PAYLOADS)
+    assert await preparer.prepare(PAYLOADS) == prepare_batches(PAYLOADS, BS, MODEL)
     assert preparer._pool is not None and preparer._pool is not pool
