@@ -3,12 +3,15 @@ at 64 pods, for the in-memory and the Redis backends of precise-prefix-cache-sco
 
 Ingest, three ways:
 
-* events   - the whole path of a KV-event batch: msgpack decode, keys recomputed from the
-             token ids (XXH3-64 rolling hash), index and engine-map updates (the plugin's
-             `apply`). Each event stores 32 blocks of 16 tokens, chained on the pod's previous
-             event, round-robin over the pods.
-* re-store - the same events again: the blocks' engine hashes are known, so no re-hashing
-             (vLLM stores a block again after an eviction, or in another tier).
+* events   - the gateway's path for a KV-event batch from the subscriber's queues on (its
+             ZMQ receive left out): msgpack decode and the local block hashes (inline, or in
+             `--decode-processes` worker processes), the rolling keys, index and engine-map
+             updates (the plugin's apply_batch). Each event stores 32 blocks of 16 tokens,
+             chained on the pod's previous event, round-robin over the pods.
+* re-store - the same events again: the blocks' engine hashes are known, so the index
+             does not chain (nor, inline, hash) them again; worker processes, which do not
+             know, still hash (vLLM stores a block again after an eviction, or in another
+             tier).
 * keys     - the index data structure alone: precomputed keys added for a pod.
 
 Lookup: a prompt of `--prompt-tokens` tokens (512 blocks of 16), candidates = all pods, in
@@ -46,30 +49,38 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from heimdall_proxy.kvcache.events import BlockStored, decode_batch  # noqa: E402
+from heimdall_proxy.kvcache.events import EventBatch  # noqa: E402
 from heimdall_proxy.kvcache.hashing import LazyBlockKeys, block_keys, namespace_seed  # noqa: E402
 from heimdall_proxy.kvcache.index import InMemoryIndex, KVBlockIndex  # noqa: E402
+from heimdall_proxy.kvcache.prepare import (  # noqa: E402
+    EventPreparer,
+    apply_batch,
+    default_processes,
+)
 from heimdall_proxy.kvcache.redis_index import RedisIndex  # noqa: E402
-from heimdall_proxy.kvcache.subscriber import FLUSH_EVERY  # noqa: E402
+from heimdall_proxy.kvcache.subscriber import KVEventsSubscriber, SubscriberOptions  # noqa: E402
 
 BLOCK = 16
 BLOCKS_PER_EVENT = 32
 MODEL = "bench-model"
-NOTES = """Where the time goes (each part timed alone on the same machine, per block). In memory,
-the event path is CPython work every event needs: msgpack-decoding the token ids (~0.31 µs) and
-turning the batch into events (~0.09), re-hashing the tokens (~0.27: the u32 packing and
-local XXH3 run in C, the rolling chain is one Python step per block, ~0.09), since vLLM's own
-block hashes cannot be used as keys, then the tier dict (~0.11) and the pod's engine-hash map
-for later removals (~0.11), both bound by dict inserts into large tables. A block stored again
-skips the hashing (`re-store`); the index structure alone is "keys only". With Redis, a lookup
-is one round trip and one Lua call: for a prompt whose 512 blocks are all held, the script
-MGETs 512 bitmaps and returns them as one string (~150 µs inside Redis, from INFO
-commandstats), and the client builds the key names and walks the bitmaps (~100 µs); the Redis
-server shares the two CPUs with the benchmark. The Redis backend hashes the whole prompt
-before its one round trip (the names go in the request), so its `keys + lookup` is the
-full hashing cost even for a cold prompt; a cold prompt's script stops after 8 blocks.
-Writes are one script call per event, one SETBIT per block, flushed once per burst of
-batches."""
+NOTES = """Where the time goes (each part timed alone on the same machine, per block of 16 tokens).
+Ingest starts with CPython work per token: msgpack-decoding the token ids (~0.31 µs) and
+turning the batch into events (~0.09), then the local XXH3 hash of each block's u32 token
+ids (~0.17, in C); with `decodeProcesses` these run in the worker process. The event loop
+keeps the rest: the rolling chain (~0.09, one Python step per block, since a key needs its
+parent's key, which only the index holds), the tier dict (~0.07) and the pod's engine-hash
+map for later removals (~0.08), both bound by inserts into large dicts, and per-batch
+overheads (the subscriber's queues, coroutines, unpacking the worker's reply). On two CPUs
+the worker and the loop each fill one, so the worker mainly takes CPU off the loop that
+serves requests. A block stored again keeps its keys (`re-store`: inline, no hashing at
+all); "keys only" is the index structure alone. With Redis, a lookup is one round trip and
+one Lua call: for a prompt whose 512 blocks are all held, the script MGETs 512 bitmaps and
+returns them as one string (~150 µs inside Redis, from INFO commandstats), and the client
+builds the key names and walks the bitmaps (~100 µs); the Redis server shares the two CPUs
+with the benchmark. The Redis backend hashes the whole prompt before its one round trip (the
+names go in the request), so its `keys + lookup` is the full hashing cost even for a cold
+prompt; a cold prompt's script stops after 8 blocks. Writes are one script call per event,
+one SETBIT per block, flushed once per burst of batches."""
 BEGIN = "<!-- prefix-index:begin -->"
 END = "<!-- prefix-index:end -->"
 
@@ -77,7 +88,8 @@ END = "<!-- prefix-index:end -->"
 @dataclass
 class Result:
     backend: str
-    ingest: dict[str, float] = field(default_factory=dict)  # phase -> blocks/s
+    ingest: dict[str, float] = field(default_factory=dict)  # "phase/processes" -> blocks/s
+    ingest_cpu: dict[str, float] = field(default_factory=dict)  # -> event-loop ns per block
     lookup: dict[str, dict[str, float]] = field(default_factory=dict)  # "state/kind" -> stats
     blocks: int = 0
     keys_in_index: int = 0
@@ -108,20 +120,41 @@ def make_events(pods: int, n_blocks: int, seed: int = 1) -> list[tuple[str, byte
     return out
 
 
-async def apply_all(index: KVBlockIndex, events: list[tuple[str, bytes]], seed: int) -> None:
-    """What the subscriber's worker and PrecisePrefixCacheScorer.apply do for each batch:
-    decode, apply, flush the index every FLUSH_EVERY batches (and at the end)."""
-    for i, (pod, payload) in enumerate(events, start=1):
-        batch = decode_batch(payload)
-        for ev in batch.events:
-            assert isinstance(ev, BlockStored)
-            await index.block_stored(
-                pod, ev.medium, ev.block_hashes, ev.parent_block_hash, ev.token_ids,
-                ev.block_size, seed,
-            )  # fmt: skip
-        if i % FLUSH_EVERY == 0:
-            await index.flush()
-    await index.flush()
+class _NoPods:
+    """An empty pool: the benchmark feeds the subscriber itself."""
+
+    def endpoints(self) -> list[Any]:
+        return []
+
+    def get(self, name: str) -> None:
+        return None
+
+
+async def ingest(
+    index: KVBlockIndex, events: list[tuple[str, bytes]], preparer: EventPreparer
+) -> tuple[float, float]:
+    """The gateway's ingest path from the subscriber's queues on (its ZMQ receive left out):
+    batches fed to a KVEventsSubscriber, prepared by `preparer` (in its worker processes, or
+    inline), applied with the plugin's apply_batch, the index flushed as the subscriber does.
+    Returns (wall seconds, this thread's CPU seconds) until the last batch is applied."""
+
+    async def apply(pod: str, batch: EventBatch) -> None:
+        await apply_batch(index, pod, batch, MODEL)
+
+    sub = KVEventsSubscriber(
+        SubscriberOptions(discover_pods=False), _NoPods(), apply, index.cleared,
+        flush=index.flush, prepare=preparer.prepare,
+    )  # fmt: skip
+    await sub.start()
+    try:
+        t0, c0 = time.perf_counter(), time.thread_time()
+        for pod, payload in events:
+            await sub.feed(pod, payload)
+        await sub.drain()
+        await index.flush()
+        return time.perf_counter() - t0, time.thread_time() - c0
+    finally:
+        await sub.stop()
 
 
 def percentiles(samples_ns: list[int]) -> dict[str, float]:
@@ -137,7 +170,7 @@ def percentiles(samples_ns: list[int]) -> dict[str, float]:
 
 async def bench(
     backend: str, pods: int, prompt_tokens: int, ingest_blocks: int, lookups: int, repeat: int,
-    redis_url: str,
+    redis_url: str, decode_processes: int,
 ) -> Result:  # fmt: skip
     seed = namespace_seed(MODEL)
     result = Result(backend)
@@ -152,22 +185,24 @@ async def bench(
         return RedisIndex(BLOCK, redis_url, key_prefix=prefix)
 
     # ---- ingest --------------------------------------------------------------------------
-    best_events = best_restore = float("inf")
     index = fresh()
-    for rep in range(repeat):
-        if rep:
+    for processes in sorted({0, decode_processes}):
+        preparer = EventPreparer(BLOCK, MODEL, processes)
+        preparer.start()
+        await preparer.prepare([events[0][1]])  # the worker processes are up
+        best = {"events": (float("inf"), 0.0), "re-store": (float("inf"), 0.0)}
+        for _ in range(repeat):
             await index.close()
             await wipe(backend, redis_url, prefix)
             index = fresh()
-        await index.start()
-        t0 = time.perf_counter()
-        await apply_all(index, events, seed)
-        best_events = min(best_events, time.perf_counter() - t0)
-        t0 = time.perf_counter()
-        await apply_all(index, events, seed)
-        best_restore = min(best_restore, time.perf_counter() - t0)
-    result.ingest["events"] = result.blocks / best_events
-    result.ingest["re-store"] = result.blocks / best_restore
+            await index.start()
+            for phase in ("events", "re-store"):  # re-store: the same events again
+                took = await ingest(index, events, preparer)
+                best[phase] = min(best[phase], took)
+        await preparer.close()
+        for phase, (wall, cpu) in best.items():
+            result.ingest[f"{phase}/{processes}"] = result.blocks / wall
+            result.ingest_cpu[f"{phase}/{processes}"] = cpu / result.blocks * 1e9
     if backend == "memory":
         rng = random.Random(5)
         key_sets = [[rng.getrandbits(64) for _ in range(BLOCKS_PER_EVENT)] for _ in events]
@@ -308,16 +343,22 @@ def markdown(results: list[Result], args: argparse.Namespace, load: tuple[float,
         f"({args.prompt_tokens // BLOCK} blocks), {args.lookups} lookups per row.",
         "- Targets: ingest >= 1M blocks/s in memory; lookup p99 <= 1 ms.",
         "",
-        f"Ingest, blocks/s (best of {args.repeat}):",
+        f"Ingest, blocks/s (best of {args.repeat}), through the subscriber's queues, decoding and "
+        "hashing inline or in worker processes (`kvEventsConfig.decodeProcesses`), applied "
+        "as the plugin does; and the event loop's own CPU time per block (the worker "
+        "processes' is not in it):",
         "",
-        "| backend | events (decode + re-hash + index) | re-store (known blocks) | keys only |",
-        "|---|---:|---:|---:|",
+        "| backend | decoding | events (decode + re-hash + index) | event-loop CPU, ns/block "
+        "| re-store (known blocks) | keys only |",
+        "|---|---|---:|---:|---:|---:|",
     ]
     for r in results:
         keys = f"{r.ingest['keys']:,.0f}" if "keys" in r.ingest else "-"
-        lines.append(
-            f"| {r.backend} | {r.ingest['events']:,.0f} | {r.ingest['re-store']:,.0f} | {keys} |"
-        )
+        for mode in sorted({0, args.decode_processes}):
+            where = "inline" if not mode else f"{mode} process{'es' if mode > 1 else ''}"
+            ev, rs = r.ingest[f"events/{mode}"], r.ingest[f"re-store/{mode}"]
+            cpu = r.ingest_cpu[f"events/{mode}"]
+            lines.append(f"| {r.backend} | {where} | {ev:,.0f} | {cpu:,.0f} | {rs:,.0f} | {keys} |")
     lines += [
         "",
         "Lookup latency, µs, p50 / p99 / max: wall clock, and (for the in-memory backend, where",
@@ -374,6 +415,11 @@ def main() -> int:
     p.add_argument("--ingest-blocks", type=int, default=262_144)
     p.add_argument("--lookups", type=int, default=1000)
     p.add_argument("--repeat", type=int, default=3)
+    p.add_argument(
+        "--decode-processes", type=int, default=default_processes(),
+        help="worker processes for the second ingest run (the first is inline); default: "
+        "the plugin's default on this machine",
+    )  # fmt: skip
     p.add_argument("--markdown", action="store_true", help="print the RESULTS.md section")
     p.add_argument("--update-results", metavar="FILE", help="write the section into FILE")
     args = p.parse_args()
@@ -382,12 +428,16 @@ def main() -> int:
     for backend in args.backend:
         r = asyncio.run(
             bench(backend, args.pods, args.prompt_tokens, args.ingest_blocks, args.lookups,
-                  args.repeat, args.redis_url)
+                  args.repeat, args.redis_url, args.decode_processes)
         )  # fmt: skip
         results.append(r)
-        print(
-            f"{backend}: ingest " + ", ".join(f"{k} {v:,.0f} blocks/s" for k, v in r.ingest.items())
-        )
+        print(f"{backend}: ingest")
+        for k, v in r.ingest.items():
+            cpu = r.ingest_cpu.get(k)
+            print(
+                f"  {k:22s} {v:12,.0f} blocks/s"
+                + (f"  {cpu:5.0f} ns/block on the loop" if cpu else "")
+            )
         for label, stats in r.lookup.items():
             if label.endswith("/cpu") and backend != "memory":
                 continue
