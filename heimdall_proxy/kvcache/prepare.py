@@ -26,7 +26,7 @@ import os
 import signal
 import time
 from array import array
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from functools import lru_cache
@@ -69,9 +69,11 @@ def cached_seed(namespace: str) -> int:
 
 
 def prepare_batches(payloads: Sequence[bytes], block_size: int, model_name: str) -> list[Prepared]:
-    """Decode each payload and hash its stored blocks' tokens (see the module docstring)."""
-    out = decode_payloads(payloads)
-    for batch in out:
+    """Decode each payload and hash its stored blocks' tokens (see the module docstring); a
+    batch's token ids are dropped before the next is decoded."""
+    out: list[Prepared] = []
+    for batch in decode_payloads(payloads):
+        out.append(batch)
         if isinstance(batch, str):
             continue
         for ev in batch.events:
@@ -197,12 +199,12 @@ class EventPreparer:
         if pool is not None:
             await asyncio.to_thread(pool.shutdown, True, cancel_futures=True)
 
-    def inline(self, payloads: Sequence[bytes]) -> list[Prepared]:
+    def inline(self, payloads: Sequence[bytes]) -> Iterable[Prepared]:
         """Without worker processes: only decode, and leave the hashing to the index, which
         skips it for blocks it already knows."""
         return decode_payloads(payloads)
 
-    async def prepare(self, payloads: Sequence[bytes]) -> list[Prepared]:
+    async def prepare(self, payloads: Sequence[bytes]) -> Iterable[Prepared]:
         """The batches of `payloads`, in order; an undecodable one is its error message."""
         if not payloads:
             return []

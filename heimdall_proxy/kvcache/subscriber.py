@@ -30,7 +30,7 @@ import contextlib
 import logging
 import time
 import zlib
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
@@ -45,8 +45,9 @@ from heimdall_proxy.kvcache.index import KVCacheStats
 log = logging.getLogger("heimdall_proxy.kvcache.events")
 
 Apply = Callable[[str, EventBatch], Awaitable[None]]
-#: Payloads -> their batches in order (an undecodable one as its error message).
-Prepare = Callable[[list[bytes]], Awaitable[list[EventBatch | str]]]
+#: Payloads -> their batches in order (an undecodable one as its error message); the
+#: iterable may decode lazily, as it is read.
+Prepare = Callable[[list[bytes]], Awaitable[Iterable[EventBatch | str]]]
 Forget = Callable[[str], Awaitable[None]]
 Flush = Callable[[], Awaitable[None]]
 
@@ -73,8 +74,8 @@ class SubscriberOptions:
     queue_size: int = 10_000
 
 
-async def decode_inline(payloads: list[bytes]) -> list[EventBatch | str]:
-    """The default Prepare: decode on the event loop."""
+async def decode_inline(payloads: list[bytes]) -> Iterable[EventBatch | str]:
+    """The default Prepare: decode on the event loop, each batch as it is applied."""
     return decode_payloads(payloads)
 
 

@@ -99,10 +99,10 @@ async def preparer() -> AsyncIterator[EventPreparer]:
 
 
 async def test_a_worker_process_hashes_and_inline_only_decodes(preparer: EventPreparer) -> None:
-    assert await preparer.prepare(PAYLOADS) == prepare_batches(PAYLOADS, BS, MODEL)
-    assert await preparer.prepare([]) == []
+    assert list(await preparer.prepare(PAYLOADS)) == prepare_batches(PAYLOADS, BS, MODEL)
+    assert list(await preparer.prepare([])) == []
     inline = EventPreparer(BS, MODEL, processes=0)
-    assert await inline.prepare(PAYLOADS) == decode_payloads(PAYLOADS)
+    assert list(await inline.prepare(PAYLOADS)) == list(decode_payloads(PAYLOADS))
     assert inline._pool is None
 
 
@@ -115,8 +115,8 @@ async def test_a_killed_worker_loses_no_batch(preparer: EventPreparer) -> None:
     await asyncio.sleep(0.2)
     # the pool is broken: this call is decoded inline, the next after the backoff gets a
     # new pool
-    assert await preparer.prepare(PAYLOADS) == decode_payloads(PAYLOADS)
+    assert list(await preparer.prepare(PAYLOADS)) == list(decode_payloads(PAYLOADS))
     assert preparer._pool is None
     preparer._broken_at -= 60
-    assert await preparer.prepare(PAYLOADS) == prepare_batches(PAYLOADS, BS, MODEL)
+    assert list(await preparer.prepare(PAYLOADS)) == prepare_batches(PAYLOADS, BS, MODEL)
     assert preparer._pool is not None and preparer._pool is not pool
