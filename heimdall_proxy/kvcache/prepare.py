@@ -49,7 +49,6 @@ log = logging.getLogger("heimdall_proxy.kvcache.events")
 Prepared = EventBatch | str
 #: Seconds before a pool that broke is replaced again.
 BROKEN_BACKOFF = 10.0
-_U64 = "Q" if array("Q").itemsize == 8 else "L"
 
 
 def event_namespace(lora_name: str | None, lora_id: int | None, model_name: str) -> str:
@@ -119,7 +118,7 @@ async def apply_batch(index: KVBlockIndex, pod: str, batch: EventBatch, model_na
 
 def _pack_event(ev: KVEvent) -> tuple[Any, ...]:
     if type(ev) is BlockStored:
-        local = None if ev.local_hashes is None else array(_U64, ev.local_hashes).tobytes()
+        local = None if ev.local_hashes is None else array("Q", ev.local_hashes).tobytes()
         return (0, ev.block_hashes, ev.parent_block_hash, ev.token_ids, ev.block_size,
                 ev.lora_name, ev.medium, ev.lora_id, local)  # fmt: skip
     if type(ev) is BlockRemoved:
@@ -133,7 +132,7 @@ def _unpack_event(t: tuple[Any, ...]) -> KVEvent:
         _, hashes, parent, tokens, bs, lora_name, medium, lora_id, local = t
         ev = BlockStored(hashes, parent, tokens, bs, lora_name, medium, lora_id)
         if local is not None:
-            ev.local_hashes = array(_U64, local).tolist()
+            ev.local_hashes = array("Q", local).tolist()
         return ev
     if t[0] == 1:
         return BlockRemoved(t[1], t[2])

@@ -115,7 +115,6 @@ class KVEventsSubscriber:
         self._subs: dict[str, tuple[str, asyncio.Task[None]]] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self._queues: list[asyncio.Queue[tuple[str, bytes | None]]] = []
-        self._queue_by_pod: dict[str, asyncio.Queue[tuple[str, bytes | None]]] = {}
         self._replay_down: dict[str, float] = {}
         #: Messages received per pod (tests wait for a subscription to be live with it).
         self.received: dict[str, int] = {}
@@ -129,7 +128,6 @@ class KVEventsSubscriber:
         self._ctx = zmq.asyncio.Context()
         n = max(1, self.options.concurrency)
         self._queues = [asyncio.Queue(self.options.queue_size) for _ in range(n)]
-        self._queue_by_pod = {}
         self._tasks = [
             asyncio.create_task(self._worker(q), name=f"kv-events-worker-{i}")
             for i, q in enumerate(self._queues)
@@ -318,12 +316,7 @@ class KVEventsSubscriber:
     # ---- applying ------------------------------------------------------------------------
 
     def _queue_of(self, pod: str) -> asyncio.Queue[tuple[str, bytes | None]]:
-        queue = self._queue_by_pod.get(pod)
-        if queue is None:
-            queue = self._queues[zlib.crc32(pod.encode()) % len(self._queues)]
-            if len(self._queue_by_pod) < 100_000:
-                self._queue_by_pod[pod] = queue
-        return queue
+        return self._queues[zlib.crc32(pod.encode()) % len(self._queues)]
 
     async def feed(self, pod: str, payload: bytes) -> None:
         """Apply a batch received some other way as if `pod`'s publisher had sent it (its

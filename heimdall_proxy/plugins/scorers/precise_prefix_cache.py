@@ -55,8 +55,8 @@ from heimdall_proxy.tokenization.uds import UDSTokenizerClient
 
 PRECISE_PREFIX_CACHE_SCORER_TYPE = "precise-prefix-cache-scorer"
 
-#: Lookup latency buckets: Prometheus' defaults (as llm-d's indexer uses) below which finer
-#: ones, since a lookup takes well under 5 ms.
+#: Lookup latency buckets: Prometheus' defaults (llm-d's indexer uses them), with finer ones
+#: below 5 ms, where lookups fall.
 _LOOKUP_BUCKETS = (
     0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025,
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
