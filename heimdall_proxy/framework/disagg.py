@@ -56,6 +56,9 @@ class DisaggPlan:
 
     mode: DisaggMode = "gateway"
     prefill: Endpoint | None = None
+    #: The prefill profile's other candidates, best first: where a prefill hop that could
+    #: not reach `prefill` (or got a 5xx) goes next.
+    prefill_fallback: list[Endpoint] = field(default_factory=list)
     encode: list[Endpoint] = field(default_factory=list)
     hop_timeout: float = 60.0
     #: The prefill pod whose KV the decode request uses (None: prefill did not run or failed).

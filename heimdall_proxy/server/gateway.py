@@ -259,7 +259,9 @@ class Gateway:
         # a disaggregated plan's encode and prefill hops, once, before any decode attempt
         prefill: Endpoint | None = None
         if read_plan(state) is not None:
-            prefill, body = await Hops(self.session, self.metrics).run(ireq, state, headers, body)
+            prefill, body = await Hops(self.session, self.metrics, self.options.max_attempts).run(
+                ireq, state, headers, body
+            )
         tried = []
         target = result.primary.targets[0]
         order: list[Endpoint] | None = None  # the fallback order, built only when needed

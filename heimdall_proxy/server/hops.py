@@ -15,7 +15,10 @@ disaggregated proxies do, and returns the body the decode pod gets:
 
 A hop that fails (connect error, timeout, non-2xx status, an answer without the transfer
 parameters) is logged and counted (`inference_objective_disagg_hop_failures_total`) and the
-request goes on without that stage: the decode pod computes it itself. In `headers` mode no
+request goes on without that stage: the decode pod computes it itself. A prefill hop that
+could not reach its pod, lost the connection or got a 5xx is first sent to the prefill
+profile's next candidates, up to the gateway's attempt limit (`--max-attempts`); a timeout
+(the hop's budget is spent) or a 4xx (the request itself) is not retried. In `headers` mode no
 hop is sent; the chosen pods are only named in the mif-* headers, for a sidecar on the
 decode pod.
 """
@@ -53,7 +56,21 @@ _HOP_FAILURES = (aiohttp.ClientError, TimeoutError, ValueError)
 
 
 class HopError(Exception):
-    """A hop's answer was not usable."""
+    """A hop's answer was not usable; `status` is its HTTP status when that was the reason."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def another_pod_may_serve(exc: BaseException) -> bool:
+    """Whether a failed hop is worth sending to another pod: the pod was unreachable, went
+    away mid-answer or answered 5xx. Not a timeout, a 4xx or an unusable 2xx answer."""
+    if isinstance(exc, TimeoutError):
+        return False
+    if isinstance(exc, HopError):
+        return exc.status is not None and exc.status >= 500
+    return isinstance(exc, aiohttp.ClientConnectionError)
 
 
 def prefill_request(ireq: InferenceRequest, data: Mapping[str, Any]) -> dict[str, Any]:
@@ -100,9 +117,12 @@ def encode_requests(ireq: InferenceRequest) -> list[dict[str, Any]]:
 class Hops:
     """Sends the hops of one gateway; stateless between requests."""
 
-    def __init__(self, session: aiohttp.ClientSession, metrics: GatewayMetrics) -> None:
+    def __init__(
+        self, session: aiohttp.ClientSession, metrics: GatewayMetrics, max_attempts: int = 1
+    ) -> None:
         self.session = session
         self.metrics = metrics
+        self.max_attempts = max(1, max_attempts)
 
     async def run(
         self,
@@ -129,11 +149,17 @@ class Hops:
             if ec_params:
                 extra["ec_transfer_params"] = ec_params
         if plan.prefill is not None:
-            data = {**ireq.data, **extra} if extra else ireq.data
-            kv_params = await self._prefill(ireq, plan, plan.prefill, data, hop_headers)
-            if kv_params is not None:
-                plan.prefill_done = plan.prefill
-                extra["kv_transfer_params"] = kv_params
+            doc = prefill_request(ireq, {**ireq.data, **extra} if extra else ireq.data)
+            candidates = [plan.prefill, *plan.prefill_fallback][: self.max_attempts]
+            for i, endpoint in enumerate(candidates):
+                nxt = candidates[i + 1] if i + 1 < len(candidates) else None
+                kv_params = await self._prefill(ireq, plan, endpoint, doc, hop_headers, nxt)
+                if isinstance(kv_params, dict):
+                    plan.prefill_done = endpoint
+                    extra["kv_transfer_params"] = kv_params
+                    break
+                if kv_params is False:  # not worth another pod
+                    break
         if not extra:
             return None, body
         return plan.prefill_done, orjson.dumps({**ireq.data, **extra})
@@ -155,47 +181,51 @@ class Hops:
         ) as resp:
             payload = await resp.read()
             if not 200 <= resp.status < 300:
-                raise HopError(f"status {resp.status}: {payload[:200]!r}")
+                raise HopError(f"status {resp.status}: {payload[:200]!r}", resp.status)
         answer = orjson.loads(payload)
         if not isinstance(answer, dict):
             raise HopError("the answer is not a JSON object")
         return answer
 
-    def _failed(self, stage: str, endpoint: Endpoint, ireq: InferenceRequest, exc: Any) -> None:
+    def _failed(
+        self,
+        stage: str,
+        endpoint: Endpoint,
+        ireq: InferenceRequest,
+        exc: Any,
+        next_pod: Endpoint | None = None,
+    ) -> None:
         self.metrics.disagg_hop_failures.labels(stage, endpoint.name).inc()
-        log.warning(
-            "%s hop failed; the decode pod does that stage itself",
-            stage,
-            extra={
-                "stage": stage,
-                "endpoint": endpoint.name,
-                "error": f"{type(exc).__name__}: {exc}",
-                "request_id": ireq.request_id,
-            },
-        )
+        extra = {
+            "stage": stage,
+            "endpoint": endpoint.name,
+            "error": f"{type(exc).__name__}: {exc}",
+            "request_id": ireq.request_id,
+        }
+        if next_pod is not None:
+            log.warning("%s hop failed; trying %s", stage, next_pod.name, extra=extra)
+        else:
+            log.warning("%s hop failed; the decode pod does that stage itself", stage, extra=extra)
 
     async def _prefill(
         self,
         ireq: InferenceRequest,
         plan: DisaggPlan,
         endpoint: Endpoint,
-        data: Mapping[str, Any],
+        doc: dict[str, Any],
         headers: CIMultiDict[str],
-    ) -> dict[str, Any] | None:
+        next_pod: Endpoint | None,
+    ) -> dict[str, Any] | bool:
+        """The pod's kv_transfer_params, or False, or True when another pod is worth a try."""
         try:
-            answer = await self._post(
-                endpoint,
-                ireq.path,
-                prefill_request(ireq, data),
-                headers,
-                plan.hop_timeout,
-            )
+            answer = await self._post(endpoint, ireq.path, doc, headers, plan.hop_timeout)
             kv_params = answer.get("kv_transfer_params")
             if not isinstance(kv_params, dict) or not kv_params:
                 raise HopError("the answer carries no kv_transfer_params")
         except (*_HOP_FAILURES, HopError) as exc:
-            self._failed("prefill", endpoint, ireq, exc)
-            return None
+            retry = next_pod is not None and another_pod_may_serve(exc)
+            self._failed("prefill", endpoint, ireq, exc, next_pod if retry else None)
+            return retry
         self.metrics.disagg_hops.labels("prefill", endpoint.name).inc()
         return kv_params
 

@@ -21,6 +21,7 @@ from tests.conftest import (
     PodFactory,
     RunningGateway,
     RunningPod,
+    eventually,
     make_config,
 )
 
@@ -553,3 +554,72 @@ async def test_streamed_responses_after_a_prefill_hop(
     [final] = bodies(decode)
     assert final["stream"] is True and final["max_output_tokens"] == 3
     assert final["kv_transfer_params"]["do_remote_prefill"] is True
+
+
+def queue_ranked_prefill() -> dict[str, Any]:
+    """The canonical config with queue-scorer ranking the prefill pods (sim pods report the
+    waiting counts a test forces), so a test decides which prefill pod is tried first."""
+    doc = canonical()
+    doc["plugins"].insert(0, {"type": "queue-scorer"})
+    prefill = next(p for p in doc["schedulingProfiles"] if p["name"] == "prefill")
+    prefill["plugins"].insert(1, {"pluginRef": "queue-scorer"})
+    return doc
+
+
+@pytest.mark.parametrize("failure", ["unreachable", "status 503"])
+async def test_a_failed_prefill_hop_goes_to_the_next_prefill_pod(
+    start_pod: PodFactory, start_gateway: GatewayFactory, failure: str
+) -> None:
+    second = await start_pod(labels={ROLE: "prefill"}, role="prefill", name="prefill-1")
+    second.pod.metrics_override = {"waiting": 10}  # ranked below the failing pod
+    decode = await start_pod(labels={ROLE: "decode"}, role="decode", name="decode-0")
+    if failure == "unreachable":
+        first_name = "prefill-dead"
+        dead = {"name": first_name, "url": f"http://127.0.0.1:{_free_port()}",
+                "labels": {ROLE: "prefill"}, "models": ["sim-model"]}  # fmt: skip
+        cfg = make_config([second, decode], queue_ranked_prefill(), extra_endpoints=[dead])
+    else:
+        first = await start_pod(labels={ROLE: "prefill"}, role="prefill", name="prefill-0")
+        first.pod.fail_status = 503
+        first_name = first.name
+        cfg = make_config([first, second, decode], queue_ranked_prefill())
+    # a long scrape interval keeps an unreachable pod in rotation (one failed scrape only)
+    gw = await start_gateway(cfg, metrics_interval=0.02 if failure != "unreachable" else 30.0,
+                             response_header=True)  # fmt: skip
+    await _until_scraped(gw, second.name, waiting=10)
+    status, headers, body = await chat(gw, LONG, max_tokens=3)
+    assert status == 200, body
+    [hop] = bodies(second)
+    assert hop["kv_transfer_params"]["do_remote_decode"] is True
+    [final] = bodies(decode)
+    assert final["kv_transfer_params"]["do_remote_prefill"] is True  # the second pod's KV
+    assert headers["x-prefiller-host-port"] == f"127.0.0.1:{second.server.port}"
+    failed = {"stage": "prefill", "pod": first_name}
+    assert gw.metric("inference_objective_disagg_hop_failures_total", failed) == 1
+    served = {"stage": "prefill", "pod": second.name}
+    assert gw.metric("inference_objective_disagg_hops_total", served) == 1
+
+
+@pytest.mark.parametrize("limit", ["status 400", "one attempt"])
+async def test_a_prefill_hop_is_not_retried_when_no_other_pod_would_do_better(
+    start_pod: PodFactory, start_gateway: GatewayFactory, limit: str
+) -> None:
+    first = await start_pod(labels={ROLE: "prefill"}, role="prefill", name="prefill-0")
+    first.pod.fail_status = 400 if limit == "status 400" else 503
+    second = await start_pod(labels={ROLE: "prefill"}, role="prefill", name="prefill-1")
+    second.pod.metrics_override = {"waiting": 10}
+    decode = await start_pod(labels={ROLE: "decode"}, role="decode", name="decode-0")
+    options = {"max_attempts": 1} if limit == "one attempt" else {}
+    gw = await start_gateway(make_config([first, second, decode], queue_ranked_prefill()),
+                             **options)  # fmt: skip
+    await _until_scraped(gw, second.name, waiting=10)
+    status, _, body = await chat(gw, LONG, max_tokens=3)
+    assert status == 200, body
+    assert len(first.pod.received) == 1 and not second.pod.received
+    assert "kv_transfer_params" not in bodies(decode)[0]  # served decode-only
+
+
+async def _until_scraped(gw: RunningGateway, pod: str, waiting: int) -> None:
+    endpoint = gw.gateway.pool.get(pod)
+    assert endpoint is not None
+    await eventually(lambda: endpoint.metrics.waiting == waiting)

@@ -252,7 +252,8 @@ class _DisaggHandler:
         if self.prefill_profile in results and self.prefill_profile != self.decode_profile:
             prefill = results[self.prefill_profile]
             if prefill is not None and prefill.targets:
-                plan.prefill = prefill.targets[0]
+                plan.prefill = chosen = prefill.targets[0]
+                plan.prefill_fallback = [e for e in prefill.ranked if e.name != chosen.name]
             else:
                 log.info(
                     "prefill was decided but no pod passed the prefill profile; decode only",
