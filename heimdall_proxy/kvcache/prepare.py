@@ -183,15 +183,23 @@ class EventPreparer:
         self._broken_at = float("-inf")
 
     def start(self) -> None:
-        """Create the pool and have its processes spawned now, not on the first batch."""
-        if self.processes and self._pool is None:
-            self._pool = ProcessPoolExecutor(
+        """Create the pool and have its processes spawned now, not on the first batch. A
+        machine that cannot spawn them gets batches decoded inline, and a warning."""
+        if not self.processes or self._pool is not None:
+            return
+        try:
+            pool = ProcessPoolExecutor(
                 self.processes,
                 mp_context=multiprocessing.get_context("spawn"),
                 initializer=_worker_init,
             )
             for _ in range(self.processes):
-                self._pool.submit(_prepare_packed, [], self.block_size, self.model_name)
+                pool.submit(_prepare_packed, [], self.block_size, self.model_name)
+        except (OSError, RuntimeError) as exc:  # BrokenProcessPool is a RuntimeError
+            log.warning("cannot start KV-event worker processes, decoding inline: %s", exc)
+            self._broken_at = time.monotonic()
+            return
+        self._pool = pool
 
     async def close(self) -> None:
         pool, self._pool = self._pool, None

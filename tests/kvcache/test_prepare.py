@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
+from heimdall_proxy.kvcache import prepare as prepare_module
 from heimdall_proxy.kvcache.events import BlockStored, EventBatch, decode_batch, decode_payloads
 from heimdall_proxy.kvcache.hashing import block_keys, local_hashes, namespace_seed
 from heimdall_proxy.kvcache.index import InMemoryIndex
@@ -120,3 +121,19 @@ async def test_a_killed_worker_loses_no_batch(preparer: EventPreparer) -> None:
     preparer._broken_at -= 60
     assert list(await preparer.prepare(PAYLOADS)) == prepare_batches(PAYLOADS, BS, MODEL)
     assert preparer._pool is not None and preparer._pool is not pool
+
+
+async def test_a_machine_that_cannot_spawn_decodes_inline(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A mock: a refused process spawn (out of process slots, a sandbox) cannot be produced
+    # here without starving the whole test run, so the pool's constructor is made to fail.
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise OSError("Resource temporarily unavailable")
+
+    monkeypatch.setattr(prepare_module, "ProcessPoolExecutor", refuse)
+    p = EventPreparer(BS, MODEL, processes=1)
+    p.start()  # does not raise
+    assert "cannot start KV-event worker processes" in caplog.text
+    assert list(await p.prepare(PAYLOADS)) == list(decode_payloads(PAYLOADS))
+    await p.close()
