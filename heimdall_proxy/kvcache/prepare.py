@@ -116,13 +116,26 @@ async def apply_batch(index: KVBlockIndex, pod: str, batch: EventBatch, model_na
 # ---- the compact form that crosses the process boundary -------------------------------------
 
 
+def _u64s(values: list[int]) -> bytes | list[int]:
+    """Unsigned 64-bit values as one bytes object (pickled as a copy, not value by value);
+    anything outside that range stays a list."""
+    try:
+        return array("Q", values).tobytes()
+    except OverflowError:
+        return values
+
+
+def _ints(packed: bytes | list[int]) -> list[int]:
+    return array("Q", packed).tolist() if isinstance(packed, bytes) else packed
+
+
 def _pack_event(ev: KVEvent) -> tuple[Any, ...]:
     if type(ev) is BlockStored:
-        local = None if ev.local_hashes is None else array("Q", ev.local_hashes).tobytes()
-        return (0, ev.block_hashes, ev.parent_block_hash, ev.token_ids, ev.block_size,
+        local = None if ev.local_hashes is None else _u64s(ev.local_hashes)
+        return (0, _u64s(ev.block_hashes), ev.parent_block_hash, ev.token_ids, ev.block_size,
                 ev.lora_name, ev.medium, ev.lora_id, local)  # fmt: skip
     if type(ev) is BlockRemoved:
-        return (1, ev.block_hashes, ev.medium)
+        return (1, _u64s(ev.block_hashes), ev.medium)
     assert isinstance(ev, AllBlocksCleared)
     return (2, ev.medium)
 
@@ -130,12 +143,12 @@ def _pack_event(ev: KVEvent) -> tuple[Any, ...]:
 def _unpack_event(t: tuple[Any, ...]) -> KVEvent:
     if t[0] == 0:
         _, hashes, parent, tokens, bs, lora_name, medium, lora_id, local = t
-        ev = BlockStored(hashes, parent, tokens, bs, lora_name, medium, lora_id)
+        ev = BlockStored(_ints(hashes), parent, tokens, bs, lora_name, medium, lora_id)
         if local is not None:
-            ev.local_hashes = array("Q", local).tolist()
+            ev.local_hashes = _ints(local)
         return ev
     if t[0] == 1:
-        return BlockRemoved(t[1], t[2])
+        return BlockRemoved(_ints(t[1]), t[2])
     return AllBlocksCleared(t[1])
 
 

@@ -41,13 +41,14 @@ PAYLOADS = [
     b"\xc1 not msgpack",
     batch([removed([2]), cleared()]),
     batch([stored([10, 11], [], block_size=BS)]),  # location only: nothing to hash
+    batch([removed([-5, 2**64 - 1])]),  # a signed engine hash (older vLLM) travels as a list
 ]
 
 
 def test_prepared_batches_carry_local_hashes_instead_of_tokens() -> None:
     got = prepare_batches(PAYLOADS, BS, MODEL)
     seed = namespace_seed(MODEL)
-    first, second, lora, odd, bad, rest, location = got
+    first, second, lora, odd, bad, rest, location, _ = got
     assert isinstance(first, EventBatch) and isinstance(second, EventBatch)
     ev = first.events[0]
     assert isinstance(ev, BlockStored) and ev.token_ids == []
