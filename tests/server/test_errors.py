@@ -206,6 +206,23 @@ async def test_bad_input(
     assert gw.running() == 0
 
 
+async def test_unrouted_requests_name_the_allowed_methods(gw: RunningGateway) -> None:
+    async with aiohttp.ClientSession() as http:
+        for method, path, allow in (
+            ("PUT", "/v1/chat/completions", "POST"),
+            ("DELETE", "/health", "GET,HEAD"),
+            ("PATCH", "/nowhere", None),
+        ):
+            async with http.request(method, f"{gw.url}{path}") as r:
+                assert r.status == (405 if allow else 404)
+                assert r.headers.get("Allow") == allow
+                assert (await r.json())["error"]["code"] == (
+                    "method_not_allowed" if allow else "not_found"
+                )
+        async with http.head(f"{gw.url}/health") as r:
+            assert r.status == 200
+
+
 async def test_chunked_body_over_limit_is_413(gw: RunningGateway) -> None:
     async def chunks() -> Any:
         for _ in range(10):
