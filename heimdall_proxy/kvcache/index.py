@@ -19,7 +19,7 @@ from __future__ import annotations
 import re
 import time
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from itertools import accumulate, groupby, islice, repeat
 from operator import and_, or_
@@ -128,6 +128,33 @@ def event_keys(
         if len(local) != n * per:
             local = local[: n * per]
     return chain_keys(local, seed, parent_key), per
+
+
+#: What a pod's engine-hash map holds per engine block: our key, or our keys when an engine
+#: block spans several of ours.
+EngineEntry = int | tuple[int, ...]
+
+
+def engine_entries(
+    hashes: Sequence[int], keys: Sequence[int], per: int
+) -> Iterable[tuple[int, EngineEntry]]:
+    """(engine hash, entry) for each engine block whose `per` keys are in `keys`."""
+    if per == 1:
+        return zip(hashes, keys, strict=False)
+    return (
+        (h, tuple(keys[j * per : (j + 1) * per])) for j, h in enumerate(hashes[: len(keys) // per])
+    )
+
+
+def flatten_keys(entries: Iterable[EngineEntry]) -> list[int]:
+    """The keys of engine-map entries, in order."""
+    out: list[int] = []
+    for v in entries:
+        if isinstance(v, int):
+            out.append(v)
+        else:
+            out.extend(v)
+    return out
 
 
 class KVBlockIndex(Protocol):
@@ -308,7 +335,7 @@ class InMemoryIndex:
         self._tiers: list[dict[int, int]] = [{} for _ in TIERS]
         self._pod_index: dict[str, int] = {}
         self._pod_names: list[str] = []
-        self._engine: list[dict[int, int | tuple[int, ...]]] = []
+        self._engine: list[dict[int, EngineEntry]] = []
         self._engine_total = 0
         self._spec: dict[int, int] = {}
         self._spec_expiry: dict[tuple[int, int], float] = {}
@@ -387,13 +414,7 @@ class InMemoryIndex:
     def _remember(self, idx: int, hashes: Sequence[int], keys: list[int], per: int) -> None:
         emap = self._engine[idx]
         before = len(emap)
-        if per == 1:
-            emap.update(zip(hashes, keys, strict=False))
-        else:
-            emap.update(
-                (h, tuple(keys[j * per : (j + 1) * per]))
-                for j, h in enumerate(hashes[: len(keys) // per])
-            )
+        emap.update(engine_entries(hashes, keys, per))
         self._engine_total += len(emap) - before
         if self._engine_total > self.max_keys:
             n = self._engine_total - self.max_keys + max(1, self.max_keys // 64)
@@ -401,16 +422,6 @@ class InMemoryIndex:
             for h in list(islice(emap, n)):
                 del emap[h]
             self._engine_total -= n
-
-    @staticmethod
-    def _flatten(values: Sequence[int | tuple[int, ...]]) -> list[int]:
-        out: list[int] = []
-        for v in values:
-            if isinstance(v, int):
-                out.append(v)
-            else:
-                out.extend(v)
-        return out
 
     # ---- events --------------------------------------------------------------------------
 
@@ -437,14 +448,14 @@ class InMemoryIndex:
             # known, no need to hash its tokens again.
             known = list(map(emap.get, engine_hashes))
             if None not in known:
-                keys = known if isinstance(known[0], int) else self._flatten(known)  # type: ignore[arg-type]
+                keys = known if isinstance(known[0], int) else flatten_keys(known)  # type: ignore[arg-type]
                 self._set(slot, bit, keys)  # type: ignore[arg-type]
                 self.stats.stored_blocks += len(keys)
                 return
         if not token_ids and local_hashes is None:
             # a location-only event (offloading): resolve what is known
             found = [v for v in map(emap.get, engine_hashes) if v is not None]
-            keys = self._flatten(found)
+            keys = flatten_keys(found)
             self._set(slot, bit, keys)
             self.stats.stored_blocks += len(keys)
             return
@@ -520,7 +531,7 @@ class InMemoryIndex:
         if idx is None:
             return
         emap = self._engine[idx]
-        keys = self._flatten(list(emap.values()))
+        keys = flatten_keys(emap.values())
         for slot in range(len(TIERS)):
             self._unset(slot, 1 << idx, keys)
         self._engine_total -= len(emap)

@@ -42,10 +42,13 @@ from redis.exceptions import NoScriptError
 
 from heimdall_proxy.kvcache.index import (
     TIERS,
+    EngineEntry,
     KVCacheStats,
     RunWalker,
+    engine_entries,
     event_keys,
     finish_lookup,
+    flatten_keys,
     tier_of,
     tier_weights,
 )
@@ -303,7 +306,7 @@ class RedisIndex:
         self._queued: list[tuple[str, list[Any]]] = []
         self._pod_index: dict[str, int] = {}
         self._unknown_pods: dict[str, float] = {}
-        self._cache: dict[str, dict[int, int | tuple[int, ...]]] = {}
+        self._cache: dict[str, dict[int, EngineEntry]] = {}
         self._scripts: dict[str, AsyncScript] = {}
 
     # ---- lifecycle -----------------------------------------------------------------------
@@ -407,7 +410,7 @@ class RedisIndex:
                     self._unknown_pods.pop(pod, None)
         return {p: self._pod_index[p] for p in pods if p in self._pod_index}
 
-    def _local(self, pod: str) -> dict[int, int | tuple[int, ...]]:
+    def _local(self, pod: str) -> dict[int, EngineEntry]:
         cache = self._cache.get(pod)
         if cache is None:
             cache = self._cache[pod] = {}
@@ -454,13 +457,7 @@ class RedisIndex:
         if None not in known:  # stored again: keys known, no hashing
             first = known[0]
             per = 1 if isinstance(first, int) else len(first)  # type: ignore[arg-type]
-            keys: list[int] = []
-            for v in known:
-                if isinstance(v, int):
-                    keys.append(v)
-                else:
-                    keys.extend(v)  # type: ignore[arg-type]
-            self._store(pod, offset, per, engine_hashes, keys)
+            self._store(pod, offset, per, engine_hashes, flatten_keys(known))  # type: ignore[arg-type]
             return
         if not token_ids and local_hashes is None:
             self._queue("store_known", [self.prefix, pod, offset, blob(engine_hashes)])
@@ -485,10 +482,7 @@ class RedisIndex:
             return
         keys, per = computed
         stored = engine_hashes[: len(keys) // per]
-        if per == 1:
-            cache.update(zip(stored, keys, strict=True))
-        else:
-            cache.update((h, tuple(keys[j * per : (j + 1) * per])) for j, h in enumerate(stored))
+        cache.update(engine_entries(stored, keys, per))
         self._store(pod, offset, per, stored, keys)
         if len(cache) > LOCAL_CACHE_PER_POD:
             for h in list(islice(cache, LOCAL_CACHE_PER_POD // 64)):
