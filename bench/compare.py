@@ -52,6 +52,7 @@ import yaml
 if __package__ in (None, ""):  # run as `python bench/compare.py`
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench import runner
+from bench.machine import cpu_model, git_dirty, git_head
 from bench.workloads import PRESETS, Workload, add_workload_args, workload_from_args
 
 BENCH_DIR = Path(__file__).resolve().parent
@@ -459,32 +460,10 @@ def run_target(
 
 
 def machine_info() -> dict[str, str]:
-    cpu = platform.processor() or "unknown"
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    commit = "unknown"
-    with contextlib.suppress(OSError, subprocess.SubprocessError):
-        commit = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"],
-            cwd=REPO_ROOT,
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=True,
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--", "heimdall_proxy"],
-            cwd=REPO_ROOT,
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=True,
-        ).stdout.strip()
-        if dirty:
-            commit += " + uncommitted changes under heimdall_proxy/"
+    cpu = cpu_model(platform.processor() or "unknown")
+    commit = git_head() or "unknown"
+    if commit != "unknown" and git_dirty("heimdall_proxy"):
+        commit += " + uncommitted changes under heimdall_proxy/"
     try:
         router_version = version("vllm-router")
     except PackageNotFoundError:

@@ -42,6 +42,9 @@ from typing import Any, TextIO
 
 import yaml
 
+if __package__ in (None, ""):  # run as `python bench/overhead.py`
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench.machine import cpu_model, git_dirty, git_head
 from heimdall_proxy.config import DEFAULT_EPP
 
 BENCH_DIR = Path(__file__).resolve().parent
@@ -666,29 +669,21 @@ def _run_quiet(argv: list[str]) -> str:
 
 
 def machine_info(wrk: str) -> dict[str, Any]:
-    cpu_model = "unknown"
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu_model = line.split(":", 1)[1].strip()
-                break
     versions: dict[str, str] = {}
     for mod in ("aiohttp", "uvloop"):
         with contextlib.suppress(PackageNotFoundError):
             versions[mod] = version(mod)
     wrk_version = _run_quiet([wrk, "-v"]).splitlines()
-    git_rev = _run_quiet(["git", "-C", str(REPO_ROOT), "rev-parse", "--short", "HEAD"])
-    git_dirty = bool(_run_quiet(["git", "-C", str(REPO_ROOT), "status", "--porcelain"]))
+    git_rev = git_head()
     return {
         "arch": platform.machine(),
         "nproc": len(os.sched_getaffinity(0)),
-        "cpu_model": cpu_model,
+        "cpu_model": cpu_model("unknown"),
         "python": platform.python_version(),
         "kernel": platform.release(),
         "packages": versions,
         "wrk": wrk_version[0].split(" Copyright")[0] if wrk_version else "unknown",
-        "git": (git_rev if re.fullmatch(r"[0-9a-f]+", git_rev) else "no commit")
-        + (" (dirty)" if git_dirty else ""),
+        "git": (git_rev or "no commit") + (" (dirty)" if git_dirty() else ""),
     }
 
 

@@ -35,7 +35,6 @@ import os
 import platform
 import random
 import statistics
-import subprocess
 import sys
 import time
 import uuid
@@ -49,6 +48,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from bench.machine import cpu_model, git_head  # noqa: E402
 from heimdall_proxy.kvcache.events import EventBatch  # noqa: E402
 from heimdall_proxy.kvcache.hashing import LazyBlockKeys, block_keys, namespace_seed  # noqa: E402
 from heimdall_proxy.kvcache.index import InMemoryIndex, KVBlockIndex  # noqa: E402
@@ -293,21 +293,8 @@ async def wipe(backend: str, redis_url: str, prefix: str) -> None:
 
 
 def machine() -> str:
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    try:
-        commit = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
-            check=True,
-        ).stdout.strip()  # fmt: skip
-    except (OSError, subprocess.CalledProcessError):
-        commit = "?"
+    cpu = cpu_model(platform.processor() or platform.machine())
+    commit = git_head() or "?"
     return (
         f"{platform.machine()}, {os.cpu_count()} CPUs ({cpu}), {platform.system()} "
         f"{platform.release()}, Python {platform.python_version()}, heimdall-proxy at {commit}"

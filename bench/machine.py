@@ -1,0 +1,39 @@
+"""What the benchmark scripts record about the machine and the checkout they ran on."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def cpu_model(default: str) -> str:
+    """The CPU's model name from /proc/cpuinfo, `default` where there is none."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return default
+
+
+def _git(*args: str) -> str | None:
+    try:
+        proc = subprocess.run(
+            ["git", *args], cwd=REPO_ROOT, capture_output=True, text=True, timeout=10, check=True
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return proc.stdout.strip()
+
+
+def git_head() -> str | None:
+    """The checkout's short commit, None outside a git checkout."""
+    return _git("rev-parse", "--short", "HEAD") or None
+
+
+def git_dirty(*paths: str) -> bool:
+    """Whether the checkout has uncommitted changes (under `paths`, when given)."""
+    return bool(_git("status", "--porcelain", "--", *paths))
