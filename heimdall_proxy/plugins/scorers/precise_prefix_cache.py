@@ -7,7 +7,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Iterator, Mapping
-from typing import Any, Literal
+from typing import Literal
 
 from prometheus_client import Metric
 from prometheus_client.core import CounterMetricFamily
@@ -471,9 +471,6 @@ class PrecisePrefixCacheScorer(BasePlugin[PrecisePrefixCacheParams]):
                     )
         except Exception as exc:
             self._warn(f"{self.name}: speculative indexing failed: {exc}")
-
-    def metrics(self) -> dict[str, Any]:
-        return self.stats.as_dict()
 
     def collect_metrics(self) -> Iterator[Metric]:
         """With `kvBlockIndexConfig.enableMetrics`: the indexer families llm-d's KV-cache
