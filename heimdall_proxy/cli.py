@@ -18,7 +18,7 @@ from heimdall_proxy import __version__
 from heimdall_proxy.config import ConfigError, EndpointConfig, GatewayConfig, load_config
 from heimdall_proxy.framework.params import parse_duration
 from heimdall_proxy.observability import setup_logging
-from heimdall_proxy.server.gateway import ServerOptions
+from heimdall_proxy.server.options import ServerOptions
 
 if TYPE_CHECKING:
     from heimdall_proxy.sim import SimOptions

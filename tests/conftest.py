@@ -13,7 +13,8 @@ from aiohttp.test_utils import TestServer
 
 from heimdall_proxy.config import GatewayConfig, parse_config
 from heimdall_proxy.server.app import GATEWAY, create_app
-from heimdall_proxy.server.gateway import Gateway, ServerOptions
+from heimdall_proxy.server.gateway import Gateway
+from heimdall_proxy.server.options import ServerOptions
 from heimdall_proxy.sim import SimOptions, SimPod
 
 

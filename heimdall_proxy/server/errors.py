@@ -1,4 +1,5 @@
-"""OpenAI-shaped errors: {"error": {"message", "type", "param", "code"}}."""
+"""OpenAI-shaped error bodies: {"error": {"message", "type", "param", "code"}}. Only renders;
+the error itself is `framework.errors.RequestError`."""
 
 from __future__ import annotations
 
@@ -7,54 +8,7 @@ from collections.abc import Mapping
 import orjson
 from aiohttp import web
 
-from heimdall_proxy.framework.errors import RequestError
-
-INVALID_REQUEST = "invalid_request_error"
-SERVER_ERROR = "server_error"
-
-
-class GatewayError(Exception):
-    """An error the gateway answers itself."""
-
-    def __init__(
-        self,
-        status: int,
-        message: str,
-        *,
-        type: str | None = None,
-        code: str | None = None,
-        param: str | None = None,
-        headers: Mapping[str, str] | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.type = type or (INVALID_REQUEST if status < 500 else SERVER_ERROR)
-        self.code = code
-        self.param = param
-        self.headers = dict(headers or {})
-
-    @classmethod
-    def from_request_error(cls, exc: RequestError) -> GatewayError:
-        """The server-side twin of an error a plugin raised to answer the client."""
-        return cls(
-            exc.status,
-            exc.message,
-            type=exc.type,
-            code=exc.code,
-            param=exc.param,
-            headers=exc.headers,
-        )
-
-    def response(self) -> web.Response:
-        return error_response(
-            self.status,
-            self.message,
-            type=self.type,
-            code=self.code,
-            param=self.param,
-            headers=self.headers,
-        )
+from heimdall_proxy.framework.errors import INVALID_REQUEST, SERVER_ERROR, RequestError
 
 
 def error_body(
@@ -83,3 +37,15 @@ def error_response(
         param=param,
     )
     return web.Response(status=status, body=body, content_type="application/json", headers=headers)
+
+
+def render(exc: RequestError) -> web.Response:
+    """The HTTP answer for a RequestError."""
+    return error_response(
+        exc.status,
+        exc.message,
+        type=exc.type,
+        code=exc.code,
+        param=exc.param,
+        headers=exc.headers,
+    )

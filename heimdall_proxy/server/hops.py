@@ -39,7 +39,7 @@ from heimdall_proxy.framework.disagg import DisaggPlan, multimodal_parts, read_p
 from heimdall_proxy.framework.types import CycleState, Endpoint, InferenceRequest
 from heimdall_proxy.observability import GatewayMetrics
 
-log = logging.getLogger("heimdall_proxy.server.hops")
+log = logging.getLogger(__name__)
 
 ENCODE_PATH = "/v1/chat/completions"
 #: What a prefill pod is asked to do: compute the prompt's KV and keep it for a remote

@@ -10,8 +10,8 @@ from typing import Any
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, StrictStr, ValidationError
 
+from heimdall_proxy.framework.errors import RequestError
 from heimdall_proxy.framework.types import ApiKind, InferenceRequest
-from heimdall_proxy.server.errors import GatewayError
 
 
 class _Body(BaseModel):
@@ -60,7 +60,7 @@ _MODELS: dict[ApiKind, type[BaseModel]] = {
 }
 
 
-def _validation_error(exc: ValidationError) -> GatewayError:
+def _validation_error(exc: ValidationError) -> RequestError:
     errors = exc.errors()
     err = errors[0]
     # A field path with list indexes, without pydantic's union-member tags ("str", "list[int]").
@@ -73,29 +73,29 @@ def _validation_error(exc: ValidationError) -> GatewayError:
         message = f"Invalid type for '{param}'"  # every member of a union rejected it
     else:
         message = f"Invalid value for '{param}': {err['msg']}"
-    return GatewayError(400, message, param=param, code="invalid_value")
+    return RequestError(400, message, param=param, code="invalid_value")
 
 
 def parse_body(
     api: ApiKind, path: str, body: bytes, headers: Mapping[str, str]
 ) -> InferenceRequest:
-    """Raises GatewayError(400) for a body the gateway cannot route."""
+    """Raises RequestError(400) for a body the gateway cannot route."""
     if not body:
-        raise GatewayError(
+        raise RequestError(
             400, "The request body is empty; expected a JSON object.", code="invalid_json"
         )
     try:
         data = orjson.loads(body)
     except orjson.JSONDecodeError as exc:
         if "UTF-8" in str(exc):
-            raise GatewayError(
+            raise RequestError(
                 400, "The request body is not valid UTF-8.", code="invalid_encoding"
             ) from exc
-        raise GatewayError(
+        raise RequestError(
             400, f"The request body is not valid JSON: {exc}", code="invalid_json"
         ) from exc
     if not isinstance(data, dict):
-        raise GatewayError(400, "The request body must be a JSON object.", code="invalid_json")
+        raise RequestError(400, "The request body must be a JSON object.", code="invalid_json")
     try:
         _MODELS[api].model_validate(data)
     except ValidationError as exc:
@@ -103,7 +103,7 @@ def parse_body(
     if api == "chat":
         for i, message in enumerate(data["messages"]):
             if not isinstance(message, dict):
-                raise GatewayError(
+                raise RequestError(
                     400,
                     f"Invalid value for 'messages.{i}': a message must be an object",
                     param=f"messages.{i}",

@@ -15,7 +15,8 @@ import yaml
 
 from heimdall_proxy.config import ConfigError, parse_config
 from heimdall_proxy.framework.registry import load_builtin_plugins
-from heimdall_proxy.server.gateway import Gateway, ServerOptions
+from heimdall_proxy.server.gateway import Gateway
+from heimdall_proxy.server.options import ServerOptions
 from tests.conftest import (
     GatewayFactory,
     PodFactory,

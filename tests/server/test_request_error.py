@@ -13,7 +13,7 @@ from heimdall_proxy.framework.params import NoParams
 from heimdall_proxy.framework.registry import Registry, load_builtin_plugins
 from heimdall_proxy.framework.types import Endpoint, InferenceRequest
 from heimdall_proxy.server.app import create_app
-from heimdall_proxy.server.gateway import ServerOptions
+from heimdall_proxy.server.options import ServerOptions
 from tests.conftest import PodFactory, make_config
 
 

@@ -1,0 +1,110 @@
+"""The director: one request from body to scheduling decision (GIE's director phase).
+
+parse -> candidates -> prepare-data (and data producers) -> schedule. Everything here happens
+before any pod is contacted, so every failure is an OpenAI-shaped `RequestError` answered by
+the gateway itself."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from heimdall_proxy.datalayer.pool import EndpointPool, ModelNotFoundError, NoEndpointsError
+from heimdall_proxy.framework.errors import RequestError
+from heimdall_proxy.framework.loader import PluginSet
+from heimdall_proxy.framework.types import (
+    ApiKind,
+    CycleState,
+    Endpoint,
+    InferenceRequest,
+    SchedulingError,
+    SchedulingResult,
+)
+from heimdall_proxy.observability import GatewayMetrics
+from heimdall_proxy.server.parse import parse_body
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class Decision:
+    """What the director hands the relay: the parsed request, the cycle's state (read by the
+    hooks and the disaggregation hops) and the scheduler's result."""
+
+    request: InferenceRequest
+    state: CycleState
+    result: SchedulingResult
+
+
+class Director:
+    def __init__(self, pool: EndpointPool, plugins: PluginSet, metrics: GatewayMetrics) -> None:
+        self.pool = pool
+        self.plugins = plugins
+        self.metrics = metrics
+        self._has_prepare = bool(plugins.prepare_data or plugins.producers)
+
+    async def decide(
+        self, api: ApiKind, path: str, body: bytes, headers: Mapping[str, str]
+    ) -> Decision:
+        """Parse and schedule one request. Raises RequestError for anything the client gets an
+        answer to without a pod (bad body, unknown model, no pod can serve it)."""
+        ireq = parse_body(api, path, body, headers)
+        candidates = self.candidates(ireq)
+        state = CycleState()
+        if self._has_prepare:
+            await self._prepare(ireq, state, candidates)
+        t0 = time.perf_counter()
+        try:
+            result = self.plugins.scheduler.schedule(state, ireq, candidates)
+        except SchedulingError as exc:
+            raise RequestError(
+                503,
+                f"No endpoint can serve the request: {exc}",
+                code="no_endpoint_available",
+                headers={"Retry-After": "1"},
+            ) from exc
+        self.metrics.scheduler_duration.observe(time.perf_counter() - t0)
+        return Decision(ireq, state, result)
+
+    def candidates(self, ireq: InferenceRequest) -> list[Endpoint]:
+        """The pods that may serve `ireq`: those serving its model (or every pod when the body
+        names none), healthy ones first as the pool decides."""
+        try:
+            if ireq.model:
+                return self.pool.candidates(ireq.model)
+            if not self.pool.endpoints():
+                raise NoEndpointsError("the pool has no endpoints")
+            return self.pool.healthy() or self.pool.endpoints()
+        except ModelNotFoundError as exc:
+            raise RequestError(
+                404,
+                f"The model `{ireq.model}` does not exist.",
+                code="model_not_found",
+                param="model",
+            ) from exc
+        except NoEndpointsError as exc:
+            raise RequestError(
+                503,
+                "No model server is configured.",
+                code="no_endpoint_available",
+                headers={"Retry-After": "1"},
+            ) from exc
+
+    async def _prepare(
+        self, ireq: InferenceRequest, state: CycleState, candidates: list[Endpoint]
+    ) -> None:
+        for plugin in self.plugins.prepare_data:
+            try:
+                await plugin.prepare_data(ireq, candidates)
+            except RequestError:
+                raise  # a deliberate answer (e.g. an unknown previous_response_id)
+            except Exception:
+                # prepare-data plugins fail open: the request goes on without their data
+                log.exception("prepare-data plugin %r failed", getattr(plugin, "name", plugin))
+        for producer in self.plugins.producers:
+            try:
+                await producer.produce(state, ireq, candidates)
+            except Exception:
+                log.exception("producer %r failed", getattr(producer, "name", producer))

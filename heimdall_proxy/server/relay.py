@@ -1,0 +1,216 @@
+"""The relay: sends a scheduled request to its pod and streams the answer back.
+
+Runs the disaggregation hops (built once per gateway), then attempts on the picked pod and,
+when a pod fails before sending a response, on the scheduler's next-best pods, up to
+`--max-attempts`. Once the response has started nothing can be retried: an upstream failure
+mid-stream aborts the client connection, so the client sees a broken stream, never a clean
+but truncated one."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+import aiohttp
+import orjson
+from aiohttp import web
+from multidict import CIMultiDict
+from yarl import URL
+
+from heimdall_proxy.framework.disagg import read_plan
+from heimdall_proxy.framework.errors import RequestError
+from heimdall_proxy.framework.types import Endpoint, RequestContext
+from heimdall_proxy.observability import GatewayMetrics
+from heimdall_proxy.server.director import Decision
+from heimdall_proxy.server.headers import client_response_headers, upstream_request_headers
+from heimdall_proxy.server.hooks import Hooks
+from heimdall_proxy.server.hops import Hops
+
+log = logging.getLogger(__name__)
+
+#: Failures that happen before the upstream sent a response: safe to retry on another pod.
+RETRYABLE = (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, TimeoutError)
+#: Label used for client-supplied model names the pool does not know (bounded cardinality).
+UNKNOWN_MODEL = "unknown"
+
+
+def _is_stream(resp: aiohttp.ClientResponse) -> bool:
+    ctype = resp.headers.get("Content-Type", "")
+    return ctype.startswith("text/event-stream") or resp.content_length is None
+
+
+class Relay:
+    def __init__(
+        self,
+        session: aiohttp.ClientSession,
+        hooks: Hooks,
+        hops: Hops,
+        metrics: GatewayMetrics,
+        max_attempts: int,
+    ) -> None:
+        self.session = session
+        self.hooks = hooks
+        self.hops = hops
+        self.metrics = metrics
+        self.max_attempts = max(1, max_attempts)
+
+    async def relay(self, request: web.Request, decision: Decision) -> web.StreamResponse:
+        """Serve `decision` from its pod, falling back to the next-best pods. Raises
+        RequestError(502) when no pod could be reached."""
+        ireq, state, result = decision.request, decision.state, decision.result
+        body = orjson.dumps(ireq.data) if ireq.body_modified else ireq.body
+        headers = upstream_request_headers(request.headers)
+        # a disaggregated plan's encode and prefill hops, once, before any decode attempt
+        prefill: Endpoint | None = None
+        if read_plan(state) is not None:
+            prefill, body = await self.hops.run(ireq, state, headers, body)
+        tried = []
+        target = result.primary.targets[0]
+        order: list[Endpoint] | None = None  # the fallback order, built only when needed
+        attempt = 0
+        while True:
+            ctx = RequestContext(ireq, state, result, target, prefill=prefill, attempt=attempt)
+            response = await self._attempt(request, ctx, body, headers)
+            if response is not None:
+                return response
+            tried.append(f"{target.name} ({ctx.error})")
+            if order is None:
+                order = result.fallback_order()[: self.max_attempts]
+            attempt += 1
+            if attempt >= len(order):
+                break
+            target = order[attempt]
+        raise RequestError(
+            502,
+            "No model server could be reached: " + "; ".join(tried),
+            code="upstream_unreachable",
+        )
+
+    async def _attempt(
+        self,
+        request: web.Request,
+        ctx: RequestContext,
+        body: bytes,
+        base_headers: CIMultiDict[str],
+    ) -> web.StreamResponse | None:
+        """One try on ctx.target. Returns None when the pod failed before sending a response
+        (the caller moves on to the next pod)."""
+        target = ctx.target
+        hooks = self.hooks
+        if hooks.pre_request:
+            await hooks.pre_request.run(ctx)
+        upstream: aiohttp.ClientResponse | None = None
+        complete = False
+        try:
+            headers = base_headers
+            if ctx.upstream_headers:
+                headers = base_headers.copy()
+                headers.update(ctx.upstream_headers)
+            url = URL(f"{target.url}{request.raw_path}", encoded=True)
+            try:
+                upstream = await self.session.request(
+                    request.method, url, data=body, headers=headers
+                )
+            except RETRYABLE as exc:
+                self._attempt_failed(ctx, "connect", exc)
+                return None
+            ctx.status = upstream.status
+            ctx.upstream_response_headers = upstream.headers
+            if hooks.response_received:
+                await hooks.response_received.run(ctx)
+            out_headers = client_response_headers(upstream.headers)
+            if ctx.response_headers:
+                out_headers.update(ctx.response_headers)
+            if _is_stream(upstream):
+                response = await self._stream(request, upstream, ctx, out_headers)
+                complete = True
+                return response
+            try:
+                payload = await upstream.read()
+            except RETRYABLE as exc:
+                self._attempt_failed(ctx, "read", exc)
+                return None
+            complete = True
+            ctx.response_body = payload
+            self._count(ctx)
+            return web.Response(status=upstream.status, body=payload, headers=out_headers)
+        except asyncio.CancelledError:
+            ctx.error = ctx.error or "client disconnected"
+            raise
+        finally:
+            if upstream is not None:
+                if complete and ctx.error is None:
+                    upstream.release()
+                else:
+                    upstream.close()
+            if hooks.response_complete:
+                await hooks.response_complete.run(ctx)
+
+    def _attempt_failed(self, ctx: RequestContext, stage: str, exc: BaseException) -> None:
+        ctx.error = f"{stage} failed: {type(exc).__name__}: {exc}"
+        self.metrics.upstream_failures.labels(ctx.target.name, stage).inc()
+        log.warning(
+            "upstream attempt failed before a response; trying the next pod",
+            extra={
+                "endpoint": ctx.target.name,
+                "error": ctx.error,
+                "request_id": ctx.request.request_id,
+            },
+        )
+
+    def _count(self, ctx: RequestContext) -> None:
+        model = ctx.request.model or UNKNOWN_MODEL
+        self.metrics.requests.labels(model, model, ctx.target.name, str(ctx.status)).inc()
+
+    async def _stream(
+        self,
+        request: web.Request,
+        upstream: aiohttp.ClientResponse,
+        ctx: RequestContext,
+        headers: CIMultiDict[str],
+    ) -> web.StreamResponse:
+        """Relay chunk by chunk as bytes arrive."""
+        response = web.StreamResponse(status=upstream.status, headers=headers)
+        await response.prepare(request)
+        read = upstream.content.readany
+        streaming = self.hooks.response_streaming
+        first = True
+        while True:
+            try:
+                chunk = await read()
+            except RETRYABLE as exc:
+                ctx.error = f"upstream failed mid-stream: {type(exc).__name__}: {exc}"
+                self.metrics.upstream_failures.labels(ctx.target.name, "stream").inc()
+                log.warning(
+                    "upstream failed mid-stream",
+                    extra={
+                        "endpoint": ctx.target.name,
+                        "error": ctx.error,
+                        "request_id": ctx.request.request_id,
+                    },
+                )
+                if request.transport is not None:
+                    request.transport.abort()
+                return response
+            if not chunk:
+                break
+            try:
+                await response.write(chunk)
+            except ConnectionError:
+                ctx.error = "client disconnected"
+                return response
+            if first:
+                first = False
+                model = ctx.request.model or UNKNOWN_MODEL
+                self.metrics.ttft.labels(model, model).observe(
+                    time.monotonic() - ctx.request.received_at
+                )
+            if streaming:
+                await streaming.run(ctx, chunk)
+        self._count(ctx)
+        try:
+            await response.write_eof()
+        except ConnectionError:
+            ctx.error = "client disconnected"
+        return response
