@@ -15,12 +15,19 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 from heimdall_proxy import __version__
-from heimdall_proxy.config import ConfigError, EndpointConfig, GatewayConfig, load_config
+from heimdall_proxy.config import (
+    ConfigError,
+    EndpointConfig,
+    GatewayConfig,
+    PluginConfig,
+    load_config,
+)
 from heimdall_proxy.framework.params import parse_duration
 from heimdall_proxy.observability import setup_logging
 from heimdall_proxy.server.options import ServerOptions
 
 if TYPE_CHECKING:
+    from heimdall_proxy.framework.loader import PluginSet
     from heimdall_proxy.sim import SimOptions
 
 log = logging.getLogger("heimdall_proxy.cli")
@@ -391,25 +398,36 @@ def tokenizer_server(args: argparse.Namespace) -> int:
     return 0
 
 
+def validate(config: GatewayConfig, options: ServerOptions) -> PluginSet:
+    """Build the config's plugins exactly as `serve` does, without a gateway around them.
+    Raises ConfigError."""
+    from heimdall_proxy.builtins import load_builtin_plugins
+    from heimdall_proxy.datalayer.pool import EndpointPool
+    from heimdall_proxy.framework.handle import PluginHandle
+    from heimdall_proxy.framework.loader import build_plugins
+
+    handle = PluginHandle(
+        pool=EndpointPool(config.endpoints), feature_gates=frozenset(config.epp.feature_gates)
+    )
+    extra = [PluginConfig(type="response-header-handler")] if options.response_header else []
+    return build_plugins(config.epp, load_builtin_plugins(), handle, extra=extra)
+
+
 def check_config(path: str) -> int:
     """Validate like `serve` does and print the resolved plugins and profiles."""
-    from heimdall_proxy.server.gateway import Gateway
-
     try:
         config = load_config(path)
-        gateway = Gateway(config, ServerOptions())
+        pset = validate(config, ServerOptions())
     except ConfigError as exc:
         print(f"config error: {exc}", file=sys.stderr)
         return 1
-    print(describe(gateway))
+    print(describe(config, pset))
     return 0
 
 
-def describe(gateway: Any) -> str:
+def describe(cfg: GatewayConfig, pset: PluginSet) -> str:
     from heimdall_proxy.framework.plugins import extension_points
 
-    cfg: GatewayConfig = gateway.config
-    pset = gateway.plugins
     out = [f"config OK: {cfg.source}"]
     out.append(f"feature gates: {', '.join(cfg.epp.feature_gates) or '(none)'}")
     out.append("endpoints:" if cfg.endpoints else "endpoints: (none: simulated pods are started)")
@@ -421,7 +439,7 @@ def describe(gateway: Any) -> str:
         params = getattr(plugin, "params", None)
         shown = params.model_dump(by_alias=True, exclude_none=True) if params is not None else {}
         out.append(
-            f"  {name} (type {plugin.type}): {', '.join(extension_points(plugin))}"
+            f"  {name} (type {getattr(plugin, 'type', '?')}): {', '.join(extension_points(plugin))}"
             + (f"  {shown}" if shown else "")
         )
     for name, gate in pset.skipped.items():
@@ -471,11 +489,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         # is the app that serves; simulated pods are only known once started, so for them the
         # plugins are validated now and the app is built on the pods later.
         from heimdall_proxy.server.app import create_app
-        from heimdall_proxy.server.gateway import Gateway
 
         app = create_app(config, options) if config.endpoints else None
         if app is None:
-            Gateway(config, options)
+            validate(config, options)
     except ConfigError as exc:
         print(f"config error: {exc}", file=sys.stderr)
         return 1

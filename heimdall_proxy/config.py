@@ -112,25 +112,6 @@ class EndpointConfig(_Model):
         return parts.port or (443 if parts.scheme == "https" else 80)
 
 
-#: The EndpointPickerConfig used when a file declares no plugins (the EPP's default shape).
-DEFAULT_EPP: dict[str, Any] = {
-    "plugins": [
-        {"type": "queue-scorer"},
-        {"type": "kv-cache-utilization-scorer"},
-        {"type": "max-score-picker"},
-    ],
-    "schedulingProfiles": [
-        {
-            "name": "default",
-            "plugins": [
-                {"pluginRef": "queue-scorer"},
-                {"pluginRef": "kv-cache-utilization-scorer"},
-                {"pluginRef": "max-score-picker"},
-            ],
-        }
-    ],
-}
-
 _EPP_KEYS = {"apiVersion", "kind", "featureGates", "plugins", "schedulingProfiles", "data"}
 
 
@@ -168,8 +149,6 @@ def parse_config(doc: Any, source: str = "<memory>") -> GatewayConfig:
         if ignored:
             log.info("ignoring Helm keys %s in %s", ", ".join(ignored), source)
     epp_doc = dict(epp_doc)
-    if not epp_doc.get("plugins"):
-        epp_doc = {**epp_doc, **DEFAULT_EPP}
     endpoints_doc = doc.get("endpoints", epp_doc.get("endpoints")) or []
     try:
         epp = EndpointPickerConfig.model_validate(

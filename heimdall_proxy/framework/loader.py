@@ -8,7 +8,21 @@ from dataclasses import dataclass, field
 
 from pydantic import BaseModel, ValidationError
 
-from heimdall_proxy.config import ConfigError, DataConfig, EndpointPickerConfig, PluginConfig
+from heimdall_proxy.config import (
+    ConfigError,
+    DataConfig,
+    EndpointPickerConfig,
+    PluginConfig,
+    SchedulingProfileConfig,
+)
+from heimdall_proxy.framework.defaults import (
+    DEFAULT_HANDLER,
+    DEFAULT_PICKER,
+    MAX_SCORE_PICKER,
+    SINGLE_PROFILE_HANDLER,
+    default_profiles,
+    with_default_plugins,
+)
 from heimdall_proxy.framework.handle import PluginHandle, PluginLookupError
 from heimdall_proxy.framework.plugins import (
     DataExtractor,
@@ -36,11 +50,7 @@ from heimdall_proxy.framework.scheduler import (
     no_timers,
 )
 
-log = logging.getLogger("heimdall_proxy.config")
-
-SINGLE_PROFILE_HANDLER = "single-profile-handler"
-MAX_SCORE_PICKER = "max-score-picker"
-DEFAULT_PROFILE = "default"
+log = logging.getLogger(__name__)
 
 
 @dataclass(slots=True)
@@ -148,15 +158,43 @@ def build_plugins(
     timers: TimerFactory = no_timers,
     extra: list[PluginConfig] | None = None,
 ) -> PluginSet:
-    """Instantiate every plugin in order and assemble the scheduler. `extra` plugins (added by
-    command-line flags) are appended unless one of the same type is already declared.
-    Raises ConfigError."""
+    """Build everything a config declares, in phases: defaults -> instantiate -> profiles ->
+    profile handler (which validates the profiles) -> extension points. `extra` plugins
+    (added by command-line flags) are appended unless one of the same type is already
+    declared. Raises ConfigError."""
+    epp = with_default_plugins(epp)
+    plugins, skipped = instantiate_all(epp, registry, handle, extra or [])
+    profile_cfgs = list(epp.scheduling_profiles) or default_profiles(
+        [n for n, p in plugins.items() if _in_profile(p)]
+    )
+    profiles, resolved = build_profiles(profile_cfgs, plugins, skipped, registry, handle, timers)
+    handler_name, handler, handler_defaulted = build_handler(plugins, profiles, registry, handle)
+    pset = PluginSet(
+        plugins=plugins,
+        scheduler=Scheduler(handler, profiles, timers),
+        resolved_profiles=resolved,
+        handler_name=handler_name,
+        handler_defaulted=handler_defaulted,
+        skipped=skipped,
+        responses_store=_one_store(plugins),
+        data_sources=wire_data_layer(epp.data, plugins, skipped),
+    )
+    _sort_extension_points(pset)
+    return pset
+
+
+def instantiate_all(
+    epp: EndpointPickerConfig, registry: Registry, handle: PluginHandle, extra: list[PluginConfig]
+) -> tuple[dict[str, object], dict[str, str]]:
+    """Phase 1: every declared plugin, in order (each can look up the ones before it through
+    the handle). Returns the plugins by name and the ones skipped for a disabled feature gate
+    (name -> gate)."""
     plugins: dict[str, object] = {}
     skipped: dict[str, str] = {}
     gates = handle.feature_gates
     declared = list(epp.plugins)
     declared_types = {p.type for p in declared}
-    declared.extend(p for p in extra or [] if p.type not in declared_types)
+    declared.extend(p for p in extra if p.type not in declared_types)
     for cfg in declared:
         name = cfg.instance_name
         if name in plugins or name in skipped:
@@ -174,128 +212,139 @@ def build_plugins(
         plugin = instantiate(registry, cfg, handle)
         plugins[name] = plugin
         handle.add(name, plugin)
+    return plugins, skipped
 
+
+def _in_profile(plugin: object) -> bool:
+    return isinstance(plugin, Filter | Scorer | Picker) and not isinstance(plugin, ProfileHandler)
+
+
+def build_profiles(
+    profile_cfgs: list[SchedulingProfileConfig],
+    plugins: dict[str, object],
+    skipped: dict[str, str],
+    registry: Registry,
+    handle: PluginHandle,
+    timers: TimerFactory,
+) -> tuple[dict[str, SchedulerProfile], list[ResolvedProfile]]:
+    """Phase 2: resolve each profile's pluginRefs into filters, weighted scorers and one
+    picker (the default picker when it names none)."""
+    profiles: dict[str, SchedulerProfile] = {}
+    resolved: list[ResolvedProfile] = []
+    for prof in profile_cfgs:
+        if prof.name in profiles:
+            raise ConfigError(f"duplicate scheduling profile name {prof.name!r}")
+        profile, res = _build_profile(prof, plugins, skipped, registry, handle, timers)
+        profiles[prof.name] = profile
+        resolved.append(res)
+    return profiles, resolved
+
+
+def _build_profile(
+    prof: SchedulingProfileConfig,
+    plugins: dict[str, object],
+    skipped: dict[str, str],
+    registry: Registry,
+    handle: PluginHandle,
+    timers: TimerFactory,
+) -> tuple[SchedulerProfile, ResolvedProfile]:
+    filters: list[Filter] = []
+    scorers: list[WeightedScorer] = []
+    picker: Picker | None = None
+    picker_name = ""
+    res = ResolvedProfile(prof.name, [], [], "", False)
+    for ref in prof.plugins:
+        where = f"scheduling profile {prof.name!r}: pluginRef {ref.plugin_ref!r}"
+        if ref.plugin_ref in skipped:
+            raise ConfigError(
+                f"{where} is skipped because feature gate {skipped[ref.plugin_ref]!r} "
+                "is not enabled"
+            )
+        plugin = plugins.get(ref.plugin_ref)
+        if plugin is None:
+            raise ConfigError(f"{where} names no declared plugin")
+        roles = 0
+        if isinstance(plugin, Filter):
+            filters.append(plugin)
+            res.filters.append(ref.plugin_ref)
+            roles += 1
+        if isinstance(plugin, Scorer):
+            weight = 1.0 if ref.weight is None else ref.weight
+            if weight < 0:
+                raise ConfigError(f"{where}: weight must be >= 0, got {weight}")
+            scorers.append(WeightedScorer(plugin, weight))
+            res.scorers.append((ref.plugin_ref, weight))
+            roles += 1
+        if isinstance(plugin, Picker):
+            if picker is not None:
+                raise ConfigError(
+                    f"scheduling profile {prof.name!r} has two pickers: "
+                    f"{picker_name!r} and {ref.plugin_ref!r}"
+                )
+            picker, picker_name = plugin, ref.plugin_ref
+            roles += 1
+        if roles == 0:
+            points = ", ".join(extension_points(plugin)) or "no scheduling extension point"
+            raise ConfigError(
+                f"{where}: plugin type {getattr(plugin, 'type', '?')!r} is not a filter, "
+                f"scorer or picker (it is: {points}) and cannot be placed in a profile"
+            )
+        if ref.weight is not None and not isinstance(plugin, Scorer):
+            log.warning("%s: weight ignored, the plugin is not a scorer", where)
+    if picker is None:
+        picker = instantiate(registry, DEFAULT_PICKER, handle, name=MAX_SCORE_PICKER)  # type: ignore[assignment]
+        picker_name = MAX_SCORE_PICKER
+        res.picker_defaulted = True
+    assert picker is not None
+    res.picker = picker_name
+    return SchedulerProfile(prof.name, filters, scorers, picker, timers), res
+
+
+def build_handler(
+    plugins: dict[str, object],
+    profiles: dict[str, SchedulerProfile],
+    registry: Registry,
+    handle: PluginHandle,
+) -> tuple[str, ProfileHandler, bool]:
+    """Phase 3: the one profile handler (the default one when none is declared), which then
+    validates the profiles it is given (ProfileHandler.validate_profiles)."""
     handlers = [(n, p) for n, p in plugins.items() if isinstance(p, ProfileHandler)]
     if len(handlers) > 1:
         raise ConfigError(
             "only one profile handler may be declared, found: "
             + ", ".join(f"{n!r}" for n, _ in handlers)
         )
-
-    profile_cfgs = list(epp.scheduling_profiles)
-    if not profile_cfgs:
-        # Heimdall's default: one profile holding every filter, scorer and picker.
-        from heimdall_proxy.config import ProfilePluginRef, SchedulingProfileConfig
-
-        refs = [
-            ProfilePluginRef(plugin_ref=n)
-            for n, p in plugins.items()
-            if isinstance(p, Filter | Scorer | Picker) and not isinstance(p, ProfileHandler)
-        ]
-        profile_cfgs = [SchedulingProfileConfig(name=DEFAULT_PROFILE, plugins=refs)]
-
-    profiles: dict[str, SchedulerProfile] = {}
-    resolved: list[ResolvedProfile] = []
-    for prof in profile_cfgs:
-        if prof.name in profiles:
-            raise ConfigError(f"duplicate scheduling profile name {prof.name!r}")
-        filters: list[Filter] = []
-        scorers: list[WeightedScorer] = []
-        picker: Picker | None = None
-        picker_name = ""
-        res = ResolvedProfile(prof.name, [], [], "", False)
-        for ref in prof.plugins:
-            where = f"scheduling profile {prof.name!r}: pluginRef {ref.plugin_ref!r}"
-            if ref.plugin_ref in skipped:
-                raise ConfigError(
-                    f"{where} is skipped because feature gate {skipped[ref.plugin_ref]!r} "
-                    "is not enabled"
-                )
-            plugin = plugins.get(ref.plugin_ref)
-            if plugin is None:
-                raise ConfigError(f"{where} names no declared plugin")
-            roles = 0
-            if isinstance(plugin, Filter):
-                filters.append(plugin)
-                res.filters.append(ref.plugin_ref)
-                roles += 1
-            if isinstance(plugin, Scorer):
-                weight = 1.0 if ref.weight is None else ref.weight
-                if weight < 0:
-                    raise ConfigError(f"{where}: weight must be >= 0, got {weight}")
-                scorers.append(WeightedScorer(plugin, weight))
-                res.scorers.append((ref.plugin_ref, weight))
-                roles += 1
-            if isinstance(plugin, Picker):
-                if picker is not None:
-                    raise ConfigError(
-                        f"scheduling profile {prof.name!r} has two pickers: "
-                        f"{picker_name!r} and {ref.plugin_ref!r}"
-                    )
-                picker, picker_name = plugin, ref.plugin_ref
-                roles += 1
-            if roles == 0:
-                points = ", ".join(extension_points(plugin)) or "no scheduling extension point"
-                raise ConfigError(
-                    f"{where}: plugin type {getattr(plugin, 'type', '?')!r} is not a filter, "
-                    f"scorer or picker (it is: {points}) and cannot be placed in a profile"
-                )
-            if ref.weight is not None and not isinstance(plugin, Scorer):
-                log.warning("%s: weight ignored, the plugin is not a scorer", where)
-        if picker is None:
-            picker = instantiate(
-                registry,
-                PluginConfig(type=MAX_SCORE_PICKER),
-                handle,
-                name=MAX_SCORE_PICKER,
-            )  # type: ignore[assignment]
-            picker_name = MAX_SCORE_PICKER
-            res.picker_defaulted = True
-        assert picker is not None
-        res.picker = picker_name
-        profiles[prof.name] = SchedulerProfile(prof.name, filters, scorers, picker, timers)
-        resolved.append(res)
-
-    handler_defaulted = False
+    defaulted = not handlers
     if handlers:
-        handler_name, handler_obj = handlers[0]
-        handler: ProfileHandler = handler_obj
+        name, handler = handlers[0]
     else:
         if len(profiles) != 1:
             raise ConfigError(
                 f"{len(profiles)} scheduling profiles are declared but no profile handler; "
                 "declare one (e.g. disagg-profile-handler)"
             )
-        handler_name = SINGLE_PROFILE_HANDLER
-        handler = instantiate(  # type: ignore[assignment]
-            registry, PluginConfig(type=SINGLE_PROFILE_HANDLER), handle
-        )
-        handler_defaulted = True
-    validate = getattr(handler, "validate_profiles", None)
-    if callable(validate):
-        try:
-            validate(profiles)
-        except ValueError as exc:
-            raise ConfigError(f"profile handler {handler_name!r}: {exc}") from exc
+        name = SINGLE_PROFILE_HANDLER
+        handler = instantiate(registry, DEFAULT_HANDLER, handle)  # type: ignore[assignment]
+    try:
+        handler.validate_profiles(profiles)
+    except ValueError as exc:
+        raise ConfigError(f"profile handler {name!r}: {exc}") from exc
+    return name, handler, defaulted
 
+
+def _one_store(plugins: dict[str, object]) -> ResponsesStoreAPI | None:
     stores = [(n, p) for n, p in plugins.items() if isinstance(p, ResponsesStoreAPI)]
     if len(stores) > 1:
         raise ConfigError(
             "only one responses store may be declared, found: "
             + ", ".join(f"{n!r}" for n, _ in stores)
         )
+    return stores[0][1] if stores else None
 
-    pset = PluginSet(
-        plugins=plugins,
-        scheduler=Scheduler(handler, profiles, timers),
-        resolved_profiles=resolved,
-        handler_name=handler_name,
-        handler_defaulted=handler_defaulted,
-        skipped=skipped,
-        responses_store=stores[0][1] if stores else None,
-        data_sources=wire_data_layer(epp.data, plugins, skipped),
-    )
-    for plugin in plugins.values():
+
+def _sort_extension_points(pset: PluginSet) -> None:
+    """Phase 4: each plugin under every request-path extension point it implements."""
+    for plugin in pset.plugins.values():
         if isinstance(plugin, PrepareData):
             pset.prepare_data.append(plugin)
         if isinstance(plugin, Producer):
@@ -310,7 +359,6 @@ def build_plugins(
             pset.response_complete.append(plugin)
         if isinstance(plugin, Lifecycle):
             pset.lifecycle.append(plugin)
-    return pset
 
 
 def wire_data_layer(

@@ -77,6 +77,12 @@ class SchedulerProfileView(Protocol):
 
 @runtime_checkable
 class ProfileHandler(Protocol):
+    def validate_profiles(self, profiles: Mapping[str, SchedulerProfileView]) -> None:
+        """Called once at start-up with every configured profile. Raises ValueError (shown as
+        a config error) when the handler cannot work with them, e.g. a missing decode
+        profile."""
+        ...
+
     def pick_profiles(
         self,
         state: CycleState,

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -27,11 +26,22 @@ class PluginSpec:
 
 
 class Registry:
-    """Type name -> PluginSpec. Plugins register themselves at import time with
-    `@register(TYPE, Params)` on their class (the class is the factory)."""
+    """Type name -> PluginSpec. A plugin class declares its type with `@register(TYPE,
+    Params)`; the composition root (`heimdall_proxy.builtins`, or a test) adds the classes it
+    wants with `add`. The framework itself knows no plugin."""
 
     def __init__(self) -> None:
         self._specs: dict[str, PluginSpec] = {}
+
+    def add(self, *classes: type) -> Registry:
+        """Add declared plugin classes (each with its aliases). Returns self."""
+        for cls in classes:
+            specs: tuple[PluginSpec, ...] | None = cls.__dict__.get(_SPECS)
+            if specs is None:
+                raise ValueError(f"{cls.__qualname__} is not declared with @register")
+            for spec in specs:
+                self._put(spec)
+        return self
 
     def register(
         self,
@@ -41,14 +51,19 @@ class Registry:
         feature_gate: str | None = None,
         aliases: tuple[str, ...] = (),
     ) -> Callable[[T], T]:
+        """Register a factory under `type_name` (and `aliases`) directly."""
+
         def decorator(factory: T) -> T:
             for name in (type_name, *aliases):
-                if name in self._specs:
-                    raise ValueError(f"plugin type {name!r} registered twice")
-                self._specs[name] = PluginSpec(name, factory, params, feature_gate)  # type: ignore[arg-type]
+                self._put(PluginSpec(name, factory, params, feature_gate))  # type: ignore[arg-type]
             return factory
 
         return decorator
+
+    def _put(self, spec: PluginSpec) -> None:
+        if spec.type_name in self._specs:
+            raise ValueError(f"plugin type {spec.type_name!r} registered twice")
+        self._specs[spec.type_name] = spec
 
     def get(self, type_name: str) -> PluginSpec | None:
         return self._specs.get(type_name)
@@ -63,12 +78,25 @@ class Registry:
         return type_name in self._specs
 
 
-#: The built-in registry. It holds types, not state: instances live in the Gateway.
-REGISTRY = Registry()
-register = REGISTRY.register
+_SPECS = "__plugin_specs__"
 
 
-def load_builtin_plugins() -> Registry:
-    """Import every built-in plugin module so each registers itself; returns REGISTRY."""
-    importlib.import_module("heimdall_proxy.plugins")
-    return REGISTRY
+def register(
+    type_name: str,
+    params: type[PluginParams] = NoParams,
+    *,
+    feature_gate: str | None = None,
+    aliases: tuple[str, ...] = (),
+) -> Callable[[T], T]:
+    """Declare a plugin class: its type name (and aliases), parameter model and feature gate.
+    Declaring registers nothing; `Registry.add` does, in the composition root."""
+
+    def decorator(cls: T) -> T:
+        specs = tuple(
+            PluginSpec(name, cls, params, feature_gate)  # type: ignore[arg-type]
+            for name in (type_name, *aliases)
+        )
+        setattr(cls, _SPECS, specs)
+        return cls
+
+    return decorator

@@ -1,4 +1,4 @@
-"""Built-in plugins. Importing this package registers every plugin type."""
+"""Built-in plugins, one module each. `heimdall_proxy.builtins` registers them."""
 
 from heimdall_proxy.plugins import (
     datasources,

@@ -14,6 +14,7 @@ import orjson
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from heimdall_proxy.builtins import load_builtin_plugins
 from heimdall_proxy.config import GatewayConfig
 from heimdall_proxy.framework.registry import Registry
 from heimdall_proxy.framework.types import ApiKind
@@ -115,7 +116,7 @@ def create_app(
 ) -> web.Application:
     """Build the app. Raises ConfigError for an invalid config, before any socket is opened."""
     options = options or ServerOptions()
-    gateway = Gateway(config, options, registry)
+    gateway = Gateway(config, options, registry or load_builtin_plugins())
     app = web.Application(client_max_size=options.max_body_bytes)
     app[GATEWAY] = gateway
     app.cleanup_ctx.append(gateway.lifespan)

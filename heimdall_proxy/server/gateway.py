@@ -21,7 +21,7 @@ from heimdall_proxy.datalayer.refresher import PoolRefresher, RefreshOptions
 from heimdall_proxy.framework.errors import RequestError
 from heimdall_proxy.framework.handle import PluginHandle
 from heimdall_proxy.framework.loader import PluginSet, build_plugins
-from heimdall_proxy.framework.registry import Registry, load_builtin_plugins
+from heimdall_proxy.framework.registry import Registry
 from heimdall_proxy.framework.types import ApiKind
 from heimdall_proxy.observability import GatewayMetrics
 from heimdall_proxy.server.director import Director
@@ -48,9 +48,7 @@ def _session(**kwargs: object) -> aiohttp.ClientSession:
 class Gateway:
     """Everything one gateway process holds."""
 
-    def __init__(
-        self, config: GatewayConfig, options: ServerOptions, registry: Registry | None = None
-    ) -> None:
+    def __init__(self, config: GatewayConfig, options: ServerOptions, registry: Registry) -> None:
         self.config = config
         self.options = options
         self.pool = EndpointPool(config.endpoints)
@@ -59,7 +57,7 @@ class Gateway:
         extra = [PluginConfig(type="response-header-handler")] if options.response_header else []
         self.plugins: PluginSet = build_plugins(
             config.epp,
-            registry or load_builtin_plugins(),
+            registry,
             handle,
             self.metrics.plugin_timer,
             extra,

@@ -23,7 +23,8 @@ import pytest
 import zmq
 from prometheus_client.parser import text_string_to_metric_families
 
-from heimdall_proxy.config import DEFAULT_EPP, parse_config
+from heimdall_proxy.config import parse_config
+from heimdall_proxy.framework.defaults import DEFAULT_EPP
 from tests.conftest import GatewayFactory
 from tests.e2e.conftest import (
     BLOCK_SIZE,

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from heimdall_proxy.builtins import load_builtin_plugins
 from heimdall_proxy.config import (
     ConfigError,
     GatewayConfig,
@@ -22,7 +23,7 @@ from heimdall_proxy.framework.handle import PluginHandle
 from heimdall_proxy.framework.loader import PluginSet, build_plugins
 from heimdall_proxy.framework.params import NoParams, PluginParams
 from heimdall_proxy.framework.plugins import SchedulerProfileView
-from heimdall_proxy.framework.registry import Registry, load_builtin_plugins
+from heimdall_proxy.framework.registry import Registry
 from heimdall_proxy.framework.types import (
     CycleState,
     Endpoint,
@@ -394,6 +395,9 @@ def test_two_profile_handlers_of_one_type() -> None:
 
 class OtherHandler(BasePlugin[NoParams]):
     type = "other-profile-handler"
+
+    def validate_profiles(self, profiles: Mapping[str, SchedulerProfileView]) -> None:
+        """Works with any profiles."""
 
     def pick_profiles(
         self,
@@ -806,7 +810,8 @@ def test_load_config_empty_file_gives_defaults(tmp_path: Path) -> None:
     path = tmp_path / "empty.yaml"
     path.write_text("", encoding="utf-8")
     cfg = load_config(path)
-    assert [p.type for p in cfg.epp.plugins] == [
+    pset = build_plugins(cfg.epp, BUILTIN, PluginHandle(EndpointPool([])))
+    assert [getattr(p, "type", None) for p in pset.plugins.values()] == [
         "queue-scorer",
         "kv-cache-utilization-scorer",
         "max-score-picker",

@@ -267,6 +267,9 @@ class TwoStepHandler:
         self.repeat = repeat
         self.calls: list[list[str]] = []
 
+    def validate_profiles(self, profiles: Mapping[str, SchedulerProfileView]) -> None:
+        """Works with any profiles."""
+
     def pick_profiles(
         self,
         state: CycleState,

@@ -13,8 +13,8 @@ import orjson
 import pytest
 import yaml
 
+from heimdall_proxy.builtins import load_builtin_plugins
 from heimdall_proxy.config import ConfigError, parse_config
-from heimdall_proxy.framework.registry import load_builtin_plugins
 from heimdall_proxy.server.gateway import Gateway
 from heimdall_proxy.server.options import ServerOptions
 from tests.conftest import (
@@ -447,7 +447,7 @@ async def test_legacy_pd_profile_handler(
 
 def build(doc: dict[str, Any]) -> Gateway:
     cfg = parse_config({**doc, "endpoints": [{"name": "p", "url": "http://127.0.0.1:1"}]}, "t")
-    return Gateway(cfg, ServerOptions())
+    return Gateway(cfg, ServerOptions(), load_builtin_plugins())
 
 
 def test_example_configs_build() -> None:

@@ -7,10 +7,11 @@ from typing import Any
 
 import aiohttp
 
+from heimdall_proxy.builtins import load_builtin_plugins
 from heimdall_proxy.framework.base import BasePlugin
 from heimdall_proxy.framework.errors import RequestError
 from heimdall_proxy.framework.params import NoParams
-from heimdall_proxy.framework.registry import Registry, load_builtin_plugins
+from heimdall_proxy.framework.registry import Registry
 from heimdall_proxy.framework.types import Endpoint, InferenceRequest
 from heimdall_proxy.server.app import create_app
 from heimdall_proxy.server.options import ServerOptions

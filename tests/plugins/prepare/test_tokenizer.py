@@ -11,12 +11,12 @@ from typing import Any
 import aiohttp
 import pytest
 
+from heimdall_proxy.builtins import load_builtin_plugins
 from heimdall_proxy.config import ConfigError, parse_config
 from heimdall_proxy.datalayer.pool import EndpointPool
 from heimdall_proxy.framework.handle import PluginHandle
 from heimdall_proxy.framework.loader import build_plugins
 from heimdall_proxy.framework.prefix import read_prefix_match
-from heimdall_proxy.framework.registry import load_builtin_plugins
 from heimdall_proxy.framework.types import CycleState
 from heimdall_proxy.plugins.prepare.tokenizer import TokenizerParams, TokenizerPlugin
 from heimdall_proxy.plugins.scorers.prefix_cache import PrefixCacheScorer

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from heimdall_proxy.builtins import load_builtin_plugins
 from heimdall_proxy.framework.disagg import DISAGG_PLAN_KEY, DisaggPlan
 from heimdall_proxy.framework.handle import PluginHandle
-from heimdall_proxy.framework.registry import load_builtin_plugins
 from heimdall_proxy.framework.types import (
     CycleState,
     ProfileResult,

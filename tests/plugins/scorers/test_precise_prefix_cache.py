@@ -10,12 +10,12 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
+from heimdall_proxy.builtins import load_builtin_plugins
 from heimdall_proxy.config import ConfigError, parse_config
 from heimdall_proxy.datalayer.pool import EndpointPool
 from heimdall_proxy.framework.handle import PluginHandle
 from heimdall_proxy.framework.loader import build_plugins
 from heimdall_proxy.framework.prefix import read_prefix_match
-from heimdall_proxy.framework.registry import load_builtin_plugins
 from heimdall_proxy.framework.types import CycleState
 from heimdall_proxy.kvcache.events import decode_batch
 from heimdall_proxy.kvcache.index import CostAwareMemoryIndex, InMemoryIndex, parse_bytes

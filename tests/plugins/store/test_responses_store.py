@@ -9,6 +9,7 @@ from typing import Any
 import orjson
 import pytest
 
+from heimdall_proxy.builtins import load_builtin_plugins
 from heimdall_proxy.config import ConfigError, parse_config
 from heimdall_proxy.datalayer.pool import EndpointPool
 from heimdall_proxy.framework.errors import RequestError
@@ -21,7 +22,6 @@ from heimdall_proxy.framework.plugins import (
     ResponsesStoreAPI,
     ResponseStreaming,
 )
-from heimdall_proxy.framework.registry import load_builtin_plugins
 from heimdall_proxy.framework.types import InferenceRequest
 from heimdall_proxy.plugins.store.backends import InMemoryBackend
 from heimdall_proxy.plugins.store.params import ResponsesStoreParams
