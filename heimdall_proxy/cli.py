@@ -389,7 +389,10 @@ def tokenizer_server(args: argparse.Namespace) -> int:
     try:
         if not args.model and not args.sim_model:
             raise ValueError("give at least one --model or --sim-model")
-        coro = run_server(args.socket, args.model, args.workers, args.tcp, args.sim_model)
+        from heimdall_proxy.sim.tokens import SimRequestTokenizer
+
+        sims = {name: SimRequestTokenizer() for name in args.sim_model}
+        coro = run_server(args.socket, args.model, args.workers, args.tcp, sims)
         with contextlib.suppress(KeyboardInterrupt):
             _run(coro)
     except (TokenizerNotFoundError, OSError, ValueError) as exc:

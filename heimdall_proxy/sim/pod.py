@@ -20,11 +20,11 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from heimdall_proxy.framework.types import ApiKind
 from heimdall_proxy.sim.engine import Engine, Seq, Status
 from heimdall_proxy.sim.kvevents import KVEvent, KVEventPublisher
 from heimdall_proxy.sim.metrics import LoraInfo, render
 from heimdall_proxy.sim.options import SimOptions
+from heimdall_proxy.sim.prompt import ApiKind
 from heimdall_proxy.sim.shapes import DONE, Shapes
 from heimdall_proxy.sim.tokens import WORDS, OutputWords, Prompt, PromptError, Tokenizer
 

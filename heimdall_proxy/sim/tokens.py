@@ -5,8 +5,8 @@ other word is cut into 4-character chunks. Each piece is hashed to an id, so ide
 always gives identical ids, and an assistant reply fed back in a later turn tokenizes to the
 ids the pod generated (multi-turn chats hit the prefix cache as they do on vLLM). Chat
 messages are wrapped in role and end-of-message tokens, so a shared system prompt gives a
-shared prefix. The text of each message or part is what
-heimdall_proxy.framework.types.extract_prompt_text reads.
+shared prefix. The text of each message or part is read by sim.prompt, the simulator's own
+reading of a prompt, written apart from the gateway's.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Any
 
 import xxhash
 
-from heimdall_proxy.framework.types import ApiKind, extract_prompt_text
+from heimdall_proxy.sim.prompt import ApiKind, content_text, prompt_text
 
 #: The fixed output (no seed): word i of a reply is WORDS[i % len(WORDS)].
 WORDS = ("the", "gateway", "routes", "tokens", "to", "a", "pod", "with", "room", "and")
@@ -158,10 +158,10 @@ class Tokenizer:
                         placeholder = _MM_BASE + int(item.mm_hash, 16) % 1_000_000
                         prompt.ids.extend([placeholder] * item.num_tokens)
                     continue
-                text = extract_prompt_text("chat", {"messages": [{"content": [part]}]})
+                text = content_text([part])
                 prompt.ids.extend(tokenize(text))
         else:
-            text = extract_prompt_text("chat", {"messages": [{"content": content}]})
+            text = content_text(content)
             prompt.ids.extend(tokenize(text))
 
     def _message(self, role: Any, content: Any, prompt: Prompt) -> None:
@@ -215,7 +215,7 @@ class Tokenizer:
             return Prompt(ids=[int(t) for t in raw[0]])
         if not isinstance(raw, (str, list)):
             raise PromptError("prompt must be a string, a list of strings or of token ids")
-        return Prompt(ids=[BOS, *tokenize(extract_prompt_text("completions", data))])
+        return Prompt(ids=[BOS, *tokenize(prompt_text("completions", data))])
 
     def prompt(self, api: ApiKind, data: Mapping[str, Any]) -> Prompt:
         if api == "chat":

@@ -28,7 +28,7 @@ import itertools
 import logging
 import os
 import struct
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Protocol
@@ -303,15 +303,13 @@ async def run_server(
     specs: list[str],
     workers: int = 4,
     use_tcp: bool = False,
-    sim_models: Sequence[str] = (),
+    extra: Mapping[str, ServedTokenizer] | None = None,
 ) -> None:
-    """Serve until cancelled (the `tokenizer-server` command). `sim_models`: names served
-    with the simulator's tokenization (heimdall_proxy.sim.tokens)."""
-    from heimdall_proxy.sim.tokens import SimRequestTokenizer
-
+    """Serve until cancelled (the `tokenizer-server` command). `extra`: tokenizers the caller
+    built itself, by model name (the CLI hands in the simulator's, so this package never
+    imports the simulator)."""
     tokenizers: dict[str, ServedTokenizer] = dict(load_models(specs))
-    for name in sim_models:
-        tokenizers[name] = SimRequestTokenizer()
+    tokenizers.update(extra or {})
     server = TokenizerServer(tokenizers, workers)
     await server.start(address, use_tcp)
     log.info(
