@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from heimdall_proxy.framework.loader import PluginSet
     from heimdall_proxy.sim import SimOptions
 
-log = logging.getLogger("heimdall_proxy.cli")
+log = logging.getLogger(__name__)
 
 COMMANDS = ("serve", "check-config", "sim", "demo", "tokenizer-server")
 

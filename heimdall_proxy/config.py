@@ -12,7 +12,7 @@ from urllib.parse import urlsplit
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-log = logging.getLogger("heimdall_proxy.config")
+log = logging.getLogger(__name__)
 
 
 class ConfigError(Exception):

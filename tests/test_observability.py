@@ -83,7 +83,7 @@ def test_setup_logging_v4(
     setup_logging(4)
     assert package_logger.propagate is False
     assert len(package_logger.handlers) == 1
-    sched = logging.getLogger("heimdall_proxy.scheduler")
+    sched = logging.getLogger("heimdall_proxy.framework.scheduler")
     assert sched.isEnabledFor(V(4))
     assert not sched.isEnabledFor(V(5))
     sched.log(V4, "Running filter", extra={"filter": "by-label"})
@@ -94,7 +94,7 @@ def test_setup_logging_v4(
     assert doc["msg"] == "Running filter"
     assert doc["level"] == "v4"
     assert doc["filter"] == "by-label"
-    assert doc["logger"] == "heimdall_proxy.scheduler"
+    assert doc["logger"] == "heimdall_proxy.framework.scheduler"
 
 
 def test_setup_logging_default_is_info_text(

@@ -17,7 +17,7 @@ from heimdall_proxy.datalayer.vllm_metrics import parse_vllm_metrics
 from heimdall_proxy.framework.loader import WiredSource
 from heimdall_proxy.framework.types import Endpoint, parse_model_list, publish_models
 
-log = logging.getLogger("heimdall_proxy.datalayer")
+log = logging.getLogger(__name__)
 
 #: Consecutive failed scrapes after which a pod is taken out of rotation.
 UNHEALTHY_AFTER = 3

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, Protocol, runtime_checkable
 
 from heimdall_proxy.framework.prefix import PrefixCacheMatchInfo, read_prefix_match
 from heimdall_proxy.framework.types import ApiKind, CycleState, Endpoint
@@ -48,23 +48,53 @@ MULTIMODAL_PART_TYPES = frozenset(
 )
 
 
+@dataclass(frozen=True, slots=True)
+class DisaggSettings:
+    """How the extra stages run, one object for every reader: disagg-headers-handler owns it
+    (its `mode` and `hopTimeout` parameters), the profile handler puts it on each plan, and
+    the server's hops and the headers handler read it from there. `mode`: `gateway` (the
+    gateway sends the hops) or `headers` (a sidecar on the decode pod does); `hop_timeout`
+    bounds each hop (seconds)."""
+
+    mode: DisaggMode = "gateway"
+    hop_timeout: float = 60.0
+
+
+DEFAULT_DISAGG_SETTINGS = DisaggSettings()
+
+
+@runtime_checkable
+class DisaggSettingsOwner(Protocol):
+    """A plugin that owns the disaggregation settings (disagg-headers-handler)."""
+
+    @property
+    def disagg_settings(self) -> DisaggSettings: ...
+
+
 @dataclass(slots=True)
 class DisaggPlan:
     """The stages the scheduler chose besides decode, and (filled in by the server) the ones
     that ran. `prefill` is the chosen prefill pod; `encode` the chosen encode pods, best
-    first. `hop_timeout` bounds each hop (seconds)."""
+    first."""
 
-    mode: DisaggMode = "gateway"
+    settings: DisaggSettings = DEFAULT_DISAGG_SETTINGS
     prefill: Endpoint | None = None
     #: The prefill profile's other candidates, best first: where a prefill hop that could
     #: not reach `prefill` (or got a 5xx) goes next.
     prefill_fallback: list[Endpoint] = field(default_factory=list)
     encode: list[Endpoint] = field(default_factory=list)
-    hop_timeout: float = 60.0
     #: The prefill pod whose KV the decode request uses (None: prefill did not run or failed).
     prefill_done: Endpoint | None = None
     #: The encode pods whose encoder output the decode request uses.
     encode_done: list[Endpoint] = field(default_factory=list)
+
+    @property
+    def mode(self) -> DisaggMode:
+        return self.settings.mode
+
+    @property
+    def hop_timeout(self) -> float:
+        return self.settings.hop_timeout
 
 
 def read_plan(state: CycleState) -> DisaggPlan | None:

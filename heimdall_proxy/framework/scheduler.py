@@ -19,7 +19,7 @@ from heimdall_proxy.framework.types import (
     ScoredEndpoint,
 )
 
-log = logging.getLogger("heimdall_proxy.scheduler")
+log = logging.getLogger(__name__)
 
 #: Records one plugin call's duration in seconds.
 Observe = Callable[[float], None]

@@ -43,7 +43,7 @@ from heimdall_proxy.kvcache.events import (
 from heimdall_proxy.kvcache.hashing import local_hashes, namespace_seed
 from heimdall_proxy.kvcache.index import KVBlockIndex
 
-log = logging.getLogger("heimdall_proxy.kvcache.events")
+log = logging.getLogger(__name__)
 
 #: A payload that could not be decoded is returned as the decoder's message.
 Prepared = EventBatch | str

@@ -56,7 +56,7 @@ from heimdall_proxy.kvcache.index import (
 _first = itemgetter(0)
 _BIG: Literal["big"] = "big"
 
-log = logging.getLogger("heimdall_proxy.kvcache.redis")
+log = logging.getLogger(__name__)
 
 _T = len(TIERS)
 

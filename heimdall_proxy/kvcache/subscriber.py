@@ -42,7 +42,7 @@ from heimdall_proxy.framework.types import Endpoint
 from heimdall_proxy.kvcache.events import EventBatch, decode_payloads
 from heimdall_proxy.kvcache.index import KVCacheStats
 
-log = logging.getLogger("heimdall_proxy.kvcache.events")
+log = logging.getLogger(__name__)
 
 Apply = Callable[[str, EventBatch], Awaitable[None]]
 #: Payloads -> their batches in order (an undecodable one as its error message); the

@@ -40,7 +40,7 @@ from heimdall_proxy.sim.kvevents import KVEvent
 from heimdall_proxy.sim.options import SimOptions
 from heimdall_proxy.sim.tokens import MMItem, OutputWords, word_id
 
-log = logging.getLogger("heimdall_proxy.sim.engine")
+log = logging.getLogger(__name__)
 
 
 class Status(enum.Enum):

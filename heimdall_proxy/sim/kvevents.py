@@ -29,7 +29,7 @@ import zmq.asyncio
 
 from heimdall_proxy.sim.options import KVEventsFormat, KVHashFormat
 
-log = logging.getLogger("heimdall_proxy.sim.kvevents")
+log = logging.getLogger(__name__)
 
 END_SEQ = (-1).to_bytes(8, "big", signed=True)
 GPU = "GPU"
@@ -173,10 +173,6 @@ class KVEventPublisher:
         self._buffer.append((seq, payload))
         with contextlib.suppress(zmq.Again):
             self._pub.send_multipart((self._topic, seq.to_bytes(8, "big"), payload), zmq.NOBLOCK)
-
-    @property
-    def next_seq(self) -> int:
-        return self._seq
 
     async def _serve_replay(self) -> None:
         assert self._replay is not None

@@ -30,7 +30,7 @@ from heimdall_proxy.sim.tokens import WORDS, OutputWords, Prompt, PromptError, T
 
 __all__ = ["WORDS", "Received", "SimOptions", "SimPod"]
 
-log = logging.getLogger("heimdall_proxy.sim")
+log = logging.getLogger(__name__)
 
 
 @dataclass(slots=True)

@@ -37,7 +37,7 @@ import msgpack
 
 from heimdall_proxy.tokenization.local import LocalTokenizer
 
-log = logging.getLogger("heimdall_proxy.tokenization.uds")
+log = logging.getLogger(__name__)
 
 MAX_FRAME = 64 * 1024 * 1024
 _LEN = struct.Struct(">I")

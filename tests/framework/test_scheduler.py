@@ -25,10 +25,7 @@ from heimdall_proxy.framework.types import (
     ScoredEndpoint,
 )
 from heimdall_proxy.plugins.profiles.single import SingleProfileHandler
-
-
-def ep(name: str, **labels: str) -> Endpoint:
-    return Endpoint(name=name, url=f"http://{name}:8000", host=name, port=8000, labels=labels)
+from tests.helpers import ep
 
 
 def req() -> InferenceRequest:
@@ -375,7 +372,7 @@ def test_timer_names_default_to_class_name_without_type_attribute() -> None:
 def test_verbose_logging_path(caplog: pytest.LogCaptureFixture) -> None:
     a, b = ep("a"), ep("b")
     scorer = FixedScorer("s", {"a": 0.3, "b": 0.6})
-    with caplog.at_level(V5, logger="heimdall_proxy.scheduler"):
+    with caplog.at_level(V5, logger="heimdall_proxy.framework.scheduler"):
         result, _ = run_profile([a, b], [WeightedScorer(scorer, 1.0)], [DropFilter("f", set())])
     assert result is not None
     messages = [r.getMessage() for r in caplog.records]
@@ -392,6 +389,6 @@ def test_verbose_logging_path(caplog: pytest.LogCaptureFixture) -> None:
 
 
 def test_quiet_by_default(caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level(logging.INFO, logger="heimdall_proxy.scheduler"):
+    with caplog.at_level(logging.INFO, logger="heimdall_proxy.framework.scheduler"):
         run_profile([ep("a")], [], [DropFilter("f", set())])
     assert caplog.records == []

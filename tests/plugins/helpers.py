@@ -1,4 +1,4 @@
-"""Plain objects for plugin unit tests."""
+"""Plain objects for plugin unit tests (the pod helper `ep` is the suite's, tests/helpers)."""
 
 from __future__ import annotations
 
@@ -9,22 +9,10 @@ from heimdall_proxy.framework.types import (
     CycleState,
     Endpoint,
     InferenceRequest,
-    Metrics,
     ProfileResult,
     RequestContext,
     SchedulingResult,
 )
-
-
-def ep(name: str, labels: dict[str, str] | None = None, **metrics: Any) -> Endpoint:
-    return Endpoint(
-        name=name,
-        url=f"http://{name}:8000",
-        host=name,
-        port=8000,
-        labels=labels or {},
-        metrics=Metrics(**metrics),
-    )
 
 
 def req(

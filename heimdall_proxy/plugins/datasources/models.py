@@ -16,7 +16,7 @@ from heimdall_proxy.framework.params import NoParams, PluginParams
 from heimdall_proxy.framework.registry import register
 from heimdall_proxy.framework.types import Endpoint, parse_model_list, publish_models
 
-log = logging.getLogger("heimdall_proxy.datalayer")
+log = logging.getLogger(__name__)
 
 MODELS_DATA_SOURCE_TYPE = "models-data-source"
 MODEL_SERVER_PROTOCOL_MODELS_TYPE = "model-server-protocol-models"

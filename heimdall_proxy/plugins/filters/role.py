@@ -1,7 +1,10 @@
 """prefill-filter, decode-filter and encode-filter: keep the pods of one disaggregation role
-(label `mif.moreh.io/role`)."""
+(label `mif.moreh.io/role`). One filter class; the three types differ only in the roles they
+keep and in whether a pod without the label counts."""
 
 from __future__ import annotations
+
+from typing import ClassVar
 
 from heimdall_proxy.framework.base import BasePlugin
 from heimdall_proxy.framework.disagg import (
@@ -21,49 +24,47 @@ DECODE_FILTER_TYPE = "decode-filter"
 ENCODE_FILTER_TYPE = "encode-filter"
 
 
-@register(PREFILL_FILTER_TYPE)
-class PrefillFilter(BasePlugin[NoParams]):
-    """Keeps pods whose role label is `prefill`."""
+class RoleFilter(BasePlugin[NoParams]):
+    """Keeps the pods whose role label is one of `roles` (and, with `keep_unlabelled`, the
+    pods without the label)."""
 
-    type = PREFILL_FILTER_TYPE
-
-    def filter(
-        self, state: CycleState, request: InferenceRequest, endpoints: list[Endpoint]
-    ) -> list[Endpoint]:
-        return [e for e in endpoints if e.labels.get(ROLE_LABEL) == ROLE_PREFILL]
-
-
-_DECODE_ROLES = frozenset({ROLE_DECODE, ROLE_BOTH})
-
-
-@register(DECODE_FILTER_TYPE)
-class DecodeFilter(BasePlugin[NoParams]):
-    """Keeps pods whose role label is `decode` or `both`, and pods without the label."""
-
-    type = DECODE_FILTER_TYPE
+    roles: ClassVar[frozenset[str]]
+    keep_unlabelled: ClassVar[bool]
 
     def filter(
         self, state: CycleState, request: InferenceRequest, endpoints: list[Endpoint]
     ) -> list[Endpoint]:
+        roles, keep = self.roles, self.keep_unlabelled
         out = []
         for e in endpoints:
             role = e.labels.get(ROLE_LABEL)
-            if role is None or role in _DECODE_ROLES:
+            if (role is None and keep) or role in roles:
                 out.append(e)
         return out
 
 
-_ENCODE_ROLES = frozenset({ROLE_ENCODE, ROLE_ENCODE_PREFILL, ROLE_ENCODE_PREFILL_DECODE})
+def role_filter(
+    type_name: str, roles: frozenset[str], keep_unlabelled: bool, doc: str
+) -> type[RoleFilter]:
+    """The RoleFilter declared as plugin type `type_name`."""
+    attrs = {"type": type_name, "roles": roles, "keep_unlabelled": keep_unlabelled, "__doc__": doc}
+    cls = type(f"RoleFilter[{type_name}]", (RoleFilter,), attrs)
+    return register(type_name)(cls)
 
 
-@register(ENCODE_FILTER_TYPE)
-class EncodeFilter(BasePlugin[NoParams]):
-    """Keeps pods whose role label is `encode`, `encode-prefill` or `encode-prefill-decode`;
-    pods without the label are rejected."""
-
-    type = ENCODE_FILTER_TYPE
-
-    def filter(
-        self, state: CycleState, request: InferenceRequest, endpoints: list[Endpoint]
-    ) -> list[Endpoint]:
-        return [e for e in endpoints if e.labels.get(ROLE_LABEL) in _ENCODE_ROLES]
+PrefillFilter = role_filter(
+    PREFILL_FILTER_TYPE, frozenset({ROLE_PREFILL}), False, "Keeps pods whose role is `prefill`."
+)
+DecodeFilter = role_filter(
+    DECODE_FILTER_TYPE,
+    frozenset({ROLE_DECODE, ROLE_BOTH}),
+    True,
+    "Keeps pods whose role is `decode` or `both`, and pods without the label.",
+)
+EncodeFilter = role_filter(
+    ENCODE_FILTER_TYPE,
+    frozenset({ROLE_ENCODE, ROLE_ENCODE_PREFILL, ROLE_ENCODE_PREFILL_DECODE}),
+    False,
+    "Keeps pods whose role is `encode`, `encode-prefill` or `encode-prefill-decode`; pods "
+    "without the label are rejected.",
+)

@@ -19,7 +19,7 @@ TOKENIZER_TYPE = "tokenizer"
 PREPARE_DATA_GATE = "prepareDataPlugins"
 DEFAULT_SOCKET = "/tmp/tokenizer/tokenizer-uds.socket"
 
-log = logging.getLogger("heimdall_proxy.plugins.tokenizer")
+log = logging.getLogger(__name__)
 
 
 class UDSTokenizerConfig(PluginParams):

@@ -13,10 +13,12 @@ from yarl import URL
 
 from heimdall_proxy.framework.base import BasePlugin
 from heimdall_proxy.framework.disagg import (
+    DEFAULT_DISAGG_SETTINGS,
     DISAGG_PLAN_KEY,
     PREFIX_PLUGIN_HINT_KEY,
-    DisaggMode,
     DisaggPlan,
+    DisaggSettings,
+    DisaggSettingsOwner,
 )
 from heimdall_proxy.framework.handle import PluginHandle, PluginLookupError
 from heimdall_proxy.framework.log import V4
@@ -32,7 +34,7 @@ from heimdall_proxy.framework.types import (
     SchedulingResult,
 )
 
-log = logging.getLogger("heimdall_proxy.plugins.disagg")
+log = logging.getLogger(__name__)
 
 DISAGG_PROFILE_HANDLER_TYPE = "disagg-profile-handler"
 PD_PROFILE_HANDLER_TYPE = "pd-profile-handler"
@@ -116,8 +118,7 @@ class _DisaggHandler:
     encode_profile: str
     prefill_decider: Decider | None
     encode_decider: Decider | None
-    mode: DisaggMode
-    hop_timeout: float
+    settings: DisaggSettings
     primary_port: int = 0
     prefix_hint: tuple[str, str] | None = None
 
@@ -131,26 +132,19 @@ class _DisaggHandler:
         earlier. Raises ValueError (the loader reports it as a config error)."""
         self.prefill_decider = self._decider(handle, *prefill_decider)
         self.encode_decider = self._decider(handle, *encode_decider)
-        self.mode, self.hop_timeout = "gateway", 60.0
+        self.settings = DEFAULT_DISAGG_SETTINGS
         if self.prefill_decider is None and self.encode_decider is None:
             return
-        headers = next(
-            (
-                p
-                for p in handle.plugins().values()
-                if getattr(p, "type", None) == DISAGG_HEADERS_HANDLER_TYPE
-            ),
-            None,
+        owner = next(
+            (p for p in handle.plugins().values() if isinstance(p, DisaggSettingsOwner)), None
         )
-        if headers is None:
+        if owner is None:
             raise ValueError(
                 f"a decider is set, so {DISAGG_HEADERS_HANDLER_TYPE} (or its alias "
                 f"prefill-header-handler) must be declared earlier in the plugins list than "
                 f"{self.type} {self.name!r}"
             )
-        mode = getattr(headers, "mode", "gateway")
-        self.mode = "headers" if mode == "headers" else "gateway"
-        self.hop_timeout = float(getattr(headers, "hop_timeout", 60.0))
+        self.settings = owner.disagg_settings
 
     def _decider(self, handle: PluginHandle, param: str, name: str | None) -> Decider | None:
         if not name:
@@ -248,7 +242,7 @@ class _DisaggHandler:
         if self.primary_port:
             decode.targets = [self._with_port(e) for e in decode.targets]
             decode.ranked = [self._with_port(e) for e in decode.ranked]
-        plan = DisaggPlan(mode=self.mode, hop_timeout=self.hop_timeout)
+        plan = DisaggPlan(self.settings)
         if self.prefill_profile in results and self.prefill_profile != self.decode_profile:
             prefill = results[self.prefill_profile]
             if prefill is not None and prefill.targets:

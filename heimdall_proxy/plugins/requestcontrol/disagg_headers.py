@@ -11,7 +11,7 @@ from heimdall_proxy.framework.base import BasePlugin
 from heimdall_proxy.framework.disagg import (
     ENCODE_ENDPOINTS_HEADER,
     PREFILL_ENDPOINT_HEADER,
-    DisaggMode,
+    DisaggSettings,
     read_plan,
 )
 from heimdall_proxy.framework.handle import PluginHandle
@@ -48,8 +48,12 @@ class DisaggHeadersHandler(BasePlugin[DisaggHeadersParams]):
 
     def __init__(self, name: str, params: DisaggHeadersParams, handle: PluginHandle) -> None:
         super().__init__(name, params, handle)
-        self.mode: DisaggMode = params.mode
-        self.hop_timeout: float = params.hop_timeout
+        self._settings = DisaggSettings(params.mode, params.hop_timeout)
+
+    @property
+    def disagg_settings(self) -> DisaggSettings:
+        """The disaggregation settings this plugin owns (DisaggSettingsOwner)."""
+        return self._settings
 
     def stages(self, ctx: RequestContext) -> tuple[Endpoint | None, list[Endpoint]]:
         """The prefill pod and the encode pods whose work the decode request uses."""

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
-from collections.abc import Iterator
 
 
 class InFlight:
@@ -36,12 +35,6 @@ class InFlight:
         start, old = entries[key]
         entries[key] = (start, value)
         self._totals[pod] += value - old
-
-    def get(self, pod: str, key: str) -> float | None:
-        entries = self._pods.get(pod)
-        if entries is None or key not in entries:
-            return None
-        return entries[key][1]
 
     def remove(self, pod: str, key: str) -> None:
         entries = self._pods.get(pod)
@@ -77,6 +70,3 @@ class InFlight:
 
     def total(self, pod: str) -> float:
         return self._totals.get(pod, 0.0)
-
-    def pods(self) -> Iterator[str]:
-        return iter(self._pods)

@@ -69,7 +69,7 @@ _FEED_KINDS = (
     "block_size_mismatch", "unknown_medium", "cleared", "evicted_keys", "speculative_blocks",
 )  # fmt: skip
 
-log = logging.getLogger("heimdall_proxy.plugins.precise_prefix_cache")
+log = logging.getLogger(__name__)
 
 
 # ---- parameters (the reference's names and defaults; extensions are marked) ----------------

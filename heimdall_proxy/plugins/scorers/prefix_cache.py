@@ -28,7 +28,7 @@ PREFIX_CACHE_SCORER_TYPE = "prefix-cache-scorer"
 #: Characters per token assumed when a request was not tokenized.
 CHARS_PER_TOKEN = 4
 
-log = logging.getLogger("heimdall_proxy.plugins.prefix_cache")
+log = logging.getLogger(__name__)
 
 
 class PrefixCacheParams(PluginParams):

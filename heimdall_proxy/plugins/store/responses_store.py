@@ -24,7 +24,7 @@ from heimdall_proxy.plugins.store.conversation import (
 from heimdall_proxy.plugins.store.params import InMemoryConfig, ResponsesStoreParams
 from heimdall_proxy.plugins.store.tiered import TieredBackend
 
-log = logging.getLogger("heimdall_proxy.plugins.responses_store")
+log = logging.getLogger(__name__)
 
 RESPONSES_STORE_TYPE = "responses-store"
 PREPARE_DATA_GATE = "prepareDataPlugins"

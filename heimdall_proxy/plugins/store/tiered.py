@@ -24,7 +24,7 @@ from typing import Any, Literal, Protocol
 
 from heimdall_proxy.plugins.store.params import MongoConfig, RedisConfig, StreamConfig, TieredConfig
 
-log = logging.getLogger("heimdall_proxy.plugins.responses_store")
+log = logging.getLogger(__name__)
 
 #: Prefix of the Redis keys holding entries (`heimdall:responses:<response id>`).
 KEY_PREFIX = "heimdall:responses:"

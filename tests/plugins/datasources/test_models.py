@@ -27,7 +27,7 @@ from heimdall_proxy.plugins.datasources.models import (
     ModelServerProtocolModels,
 )
 from tests.conftest import GatewayFactory, PodFactory, eventually, make_config
-from tests.plugins.helpers import ep
+from tests.helpers import ep
 
 BUILTIN = load_builtin_plugins()
 GATES = ["dataLayer"]

@@ -20,7 +20,8 @@ from heimdall_proxy.plugins.deciders.prefix_based import (
     PrefixBasedPDDecider,
     PrefixBasedPDDeciderParams,
 )
-from tests.plugins.helpers import ep, req
+from tests.helpers import ep
+from tests.plugins.helpers import req
 
 HANDLE = PluginHandle(pool=None)  # type: ignore[arg-type]
 DECODE = ep("d0")

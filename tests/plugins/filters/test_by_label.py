@@ -10,10 +10,7 @@ from pydantic import ValidationError
 from heimdall_proxy.framework.handle import PluginHandle
 from heimdall_proxy.framework.types import CycleState, Endpoint, InferenceRequest
 from heimdall_proxy.plugins.filters.by_label import BY_LABEL_TYPE, ByLabelFilter, ByLabelParams
-
-
-def ep(name: str, **labels: str) -> Endpoint:
-    return Endpoint(name=name, url=f"http://{name}:80", host=name, port=80, labels=labels)
+from tests.helpers import ep
 
 
 def req() -> InferenceRequest:
@@ -26,11 +23,11 @@ def make(**params: Any) -> ByLabelFilter:
 
 
 PODS = [
-    ep("decode", role="decode"),
-    ep("prefill", role="prefill"),
-    ep("both", role="both"),
+    ep("decode", {"role": "decode"}),
+    ep("prefill", {"role": "prefill"}),
+    ep("both", {"role": "both"}),
     ep("none"),
-    ep("other", zone="x"),
+    ep("other", {"zone": "x"}),
 ]
 
 
@@ -64,7 +61,7 @@ def test_allows_no_label_without_valid_values() -> None:
 
 
 def test_empty_label_value_is_a_value_not_absence() -> None:
-    pods = [ep("empty", role=""), ep("none")]
+    pods = [ep("empty", {"role": ""}), ep("none")]
     assert names(make(label="role", validValues=[""]).filter(CycleState(), req(), pods)) == [
         "empty"
     ]

@@ -14,10 +14,7 @@ from heimdall_proxy.plugins.filters.by_label_selector import (
     ByLabelSelectorFilter,
     ByLabelSelectorParams,
 )
-
-
-def ep(name: str, **labels: str) -> Endpoint:
-    return Endpoint(name=name, url=f"http://{name}:80", host=name, port=80, labels=labels)
+from tests.helpers import ep
 
 
 def req() -> InferenceRequest:
@@ -34,10 +31,10 @@ def run(params: dict[str, Any], pods: list[Endpoint]) -> list[str]:
 
 
 PODS = [
-    ep("a", app="vllm", tier="gold", zone="z1"),
-    ep("b", app="vllm", tier="silver"),
-    ep("c", app="vllm"),
-    ep("d", app="other", tier="gold"),
+    ep("a", {"app": "vllm", "tier": "gold", "zone": "z1"}),
+    ep("b", {"app": "vllm", "tier": "silver"}),
+    ep("c", {"app": "vllm"}),
+    ep("d", {"app": "other", "tier": "gold"}),
     ep("e"),
 ]
 

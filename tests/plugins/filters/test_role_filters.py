@@ -6,7 +6,8 @@ from heimdall_proxy.framework.handle import PluginHandle
 from heimdall_proxy.framework.params import NoParams
 from heimdall_proxy.framework.types import CycleState
 from heimdall_proxy.plugins.filters.role import DecodeFilter, EncodeFilter, PrefillFilter
-from tests.plugins.helpers import ep, req
+from tests.helpers import ep
+from tests.plugins.helpers import req
 
 HANDLE = PluginHandle(pool=None)  # type: ignore[arg-type]
 ROLES = [

@@ -11,11 +11,7 @@ from pydantic import ValidationError
 from heimdall_proxy.framework.types import CycleState, Endpoint, InferenceRequest, ScoredEndpoint
 from heimdall_proxy.plugins.pickers.common import PickerParams
 from heimdall_proxy.plugins.pickers.max_score import MAX_SCORE_PICKER_TYPE, MaxScorePicker
-
-
-def ep(name: str) -> Endpoint:
-    return Endpoint(name=name, url=f"http://{name}:80", host=name, port=80)
-
+from tests.helpers import ep
 
 REQ = InferenceRequest(api="chat", path="/", model="m", body=b"{}", data={}, headers={})
 

@@ -31,7 +31,8 @@ from heimdall_proxy.plugins.requestcontrol.disagg_headers import (
     DisaggHeadersHandler,
     DisaggHeadersParams,
 )
-from tests.plugins.helpers import ep, req
+from tests.helpers import ep
+from tests.plugins.helpers import req
 
 PODS = {"decode": ep("d0"), "prefill": ep("p0"), "encode": ep("e0")}
 

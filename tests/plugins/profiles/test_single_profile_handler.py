@@ -9,7 +9,6 @@ from heimdall_proxy.framework.plugins import ProfileHandler, extension_points
 from heimdall_proxy.framework.scheduler import SchedulerProfile
 from heimdall_proxy.framework.types import (
     CycleState,
-    Endpoint,
     InferenceRequest,
     ProfileResult,
     SchedulingError,
@@ -19,12 +18,9 @@ from heimdall_proxy.plugins.profiles.single import (
     SINGLE_PROFILE_HANDLER_TYPE,
     SingleProfileHandler,
 )
+from tests.helpers import ep
 
 REQ = InferenceRequest(api="chat", path="/", model="m", body=b"{}", data={}, headers={})
-
-
-def ep(name: str) -> Endpoint:
-    return Endpoint(name=name, url=f"http://{name}:80", host=name, port=80)
 
 
 class FirstPicker:

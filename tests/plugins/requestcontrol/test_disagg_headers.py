@@ -15,7 +15,8 @@ from heimdall_proxy.plugins.requestcontrol.disagg_headers import (
     DisaggHeadersHandler,
     DisaggHeadersParams,
 )
-from tests.plugins.helpers import ep, req
+from tests.helpers import ep
+from tests.plugins.helpers import req
 
 HANDLE = PluginHandle(pool=None)  # type: ignore[arg-type]
 D, P, E1, E2 = ep("d"), ep("p"), ep("e1"), ep("e2")

@@ -18,12 +18,9 @@ from heimdall_proxy.plugins.requestcontrol.response_header import (
     RESPONSE_HEADER_HANDLER_TYPE,
     ResponseHeaderHandler,
 )
+from tests.helpers import ep
 
 REQ = InferenceRequest(api="chat", path="/", model="m", body=b"{}", data={}, headers={})
-
-
-def ep(name: str, host: str, port: int) -> Endpoint:
-    return Endpoint(name=name, url=f"http://{host}:{port}", host=host, port=port)
 
 
 def ctx(target: Endpoint, prefill: Endpoint | None = None) -> RequestContext:
@@ -46,7 +43,7 @@ def test_type_and_extension_point() -> None:
 
 
 async def test_decoder_header_is_target_host_port() -> None:
-    c = ctx(ep("decode-0", "10.0.0.7", 8200))
+    c = ctx(ep("decode-0", host="10.0.0.7", port=8200))
     c.response_headers["x-other"] = "kept"
     await handler().response_received(c)
     assert c.response_headers == {"x-other": "kept", "x-decoder-host-port": "10.0.0.7:8200"}
@@ -54,7 +51,10 @@ async def test_decoder_header_is_target_host_port() -> None:
 
 
 async def test_prefiller_header_only_with_prefill() -> None:
-    c = ctx(ep("decode-0", "10.0.0.7", 8200), prefill=ep("prefill-1", "10.0.0.9", 8100))
+    c = ctx(
+        ep("decode-0", host="10.0.0.7", port=8200),
+        prefill=ep("prefill-1", host="10.0.0.9", port=8100),
+    )
     await handler().response_received(c)
     assert c.response_headers == {
         "x-decoder-host-port": "10.0.0.7:8200",
@@ -63,7 +63,7 @@ async def test_prefiller_header_only_with_prefill() -> None:
 
 
 async def test_header_follows_the_current_attempt() -> None:
-    first, second = ep("a", "a.local", 1), ep("b", "b.local", 2)
+    first, second = ep("a", host="a.local", port=1), ep("b", host="b.local", port=2)
     c = ctx(first)
     h = handler()
     await h.response_received(c)

@@ -6,7 +6,8 @@ import pytest
 
 from heimdall_proxy.framework.types import CycleState
 from heimdall_proxy.plugins.scorers.active_request import ActiveRequestParams, ActiveRequestScorer
-from tests.plugins.helpers import ctx, ep, req
+from tests.helpers import ep
+from tests.plugins.helpers import ctx, req
 
 
 def make(**params: object) -> ActiveRequestScorer:

@@ -13,7 +13,8 @@ from heimdall_proxy.plugins.scorers.context_length import (
     range_score,
     request_chars,
 )
-from tests.plugins.helpers import ep, req
+from tests.helpers import ep
+from tests.plugins.helpers import req
 
 L = CONTEXT_LENGTH_LABEL
 

@@ -7,7 +7,8 @@ from pydantic import ValidationError
 
 from heimdall_proxy.framework.types import CycleState
 from heimdall_proxy.plugins.scorers.load_aware import LoadAwareParams, LoadAwareScorer
-from tests.plugins.helpers import ep, req
+from tests.helpers import ep
+from tests.plugins.helpers import req
 
 
 def test_scores_follow_the_consistent_reading() -> None:

@@ -5,7 +5,8 @@ from __future__ import annotations
 from heimdall_proxy.framework.params import NoParams
 from heimdall_proxy.framework.types import CycleState
 from heimdall_proxy.plugins.scorers.lora_affinity import LoraAffinityScorer
-from tests.plugins.helpers import ep, req
+from tests.helpers import ep
+from tests.plugins.helpers import req
 
 
 def test_adapter_states() -> None:

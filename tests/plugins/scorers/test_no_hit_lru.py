@@ -7,7 +7,8 @@ import pytest
 from heimdall_proxy.framework.prefix import PrefixCacheMatchInfo, prefix_match_key
 from heimdall_proxy.framework.types import CycleState
 from heimdall_proxy.plugins.scorers.no_hit_lru import NoHitLRUParams, NoHitLRUScorer
-from tests.plugins.helpers import ctx, ep, req
+from tests.helpers import ep
+from tests.plugins.helpers import ctx, req
 
 PODS = [ep("a"), ep("b"), ep("c")]
 

@@ -10,7 +10,8 @@ from heimdall_proxy.plugins.scorers.outstanding_work import (
     OutstandingWorkScorer,
     output_limit,
 )
-from tests.plugins.helpers import ctx, ep, req
+from tests.helpers import ep
+from tests.plugins.helpers import ctx, req
 
 
 def make(**params: object) -> OutstandingWorkScorer:

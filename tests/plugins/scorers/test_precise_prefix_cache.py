@@ -27,8 +27,9 @@ from heimdall_proxy.plugins.scorers.precise_prefix_cache import (
 from heimdall_proxy.tokenization import InProcessTokenizer
 from heimdall_proxy.tokenization.local import LocalTokenizer
 from heimdall_proxy.tokenization.uds import UDSTokenizerClient
+from tests.helpers import ep
 from tests.kvcache.vllm_wire import batch, removed, stored
-from tests.plugins.helpers import ep, req
+from tests.plugins.helpers import req
 from tests.tokenization.model import make_model_dir
 
 TYPE = "precise-prefix-cache-scorer"
@@ -236,7 +237,9 @@ async def test_metrics_are_logged_and_an_unreachable_index_fails_open(
         indexer={"kvBlockIndexConfig": {"enableMetrics": True, "metricsLoggingInterval": "50ms"}},
         kvEventsConfig={"discoverPods": False},
     )
-    with caplog.at_level(logging.INFO, logger="heimdall_proxy.plugins.precise_prefix_cache"):
+    with caplog.at_level(
+        logging.INFO, logger="heimdall_proxy.plugins.scorers.precise_prefix_cache"
+    ):
         await scorer.start()
         try:
             assert scorer.ready

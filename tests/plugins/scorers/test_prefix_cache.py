@@ -12,7 +12,8 @@ from heimdall_proxy.plugins.scorers.prefix_cache import (
     PrefixCacheScorer,
     request_text,
 )
-from tests.plugins.helpers import ctx, ep, req
+from tests.helpers import ep
+from tests.plugins.helpers import ctx, req
 
 TYPE = "prefix-cache-scorer"
 LONG = "The quick brown fox jumps over the lazy dog. " * 20  # 900 chars: 14 blocks of 64

@@ -5,18 +5,9 @@ from __future__ import annotations
 import pytest
 
 from heimdall_proxy.framework.params import NoParams
-from heimdall_proxy.framework.types import CycleState, Endpoint, InferenceRequest, Metrics
+from heimdall_proxy.framework.types import CycleState, Endpoint, InferenceRequest
 from heimdall_proxy.plugins.scorers.queue import QUEUE_SCORER_TYPE, QueueScorer
-
-
-def ep(name: str, waiting: int, running: int = 0) -> Endpoint:
-    return Endpoint(
-        name=name,
-        url=f"http://{name}:80",
-        host=name,
-        port=80,
-        metrics=Metrics(waiting=waiting, running=running),
-    )
+from tests.helpers import ep
 
 
 def score(endpoints: list[Endpoint]) -> dict[str, float]:
@@ -31,23 +22,23 @@ def test_type_name() -> None:
 
 
 def test_min_max_exact_values() -> None:
-    got = score([ep("a", 0), ep("b", 5), ep("c", 10), ep("d", 2)])
+    got = score([ep("a", waiting=0), ep("b", waiting=5), ep("c", waiting=10), ep("d", waiting=2)])
     assert got == pytest.approx({"a": 1.0, "b": 0.5, "c": 0.0, "d": 0.8})
 
 
 def test_min_max_with_nonzero_minimum() -> None:
-    got = score([ep("a", 4), ep("b", 7), ep("c", 16)])
+    got = score([ep("a", waiting=4), ep("b", waiting=7), ep("c", waiting=16)])
     assert got == pytest.approx({"a": 1.0, "b": 0.75, "c": 0.0})
 
 
 def test_reads_waiting_not_running() -> None:
-    got = score([ep("a", 3, running=100), ep("b", 1, running=0)])
+    got = score([ep("a", waiting=3, running=100), ep("b", waiting=1, running=0)])
     assert got == {"a": 0.0, "b": 1.0}
 
 
 @pytest.mark.parametrize("value", [0, 7])
 def test_all_equal_score_one(value: int) -> None:
-    assert score([ep("a", value), ep("b", value), ep("c", value)]) == {
+    assert score([ep("a", waiting=value), ep("b", waiting=value), ep("c", waiting=value)]) == {
         "a": 1.0,
         "b": 1.0,
         "c": 1.0,
@@ -55,7 +46,7 @@ def test_all_equal_score_one(value: int) -> None:
 
 
 def test_single_endpoint_scores_one() -> None:
-    assert score([ep("a", 42)]) == {"a": 1.0}
+    assert score([ep("a", waiting=42)]) == {"a": 1.0}
 
 
 def test_no_endpoints() -> None:

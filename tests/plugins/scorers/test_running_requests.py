@@ -5,21 +5,12 @@ from __future__ import annotations
 import pytest
 
 from heimdall_proxy.framework.params import NoParams
-from heimdall_proxy.framework.types import CycleState, Endpoint, InferenceRequest, Metrics
+from heimdall_proxy.framework.types import CycleState, Endpoint, InferenceRequest
 from heimdall_proxy.plugins.scorers.running_requests import (
     RUNNING_REQUESTS_SIZE_SCORER_TYPE,
     RunningRequestsSizeScorer,
 )
-
-
-def ep(name: str, running: int, waiting: int = 0) -> Endpoint:
-    return Endpoint(
-        name=name,
-        url=f"http://{name}:80",
-        host=name,
-        port=80,
-        metrics=Metrics(running=running, waiting=waiting),
-    )
+from tests.helpers import ep
 
 
 def score(endpoints: list[Endpoint]) -> dict[str, float]:
@@ -33,18 +24,18 @@ def test_type_name() -> None:
 
 
 def test_min_max_exact_values() -> None:
-    got = score([ep("a", 2), ep("b", 10), ep("c", 4), ep("d", 8)])
+    got = score([ep("a", running=2), ep("b", running=10), ep("c", running=4), ep("d", running=8)])
     assert got == pytest.approx({"a": 1.0, "b": 0.0, "c": 0.75, "d": 0.25})
 
 
 def test_reads_running_not_waiting() -> None:
-    got = score([ep("a", 1, waiting=50), ep("b", 3, waiting=0)])
+    got = score([ep("a", running=1, waiting=50), ep("b", running=3, waiting=0)])
     assert got == {"a": 1.0, "b": 0.0}
 
 
 def test_all_equal_score_one() -> None:
-    assert score([ep("a", 5), ep("b", 5)]) == {"a": 1.0, "b": 1.0}
+    assert score([ep("a", running=5), ep("b", running=5)]) == {"a": 1.0, "b": 1.0}
 
 
 def test_single_endpoint_scores_one() -> None:
-    assert score([ep("a", 9)]) == {"a": 1.0}
+    assert score([ep("a", running=9)]) == {"a": 1.0}

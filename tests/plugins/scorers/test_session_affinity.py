@@ -11,7 +11,8 @@ from heimdall_proxy.plugins.scorers.session_affinity import (
     decode_token,
     encode_token,
 )
-from tests.plugins.helpers import ctx, ep, req
+from tests.helpers import ep
+from tests.plugins.helpers import ctx, req
 
 PODS = [ep("vllm-0"), ep("vllm-1")]
 

@@ -27,7 +27,8 @@ from heimdall_proxy.plugins.store.backends import InMemoryBackend
 from heimdall_proxy.plugins.store.params import ResponsesStoreParams
 from heimdall_proxy.plugins.store.responses_store import ResponsesStore, make_backend
 from heimdall_proxy.plugins.store.tiered import TieredBackend
-from tests.plugins.helpers import ctx, ep
+from tests.helpers import ep
+from tests.plugins.helpers import ctx
 
 REGISTRY = load_builtin_plugins()
 
