@@ -51,13 +51,13 @@ if str(ROOT) not in sys.path:
 from bench.machine import cpu_model, git_head  # noqa: E402
 from heimdall_proxy.kvcache.events import EventBatch  # noqa: E402
 from heimdall_proxy.kvcache.hashing import LazyBlockKeys, block_keys, namespace_seed  # noqa: E402
-from heimdall_proxy.kvcache.index import InMemoryIndex, KVBlockIndex  # noqa: E402
+from heimdall_proxy.kvcache.index import InMemoryIndex, KVBlockIndex, StoredBlocks  # noqa: E402
+from heimdall_proxy.kvcache.index.redis import RedisIndex  # noqa: E402
 from heimdall_proxy.kvcache.prepare import (  # noqa: E402
     EventPreparer,
     apply_batch,
     default_processes,
 )
-from heimdall_proxy.kvcache.redis_index import RedisIndex  # noqa: E402
 from heimdall_proxy.kvcache.subscriber import KVEventsSubscriber, SubscriberOptions  # noqa: E402
 
 BLOCK = 16
@@ -230,7 +230,9 @@ async def bench(
         nonlocal engine
         hashes = list(range(engine, engine + count))
         engine += count
-        await index.block_stored(pod, "GPU", hashes, None, prompt[: count * BLOCK], BLOCK, seed)
+        await index.block_stored(
+            StoredBlocks(pod, "GPU", hashes, None, prompt[: count * BLOCK], BLOCK, seed)
+        )
         await index.flush()
 
     for p, pod in enumerate(names):  # staggered: pod p holds (p+1)/pods of the prompt
@@ -261,7 +263,7 @@ async def bench(
     await measure("staggered", keys, staggered)
     for pod in names:  # full: every pod holds every block
         await index.block_stored(
-            pod, "GPU", list(range(engine, engine + n)), None, prompt, BLOCK, seed
+            StoredBlocks(pod, "GPU", list(range(engine, engine + n)), None, prompt, BLOCK, seed)
         )
         engine += n
     await index.flush()

@@ -41,7 +41,7 @@ from heimdall_proxy.kvcache.events import (
     decode_payloads,
 )
 from heimdall_proxy.kvcache.hashing import local_hashes, namespace_seed
-from heimdall_proxy.kvcache.index import KVBlockIndex
+from heimdall_proxy.kvcache.index import KVBlockIndex, StoredBlocks
 
 log = logging.getLogger(__name__)
 
@@ -97,14 +97,16 @@ async def apply_batch(index: KVBlockIndex, pod: str, batch: EventBatch, model_na
         if type(ev) is BlockStored:
             seed = cached_seed(event_namespace(ev.lora_name, ev.lora_id, model_name))
             await index.block_stored(
-                pod,
-                ev.medium,
-                ev.block_hashes,
-                ev.parent_block_hash,
-                ev.token_ids,
-                ev.block_size,
-                seed,
-                local_hashes=ev.local_hashes,
+                StoredBlocks(
+                    pod,
+                    ev.medium,
+                    ev.block_hashes,
+                    ev.parent_block_hash,
+                    ev.token_ids,
+                    ev.block_size,
+                    seed,
+                    ev.local_hashes,
+                )
             )
         elif type(ev) is BlockRemoved:
             await index.block_removed(pod, ev.medium, ev.block_hashes)

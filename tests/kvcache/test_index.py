@@ -12,14 +12,15 @@ import redis.asyncio as aioredis
 
 from heimdall_proxy.kvcache.hashing import LazyBlockKeys, block_keys, namespace_seed
 from heimdall_proxy.kvcache.index import (
-    BYTES_PER_BLOCK,
     CostAwareMemoryIndex,
     InMemoryIndex,
     KVBlockIndex,
+    StoredBlocks,
     parse_bytes,
     tier_weights,
 )
-from heimdall_proxy.kvcache.redis_index import RedisIndex, names_blob, normalize_address
+from heimdall_proxy.kvcache.index.cost_aware import BYTES_PER_BLOCK
+from heimdall_proxy.kvcache.index.redis import RedisIndex, names_blob, normalize_address
 from tests.kvcache.redisns import REDIS_URL
 
 BS = 16
@@ -42,7 +43,7 @@ async def index(request: pytest.FixtureRequest, redis_prefix: str) -> AsyncItera
 
 async def store(idx: KVBlockIndex, pod: str, hashes: list[int], tokens: list[int], parent: int | None = None,
                 medium: str | None = "GPU", engine_bs: int = BS, seed: int = SEED) -> None:  # fmt: skip
-    await idx.block_stored(pod, medium, hashes, parent, tokens, engine_bs, seed)
+    await idx.block_stored(StoredBlocks(pod, medium, hashes, parent, tokens, engine_bs, seed))
     await idx.flush()
 
 
@@ -145,8 +146,8 @@ async def test_many_pods(index: KVBlockIndex) -> None:
     tokens = [rng.randrange(50_000) for _ in range(64 * BS)]
     keys = block_keys(tokens, BS, SEED)
     for p in range(64):
-        await index.block_stored(f"pod-{p}", "GPU", list(range(p * 100, p * 100 + p + 1)), None,
-                                 tokens[: (p + 1) * BS], BS, SEED)  # fmt: skip
+        await index.block_stored(StoredBlocks(f"pod-{p}", "GPU", list(range(p * 100, p * 100 + p + 1)), None,
+                                 tokens[: (p + 1) * BS], BS, SEED))  # fmt: skip
     await index.flush()
     got = await index.lookup(keys, [f"pod-{p}" for p in range(64)])
     assert got == {f"pod-{p}": float(p + 1) for p in range(64)}
@@ -158,12 +159,12 @@ async def test_many_pods(index: KVBlockIndex) -> None:
 async def test_pod_cache_size_and_key_budget() -> None:
     idx = InMemoryIndex(BS, max_keys=64, pod_cache_size=2)
     for pod in ("a", "b", "c"):
-        idx.stored(pod, None, [1], None, PROMPT[:BS], BS, SEED)
+        idx.stored(StoredBlocks(pod, None, [1], None, PROMPT[:BS], BS, SEED))
     assert len(idx.pods_holding(KEYS[0])) == 2
     rng = random.Random(1)
     for i in range(40):
-        idx.stored("a", None, list(range(i * 10, i * 10 + 5)), None,
-                   [rng.randrange(9999) for _ in range(5 * BS)], BS, SEED)  # fmt: skip
+        idx.stored(StoredBlocks("a", None, list(range(i * 10, i * 10 + 5)), None,
+                   [rng.randrange(9999) for _ in range(5 * BS)], BS, SEED))  # fmt: skip
     assert len(idx) <= 64 and idx.stats.evicted_keys > 0
 
 
@@ -180,7 +181,7 @@ async def test_cost_aware_budget_holds() -> None:
     try:
         before = tracemalloc.get_traced_memory()[0]
         for i, (hashes, tokens) in enumerate(events):
-            idx.stored(f"pod-{i % 8}", None, hashes, None, tokens, BS, SEED)
+            idx.stored(StoredBlocks(f"pod-{i % 8}", None, hashes, None, tokens, BS, SEED))
         used = tracemalloc.get_traced_memory()[0] - before
     finally:
         tracemalloc.stop()
@@ -275,7 +276,9 @@ async def test_lookups_match_a_naive_model(redis_prefix: str) -> None:
                 if not depth or rng.random() < 0.4:
                     continue
                 for idx in (memory, remote):
-                    await idx.block_stored(pod, tier, hashes, None, tokens[: depth * BS], BS, SEED)
+                    await idx.block_stored(
+                        StoredBlocks(pod, tier, hashes, None, tokens[: depth * BS], BS, SEED)
+                    )
                     await idx.flush()
                 have = present.setdefault((pod, tier), set(range(depth)))
                 for _ in range(rng.randrange(3)):  # punch holes in this tier

@@ -15,7 +15,7 @@ import pytest
 from heimdall_proxy.kvcache import prepare as prepare_module
 from heimdall_proxy.kvcache.events import BlockStored, EventBatch, decode_batch, decode_payloads
 from heimdall_proxy.kvcache.hashing import block_keys, local_hashes, namespace_seed
-from heimdall_proxy.kvcache.index import InMemoryIndex
+from heimdall_proxy.kvcache.index import InMemoryIndex, StoredBlocks
 from heimdall_proxy.kvcache.prepare import (
     EventPreparer,
     event_namespace,
@@ -84,8 +84,10 @@ async def test_the_index_gets_the_same_keys_either_way() -> None:
             if isinstance(ev, BlockStored) and isinstance(pev, BlockStored):
                 s = namespace_seed(event_namespace(ev.lora_name, ev.lora_id, MODEL))
                 args = (ev.medium, ev.block_hashes, ev.parent_block_hash)
-                raw.stored("p", *args, ev.token_ids, ev.block_size, s)
-                ready.stored("p", *args, pev.token_ids, pev.block_size, s, pev.local_hashes)
+                raw.stored(StoredBlocks("p", *args, ev.token_ids, ev.block_size, s))
+                ready.stored(
+                    StoredBlocks("p", *args, pev.token_ids, pev.block_size, s, pev.local_hashes)
+                )
     assert raw._tiers == ready._tiers and raw._engine == ready._engine
     assert raw.stats == ready.stats
     assert ready.match(block_keys(TOKENS, BS, seed), ["p"]) == {"p": 10.0}

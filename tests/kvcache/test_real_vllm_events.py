@@ -14,7 +14,7 @@ import zmq.asyncio
 from heimdall_proxy.framework.types import Endpoint
 from heimdall_proxy.kvcache.events import BlockRemoved, BlockStored, EventBatch, decode_batch
 from heimdall_proxy.kvcache.hashing import block_keys, namespace_seed
-from heimdall_proxy.kvcache.index import InMemoryIndex
+from heimdall_proxy.kvcache.index import InMemoryIndex, StoredBlocks
 from heimdall_proxy.kvcache.subscriber import KVEventsSubscriber, SubscriberOptions
 from tests.conftest import eventually
 from tests.kvcache.vllm_wire import Publisher, batch, until_live
@@ -63,8 +63,8 @@ async def test_the_captured_stream_replays_without_orphans(block_size: int) -> N
     for b in batches:
         for ev in b.events:
             if isinstance(ev, BlockStored):
-                await index.block_stored("vllm-0", ev.medium, ev.block_hashes,
-                                         ev.parent_block_hash, ev.token_ids, ev.block_size, SEED)  # fmt: skip
+                await index.block_stored(StoredBlocks("vllm-0", ev.medium, ev.block_hashes,
+                                         ev.parent_block_hash, ev.token_ids, ev.block_size, SEED))  # fmt: skip
             elif isinstance(ev, BlockRemoved):
                 await index.block_removed("vllm-0", ev.medium, ev.block_hashes)
     s = index.stats
@@ -114,8 +114,8 @@ async def test_the_captured_stream_through_a_subscriber(ctx: zmq.asyncio.Context
     async def apply(pod: str, got: EventBatch) -> None:
         for ev in got.events:
             if isinstance(ev, BlockStored):
-                await index.block_stored(pod, ev.medium, ev.block_hashes, ev.parent_block_hash,
-                                         ev.token_ids, ev.block_size, SEED)  # fmt: skip
+                await index.block_stored(StoredBlocks(pod, ev.medium, ev.block_hashes, ev.parent_block_hash,
+                                         ev.token_ids, ev.block_size, SEED))  # fmt: skip
             elif isinstance(ev, BlockRemoved):
                 await index.block_removed(pod, ev.medium, ev.block_hashes)
 

@@ -119,7 +119,7 @@ async def test_kv_events_move_the_routing(
         gw = await start_gateway(config(pods, [p.endpoint for p in pubs], precise_epp(model_dir)))
         sc = scorer_of(gw)
         for p, pub in zip(pods, pubs, strict=True):
-            await until_live(pub, sc.subscriber.received, p.name)
+            await until_live(pub, sc.ingest.subscriber.received, p.name)
         tokens = LocalTokenizer(model_dir / "tokenizer.json").encode(PROMPT)
         n = len(tokens) // BS
         full = tokens[: n * BS]
@@ -197,9 +197,9 @@ async def test_replicas_sharing_a_redis_index_route_alike(
         epp_b = precise_epp(model_dir, kvEventsConfig={"discoverPods": False})
         epp_b["plugins"][0]["parameters"]["indexerConfig"].update(index)
         gw_b = await start_gateway(config(pods, [p.endpoint for p in pubs], epp_b))
-        assert scorer_of(gw_b).subscriber.subscriptions() == {}
+        assert scorer_of(gw_b).ingest.subscriber.subscriptions() == {}
         for p, pub in zip(pods, pubs, strict=True):
-            await until_live(pub, scorer_of(gw_a).subscriber.received, p.name)
+            await until_live(pub, scorer_of(gw_a).ingest.subscriber.received, p.name)
         tokens = LocalTokenizer(model_dir / "tokenizer.json").encode(PROMPT)
         n = len(tokens) // BS
         await pubs[1].publish(
@@ -226,7 +226,7 @@ async def test_the_simulated_pods_own_events_bring_a_prompt_back(
     assert all(kv)
     gw = await start_gateway(config(pods, kv, precise_epp(model_dir, block_size=16)))
     sc = scorer_of(gw)
-    await eventually(lambda: len(sc.subscriber.subscriptions()) == 3)
+    await eventually(lambda: len(sc.ingest.subscriber.subscriptions()) == 3)
     prompt = list(range(5000, 5000 + 16 * 8))  # 8 blocks of token ids
     async with aiohttp.ClientSession() as http:
         # ZMQ subscriptions take a moment to be live (a PUB drops what it sends before the
@@ -271,13 +271,13 @@ async def test_enable_metrics_exports_the_index_families(
         gw = await start_gateway(config(pods, [p.endpoint for p in pubs], epp))
         sc = scorer_of(gw)
         for p, pub in zip(pods, pubs, strict=True):
-            await until_live(pub, sc.subscriber.received, p.name)
+            await until_live(pub, sc.ingest.subscriber.received, p.name)
         tok = LocalTokenizer(model_dir / "tokenizer.json")
         tokens = tok.encode(PROMPT)
         n = len(tokens) // BS
         cold_n = len(tok.encode("yes no " + PROMPT)) // BS
         held = n // 2  # pod-1 holds the first half of the prompt
-        await sc.subscriber.drain()
+        await sc.ingest.subscriber.drain()
         probes = sc.stats.batches  # until_live's
         await pubs[1].publish(
             batch([stored(list(range(10, 10 + held)), tokens[: held * BS], block_size=BS)])

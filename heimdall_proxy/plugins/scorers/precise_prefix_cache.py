@@ -11,7 +11,7 @@ from typing import Literal
 
 from prometheus_client import Metric
 from prometheus_client.core import CounterMetricFamily
-from pydantic import BaseModel, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from heimdall_proxy.framework.base import BasePlugin
 from heimdall_proxy.framework.handle import PluginHandle
@@ -24,7 +24,6 @@ from heimdall_proxy.framework.types import (
     InferenceRequest,
     RequestContext,
 )
-from heimdall_proxy.kvcache.events import EventBatch
 from heimdall_proxy.kvcache.hashing import LazyBlockKeys
 from heimdall_proxy.kvcache.index import (
     CostAwareMemoryIndex,
@@ -34,14 +33,13 @@ from heimdall_proxy.kvcache.index import (
     parse_bytes,
     tier_weights,
 )
+from heimdall_proxy.kvcache.index.redis import RedisIndex
+from heimdall_proxy.kvcache.ingest import KVEventIngest
 from heimdall_proxy.kvcache.prepare import (
-    EventPreparer,
-    apply_batch,
     cached_seed,
     default_processes,
 )
-from heimdall_proxy.kvcache.redis_index import RedisIndex
-from heimdall_proxy.kvcache.subscriber import KVEventsSubscriber, SubscriberOptions
+from heimdall_proxy.kvcache.subscriber import SubscriberOptions
 from heimdall_proxy.loopmetrics import HistogramFamily
 from heimdall_proxy.tokenization import InProcessTokenizer, RequestTokenizer
 from heimdall_proxy.tokenization.local import LocalTokenizer
@@ -202,19 +200,6 @@ class PrecisePrefixCacheParams(PluginParams):
         return value
 
 
-def unknown_nested(params: BaseModel, path: str = "parameters") -> list[str]:
-    """Dotted names of unknown keys below the top level (the loader warns about those)."""
-    out: list[str] = []
-    for name in type(params).model_fields:
-        value = getattr(params, name)
-        if isinstance(value, BaseModel):
-            alias = type(params).model_fields[name].alias or name
-            where = f"{path}.{alias}"
-            out.extend(f"{where}.{k}" for k in value.model_extra or {})
-            out.extend(unknown_nested(value, where))
-    return out
-
-
 # ---- building blocks -----------------------------------------------------------------------
 
 
@@ -295,10 +280,6 @@ class PrecisePrefixCacheScorer(BasePlugin[PrecisePrefixCacheParams]):
 
     def __init__(self, name: str, params: PrecisePrefixCacheParams, handle: PluginHandle) -> None:
         super().__init__(name, params, handle)
-        for where in unknown_nested(params):
-            log.warning(
-                "plugin %r (type %r): ignoring unknown parameter %s", name, self.type, where
-            )
         self.block_size = params.token_processor_config.block_size
         pool_cfg = params.indexer_config.tokenizers_pool_config
         self.model_name = pool_cfg.model_name
@@ -307,8 +288,9 @@ class PrecisePrefixCacheScorer(BasePlugin[PrecisePrefixCacheParams]):
         index_cfg = params.indexer_config.kv_block_index_config
         self.index = build_index(index_cfg, self.block_size, params, self.stats)
         ev = params.kv_events_config
-        self.preparer = EventPreparer(self.block_size, self.model_name, ev.decode_processes)
-        self.subscriber = KVEventsSubscriber(
+        self.ingest = KVEventIngest(
+            self.index,
+            handle.pool,
             SubscriberOptions(
                 topic_filter=ev.topic_filter,
                 concurrency=ev.concurrency,
@@ -318,12 +300,9 @@ class PrecisePrefixCacheScorer(BasePlugin[PrecisePrefixCacheParams]):
                 replay_port_offset=ev.replay_port_offset,
                 replay_timeout=ev.replay_timeout,
             ),
-            handle.pool,
-            self.apply,
-            self.index.cleared,
-            self.stats,
-            self.index.flush,
-            self.preparer.prepare,
+            self.model_name,
+            ev.decode_processes,
+            name,
         )
         self.state_key = prefix_match_key(self.type, name)
         self._keys_key = f"{self.state_key}#keys"
@@ -334,67 +313,36 @@ class PrecisePrefixCacheScorer(BasePlugin[PrecisePrefixCacheParams]):
         )
         self._observe_lookup = self._lookup_latency.labels().observe
         self._metrics_task: asyncio.Task[None] | None = None
-        self._connect_task: asyncio.Task[None] | None = None
-        self.ready = False
         self._last_warning = 0.0
 
     # ---- lifecycle -----------------------------------------------------------------------
 
     async def start(self) -> None:
-        try:
-            await self.index.start()
-        except ConnectionError as exc:
-            # Fail open: route without the index until it can be reached.
-            log.error("%s: %s; retrying in the background", self.name, exc)
-            self._connect_task = asyncio.create_task(self._connect(), name=f"{self.name}-index")
-        else:
-            await self._started()
+        await self.ingest.start()
         cfg = self.params.indexer_config.kv_block_index_config
         if cfg.enable_metrics and cfg.metrics_logging_interval > 0:
             self._metrics_task = asyncio.create_task(
                 self._log_metrics(cfg.metrics_logging_interval), name=f"{self.name}-metrics"
             )
 
-    async def _started(self) -> None:
-        self.preparer.start()
-        await self.subscriber.start()
-        self.ready = True
-
-    async def _connect(self) -> None:
-        while True:
-            await asyncio.sleep(2.0)
-            try:
-                await self.index.start()
-            except ConnectionError:
-                continue
-            log.info("%s: index reachable, following KV events", self.name)
-            await self._started()
-            return
-
     async def stop(self) -> None:
-        for task in (self._metrics_task, self._connect_task):
-            if task is not None:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
-        self._metrics_task = self._connect_task = None
-        self.ready = False
-        await self.subscriber.stop()
-        await self.preparer.close()
-        await self.index.close()
+        if self._metrics_task is not None:
+            self._metrics_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._metrics_task
+            self._metrics_task = None
+        await self.ingest.stop()
         await self.tokenizer.close()
+
+    @property
+    def ready(self) -> bool:
+        """Whether the index is reachable and the event feed followed."""
+        return self.ingest.ready
 
     async def _log_metrics(self, interval: float) -> None:
         while True:
             await asyncio.sleep(interval)
             log.info("KV-cache index metrics", extra={"plugin": self.name, **self.stats.as_dict()})
-
-    # ---- events --------------------------------------------------------------------------
-
-    async def apply(self, pod: str, batch: EventBatch) -> None:
-        """Apply one decoded batch of `pod`'s events to the index (a remote index queues the
-        writes: the subscriber flushes them, `flush()` does it by hand)."""
-        await apply_batch(self.index, pod, batch, self.model_name)
 
     # ---- the request path ----------------------------------------------------------------
 

@@ -19,7 +19,7 @@ from heimdall_proxy.framework.prefix import read_prefix_match
 from heimdall_proxy.framework.types import CycleState
 from heimdall_proxy.kvcache.events import decode_batch
 from heimdall_proxy.kvcache.index import CostAwareMemoryIndex, InMemoryIndex, parse_bytes
-from heimdall_proxy.kvcache.redis_index import RedisIndex
+from heimdall_proxy.kvcache.index.redis import RedisIndex
 from heimdall_proxy.plugins.scorers.precise_prefix_cache import (
     PrecisePrefixCacheParams,
     PrecisePrefixCacheScorer,
@@ -173,21 +173,23 @@ def test_tokenizer_and_index_selection(
     assert isinstance(red.index, RedisIndex) and red.index.address == "redis://h:7"
     assert red.index.backend_type == "valkey"
     with caplog.at_level(logging.WARNING):
-        make(str(model_dir), kvEventsConfig={"podDiscoveryConfig": {"socketPort": 6000, "oops": 1}})
-    assert "parameters.kvEventsConfig.podDiscoveryConfig.oops" in caplog.text
+        build(params(str(model_dir), kvEventsConfig={"podDiscoveryConfig": {"oops": 1}}))
+    assert "unknown parameters kvEventsConfig.podDiscoveryConfig.oops" in caplog.text
 
 
 async def test_produce_looks_up_and_publishes_the_match(model_dir: Path) -> None:
     scorer = make(str(model_dir))
-    scorer.ready = True  # not started: no subscription, the index is fed directly
+    scorer.ingest.ready = True  # not started: no subscription, the index is fed directly
     tok = LocalTokenizer(model_dir / "tokenizer.json")
     body = {"prompt": "hello world the gateway routes every request to a pod"}
     tokens = tok.tokenize_request("completions", body)
     n = len(tokens) // 4
-    await scorer.apply(
+    await scorer.ingest.apply(
         "a", decode_batch(batch([stored(list(range(n)), tokens[: n * 4], block_size=4)]))
     )
-    await scorer.apply("b", decode_batch(batch([stored([100, 101], tokens[:8], block_size=4)])))
+    await scorer.ingest.apply(
+        "b", decode_batch(batch([stored([100, 101], tokens[:8], block_size=4)]))
+    )
     a, b, c = ep("a"), ep("b"), ep("c")
     r = req("completions", body, model="base")
     state = CycleState()
@@ -200,7 +202,7 @@ async def test_produce_looks_up_and_publishes_the_match(model_dir: Path) -> None
         len(tokens),
     )
     assert scorer.score(state, r, [a, b, c]) == pytest.approx({"a": 1.0, "b": 2 / n, "c": 0.0})
-    await scorer.apply("a", decode_batch(batch([removed([0])])))
+    await scorer.ingest.apply("a", decode_batch(batch([removed([0])])))
     state = CycleState()
     await scorer.produce(state, r, [a, b, c])
     assert scorer.score(state, r, [a, b, c]) == pytest.approx({"a": 0.0, "b": 2 / n, "c": 0.0})
@@ -210,7 +212,7 @@ async def test_produce_looks_up_and_publishes_the_match(model_dir: Path) -> None
         "base": {"id": "base", "parent": None},
         "ad": {"id": "ad", "parent": "base"},
     }
-    await scorer.apply(
+    await scorer.ingest.apply(
         "l", decode_batch(batch([stored([7, 8], tokens[:8], block_size=4, lora_name="ad")]))
     )
     for model, expected in (("ad", 2 / n), ("base", 0.0)):
@@ -221,7 +223,7 @@ async def test_produce_looks_up_and_publishes_the_match(model_dir: Path) -> None
 
 async def test_untokenizable_requests_score_zero(model_dir: Path) -> None:
     scorer = make(str(model_dir))
-    scorer.ready = True
+    scorer.ingest.ready = True
     state = CycleState()
     r = req("chat", {"messages": [{"role": "wizard", "content": "x"}]})
     await scorer.produce(state, r, [ep("a")])
@@ -261,3 +263,14 @@ async def test_metrics_are_logged_and_an_unreachable_index_fails_open(
         assert down.score(state, r, [ep("a")]) == {"a": 0.0}
     finally:
         await down.stop()
+
+
+def test_a_misspelt_nested_parameter_is_warned_once(
+    model_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    p = params(str(model_dir), indexer={"kvBlockIndexConfig": {"inMemoryConfig": {"sizee": 5}}})
+    with caplog.at_level(logging.WARNING):
+        build(p)
+    warned = [r for r in caplog.records if "sizee" in r.getMessage()]
+    assert len(warned) == 1
+    assert "indexerConfig.kvBlockIndexConfig.inMemoryConfig.sizee" in warned[0].getMessage()

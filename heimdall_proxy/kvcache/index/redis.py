@@ -32,6 +32,7 @@ import struct
 import time
 from collections.abc import Mapping, Sequence
 from functools import reduce
+from importlib import resources
 from itertools import islice, repeat
 from operator import itemgetter, lshift, or_
 from typing import Any, Literal
@@ -40,18 +41,17 @@ import redis.asyncio as aioredis
 from redis.commands.core import AsyncScript
 from redis.exceptions import NoScriptError
 
-from heimdall_proxy.kvcache.index import (
-    TIERS,
+from heimdall_proxy.kvcache.index.base import StoredBlocks
+from heimdall_proxy.kvcache.index.keys import (
     EngineEntry,
-    KVCacheStats,
-    RunWalker,
     engine_entries,
-    event_keys,
-    finish_lookup,
     flatten_keys,
-    tier_of,
-    tier_weights,
+    new_keys,
+    parent_of,
 )
+from heimdall_proxy.kvcache.index.stats import KVCacheStats
+from heimdall_proxy.kvcache.index.tiers import TIERS, tier_of, tier_weights
+from heimdall_proxy.kvcache.index.walk import RunWalker, finish_lookup
 
 _first = itemgetter(0)
 _BIG: Literal["big"] = "big"
@@ -60,167 +60,12 @@ log = logging.getLogger(__name__)
 
 _T = len(TIERS)
 
-_ALLOC = """
-local i = redis.call('HGET', KEYS[1], ARGV[1])
-if i then return tonumber(i) end
-i = redis.call('HLEN', KEYS[1])
-redis.call('HSET', KEYS[1], ARGV[1], i)
-return i
-"""
+#: The Lua scripts, one file each under lua/ (shipped as package data).
+SCRIPTS: dict[str, str] = {
+    name: (resources.files(__package__) / "lua" / f"{name}.lua").read_text(encoding="utf-8")
+    for name in ("alloc", "store", "store_known", "remove", "clear", "speculate", "lookup")
+}
 
-# Keys travel as blobs of 8-byte big-endian values (one argument per event, not per block),
-# and are used as the binary suffix of Redis key names.
-
-# ARGV: prefix, pod, bit offset, name width, blocks per engine block, engine hashes blob,
-# keys blob, block-key names blob (every name `width` bytes: the client builds them, so the
-# script slices blobs with one struct.unpack instead of a string operation per block)
-_STORE = """
-local emap = ARGV[1] .. 'e:' .. ARGV[2]
-local off = tonumber(ARGV[3])
-local width = tonumber(ARGV[4])
-local per = tonumber(ARGV[5]) * 8
-local ehs, keys, names = ARGV[6], ARGV[7], ARGV[8]
-local n = #ehs / 8
-local e = {struct.unpack(string.rep('c8', n), ehs)}
-local k = {struct.unpack(string.rep('c' .. per, n), keys)}
-local pairs = {}
-for i = 1, n do
-  pairs[#pairs + 1] = e[i]
-  pairs[#pairs + 1] = k[i]
-end
-redis.call('HSET', emap, unpack(pairs))
-local m = #names / width
-local nm = {struct.unpack(string.rep('c' .. width, m), names)}
-for i = 1, m do redis.call('SETBIT', nm[i], off, 1) end
-return 0
-"""
-
-# ARGV: prefix, pod, bit offset, engine hashes blob (a location-only event)
-_STORE_KNOWN = """
-local p = ARGV[1]
-local emap = p .. 'e:' .. ARGV[2]
-local off = tonumber(ARGV[3])
-local ehs = ARGV[4]
-local n = 0
-for i = 1, #ehs, 8 do
-  local mine = redis.call('HGET', emap, string.sub(ehs, i, i + 7))
-  if mine then
-    for j = 1, #mine, 8 do
-      redis.call('SETBIT', p .. 'b:' .. string.sub(mine, j, j + 7), off, 1)
-      n = n + 1
-    end
-  end
-end
-return n
-"""
-
-# ARGV: prefix, pod, pod index, slot, tiers, engine hashes blob -> {removed, unknown}
-_REMOVE = """
-local p = ARGV[1]
-local emap = p .. 'e:' .. ARGV[2]
-local tiers = tonumber(ARGV[5])
-local base = tonumber(ARGV[3]) * tiers
-local slot = tonumber(ARGV[4])
-local ehs = ARGV[6]
-local removed, unknown = 0, 0
-for i = 1, #ehs, 8 do
-  local eh = string.sub(ehs, i, i + 7)
-  local mine = redis.call('HGET', emap, eh)
-  if not mine then
-    unknown = unknown + 1
-  else
-    local held = false
-    for j = 1, #mine, 8 do
-      local bk = p .. 'b:' .. string.sub(mine, j, j + 7)
-      redis.call('SETBIT', bk, base + slot, 0)
-      removed = removed + 1
-      for t = 0, tiers - 1 do
-        if t ~= slot and redis.call('GETBIT', bk, base + t) == 1 then held = true end
-      end
-      if redis.call('BITCOUNT', bk) == 0 then redis.call('DEL', bk) end
-    end
-    if not held then redis.call('HDEL', emap, eh) end
-  end
-end
-return {removed, unknown}
-"""
-
-# ARGV: prefix, pod index, tiers, keys blob
-_CLEAR = """
-local p = ARGV[1]
-local tiers = tonumber(ARGV[3])
-local base = tonumber(ARGV[2]) * tiers
-local keys = ARGV[4]
-for i = 1, #keys, 8 do
-  local bk = p .. 'b:' .. string.sub(keys, i, i + 7)
-  for t = 0, tiers - 1 do redis.call('SETBIT', bk, base + t, 0) end
-  if redis.call('BITCOUNT', bk) == 0 then redis.call('DEL', bk) end
-end
-return 0
-"""
-
-# ARGV: bit offset, ttl ms, name width, speculative-key names blob
-_SPECULATE = """
-local off = tonumber(ARGV[1])
-local ttl = tonumber(ARGV[2])
-local width = tonumber(ARGV[3])
-local names = ARGV[4]
-local m = #names / width
-local nm = {struct.unpack(string.rep('c' .. width, m), names)}
-for i = 1, m do
-  redis.call('SETBIT', nm[i], off, 1)
-  redis.call('PEXPIRE', nm[i], ttl)
-end
-return 0
-"""
-
-# ARGV: name width, bitmap width, block-key names blob, speculative-key names blob (or "")
-# -> {bitmaps, speculative bitmaps}, each bitmap cut or zero-padded to the bitmap width.
-# Stops at the first block nobody holds, reading blocks 8 then 256 at a time, so a cold
-# prompt costs one small MGET.
-_LOOKUP = """
-local width = tonumber(ARGV[1])
-local w = tonumber(ARGV[2])
-local names, snames = ARGV[3], ARGV[4]
-local n = #names / width
-local zero = string.rep('\\0', w)
-local out, sout = {}, {}
-local function fit(v)
-  local len = #v
-  if len < w then return v .. string.sub(zero, len + 1) end
-  return string.sub(v, 1, w)
-end
-local i, step = 0, 8
-while i < n do
-  local cnt = math.min(step, n - i)
-  local fmt = string.rep('c' .. width, cnt)
-  local nm = {struct.unpack(fmt, names, i * width + 1)}
-  nm[#nm] = nil
-  local vals = redis.call('MGET', unpack(nm))
-  local specs = nil
-  if #snames > 0 then
-    local sn = {struct.unpack(fmt, snames, i * width + 1)}
-    sn[#sn] = nil
-    specs = redis.call('MGET', unpack(sn))
-  end
-  for k = 1, cnt do
-    local v = vals[k]
-    if specs then
-      local sv = specs[k]
-      if not v and not sv then return {table.concat(out), table.concat(sout)} end
-      if not sv then sv = zero elseif #sv ~= w then sv = fit(sv) end
-      sout[i + k] = sv
-    elseif not v then
-      return {table.concat(out), ''}
-    end
-    if not v then v = zero elseif #v ~= w then v = fit(v) end
-    out[i + k] = v
-  end
-  i = i + cnt
-  step = 256
-end
-return {table.concat(out), table.concat(sout)}
-"""
 
 #: Engine-hash -> key entries cached per pod (the rest is read back from Redis when needed).
 LOCAL_CACHE_PER_POD = 200_000
@@ -329,15 +174,7 @@ class RedisIndex:
                 f"cannot reach the {self.backend_type} index at {self.address}: {exc}"
             ) from exc
         self._redis = client
-        for name, body in (
-            ("alloc", _ALLOC),
-            ("store", _STORE),
-            ("store_known", _STORE_KNOWN),
-            ("remove", _REMOVE),
-            ("clear", _CLEAR),
-            ("speculate", _SPECULATE),
-            ("lookup", _LOOKUP),
-        ):
+        for name, body in SCRIPTS.items():
             self._scripts[name] = client.register_script(body)
         await self._load_scripts()
 
@@ -431,25 +268,16 @@ class RedisIndex:
             keys = unblob(raw.encode() if isinstance(raw, str) else raw)
             cached = keys[0] if len(keys) == 1 else tuple(keys)
             self._local(pod)[parent_hash] = cached
-        return cached if isinstance(cached, int) else cached[-1]
+        return parent_of(cached)
 
     # ---- events --------------------------------------------------------------------------
 
-    async def block_stored(
-        self,
-        pod: str,
-        medium: str | None,
-        engine_hashes: Sequence[int],
-        parent_hash: int | None,
-        token_ids: Sequence[int],
-        engine_block_size: int,
-        seed: int,
-        *,
-        local_hashes: Sequence[int] | None = None,
-    ) -> None:
-        slot = self._slot_of(medium)
+    async def block_stored(self, event: StoredBlocks) -> None:
+        engine_hashes = event.engine_hashes
+        slot = self._slot_of(event.medium)
         if slot is None or not engine_hashes:
             return
+        pod = event.pod
         idx = await self._pod(pod)
         offset = idx * _T + slot
         cache = self._local(pod)
@@ -459,26 +287,17 @@ class RedisIndex:
             per = 1 if isinstance(first, int) else len(first)  # type: ignore[arg-type]
             self._store(pod, offset, per, engine_hashes, flatten_keys(known))  # type: ignore[arg-type]
             return
-        if not token_ids and local_hashes is None:
+        if event.location_only:
             self._queue("store_known", [self.prefix, pod, offset, blob(engine_hashes)])
             return
         parent_key: int | None = None
-        if parent_hash is not None:
-            parent_key = await self._parent_key(pod, parent_hash)
+        if event.parent_hash is not None:
+            parent_key = await self._parent_key(pod, event.parent_hash)
             if parent_key is None:
                 self.stats.orphan_events += 1
                 return
-        computed = event_keys(
-            token_ids,
-            engine_block_size,
-            len(engine_hashes),
-            self.block_size,
-            seed,
-            parent_key,
-            local_hashes,
-        )
+        computed = new_keys(event, self.block_size, parent_key, self.stats)
         if computed is None:
-            self.stats.block_size_mismatch += 1
             return
         keys, per = computed
         stored = engine_hashes[: len(keys) // per]
