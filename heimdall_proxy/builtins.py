@@ -14,6 +14,7 @@ from heimdall_proxy.plugins.deciders.always import (
 from heimdall_proxy.plugins.deciders.prefix_based import PrefixBasedPDDecider
 from heimdall_proxy.plugins.filters.by_label import ByLabelFilter
 from heimdall_proxy.plugins.filters.by_label_selector import ByLabelSelectorFilter
+from heimdall_proxy.plugins.filters.prefix_affinity import PrefixCacheAffinityFilter
 from heimdall_proxy.plugins.filters.role import DecodeFilter, EncodeFilter, PrefillFilter
 from heimdall_proxy.plugins.pickers.max_score import MaxScorePicker
 from heimdall_proxy.plugins.pickers.random_picker import RandomPicker
@@ -48,6 +49,7 @@ BUILTIN_PLUGINS: tuple[type, ...] = (
     # filters
     ByLabelFilter,
     ByLabelSelectorFilter,
+    PrefixCacheAffinityFilter,
     PrefillFilter,
     DecodeFilter,
     EncodeFilter,

@@ -1,0 +1,138 @@
+"""prefix-cache-affinity-filter: stay on the pods that hold the prompt's prefix, until they
+are busy enough that a cold pod would answer sooner.
+
+Pure prefix affinity piles a hot prefix onto the one pod that holds it (the "death spiral":
+its queue grows while the other pods idle). This filter keeps the affinity only while it
+pays: it estimates each candidate's time to first token from the prompt tokens this gateway
+has in flight there plus the prompt tokens the pod would have to compute for this request,
+and releases the narrowing when the best pod holding the prefix would answer more than
+`maxTTFTPenaltyMs` later than the best pod that does not. The released prefix then lands
+where the scorers send it (the least loaded pod, with a load scorer in the profile), which
+warms up and becomes sticky in turn, so a hot prefix spreads over as many pods as its load
+needs, and no more."""
+
+from __future__ import annotations
+
+import random
+
+from pydantic import Field
+
+from heimdall_proxy.framework.base import BasePlugin
+from heimdall_proxy.framework.handle import PluginHandle
+from heimdall_proxy.framework.params import Duration, PluginParams
+from heimdall_proxy.framework.prefix import PrefixCacheMatchInfo, read_prefix_match
+from heimdall_proxy.framework.registry import register
+from heimdall_proxy.framework.types import (
+    CycleState,
+    Endpoint,
+    InferenceRequest,
+    RequestContext,
+)
+from heimdall_proxy.plugins.scorers.active_request import attempt_key
+from heimdall_proxy.plugins.scorers.inflight import InFlight
+
+PREFIX_CACHE_AFFINITY_FILTER_TYPE = "prefix-cache-affinity-filter"
+
+
+class PrefixCacheAffinityParams(PluginParams):
+    #: A pod is sticky when it holds at least this fraction of the prompt's blocks (the
+    #: reference's default).
+    affinity_threshold: float = Field(default=0.80, ge=0.0, le=1.0)
+    #: How much later (ms) the best sticky pod may answer than the best other pod before the
+    #: narrowing is released; 0 releases as soon as a cold pod would answer first. The
+    #: default (ours) is two 1600-token prompts at the default throughput: a warm pod keeps
+    #: its prefix until it is about two prompts busier than the idlest cold pod.
+    max_ttft_penalty_ms: float = Field(default=200.0, ge=0.0, alias="maxTTFTPenaltyMs")
+    #: Prompt tokens one pod prefills per second. Calibrate per model and hardware (as
+    #: llm-d's calibration recipe does); the default is ours, about what the simulator and
+    #: a mid-size model on one H100 do.
+    peak_prefill_throughput: float = Field(default=16000.0, gt=0.0)
+    #: Probability of not narrowing a request at all, so pods outside the sticky set keep
+    #: seeing some of the prefix's traffic.
+    exploration_probability: float = Field(default=0.0, ge=0.0, le=1.0)
+    #: The prefix-cache plugin whose match information is read.
+    prefix_plugin_type: str = "prefix-cache-scorer"
+    prefix_plugin_name: str = "prefix-cache-scorer"
+    #: Token estimate for requests that were not tokenized (characters per token).
+    char_to_token_multiplier: float = Field(default=0.25, gt=0.0)
+    #: A request in flight longer than this stops counting (its end was never seen).
+    request_timeout: Duration = 600.0
+
+
+@register(PREFIX_CACHE_AFFINITY_FILTER_TYPE, PrefixCacheAffinityParams)
+class PrefixCacheAffinityFilter(BasePlugin[PrefixCacheAffinityParams]):
+    """Filter, PreRequest, ResponseComplete.
+
+    Filter: reads the PrefixCacheMatchInfo of `prefixPluginType`/`prefixPluginName`. When
+    some candidates but not all hold at least `affinityThreshold` of the prompt, keeps only
+    those, unless (release) the best of them has an estimated TTFT more than
+    `maxTTFTPenaltyMs` above the best other candidate's, or the request is drawn for
+    exploration (`explorationProbability`). Estimated TTFT of a pod = (prompt tokens of the
+    requests this gateway has in flight there + the prompt tokens this request would not
+    find cached there) / `peakPrefillThroughput`. A cold request (no pod reaches the
+    threshold) is not narrowed.
+
+    PreRequest / ResponseComplete keep the prompt tokens in flight per pod, from scheduling
+    until the response ends (as llm-d's in-flight load counts them): a pod busy decoding
+    requests whose prompts it had cached still counts as busy, which is what stops a hot
+    prefix from piling onto it."""
+
+    type = PREFIX_CACHE_AFFINITY_FILTER_TYPE
+
+    def __init__(self, name: str, params: PrefixCacheAffinityParams, handle: PluginHandle) -> None:
+        super().__init__(name, params, handle)
+        self.inflight = InFlight(params.request_timeout)
+        self._rng = random.Random()
+        self._seconds_per_token = 1.0 / params.peak_prefill_throughput
+        self._penalty = params.max_ttft_penalty_ms / 1000.0
+        self._info_key = f"{self.type}/{name}#info"
+
+    def _match(self, state: CycleState) -> PrefixCacheMatchInfo | None:
+        p = self.params
+        return read_prefix_match(state, p.prefix_plugin_type, p.prefix_plugin_name)
+
+    def _prompt_tokens(self, request: InferenceRequest) -> int:
+        if request.token_ids is not None:
+            return len(request.token_ids)
+        return int(len(request.prompt_text()) * self.params.char_to_token_multiplier)
+
+    def estimated_ttft(
+        self, pod: str, info: PrefixCacheMatchInfo | None, prompt_tokens: int
+    ) -> float:
+        """Seconds until `pod` could answer a request of `prompt_tokens` (info: what it
+        holds of it), from the prompt tokens this gateway has in flight there."""
+        own = info.uncached_tokens(pod) if info is not None else prompt_tokens
+        return (self.inflight.total(pod) + own) * self._seconds_per_token
+
+    def filter(
+        self, state: CycleState, request: InferenceRequest, endpoints: list[Endpoint]
+    ) -> list[Endpoint]:
+        info = self._match(state)
+        if info is None or len(endpoints) < 2:
+            return endpoints
+        threshold = self.params.affinity_threshold
+        sticky = [e for e in endpoints if (r := info.ratio(e.name)) > 0.0 and r >= threshold]
+        if not sticky or len(sticky) == len(endpoints):
+            return endpoints
+        p = self.params.exploration_probability
+        if p and self._rng.random() < p:
+            return endpoints
+        self.inflight.expire()
+        prompt = info.prompt_tokens or self._prompt_tokens(request)
+        names = {e.name for e in sticky}
+        best_sticky = min(self.estimated_ttft(e.name, info, prompt) for e in sticky)
+        best_other = min(
+            self.estimated_ttft(e.name, info, prompt) for e in endpoints if e.name not in names
+        )
+        if best_sticky > best_other + self._penalty:
+            return endpoints  # released: the prefix spreads to where the scorers send it
+        return sticky
+
+    async def pre_request(self, ctx: RequestContext) -> None:
+        info = self._match(ctx.state)
+        tokens = info.prompt_tokens if info is not None and info.prompt_tokens else 0
+        tokens = tokens or self._prompt_tokens(ctx.request)
+        self.inflight.add(ctx.target.name, attempt_key(ctx), float(tokens))
+
+    async def response_complete(self, ctx: RequestContext) -> None:
+        self.inflight.remove(ctx.target.name, attempt_key(ctx))

@@ -1,0 +1,148 @@
+"""prefix-cache-affinity-filter: sticky while it pays, released when the warm pods are busy."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+
+from heimdall_proxy.builtins import load_builtin_plugins
+from heimdall_proxy.config import parse_config
+from heimdall_proxy.datalayer.pool import EndpointPool
+from heimdall_proxy.framework.handle import PluginHandle
+from heimdall_proxy.framework.loader import build_plugins
+from heimdall_proxy.framework.prefix import PrefixCacheMatchInfo
+from heimdall_proxy.framework.types import CycleState
+from heimdall_proxy.plugins.filters.prefix_affinity import (
+    PrefixCacheAffinityFilter,
+    PrefixCacheAffinityParams,
+)
+from tests.helpers import ep
+from tests.plugins.helpers import ctx, req
+
+PODS = [ep("a"), ep("b"), ep("c")]
+KEY = "prefix-cache-scorer/prefix-cache-scorer"
+
+
+def make(**params: Any) -> PrefixCacheAffinityFilter:
+    p = PrefixCacheAffinityParams.model_validate({"maxTTFTPenaltyMs": 0, **params})
+    return PrefixCacheAffinityFilter("f", p, None)  # type: ignore[arg-type]
+
+
+def state(matched: dict[str, float], prompt_tokens: int = 1600) -> CycleState:
+    s = CycleState()
+    s[KEY] = PrefixCacheMatchInfo(16, prompt_tokens // 16, prompt_tokens, matched)
+    return s
+
+
+def names(endpoints: list[Any]) -> list[str]:
+    return [e.name for e in endpoints]
+
+
+async def occupy(f: PrefixCacheAffinityFilter, pod: int, n: int, tokens: int = 1600) -> None:
+    for i in range(n):
+        c = ctx(req(data={"i": i}), PODS[pod], attempt=i)
+        c.state.update(state({}, tokens))
+        await f.pre_request(c)
+
+
+def test_defaults_follow_the_reference() -> None:
+    p = PrefixCacheAffinityParams()
+    assert p.affinity_threshold == 0.80
+    assert (p.prefix_plugin_type, p.prefix_plugin_name) == ("prefix-cache-scorer",) * 2
+    assert p.exploration_probability == 0.0
+    assert (p.max_ttft_penalty_ms, p.peak_prefill_throughput) == (200.0, 16000.0)
+
+
+def test_keeps_the_pods_holding_the_prefix() -> None:
+    f = make()
+    assert names(f.filter(state({"a": 100.0, "b": 50.0}), req(), PODS)) == ["a"]
+
+
+def test_cold_requests_and_all_warm_fleets_are_not_narrowed() -> None:
+    f = make()
+    assert names(f.filter(state({}), req(), PODS)) == ["a", "b", "c"]
+    assert names(f.filter(state({"a": 79.0}), req(), PODS)) == ["a", "b", "c"]  # below 0.8
+    full = {"a": 100.0, "b": 100.0, "c": 100.0}
+    assert names(f.filter(state(full), req(), PODS)) == ["a", "b", "c"]
+    assert names(f.filter(CycleState(), req(), PODS)) == ["a", "b", "c"]  # no prefix plugin
+
+
+async def test_released_when_the_warm_pod_would_answer_later_than_a_cold_one() -> None:
+    f = make()
+    s = state({"a": 100.0})
+    await occupy(f, 0, 1)  # a: one prompt in flight; b, c idle
+    # a: (1600 in flight + 0 to compute); b: (0 + 1600): equal, so stay warm
+    assert names(f.filter(s, req(), PODS)) == ["a"]
+    await occupy(f, 0, 1)  # a: 3200 vs 1600 on an idle cold pod: release
+    assert names(f.filter(s, req(), PODS)) == ["a", "b", "c"]
+
+
+async def test_a_penalty_keeps_the_affinity_longer() -> None:
+    f = make(maxTTFTPenaltyMs=500, peakPrefillThroughput=16000)  # 500 ms = 8000 tokens
+    await occupy(f, 0, 5)  # a: 8000 in flight vs 1600 on a cold pod: 6400 tokens later
+    assert names(f.filter(state({"a": 100.0}), req(), PODS)) == ["a"]
+    await occupy(f, 0, 2)  # 11200 vs 1600: 9600 tokens (600 ms) later
+    assert names(f.filter(state({"a": 100.0}), req(), PODS)) == ["a", "b", "c"]
+
+
+async def test_completion_frees_the_pod() -> None:
+    f = make()
+    c = ctx(req(), PODS[0])
+    c.state.update(state({}))
+    await f.pre_request(c)
+    await f.pre_request(ctx(req(), PODS[0], attempt=1))
+    assert f.inflight.total("a") > 0
+    await f.response_complete(c)
+    await f.response_complete(ctx(req(), PODS[0], attempt=1))
+    assert f.inflight.total("a") == 0
+
+
+def test_exploration_sometimes_skips_the_narrowing() -> None:
+    f = make(explorationProbability=1.0)
+    assert names(f.filter(state({"a": 100.0}), req(), PODS)) == ["a", "b", "c"]
+
+
+CONFIG = """
+plugins:
+- type: prefix-cache-scorer
+- type: prefix-cache-affinity-filter
+  parameters: {maxTTFTPenaltyMs: 200}
+- type: outstanding-work-scorer
+- type: max-score-picker
+schedulingProfiles:
+- name: default
+  plugins:
+  - pluginRef: prefix-cache-affinity-filter
+  - pluginRef: prefix-cache-scorer
+  - pluginRef: outstanding-work-scorer
+    weight: 2
+  - pluginRef: max-score-picker
+"""
+
+
+async def test_a_hot_prefix_spreads_over_pods_as_load_grows() -> None:
+    """With the real scheduler: one long shared prompt sent again and again stays on the pod
+    that holds it while it is light, and moves on to the next pod once it is busy."""
+    pool = EndpointPool(parse_config({"endpoints": [
+        {"name": n, "url": f"http://{n}:80"} for n in ("a", "b", "c")
+    ]}).endpoints)  # fmt: skip
+    cfg = parse_config(yaml.safe_load(CONFIG))
+    pset = build_plugins(cfg.epp, load_builtin_plugins(), PluginHandle(pool=pool))
+    prompt = "shared system prompt " * 400
+    picks = []
+    for i in range(6):
+        r = req(data={"messages": [{"role": "user", "content": prompt + str(i)}]})
+        r.request_id = f"r{i}"
+        st = CycleState()
+        for p in pset.producers:
+            await p.produce(st, r, pool.endpoints())
+        result = pset.scheduler.schedule(st, r, pool.endpoints())
+        target = result.primary.targets[0]
+        picks.append(target.name)
+        c = ctx(r, target)
+        c.state = st
+        for hook in pset.pre_request:
+            await hook.pre_request(c)
+    assert picks[0] == picks[1]  # the second copy follows the first
+    assert len(set(picks)) > 1  # and the prefix did not pile onto one pod
