@@ -280,6 +280,8 @@ class FleetSpec:
     #: "on", "off", or "auto": KV events for gateway targets when the simulator has them
     kv_events: str
     supported: set[str] = field(default_factory=set)
+    #: flags for pod i only (cycled): unequal pods, e.g. a slower cost model on some
+    per_pod_args: list[list[str]] = field(default_factory=list)
 
     def kv_events_for(self, target: Target) -> bool:
         if self.kv_events == "auto":
@@ -298,7 +300,8 @@ def sim_command(spec: FleetSpec, pod: Pod, index: int) -> list[str]:
         argv += ["--kv-events-port", str(pod.kv_events_port)]
         if pod.kv_replay_port is not None and "--kv-events-replay-port" in spec.supported:
             argv += ["--kv-events-replay-port", str(pod.kv_replay_port)]
-    return argv + spec.sim_args
+    own = spec.per_pod_args[index % len(spec.per_pod_args)] if spec.per_pod_args else []
+    return argv + spec.sim_args + own
 
 
 def router_command(

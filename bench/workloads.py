@@ -368,6 +368,118 @@ def context_mix(
     return Workload(name, {"seed": seed, "model": model, **_params_json(p)}, requests)
 
 
+# ---- hot prefix: skewed popularity over a few long system prompts -------------------------
+
+
+@dataclass(frozen=True)
+class HotPrefixParams:
+    """Single-turn chats over `system_prompts` long system prompts whose popularity is skewed:
+    the first takes `hot_share` of the requests, the rest share the remainder evenly. Each
+    request adds its own short user message. Poisson arrivals at `rate` per second: set it
+    near the fleet's capacity, where piling the hot prompt onto one pod hurts."""
+
+    requests: int = 240
+    rate: float = 6.0
+    system_prompts: int = 5
+    hot_share: float = 0.5
+    system_words: int = 1200
+    user_words: tuple[int, int] = (10, 40)
+    reply_tokens: tuple[int, int] = (40, 120)
+
+
+def hot_prefix(
+    params: HotPrefixParams | None = None,
+    *,
+    seed: int = 42,
+    model: str = DEFAULT_MODEL,
+    stream: bool = True,
+    name: str = "hot-prefix",
+) -> Workload:
+    p = params or HotPrefixParams()
+    n = max(1, p.system_prompts)
+    systems = [
+        f"You are agent #{g}. " + words_text(_rng(seed, "hot-system", g), p.system_words)
+        for g in range(n)
+    ]
+    cold = (1.0 - p.hot_share) / (n - 1) if n > 1 else 0.0
+    weights = [p.hot_share] + [cold] * (n - 1)
+    rng = _rng(seed, "hot-prefix")
+    requests = []
+    t = 0.0
+    for i in range(p.requests):
+        g = rng.choices(range(n), weights=weights)[0]
+        user = f"(request {i}) " + words_text(rng, rng.randint(*p.user_words))
+        messages = [{"role": "system", "content": systems[g]}, {"role": "user", "content": user}]
+        osl = rng.randint(*p.reply_tokens)
+        body = {"model": model, "messages": messages, **_sampling(osl, stream)}
+        tag = "hot" if g == 0 else "other"
+        requests.append(TimedRequest(f"h{i:04d}", round(t, 6), CHAT, body, tag))
+        t += rng.expovariate(p.rate) if p.rate > 0 else 0.0
+    return Workload(name, {"seed": seed, "model": model, **_params_json(p)}, requests)
+
+
+# ---- mixed: long and short contexts, sessions, LoRA adapters --------------------------------
+
+
+@dataclass(frozen=True)
+class MixedParams:
+    """A mixed tenant population: `sessions` multi-turn chat sessions (x-session-token set,
+    each pinned to the base model or one of the `adapters`) interleaved with one-off
+    completions of short and long prompts; Poisson arrivals at `rate` per second overall."""
+
+    requests: int = 240
+    rate: float = 5.0
+    sessions: int = 24
+    session_share: float = 0.5
+    adapters: tuple[str, ...] = ("lora-a", "lora-b")
+    system_words: int = 600
+    long_share: float = 0.2
+    short_tokens: tuple[int, int] = (64, 512)
+    long_tokens: tuple[int, int] = (3000, 6000)
+    reply_tokens: tuple[int, int] = (30, 150)
+
+
+def mixed(
+    params: MixedParams | None = None,
+    *,
+    seed: int = 42,
+    model: str = DEFAULT_MODEL,
+    stream: bool = True,
+    name: str = "mixed",
+) -> Workload:
+    p = params or MixedParams()
+    rng = _rng(seed, "mixed")
+    models = [model, *p.adapters]
+    histories: list[list[dict[str, str]]] = []
+    for s in range(max(1, p.sessions)):
+        system = f"Session {s} assistant. " + words_text(_rng(seed, "mixed-sys", s), p.system_words)
+        histories.append([{"role": "system", "content": system}])
+    requests = []
+    t = 0.0
+    for i in range(p.requests):
+        osl = rng.randint(*p.reply_tokens)
+        if rng.random() < p.session_share:
+            s = rng.randrange(len(histories))
+            history = histories[s]
+            history.append({"role": "user", "content": words_text(rng, rng.randint(10, 40))})
+            body = {"model": models[s % len(models)], "messages": list(history)}
+            history.append({"role": "assistant", "content": words_text(rng, osl)})
+            headers = {"x-session-token": f"session-{s}"}
+            req = TimedRequest(f"m{i:04d}", round(t, 6), CHAT, {**body, **_sampling(osl, stream)},
+                               "session", headers)  # fmt: skip
+        else:
+            long = rng.random() < p.long_share
+            tokens = rng.randint(*(p.long_tokens if long else p.short_tokens))
+            prefix = f"[m{i}] "
+            prompt = prefix + chars_text(_rng(seed, "mixed-prompt", i), 4 * tokens - len(prefix))
+            body = {"model": rng.choice(models), "prompt": prompt, **_sampling(osl, stream)}
+            req = TimedRequest(f"m{i:04d}", round(t, 6), COMPLETIONS, body,
+                               "long" if long else "short")  # fmt: skip
+        requests.append(req)
+        t += rng.expovariate(p.rate) if p.rate > 0 else 0.0
+    return Workload(name, {"seed": seed, "model": model, **_params_json(p)}, requests)
+
+
 # ---- presets and CLI ------------------------------------------------------------------------
 
 
@@ -416,6 +528,17 @@ PRESETS: dict[str, Preset] = {
         chat_prefix,
         ChatPrefixParams(users=16, turns=5, system_words=800, think_time=(2.0, 5.0), ramp=10.0),
         "16 users x 5 turns, 4 shared 800-word system prompts",
+    ),
+    "hot-prefix": Preset(
+        hot_prefix,
+        HotPrefixParams(),
+        "240 single-turn chats over 5 system prompts, one taking half, 6 req/s",
+    ),
+    "mixed": Preset(
+        mixed,
+        MixedParams(),
+        "240 requests: sessions on a base model and two LoRA adapters, short and long prompts",
+        sim_args=("--lora-modules", "lora-a,lora-b", "--max-loras", "1"),
     ),
     "context-mix": Preset(
         context_mix, ContextMixParams(), "300 completions, 60/30/10 short/medium/long, 4 req/s"

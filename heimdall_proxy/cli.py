@@ -71,6 +71,11 @@ def _add_server(p: argparse.ArgumentParser, default_port: int = 8000) -> None:
         help="set x-decoder-host-port (and x-prefiller-host-port) on responses",
     )
     p.add_argument(
+        "--debug-routes",
+        action="store_true",
+        help="serve POST /debug/route/v1/...: the scheduling decision for a body, not forwarded",
+    )
+    p.add_argument(
         "--metrics-interval",
         type=_duration,
         default=0.1,
@@ -265,6 +270,7 @@ def _server_options(args: argparse.Namespace) -> ServerOptions:
         host=args.host,
         port=args.port,
         response_header=args.response_header,
+        debug_routes=args.debug_routes,
         max_body_bytes=args.max_body_bytes,
         metrics_interval=args.metrics_interval,
         models_interval=args.models_interval,

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from heimdall_proxy.framework.log import V4, V5
 from heimdall_proxy.framework.plugins import Filter, Picker, ProfileHandler, Scorer
+from heimdall_proxy.framework.trace import TRACE_KEY, ScheduleTrace, ScorerTrace
 from heimdall_proxy.framework.types import (
     CycleState,
     Endpoint,
@@ -98,6 +99,8 @@ class SchedulerProfile:
         verbose = log.isEnabledFor(V4)
         perf = time.perf_counter
         rid = request.request_id
+        trace: ScheduleTrace | None = state.get(TRACE_KEY)
+        pt = trace.begin(self.name, [e.name for e in endpoints]) if trace is not None else None
         for flt, name, observe in self._filters:
             if verbose:
                 log.log(
@@ -108,6 +111,8 @@ class SchedulerProfile:
             t0 = perf()
             endpoints = flt.filter(state, request, endpoints)
             observe(perf() - t0)
+            if pt is not None:
+                pt.filters.append((name, [e.name for e in endpoints]))
             if not endpoints:
                 if verbose:
                     log.log(
@@ -128,6 +133,9 @@ class SchedulerProfile:
             t0 = perf()
             scores = scorer.score(state, request, endpoints)
             observe(perf() - t0)
+            if pt is not None:
+                raw = {e.name: float(scores.get(e.name, 0.0)) for e in endpoints}
+                pt.scorers.append(ScorerTrace(name, weight, raw))
             for i, endpoint in enumerate(endpoints):
                 value = scores.get(endpoint.name, 0.0)
                 # Clamp to [0, 1]; NaN (value != value) counts as 0.
@@ -155,6 +163,10 @@ class SchedulerProfile:
         self._picker_timer(perf() - t0)
         if not result.ranked:
             result.ranked = [s.endpoint for s in sorted(scored, key=lambda s: -s.score)]
+        if pt is not None:
+            pt.totals = {s.endpoint.name: s.score for s in scored}
+            pt.picked = [e.name for e in result.targets]
+            pt.ranked = [e.name for e in result.ranked]
         if verbose:
             log.log(
                 V4,

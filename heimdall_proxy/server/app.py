@@ -18,6 +18,7 @@ from heimdall_proxy.builtins import load_builtin_plugins
 from heimdall_proxy.config import GatewayConfig
 from heimdall_proxy.framework.registry import Registry
 from heimdall_proxy.framework.types import ApiKind
+from heimdall_proxy.server.debug import DEBUG_PREFIX, DEBUG_ROUTES, debug_handler
 from heimdall_proxy.server.errors import error_response
 from heimdall_proxy.server.gateway import GATEWAY, Gateway
 from heimdall_proxy.server.options import ServerOptions
@@ -136,6 +137,10 @@ def create_app(
         ("GET", "/ready", ready),
         ("GET", "/metrics", metrics),
     ]
+    if options.debug_routes:
+        routes += [
+            ("POST", DEBUG_PREFIX + path, debug_handler(api, path)) for path, api in DEBUG_ROUTES
+        ]
     for method, path, handler in routes:
         if method == "GET":  # and HEAD, as aiohttp's add_get does
             app.router.add_get(path, openai_errors(handler))

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from heimdall_proxy.datalayer.pool import EndpointPool, ModelNotFoundError, NoEndpointsError
 from heimdall_proxy.framework.errors import RequestError
 from heimdall_proxy.framework.loader import PluginSet
+from heimdall_proxy.framework.trace import TRACE_KEY, ScheduleTrace
 from heimdall_proxy.framework.types import (
     ApiKind,
     CycleState,
@@ -46,13 +47,21 @@ class Director:
         self._has_prepare = bool(plugins.prepare_data or plugins.producers)
 
     async def decide(
-        self, api: ApiKind, path: str, body: bytes, headers: Mapping[str, str]
+        self,
+        api: ApiKind,
+        path: str,
+        body: bytes,
+        headers: Mapping[str, str],
+        trace: ScheduleTrace | None = None,
     ) -> Decision:
         """Parse and schedule one request. Raises RequestError for anything the client gets an
-        answer to without a pod (bad body, unknown model, no pod can serve it)."""
+        answer to without a pod (bad body, unknown model, no pod can serve it). With `trace`,
+        the scheduler records every profile's filters, scores and pick into it."""
         ireq = parse_body(api, path, body, headers)
         candidates = self.candidates(ireq)
         state = CycleState()
+        if trace is not None:
+            state[TRACE_KEY] = trace
         if self._has_prepare:
             await self._prepare(ireq, state, candidates)
         t0 = time.perf_counter()

@@ -22,3 +22,6 @@ class ServerOptions:
     pool_name: str = "heimdall"
     #: How long start-up waits for the first metrics and model scrape of every pod.
     startup_timeout: float = 5.0
+    #: Serve POST /debug/route/v1/... (see server/debug.py). Off by default: it shows pod
+    #: names and scores to whoever can reach the gateway.
+    debug_routes: bool = False

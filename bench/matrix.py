@@ -1,0 +1,305 @@
+"""The routing matrix: every target on every traffic shape that breaks routers.
+
+Shapes (issue 12): (a) hot prefix, one system prompt taking half the traffic, near
+saturation; (b) cold heterogeneous burst (seed 001's shape, no shared prefixes); (c) many-
+prefix multi-turn chat; (d) mixed long and short contexts, sessions and two LoRA adapters;
+(e) the mixed traffic on pods of unequal speed (two of four at half speed). Every pod has two
+request slots (`--max-num-seqs 2`), as the issue's capacity-limited stand-ins did, so that the
+workload's lower bound on total wall-clock is well defined:
+
+    lower bound = total service work / total slots
+
+where a request's service time is what the simulator's own cost model (its default step,
+prefill and decode costs) gives it alone on a pod, and a slow pod's slots count at its speed;
+no run can end before the last request is sent either, so the bound is the larger of the two.
+Two bounds are reported: with every prompt computed cold, and with each distinct prompt
+block computed once fleet-wide (the best any cache-aware router could do); each target's
+ratio is to the cached bound, the tighter one.
+
+Every target of a shape gets the same request schedule (fixed seed) on a fresh fleet.
+
+    python bench/matrix.py --quick                    # a few minutes per shape on 2 cores
+    python bench/matrix.py --shapes hot-prefix,cold-burst \\
+        --targets round_robin config/recommended.yaml
+    python bench/matrix.py --json bench/out/matrix.json --markdown bench/out/matrix.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime as dt
+import json
+import math
+import os
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):  # run as `python bench/matrix.py`
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench import compare, runner
+from bench.workloads import PRESETS, Workload, apply_overrides
+from heimdall_proxy.sim.options import SimOptions
+from heimdall_proxy.sim.tokens import Tokenizer
+
+SLOTS = 2
+SLOW = ("--step-base", "0.016", "--prefill-cost-per-token", "0.00012",
+        "--decode-cost-per-seq", "0.0003")  # fmt: skip
+SLOW_FACTOR = 0.5
+
+DEFAULT_TARGETS = (
+    "round_robin",
+    "cache_aware",
+    "config/recommended.yaml",
+    "config/load-aware.yaml",
+    "config/work-aware.yaml",
+    "config/prefix-cache.yaml",
+)
+
+
+@dataclass(frozen=True)
+class Shape:
+    key: str
+    description: str
+    preset: str
+    overrides: dict[str, str]
+    quick: dict[str, str]
+    sim_args: tuple[str, ...] = ()
+    #: per-pod flags, cycled over the pods, and each pod's speed relative to the default
+    per_pod: tuple[tuple[tuple[str, ...], float], ...] = ()
+
+
+SHAPES: dict[str, Shape] = {
+    s.key: s
+    for s in (
+        Shape("hot-prefix", "(a) hot prefix: 5 system prompts, one takes half, near saturation",
+              "hot-prefix", {"rate": "10"}, {"requests": "140"}),
+        Shape("cold-burst", "(b) cold heterogeneous burst: seed 001's shape, every prompt distinct",
+              "seed001-small", {}, {"total": "100", "heavy_seeds": "50"},
+              ("--num-gpu-blocks", "1024")),
+        Shape("multi-turn", "(c) many-prefix multi-turn chat: 8 system prompts, 48 users x 5 turns",
+              "chat-prefix-small",
+              {"users": "48", "system_prompts": "8", "system_words": "1500",
+               "think_time": "1,3", "ramp": "10"},
+              {"users": "28"}),
+        Shape("mixed", "(d) mixed: sessions on a base model and 2 LoRA adapters (1 resident), "
+              "short and long prompts", "mixed", {"rate": "9"}, {"requests": "140"}),
+        Shape("unequal", "(e) the mixed traffic on unequal pods: pods 2 and 3 at half speed",
+              "mixed", {"rate": "7"}, {"requests": "140"},
+              per_pod=(((), 1.0), ((), 1.0), (SLOW, SLOW_FACTOR), (SLOW, SLOW_FACTOR))),
+    )
+}  # fmt: skip
+
+
+# ---- the lower bound --------------------------------------------------------------------
+
+
+def service_time(prompt: int, cached: int, output: int, o: SimOptions) -> float:
+    """Seconds one request takes alone on a default pod: chunked prefill of its uncached
+    tokens, then one decode step per further output token."""
+    todo = max(0, prompt - cached)
+    steps = max(1, math.ceil(todo / o.max_num_batched_tokens))
+    t = steps * o.step_base + todo * o.prefill_cost_per_token
+    for i in range(max(0, output - 1)):
+        t += o.step_base + o.decode_cost_per_seq + (prompt + i) * o.kv_read_cost_per_token
+    return t
+
+
+@dataclass
+class LowerBound:
+    cold: float
+    cached: float
+    capacity: float
+    last_send: float
+
+    def to_json(self) -> dict[str, float]:
+        return {"cold": self.cold, "cached": self.cached, "capacity_slots": self.capacity,
+                "last_send": self.last_send}  # fmt: skip
+
+
+def lower_bound(workload: Workload, speeds: Sequence[float], slots: int = SLOTS) -> LowerBound:
+    o = SimOptions()
+    tok = Tokenizer()
+    seen: set[tuple[str, int]] = set()
+    cold = cached = 0.0
+    for r in workload.requests:
+        api = "chat" if "messages" in r.body else "completions"
+        ids = tok.prompt(api, r.body).ids
+        model = str(r.body.get("model", ""))
+        # blocks keyed by (model, chain hash): a block is computed once fleet-wide at best
+        hits = 0
+        h = 0
+        for b in range(len(ids) // o.block_size):
+            h = hash((h, tuple(ids[b * o.block_size : (b + 1) * o.block_size])))
+            key = (model, h)
+            if key in seen and hits == b:
+                hits += 1
+            seen.add(key)
+        output = int(r.body.get("max_tokens") or 16)
+        cold += service_time(len(ids), 0, output, o)
+        cached += service_time(len(ids), hits * o.block_size, output, o)
+    capacity = slots * sum(speeds)
+    last = workload.duration
+    return LowerBound(max(cold / capacity, last), max(cached / capacity, last), capacity, last)
+
+
+# ---- running a shape ----------------------------------------------------------------------
+
+
+@dataclass
+class ShapeResult:
+    shape: Shape
+    workload: Workload
+    bound: LowerBound
+    runs: list[compare.TargetRun] = field(default_factory=list)
+
+
+def build_workload(shape: Shape, quick: bool) -> Workload:
+    preset = PRESETS[shape.preset]
+    overrides = {**shape.overrides, **(shape.quick if quick else {})}
+    params = apply_overrides(preset.params, overrides)
+    return preset.builder(params, seed=42, name=shape.key)
+
+
+def run_shape(
+    shape: Shape, targets: Sequence[compare.Target], quick: bool, pods: int, out: Path
+) -> ShapeResult:
+    workload = build_workload(shape, quick)
+    per_pod = list(shape.per_pod) or [((), 1.0)]
+    speeds = [per_pod[i % len(per_pod)][1] for i in range(pods)]
+    result = ShapeResult(shape, workload, lower_bound(workload, speeds))
+    supported = compare.sim_flags()
+    sim_args = [*PRESETS[shape.preset].sim_args, *shape.sim_args, "--max-num-seqs", str(SLOTS)]
+    spec = compare.FleetSpec(
+        pods, "sim-model", sim_args, 1.0, 42, "auto", supported,
+        per_pod_args=[list(a) for a, _ in per_pod] if shape.per_pod else [],
+    )  # fmt: skip
+    print(f"== {shape.key}: {workload.describe()}", file=sys.stderr)
+    for i, target in enumerate(targets):
+        if i:
+            time.sleep(1.0)
+        print(f"-- {target.label}", file=sys.stderr)
+        run = compare.run_target(target, workload, spec, out / shape.key, progress=False)
+        print(runner.format_summary(run.result.summary), file=sys.stderr)
+        result.runs.append(run)
+    return result
+
+
+# ---- the report ---------------------------------------------------------------------------
+
+
+def _f(v: float | None, digits: int = 2) -> str:
+    return "-" if v is None else f"{v:.{digits}f}"
+
+
+def table(res: ShapeResult) -> list[str]:
+    b = res.bound
+    rr = next((r for r in res.runs if r.target.arg == "round_robin"), None)
+    rr_total = rr.result.summary["wall_clock"] if rr else None
+    rr_p95 = rr.result.summary["e2e"]["p95"] if rr else None
+    lines = [
+        f"### {res.shape.description}",
+        "",
+        f"{res.workload.describe()}. Lower bound on total (the larger of service work / "
+        f"{b.capacity:g} slots and the last send): {b.cold:.1f} s with every prompt computed, "
+        f"**{b.cached:.1f} s** with each distinct prompt block computed once (the ratio column "
+        "uses this one).",
+        "",
+        "| target | total (s) | / bound | / RR | TTFT p50 | TTFT p95 | TTFT p99 | E2E p50 "
+        "| E2E p95 | E2E p99 | E2E p95 / RR | prefix hit rate | errors |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for run in res.runs:
+        s = run.result.summary
+        total = s["wall_clock"]
+        rate = s.get("prefix_hit_rate")
+        p95 = s["e2e"]["p95"]
+        lines.append(
+            f"| {run.target.label} | {total:.1f} | {total / b.cached:.2f}x "
+            f"| {_f(total / rr_total if rr_total else None)}x "
+            f"| {_f(s['ttft']['p50'])} | {_f(s['ttft']['p95'])} | {_f(s['ttft']['p99'])} "
+            f"| {_f(s['e2e']['p50'])} | {_f(s['e2e']['p95'])} | {_f(s['e2e']['p99'])} "
+            f"| {_f(p95 / rr_p95 if p95 and rr_p95 else None)}x "
+            f"| {'n/a' if rate is None else f'{rate:.1%}'} | {s['errors']} |"
+        )
+    return lines
+
+
+def summary_json(results: Sequence[ShapeResult]) -> dict[str, Any]:
+    doc: dict[str, Any] = {"machine": compare.machine_info(), "shapes": {}}
+    for res in results:
+        doc["shapes"][res.shape.key] = {
+            "description": res.shape.description,
+            "workload": res.workload.describe(),
+            "lower_bound": res.bound.to_json(),
+            "targets": {
+                run.target.label: {
+                    "total": run.result.summary["wall_clock"],
+                    "ratio_to_bound": run.result.summary["wall_clock"] / res.bound.cached,
+                    "ttft": run.result.summary["ttft"],
+                    "e2e": run.result.summary["e2e"],
+                    "prefix_hit_rate": run.result.summary.get("prefix_hit_rate"),
+                    "errors": run.result.summary["errors"],
+                    "router_cpu_seconds": run.router_cpu,
+                }
+                for run in res.runs
+            },
+        }
+    return doc
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="smaller workloads")
+    parser.add_argument("--shapes", default=",".join(SHAPES), help="comma-separated")
+    parser.add_argument("--targets", nargs="+", default=list(DEFAULT_TARGETS))
+    parser.add_argument("--pods", type=int, default=4)
+    parser.add_argument("--out-dir", type=Path, default=compare.BENCH_DIR / "out" / "matrix")
+    parser.add_argument("--json", type=Path, help="write the summary JSON here")
+    parser.add_argument("--markdown", type=Path, help="write the markdown tables here")
+    parser.add_argument("--bound-only", action="store_true", help="print the bounds, run nothing")
+    args = parser.parse_args(argv)
+    keys = [k.strip() for k in args.shapes.split(",") if k.strip()]
+    unknown = [k for k in keys if k not in SHAPES]
+    if unknown:
+        parser.error(f"unknown shapes {unknown}; known: {', '.join(SHAPES)}")
+    if args.bound_only:
+        for k in keys:
+            shape = SHAPES[k]
+            wl = build_workload(shape, args.quick)
+            per_pod = list(shape.per_pod) or [((), 1.0)]
+            speeds = [per_pod[i % len(per_pod)][1] for i in range(args.pods)]
+            print(k, wl.describe(), lower_bound(wl, speeds).to_json())
+        return 0
+    targets = [compare.parse_target(t) for t in args.targets]
+    started = dt.datetime.now(dt.UTC)
+    load_before = os.getloadavg()[0]
+    results = [run_shape(SHAPES[k], targets, args.quick, args.pods, args.out_dir) for k in keys]
+    cmd = "python bench/matrix.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    m = compare.machine_info()
+    head = [
+        f"Run {started:%Y-%m-%d %H:%M} UTC with `{cmd.strip()}`; machine: {m}; 1-minute load "
+        f"average {load_before:.2f} before, {os.getloadavg()[0]:.2f} after (2 shared cores: "
+        "compare ratios within a table, not absolute seconds across tables). Latencies in "
+        f"seconds; {args.pods} fresh simulated pods per target, {SLOTS} request slots each.",
+        "",
+    ]
+    text = "\n".join(head + [line for res in results for line in (*table(res), "")])
+    print(text)
+    if args.markdown:
+        args.markdown.parent.mkdir(parents=True, exist_ok=True)
+        args.markdown.write_text(text + "\n", encoding="utf-8")
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(summary_json(results), indent=1), encoding="utf-8")
+    return 0 if all(r.result.summary["errors"] == 0 for s in results for r in s.runs) else 2
+
+
+if __name__ == "__main__":
+    with contextlib.suppress(KeyboardInterrupt):
+        sys.exit(main())
+    sys.exit(130)
