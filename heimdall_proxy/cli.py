@@ -232,7 +232,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo = sub.add_parser("demo", help="simulated pods in-process plus the gateway")
     demo.add_argument("--pods", type=int, default=2)
     demo.add_argument("--model", default="sim-model")
-    demo.add_argument("--config", "-c", help="gateway config (default: the embedded demo.yaml)")
+    demo.add_argument("--config", "-c", help="gateway config (default: the embedded config/recommended.yaml)")
     _add_server(demo)
     _add_sim_engine(demo, demo=True)
 
@@ -282,7 +282,7 @@ def _server_options(args: argparse.Namespace) -> ServerOptions:
 
 
 def _demo_config_text() -> str:
-    return resources.files("heimdall_proxy").joinpath("configs/demo.yaml").read_text("utf-8")
+    return resources.files("heimdall_proxy").joinpath("configs/recommended.yaml").read_text("utf-8")
 
 
 def _load(path: str | None) -> GatewayConfig:
@@ -292,7 +292,7 @@ def _load(path: str | None) -> GatewayConfig:
 
     from heimdall_proxy.config import parse_config
 
-    return parse_config(yaml.safe_load(_demo_config_text()), "<embedded demo.yaml>")
+    return parse_config(yaml.safe_load(_demo_config_text()), "<embedded recommended.yaml>")
 
 
 def _run(coro: Coroutine[Any, Any, None]) -> None:
