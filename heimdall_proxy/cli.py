@@ -232,7 +232,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo = sub.add_parser("demo", help="simulated pods in-process plus the gateway")
     demo.add_argument("--pods", type=int, default=2)
     demo.add_argument("--model", default="sim-model")
-    demo.add_argument("--config", "-c", help="gateway config (default: the embedded config/recommended.yaml)")
+    demo.add_argument(
+        "--config", "-c", help="gateway config (default: the embedded config/recommended.yaml)"
+    )
     _add_server(demo)
     _add_sim_engine(demo, demo=True)
 

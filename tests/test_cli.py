@@ -121,7 +121,6 @@ async def test_demo_answers_the_openai_sdk() -> None:
         assert await asyncio.wait_for(proc.wait(), 10) == 0
 
 
-
 def test_the_demo_runs_the_recommended_config() -> None:
     from heimdall_proxy.cli import _demo_config_text
 
