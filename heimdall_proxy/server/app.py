@@ -9,6 +9,7 @@ import gc
 import logging
 import signal
 from collections.abc import Awaitable, Callable
+from urllib.parse import unquote
 
 import orjson
 from aiohttp import web
@@ -41,6 +42,7 @@ def openai_errors(handler: Handler) -> Handler:
     @functools.wraps(handler)
     async def wrapped(request: web.Request) -> web.StreamResponse:
         try:
+            check_target(request.raw_path)
             return await handler(request)
         except RequestError as exc:
             return render(exc)
@@ -53,6 +55,20 @@ def openai_errors(handler: Handler) -> Handler:
             return error_response(500, "Internal gateway error.", code="internal_error")
 
     return wrapped
+
+
+def check_target(raw_path: str) -> None:
+    """Reject request targets a reverse proxy must not pass on: absolute-form (the path is
+    appended to a pod's URL) and `..` segments, plain or percent-encoded (a pod or anything
+    behind it may resolve them). Raises RequestError(400)."""
+    if not raw_path.startswith("/"):
+        raise RequestError(
+            400, "The request target must be a path (origin-form).", code="invalid_path"
+        )
+    if ".." in raw_path or "%2" in raw_path.lower():
+        path = unquote(raw_path.partition("?")[0])
+        if ".." in path.replace("\\", "/").split("/"):
+            raise RequestError(400, "The request path has a '..' segment.", code="invalid_path")
 
 
 def _http_error(request: web.Request, exc: web.HTTPException) -> web.Response:

@@ -41,7 +41,9 @@ def make_backend(params: ResponsesStoreParams) -> StoreBackend:
         return TieredBackend(cfg.tiered_config)
     mem = cfg.in_memory_config if cfg is not None else None
     mem = mem or InMemoryConfig()  # ttl 24h
-    return InMemoryBackend(mem.ttl, mem.max_entries, mem.max_entry_bytes)
+    return InMemoryBackend(
+        mem.ttl, mem.max_entries, mem.max_entry_bytes, max_total_bytes=mem.max_total_bytes
+    )
 
 
 @register(RESPONSES_STORE_TYPE, ResponsesStoreParams, feature_gate=PREPARE_DATA_GATE)

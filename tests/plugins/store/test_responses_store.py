@@ -222,6 +222,18 @@ async def test_in_memory_drops_expired_entries_when_written() -> None:
     assert len(mem) == 1
 
 
+async def test_in_memory_bounds_the_total_bytes() -> None:
+    mem = InMemoryBackend(ttl=0, max_entries=100, max_entry_bytes=100, max_total_bytes=250)
+    for name in "abc":
+        await mem.put(name, b"x" * 100)
+    assert await mem.get("a") is None  # 300 bytes > 250: the oldest went
+    assert mem.total_bytes == 200
+    await mem.put("b", b"y" * 10)  # replacing an entry counts its new size only
+    assert mem.total_bytes == 110
+    await mem.delete("c")
+    assert mem.total_bytes == 10
+
+
 async def test_in_memory_ttl_zero_keeps_entries() -> None:
     clock = Clock()
     mem = InMemoryBackend(ttl=0, max_entries=1, max_entry_bytes=100, clock=clock)
