@@ -60,7 +60,12 @@ def _add_logging(p: argparse.ArgumentParser) -> None:
         metavar="N",
         help="log verbosity; 4 logs every plugin run per request",
     )
-    p.add_argument("--log-format", choices=("json", "text"), default="json")
+    p.add_argument(
+        "--log-format",
+        choices=("json", "text"),
+        default=None,
+        help="default: text on a terminal, JSON otherwise",
+    )
 
 
 def _add_server(p: argparse.ArgumentParser, default_port: int = 8000) -> None:
@@ -376,13 +381,29 @@ async def _serve(
 
     runners: list[web.AppRunner] = []
     try:
+        banner = None
         if app is None:
             config = await _start_sims(config, sim_pods, model, runners, sim_args)
             app = create_app(config, options)
-        await serve(app, options)
+            banner = demo_banner(options, model, len(runners))
+        await serve(app, options, banner)
     finally:
         for runner in runners:
             await runner.cleanup()
+
+
+def demo_banner(options: ServerOptions, model: str, pods: int) -> str:
+    """What a newcomer needs once the demo listens: the base URL and a request to paste."""
+    host = "127.0.0.1" if options.host in ("0.0.0.0", "::", "") else options.host
+    base = f"http://{host}:{options.port}/v1"
+    auth = ' -H "Authorization: Bearer $KEY"' if options.api_keys else ""
+    body = f'{{"model": "{model}", "messages": [{{"role": "user", "content": "hello"}}]}}'
+    return (
+        f"heimdall-proxy demo: {pods} simulated pods behind {base} (model {model!r})\n"
+        f"  curl -s {base}/chat/completions -H 'Content-Type: application/json'{auth} "
+        f"-d '{body}'\n"
+        f"  OpenAI SDK: OpenAI(base_url={base!r}, api_key='unused')"
+    )
 
 
 async def _start_sims(

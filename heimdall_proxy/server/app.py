@@ -174,9 +174,9 @@ def create_app(
     return app
 
 
-async def serve(app: web.Application, options: ServerOptions) -> None:
+async def serve(app: web.Application, options: ServerOptions, banner: str | None = None) -> None:
     """Run until SIGINT/SIGTERM; client disconnects cancel their handler (and so the upstream
-    request)."""
+    request). `banner` is printed on stdout once the port is open (the demo's how-to)."""
     runner = web.AppRunner(
         app,
         handler_cancellation=True,
@@ -196,6 +196,8 @@ async def serve(app: web.Application, options: ServerOptions) -> None:
             reuse_address=True,
         )
         log.info("heimdall-proxy listening on http://%s:%d", options.host, options.port)
+        if banner:
+            print(banner, flush=True)
         # Everything alive now (modules, config, plugins) lives as long as the process: keep
         # it out of the collector's generations, so collections only walk request garbage.
         gc.collect()
