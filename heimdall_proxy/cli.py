@@ -7,6 +7,7 @@ import argparse
 import asyncio
 import contextlib
 import logging
+import os
 import sys
 from collections.abc import Coroutine, Sequence
 from importlib import resources
@@ -59,7 +60,12 @@ def _add_logging(p: argparse.ArgumentParser) -> None:
         metavar="N",
         help="log verbosity; 4 logs every plugin run per request",
     )
-    p.add_argument("--log-format", choices=("json", "text"), default="json")
+    p.add_argument(
+        "--log-format",
+        choices=("json", "text"),
+        default=None,
+        help="default: text on a terminal, JSON otherwise",
+    )
 
 
 def _add_server(p: argparse.ArgumentParser, default_port: int = 8000) -> None:
@@ -70,6 +76,50 @@ def _add_server(p: argparse.ArgumentParser, default_port: int = 8000) -> None:
         action="store_true",
         help="set x-decoder-host-port (and x-prefiller-host-port) on responses",
     )
+    g = p.add_argument_group("access")
+    g.add_argument(
+        "--api-key",
+        action="append",
+        default=[],
+        metavar="KEY",
+        help="require Authorization: Bearer KEY (repeatable; also HEIMDALL_API_KEYS, "
+        "comma-separated); /health, /ready and /metrics stay open",
+    )
+    g.add_argument(
+        "--admin-api-key",
+        action="append",
+        default=[],
+        metavar="KEY",
+        help="a key that may also use --allow-route and debug routes (repeatable; also "
+        "HEIMDALL_ADMIN_API_KEYS)",
+    )
+    g.add_argument(
+        "--owner-header",
+        metavar="NAME",
+        help="without API keys: the header that identifies the caller owning stored responses",
+    )
+    g.add_argument(
+        "--allow-route",
+        action="append",
+        default=[],
+        metavar="PATH",
+        help="forward POST PATH too (only the inference routes are by default), e.g. /tokenize",
+    )
+    g.add_argument(
+        "--trust-client-transfer-params",
+        action="store_true",
+        help="forward the client's kv_transfer_params / ec_transfer_params (dropped by default)",
+    )
+    c = p.add_argument_group("client connections")
+    c.add_argument("--body-timeout", type=_duration, default=60.0, metavar="DURATION")
+    c.add_argument(
+        "--keepalive-timeout",
+        type=_duration,
+        default=15.0,
+        metavar="DURATION",
+        help="close a connection idle this long, or whose request headers take longer",
+    )
+    c.add_argument("--max-connections", type=int, default=4096)
     p.add_argument(
         "--debug-routes",
         action="store_true",
@@ -267,12 +317,24 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _env_list(name: str) -> tuple[str, ...]:
+    return tuple(v.strip() for v in os.environ.get(name, "").split(",") if v.strip())
+
+
 def _server_options(args: argparse.Namespace) -> ServerOptions:
     return ServerOptions(
         host=args.host,
         port=args.port,
         response_header=args.response_header,
         debug_routes=args.debug_routes,
+        api_keys=tuple(args.api_key) + _env_list("HEIMDALL_API_KEYS"),
+        admin_api_keys=tuple(args.admin_api_key) + _env_list("HEIMDALL_ADMIN_API_KEYS"),
+        owner_header=args.owner_header,
+        allow_routes=tuple(args.allow_route),
+        trust_client_transfer_params=args.trust_client_transfer_params,
+        body_timeout=args.body_timeout,
+        keepalive_timeout=args.keepalive_timeout,
+        max_connections=args.max_connections,
         max_body_bytes=args.max_body_bytes,
         metrics_interval=args.metrics_interval,
         models_interval=args.models_interval,
@@ -319,13 +381,29 @@ async def _serve(
 
     runners: list[web.AppRunner] = []
     try:
+        banner = None
         if app is None:
             config = await _start_sims(config, sim_pods, model, runners, sim_args)
             app = create_app(config, options)
-        await serve(app, options.host, options.port)
+            banner = demo_banner(options, model, len(runners))
+        await serve(app, options, banner)
     finally:
         for runner in runners:
             await runner.cleanup()
+
+
+def demo_banner(options: ServerOptions, model: str, pods: int) -> str:
+    """What a newcomer needs once the demo listens: the base URL and a request to paste."""
+    host = "127.0.0.1" if options.host in ("0.0.0.0", "::", "") else options.host
+    base = f"http://{host}:{options.port}/v1"
+    auth = ' -H "Authorization: Bearer $KEY"' if options.api_keys else ""
+    body = f'{{"model": "{model}", "messages": [{{"role": "user", "content": "hello"}}]}}'
+    return (
+        f"heimdall-proxy demo: {pods} simulated pods behind {base} (model {model!r})\n"
+        f"  curl -s {base}/chat/completions -H 'Content-Type: application/json'{auth} "
+        f"-d '{body}'\n"
+        f"  OpenAI SDK: OpenAI(base_url={base!r}, api_key='unused')"
+    )
 
 
 async def _start_sims(

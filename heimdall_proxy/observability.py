@@ -261,8 +261,11 @@ def _level_name(levelno: int) -> str:
     return f"v{logging.INFO - levelno}"
 
 
-def setup_logging(verbosity: int = 0, fmt: str = "json") -> None:
-    """Route the package's logs to stderr: `-v N` shows V(N) and below."""
+def setup_logging(verbosity: int = 0, fmt: str | None = "json") -> None:
+    """Route the package's logs to stderr: `-v N` shows V(N) and below. `fmt` None picks
+    human-readable text when stderr is a terminal and JSON lines otherwise (log shippers)."""
+    if fmt is None:
+        fmt = "text" if sys.stderr.isatty() else "json"
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
     root = logging.getLogger("heimdall_proxy")

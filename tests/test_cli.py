@@ -102,14 +102,18 @@ async def test_demo_answers_the_openai_sdk() -> None:
         "127.0.0.1",
         "--pods",
         "2",
-        stdout=asyncio.subprocess.DEVNULL,
-        stderr=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.DEVNULL,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
     try:
-        assert proc.stderr is not None
-        while b"listening on" not in (line := await asyncio.wait_for(proc.stderr.readline(), 30)):
+        assert proc.stdout is not None
+        banner = []
+        while b"curl" not in (line := await asyncio.wait_for(proc.stdout.readline(), 30)):
             assert line, "demo exited before listening"
+            banner.append(line)
+        assert f"http://127.0.0.1:{port}/v1".encode() in b"".join(banner)
+        assert b"/chat/completions" in line and b"sim-model" in line
         sdk = openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x", max_retries=0)
         out = await sdk.chat.completions.create(
             model="sim-model", messages=[{"role": "user", "content": "hello"}], max_tokens=3

@@ -71,3 +71,18 @@ async def test_default_verbosity_is_quiet(
         ) as r:
             assert r.status == 200
     assert "Running scorer" not in capsys.readouterr().err
+
+
+@pytest.mark.usefixtures("restore_logging")
+@pytest.mark.parametrize(("tty", "json_lines"), [(False, True), (True, False)])
+def test_default_log_format_follows_the_terminal(
+    tty: bool, json_lines: bool, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import sys
+
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: tty)
+    setup_logging(0, None)
+    logging.getLogger("heimdall_proxy.test").warning("hello")
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert line.startswith("{") is json_lines
+    assert "hello" in line

@@ -186,18 +186,21 @@ class Lifecycle(Protocol):
 class ResponsesStoreAPI(Protocol):
     """A store of Responses API objects that the server exposes as `GET /v1/responses/{id}`,
     `DELETE /v1/responses/{id}` and `GET /v1/responses/{id}/input_items`. The server finds
-    the (at most one) plugin implementing it; the routes answer 404 when there is none."""
+    the (at most one) plugin implementing it; the routes answer 404 when there is none.
 
-    async def get_response(self, response_id: str) -> dict[str, Any] | None:
+    Every entry has an owner (InferenceRequest.caller of the request that stored it); a
+    caller other than its owner is answered as if it did not exist."""
+
+    async def get_response(self, response_id: str, owner: str) -> dict[str, Any] | None:
         """The stored response object as the model server produced it, or None when unknown
-        (never stored, expired, evicted or deleted)."""
+        (never stored, expired, evicted, deleted, or `owner` does not own it)."""
         ...
 
-    async def delete_response(self, response_id: str) -> bool:
-        """Delete a stored response; False when there was none."""
+    async def delete_response(self, response_id: str, owner: str) -> bool:
+        """Delete a stored response `owner` owns; False when there was none."""
         ...
 
-    async def get_input_items(self, response_id: str) -> list[dict[str, Any]] | None:
+    async def get_input_items(self, response_id: str, owner: str) -> list[dict[str, Any]] | None:
         """Every input item the model read for that response, oldest first, each an object
         with a string `id` (earlier turns of a conversation included), or None when the
         response is unknown. The server pages and orders them."""

@@ -113,6 +113,9 @@ class InferenceRequest:
     body_modified: bool = False
     #: Real token ids, when a tokenizer prepare-data plugin ran.
     token_ids: list[int] | None = None
+    #: Who is asking, as the server authenticated it: "key:<digest>" for an API key, the
+    #: owner header's value, or "" (one shared owner). Owns what the request stores.
+    caller: str = ""
     _prompt_text: str | None = None
 
     @property

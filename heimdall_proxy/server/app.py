@@ -9,6 +9,7 @@ import gc
 import logging
 import signal
 from collections.abc import Awaitable, Callable
+from urllib.parse import unquote
 
 import orjson
 from aiohttp import web
@@ -16,10 +17,13 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from heimdall_proxy.builtins import load_builtin_plugins
 from heimdall_proxy.config import GatewayConfig
+from heimdall_proxy.framework.errors import RequestError
 from heimdall_proxy.framework.registry import Registry
 from heimdall_proxy.framework.types import ApiKind
+from heimdall_proxy.server.auth import Auth
+from heimdall_proxy.server.connections import protocol_factory
 from heimdall_proxy.server.debug import DEBUG_PREFIX, DEBUG_ROUTES, debug_handler
-from heimdall_proxy.server.errors import error_response
+from heimdall_proxy.server.errors import error_response, render
 from heimdall_proxy.server.gateway import GATEWAY, Gateway
 from heimdall_proxy.server.options import ServerOptions
 from heimdall_proxy.server.stored import delete_response, get_response, list_input_items
@@ -38,7 +42,10 @@ def openai_errors(handler: Handler) -> Handler:
     @functools.wraps(handler)
     async def wrapped(request: web.Request) -> web.StreamResponse:
         try:
+            check_target(request.raw_path)
             return await handler(request)
+        except RequestError as exc:
+            return render(exc)
         except web.HTTPException as exc:
             if exc.status < 400:
                 raise
@@ -48,6 +55,20 @@ def openai_errors(handler: Handler) -> Handler:
             return error_response(500, "Internal gateway error.", code="internal_error")
 
     return wrapped
+
+
+def check_target(raw_path: str) -> None:
+    """Reject request targets a reverse proxy must not pass on: absolute-form (the path is
+    appended to a pod's URL) and `..` segments, plain or percent-encoded (a pod or anything
+    behind it may resolve them). Raises RequestError(400)."""
+    if not raw_path.startswith("/"):
+        raise RequestError(
+            400, "The request target must be a path (origin-form).", code="invalid_path"
+        )
+    if ".." in raw_path or "%2" in raw_path.lower():
+        path = unquote(raw_path.partition("?")[0])
+        if ".." in path.replace("\\", "/").split("/"):
+            raise RequestError(400, "The request path has a '..' segment.", code="invalid_path")
 
 
 def _http_error(request: web.Request, exc: web.HTTPException) -> web.Response:
@@ -121,25 +142,28 @@ def create_app(
     app = web.Application(client_max_size=options.max_body_bytes)
     app[GATEWAY] = gateway
     app.cleanup_ctx.append(gateway.lifespan)
+    auth = Auth(options.api_keys, options.admin_api_keys, options.owner_header)
+    user, admin = auth.guard, functools.partial(auth.guard, admin=True)
     other = _inference("other")
     routes: list[tuple[str, str, Handler]] = [
-        ("POST", "/v1/completions", _inference("completions")),
-        ("POST", "/v1/chat/completions", _inference("chat")),
-        ("POST", "/v1/responses", _inference("responses")),
-        ("GET", "/v1/models", list_models),
-        ("GET", "/v1/responses/{response_id}", get_response),
-        ("DELETE", "/v1/responses/{response_id}", delete_response),
-        ("GET", "/v1/responses/{response_id}/input_items", list_input_items),
-        ("POST", "/v1/{tail:.+}", other),
-        ("POST", "/tokenize", other),
-        ("POST", "/detokenize", other),
+        ("POST", "/v1/completions", user(_inference("completions"))),
+        ("POST", "/v1/chat/completions", user(_inference("chat"))),
+        ("POST", "/v1/responses", user(_inference("responses"))),
+        ("POST", "/v1/embeddings", user(other)),
+        ("GET", "/v1/models", user(list_models)),
+        ("GET", "/v1/responses/{response_id}", user(get_response)),
+        ("DELETE", "/v1/responses/{response_id}", user(delete_response)),
+        ("GET", "/v1/responses/{response_id}/input_items", user(list_input_items)),
         ("GET", "/health", health),
         ("GET", "/ready", ready),
         ("GET", "/metrics", metrics),
     ]
+    # Anything else a pod serves (adapter loading, /tokenize, ...) only when allowlisted.
+    routes += [("POST", path, admin(other)) for path in options.allow_routes]
     if options.debug_routes:
         routes += [
-            ("POST", DEBUG_PREFIX + path, debug_handler(api, path)) for path, api in DEBUG_ROUTES
+            ("POST", DEBUG_PREFIX + path, admin(debug_handler(api, path)))
+            for path, api in DEBUG_ROUTES
         ]
     for method, path, handler in routes:
         if method == "GET":  # and HEAD, as aiohttp's add_get does
@@ -150,25 +174,42 @@ def create_app(
     return app
 
 
-async def serve(app: web.Application, host: str, port: int) -> None:
+async def serve(app: web.Application, options: ServerOptions, banner: str | None = None) -> None:
     """Run until SIGINT/SIGTERM; client disconnects cancel their handler (and so the upstream
-    request)."""
-    runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+    request). `banner` is printed on stdout once the port is open (the demo's how-to)."""
+    runner = web.AppRunner(
+        app,
+        handler_cancellation=True,
+        access_log=None,
+        keepalive_timeout=options.keepalive_timeout,
+    )
     await runner.setup()
+    listener: asyncio.Server | None = None
     try:
-        site = web.TCPSite(runner, host, port, backlog=1024)
-        await site.start()
-        log.info("heimdall-proxy listening on http://%s:%d", host, port)
+        assert runner.server is not None
+        loop = asyncio.get_running_loop()
+        listener = await loop.create_server(
+            protocol_factory(runner.server, options.max_connections),
+            options.host,
+            options.port,
+            backlog=1024,
+            reuse_address=True,
+        )
+        log.info("heimdall-proxy listening on http://%s:%d", options.host, options.port)
+        if banner:
+            print(banner, flush=True)
         # Everything alive now (modules, config, plugins) lives as long as the process: keep
         # it out of the collector's generations, so collections only walk request garbage.
         gc.collect()
         gc.freeze()
         stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             with contextlib.suppress(NotImplementedError):
                 loop.add_signal_handler(sig, stop.set)
         await stop.wait()
         log.info("shutting down")
     finally:
+        if listener is not None:
+            listener.close()
+        await runner.shutdown()
         await runner.cleanup()

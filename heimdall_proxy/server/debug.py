@@ -19,6 +19,7 @@ from aiohttp import web
 from heimdall_proxy.framework.errors import RequestError
 from heimdall_proxy.framework.trace import ScheduleTrace
 from heimdall_proxy.framework.types import ApiKind, Endpoint
+from heimdall_proxy.server.auth import caller_of
 from heimdall_proxy.server.errors import render
 from heimdall_proxy.server.gateway import GATEWAY
 
@@ -40,7 +41,9 @@ def debug_handler(api: ApiKind, path: str) -> Any:
         trace = ScheduleTrace()
         try:
             body = await request.read()
-            decision = await gateway.director.decide(api, path, body, request.headers, trace)
+            decision = await gateway.director.decide(
+                api, path, body, request.headers, trace, caller_of(request)
+            )
         except RequestError as exc:
             return render(exc)
         result = decision.result

@@ -39,11 +39,36 @@ class Decision:
     result: SchedulingResult
 
 
+#: Body fields that make a pod act on what they name: vLLM's NIXL connector dials the
+#: remote_host / remote_port of kv_transfer_params; an EC connector loads what
+#: ec_transfer_params points at. The gateway writes them itself for its own hops.
+TRANSFER_FIELDS = ("kv_transfer_params", "ec_transfer_params")
+
+
+def untrusted_fields(ireq: InferenceRequest, trust_transfer_params: bool) -> None:
+    """Drop what a client must not choose: the transfer parameters (unless the operator
+    trusts its clients) and, on /v1/responses, `request_id` (vLLM makes it the response id,
+    so a client could otherwise name, and overwrite, another caller's stored response)."""
+    data = ireq.data
+    drop = [f for f in TRANSFER_FIELDS if f in data] if not trust_transfer_params else []
+    if ireq.api == "responses" and "request_id" in data:
+        drop.append("request_id")
+    if drop:
+        ireq.set_data({k: v for k, v in data.items() if k not in drop})
+
+
 class Director:
-    def __init__(self, pool: EndpointPool, plugins: PluginSet, metrics: GatewayMetrics) -> None:
+    def __init__(
+        self,
+        pool: EndpointPool,
+        plugins: PluginSet,
+        metrics: GatewayMetrics,
+        trust_transfer_params: bool = False,
+    ) -> None:
         self.pool = pool
         self.plugins = plugins
         self.metrics = metrics
+        self.trust_transfer_params = trust_transfer_params
         self._has_prepare = bool(plugins.prepare_data or plugins.producers)
 
     async def decide(
@@ -53,11 +78,14 @@ class Director:
         body: bytes,
         headers: Mapping[str, str],
         trace: ScheduleTrace | None = None,
+        caller: str = "",
     ) -> Decision:
         """Parse and schedule one request. Raises RequestError for anything the client gets an
         answer to without a pod (bad body, unknown model, no pod can serve it). With `trace`,
         the scheduler records every profile's filters, scores and pick into it."""
         ireq = parse_body(api, path, body, headers)
+        ireq.caller = caller
+        untrusted_fields(ireq, self.trust_transfer_params)
         candidates = self.candidates(ireq)
         state = CycleState()
         if trace is not None:

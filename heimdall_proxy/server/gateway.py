@@ -24,6 +24,7 @@ from heimdall_proxy.framework.loader import PluginSet, build_plugins
 from heimdall_proxy.framework.registry import Registry
 from heimdall_proxy.framework.types import ApiKind
 from heimdall_proxy.observability import GatewayMetrics
+from heimdall_proxy.server.auth import caller_of
 from heimdall_proxy.server.director import Director
 from heimdall_proxy.server.errors import render
 from heimdall_proxy.server.hooks import Hooks
@@ -63,7 +64,9 @@ class Gateway:
             extra,
         )
         self.metrics.add_sources(self.plugins.plugins.values())
-        self.director = Director(self.pool, self.plugins, self.metrics)
+        self.director = Director(
+            self.pool, self.plugins, self.metrics, options.trust_client_transfer_params
+        )
         self.hooks = Hooks(self.plugins)
         self._session: aiohttp.ClientSession | None = None
         self._relay: Relay | None = None
@@ -131,7 +134,13 @@ class Gateway:
                 413, f"The request body exceeds {limit} bytes.", code="request_too_large"
             )
         try:
-            return await request.read()
+            return await asyncio.wait_for(request.read(), self.options.body_timeout)
+        except TimeoutError as exc:
+            raise RequestError(
+                408,
+                f"The request body was not received within {self.options.body_timeout:g}s.",
+                code="request_timeout",
+            ) from exc
         except web.HTTPRequestEntityTooLarge as exc:
             raise RequestError(
                 413, f"The request body exceeds {limit} bytes.", code="request_too_large"
@@ -143,7 +152,9 @@ class Gateway:
         model_label = UNKNOWN_MODEL
         try:
             body = await self._read_body(request)
-            decision = await self.director.decide(api, request.path, body, request.headers)
+            decision = await self.director.decide(
+                api, request.path, body, request.headers, caller=caller_of(request)
+            )
             model_label = decision.request.model
         except RequestError as exc:
             self.metrics.errors.labels(model_label, model_label, exc.code or str(exc.status)).inc()

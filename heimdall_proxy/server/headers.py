@@ -20,8 +20,10 @@ HOP_BY_HOP = frozenset(
         "upgrade",
     }
 )
-#: Recomputed or meaningless on the other side of the gateway.
-_REQUEST_DROP = HOP_BY_HOP | {"host", "content-length", "expect"}
+#: Recomputed or meaningless on the other side of the gateway. The gateway reads a request
+#: body decoded (aiohttp undoes a Content-Encoding) and forwards it decoded, so the client's
+#: Content-Encoding must not go with it.
+_REQUEST_DROP = HOP_BY_HOP | {"host", "content-length", "expect", "content-encoding"}
 _RESPONSE_DROP = HOP_BY_HOP | {"content-length"}
 #: Headers the gateway writes itself; a client-sent copy is never trusted.
 OWNED = frozenset({"x-decoder-host-port", "x-prefiller-host-port"})
@@ -36,8 +38,9 @@ def _connection_tokens(headers: Mapping[str, str]) -> frozenset[str]:
 
 
 def upstream_request_headers(headers: CIMultiDictProxy[str]) -> CIMultiDict[str]:
-    """The client's headers minus hop-by-hop ones, Host, Content-Length and any header the
-    gateway owns (`mif-*`, `x-gateway-*`, `x-decoder-host-port`, `x-prefiller-host-port`)."""
+    """The client's headers minus hop-by-hop ones, Host, Content-Length, Content-Encoding and
+    any header the gateway owns (`mif-*`, `x-gateway-*`, `x-decoder-host-port`,
+    `x-prefiller-host-port`)."""
     listed = _connection_tokens(headers)
     out: CIMultiDict[str] = CIMultiDict()
     for key, value in headers.items():

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass(slots=True)
@@ -25,3 +25,20 @@ class ServerOptions:
     #: Serve POST /debug/route/v1/... (see server/debug.py). Off by default: it shows pod
     #: names and scores to whoever can reach the gateway.
     debug_routes: bool = False
+    #: API keys (Bearer) every route but /health, /ready and /metrics needs; empty: open.
+    api_keys: tuple[str, ...] = field(default=(), repr=False)
+    #: Keys that may also use the allowlisted and debug routes.
+    admin_api_keys: tuple[str, ...] = field(default=(), repr=False)
+    #: Without keys: the header whose value identifies the caller (owner of stored responses).
+    owner_header: str | None = None
+    #: Paths forwarded besides the inference routes (POST), e.g. /tokenize; admin key if keys.
+    allow_routes: tuple[str, ...] = ()
+    #: Forward the client's kv_transfer_params / ec_transfer_params (they make decode pods
+    #: dial the addresses in them): only behind a trusted client.
+    trust_client_transfer_params: bool = False
+    #: Connection hygiene: how long an idle connection stays open, which also bounds the time
+    #: a client may take to send a request's headers; the time to send its body; open
+    #: connections at most (server/connections.py).
+    body_timeout: float = 60.0
+    keepalive_timeout: float = 15.0
+    max_connections: int = 4096

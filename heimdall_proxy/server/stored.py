@@ -11,6 +11,7 @@ from aiohttp import web
 
 from heimdall_proxy.framework.errors import RequestError
 from heimdall_proxy.framework.plugins import ResponsesStoreAPI
+from heimdall_proxy.server.auth import caller_of
 from heimdall_proxy.server.errors import error_response, render
 from heimdall_proxy.server.gateway import GATEWAY
 
@@ -43,7 +44,7 @@ async def get_response(request: web.Request) -> web.Response:
     if store is None:
         return _response_not_found(response_id, store)
     try:
-        doc = await store.get_response(response_id)
+        doc = await store.get_response(response_id, caller_of(request))
     except Exception as exc:
         return _store_unavailable(exc)
     return _response_not_found(response_id, store) if doc is None else _json(doc)
@@ -55,7 +56,7 @@ async def delete_response(request: web.Request) -> web.Response:
     if store is None:
         return _response_not_found(response_id, store)
     try:
-        deleted = await store.delete_response(response_id)
+        deleted = await store.delete_response(response_id, caller_of(request))
     except Exception as exc:
         return _store_unavailable(exc)
     if not deleted:
@@ -134,7 +135,7 @@ async def list_input_items(request: web.Request) -> web.Response:
     except RequestError as exc:
         return render(exc)
     try:
-        items = await store.get_input_items(response_id)
+        items = await store.get_input_items(response_id, caller_of(request))
     except Exception as exc:
         return _store_unavailable(exc)
     if items is None:

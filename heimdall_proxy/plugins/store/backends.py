@@ -36,9 +36,9 @@ class StoreBackend(Protocol):
 
 
 class InMemoryBackend:
-    """A process-local LRU: at most `max_entries` entries, each dropped `ttl` seconds after
-    it was stored (0: never). Reading an entry makes it the most recently used. Not shared
-    between gateway replicas and lost on restart."""
+    """A process-local LRU: at most `max_entries` entries and `max_total_bytes` bytes of them,
+    each dropped `ttl` seconds after it was stored (0: never). Reading an entry makes it the
+    most recently used. Not shared between gateway replicas and lost on restart."""
 
     def __init__(
         self,
@@ -46,10 +46,13 @@ class InMemoryBackend:
         max_entries: int,
         max_entry_bytes: int,
         clock: Callable[[], float] = time.monotonic,
+        max_total_bytes: int = 1 << 30,
     ) -> None:
         self.ttl = ttl
         self.max_entries = max_entries
         self.max_entry_bytes = max_entry_bytes
+        self.max_total_bytes = max_total_bytes
+        self.total_bytes = 0
         self._clock = clock
         #: id -> (deadline, entry), least recently used first
         self._entries: OrderedDict[str, tuple[float, bytes]] = OrderedDict()
@@ -67,15 +70,24 @@ class InMemoryBackend:
         now = self._clock()
         deadline = now + self.ttl if self.ttl > 0 else float("inf")
         entries = self._entries
+        old = entries.get(response_id)
+        if old is not None:
+            self.total_bytes -= len(old[1])
         entries[response_id] = (deadline, entry)
+        self.total_bytes += len(entry)
         entries.move_to_end(response_id)
         # Expired entries are dropped when read; also drop the ones at the cold end here so
         # a store that is only written does not keep them until LRU eviction.
         while entries:
-            oldest_id, (oldest_deadline, _) = next(iter(entries.items()))
-            if oldest_deadline > now and len(entries) <= self.max_entries:
+            oldest_id, (oldest_deadline, oldest) = next(iter(entries.items()))
+            if (
+                oldest_deadline > now
+                and len(entries) <= self.max_entries
+                and self.total_bytes <= self.max_total_bytes
+            ):
                 break
             del entries[oldest_id]
+            self.total_bytes -= len(oldest)
 
     async def get(self, response_id: str) -> bytes | None:
         item = self._entries.get(response_id)
@@ -84,10 +96,13 @@ class InMemoryBackend:
         deadline, entry = item
         if deadline <= self._clock():
             del self._entries[response_id]
+            self.total_bytes -= len(entry)
             return None
         self._entries.move_to_end(response_id)
         return entry
 
     async def delete(self, response_id: str) -> bool:
         item = self._entries.pop(response_id, None)
+        if item is not None:
+            self.total_bytes -= len(item[1])
         return item is not None and item[0] > self._clock()

@@ -20,6 +20,9 @@ class InMemoryConfig(PluginParams):
     ttl: NonNegativeDuration = DAY
     max_entries: int = Field(default=10000, ge=1)
     max_entry_bytes: int = Field(default=DEFAULT_MAX_ENTRY_BYTES, ge=1)
+    #: Ours: all entries together at most (the oldest are evicted first), so the store's
+    #: memory is bounded in bytes, not only in entries. 1 GiB.
+    max_total_bytes: int = Field(default=1 << 30, ge=1)
 
 
 class RedisConfig(PluginParams):

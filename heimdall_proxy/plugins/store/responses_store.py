@@ -41,7 +41,9 @@ def make_backend(params: ResponsesStoreParams) -> StoreBackend:
         return TieredBackend(cfg.tiered_config)
     mem = cfg.in_memory_config if cfg is not None else None
     mem = mem or InMemoryConfig()  # ttl 24h
-    return InMemoryBackend(mem.ttl, mem.max_entries, mem.max_entry_bytes)
+    return InMemoryBackend(
+        mem.ttl, mem.max_entries, mem.max_entry_bytes, max_total_bytes=mem.max_total_bytes
+    )
 
 
 @register(RESPONSES_STORE_TYPE, ResponsesStoreParams, feature_gate=PREPARE_DATA_GATE)
@@ -64,8 +66,11 @@ class ResponsesStore(BasePlugin[ResponsesStoreParams]):
     - ResponsesStoreAPI: the server's `GET`/`DELETE /v1/responses/{id}` and
       `GET /v1/responses/{id}/input_items`.
 
-    Entries are `{"response": <response object>, "input": [<input items>]}` as JSON, so each
-    is self-contained: evicting or deleting an earlier turn does not break later ones."""
+    Entries are `{"owner": <caller>, "response": <response object>, "input": [<input
+    items>]}` as JSON, so each is self-contained: evicting or deleting an earlier turn does
+    not break later ones. The owner is the caller that stored it (its API key's digest, the
+    owner header, or "" when the gateway has neither); only it can read, continue or delete
+    the entry, and an entry is never overwritten by another caller's response."""
 
     type = RESPONSES_STORE_TYPE
 
@@ -93,7 +98,7 @@ class ResponsesStore(BasePlugin[ResponsesStoreParams]):
 
     # ---- reading ------------------------------------------------------------------------
 
-    async def _entry(self, response_id: str) -> dict[str, Any] | None:
+    async def _raw_entry(self, response_id: str) -> dict[str, Any] | None:
         raw = self._staged.get(response_id)
         if raw is None:
             raw = await self.backend.get(response_id)
@@ -102,17 +107,27 @@ class ResponsesStore(BasePlugin[ResponsesStoreParams]):
         entry = orjson.loads(raw)
         return entry if isinstance(entry, dict) else None
 
-    async def get_response(self, response_id: str) -> dict[str, Any] | None:
-        entry = await self._entry(response_id)
+    async def _entry(self, response_id: str, owner: str) -> dict[str, Any] | None:
+        """The entry, when `owner` owns it (an entry of another owner does not exist for
+        them: the same 404, so ids cannot be probed)."""
+        entry = await self._raw_entry(response_id)
+        if entry is None or entry.get("owner", "") != owner:
+            return None
+        return entry
+
+    async def get_response(self, response_id: str, owner: str) -> dict[str, Any] | None:
+        entry = await self._entry(response_id, owner)
         response = entry.get("response") if entry is not None else None
         return response if isinstance(response, dict) else None
 
-    async def delete_response(self, response_id: str) -> bool:
+    async def delete_response(self, response_id: str, owner: str) -> bool:
+        if await self._entry(response_id, owner) is None:
+            return False
         staged = self._staged.pop(response_id, None) is not None
         return await self.backend.delete(response_id) or staged
 
-    async def get_input_items(self, response_id: str) -> list[dict[str, Any]] | None:
-        entry = await self._entry(response_id)
+    async def get_input_items(self, response_id: str, owner: str) -> list[dict[str, Any]] | None:
+        entry = await self._entry(response_id, owner)
         if entry is None:
             return None
         return listed_items(entry.get("input") or [])
@@ -126,7 +141,7 @@ class ResponsesStore(BasePlugin[ResponsesStoreParams]):
         if not isinstance(previous, str):
             return
         try:
-            entry = await self._entry(previous)
+            entry = await self._entry(previous, request.caller)
         except Exception as exc:
             log.warning("responses store read failed for %s: %r", previous, exc)
             raise RequestError(
@@ -191,6 +206,15 @@ class ResponsesStore(BasePlugin[ResponsesStoreParams]):
                     staged = self._stage(ctx, _decode_response(reader.body()))
             if staged is not None:
                 response_id, entry = staged
+                existing = await self.backend.get(response_id)
+                if existing is not None and _owner(existing) != ctx.request.caller:
+                    # A pod reused an id another caller's entry has: never overwrite it.
+                    log.warning(
+                        "response %s not stored: the id belongs to another caller's entry",
+                        response_id,
+                        extra={"request_id": ctx.request.request_id},
+                    )
+                    return
                 await self.backend.put(response_id, entry)
         finally:
             if staged is not None:
@@ -212,12 +236,18 @@ class ResponsesStore(BasePlugin[ResponsesStoreParams]):
             if previous is not None:
                 response = {**response, "previous_response_id": previous}
         entry = orjson.dumps(
-            {"response": response, "input": input_items(request.data.get("input"))}
+            {
+                "owner": request.caller,
+                "response": response,
+                "input": input_items(request.data.get("input")),
+            }
         )
         if len(entry) > self.max_entry_bytes:
             self._too_big(ctx, response_id, len(entry))
             return None
         staged = (response_id, entry)
+        if response_id in self._staged and _owner(self._staged[response_id]) != request.caller:
+            return None  # another caller's entry is being written under this id
         self._staged[response_id] = entry
         ctx.state[self._staged_key] = staged
         return staged
@@ -248,3 +278,13 @@ def _original_previous_id(body: bytes) -> str | None:
         return None
     previous = doc.get("previous_response_id") if isinstance(doc, dict) else None
     return previous if isinstance(previous, str) else None
+
+
+def _owner(raw: bytes) -> str | None:
+    """The owner recorded in a stored entry (None: unreadable)."""
+    try:
+        doc = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return None
+    owner = doc.get("owner", "") if isinstance(doc, dict) else None
+    return owner if isinstance(owner, str) else None

@@ -222,6 +222,18 @@ async def test_in_memory_drops_expired_entries_when_written() -> None:
     assert len(mem) == 1
 
 
+async def test_in_memory_bounds_the_total_bytes() -> None:
+    mem = InMemoryBackend(ttl=0, max_entries=100, max_entry_bytes=100, max_total_bytes=250)
+    for name in "abc":
+        await mem.put(name, b"x" * 100)
+    assert await mem.get("a") is None  # 300 bytes > 250: the oldest went
+    assert mem.total_bytes == 200
+    await mem.put("b", b"y" * 10)  # replacing an entry counts its new size only
+    assert mem.total_bytes == 110
+    await mem.delete("c")
+    assert mem.total_bytes == 10
+
+
 async def test_in_memory_ttl_zero_keeps_entries() -> None:
     clock = Clock()
     mem = InMemoryBackend(ttl=0, max_entries=1, max_entry_bytes=100, clock=clock)
@@ -243,9 +255,9 @@ async def test_continuation_is_rewritten_and_stored() -> None:
     assert [i.get("content") for i in req.data["input"]][::2] == ["a", "b"]
     assert req.data["input"][1]["id"] == "msg_r1"
     assert "a" in req.prompt_text() and "out" in req.prompt_text()
-    stored = await store.get_response("r2")
+    stored = await store.get_response("r2", "")
     assert stored is not None and stored["previous_response_id"] == "r1"
-    items = await store.get_input_items("r2")
+    items = await store.get_input_items("r2", "")
     assert items is not None and len(items) == 3
 
 
@@ -281,8 +293,8 @@ async def test_other_apis_and_failures_are_left_alone() -> None:
     assert not chat.body_modified
     await serve(store, {"input": "x"}, "r-500", status=500)
     await serve(store, {"input": "x", "store": False}, "r-nostore")
-    assert await store.get_response("r-500") is None
-    assert await store.get_response("r-nostore") is None
+    assert await store.get_response("r-500", "") is None
+    assert await store.get_response("r-nostore", "") is None
 
 
 async def test_streamed_response_is_readable_from_its_final_event() -> None:
@@ -298,7 +310,7 @@ async def test_streamed_response_is_readable_from_its_final_event() -> None:
     await store.response_streaming(c, data[10:])
     # staged: visible before response_complete wrote it to the backend
     assert len(mem) == 0
-    assert (await store.get_response("r-s")) == response("r-s")
+    assert (await store.get_response("r-s", "")) == response("r-s")
     await store.response_complete(c)
     assert len(mem) == 1 and store._staged == {}
 
@@ -314,14 +326,14 @@ async def test_json_body_relayed_in_chunks_is_stored() -> None:
         for i in range(0, len(body), 7):
             await store.response_streaming(c, body[i : i + 7])
         await store.response_complete(c)
-    assert await store.get_response("r-small") == response("r-small")
-    assert await store.get_response("r-big") is None
+    assert await store.get_response("r-small", "") == response("r-small")
+    assert await store.get_response("r-big", "") is None
 
 
 async def test_delete_and_unknown() -> None:
     store = plugin()
     await serve(store, {"input": "x"}, "r1")
-    assert await store.delete_response("r1") is True
-    assert await store.delete_response("r1") is False
-    assert await store.get_response("r1") is None
-    assert await store.get_input_items("r1") is None
+    assert await store.delete_response("r1", "") is True
+    assert await store.delete_response("r1", "") is False
+    assert await store.get_response("r1", "") is None
+    assert await store.get_input_items("r1", "") is None
