@@ -30,11 +30,10 @@ OWNED = frozenset({"x-decoder-host-port", "x-prefiller-host-port"})
 OWNED_PREFIXES = ("mif-", "x-gateway-")
 
 
-def _connection_tokens(headers: Mapping[str, str]) -> frozenset[str]:
-    value = headers.get("connection")
-    if not value:
-        return frozenset()
-    return frozenset(t.strip().lower() for t in value.split(","))
+def _connection_tokens(headers: CIMultiDictProxy[str]) -> frozenset[str]:
+    """Header names listed in every Connection header (a message may carry several)."""
+    values = headers.getall("connection", ())
+    return frozenset(t.strip().lower() for v in values for t in v.split(","))
 
 
 def upstream_request_headers(headers: CIMultiDictProxy[str]) -> CIMultiDict[str]:
