@@ -224,6 +224,12 @@ def _add_sim_engine(p: argparse.ArgumentParser, demo: bool = False) -> None:
     add("--advertise-host", default=d.advertise_host, help="remote_host in transfer params")
     add("--side-channel-port", type=int, default=d.side_channel_port)
     add("--ec-storage-path", default=None, help="directory shared with encode pods")
+    add(
+        "--no-ec-transfer-params",
+        dest="ec_transfer_params",
+        action="store_false",
+        help="encode pods answer without ec_transfer_params (shared-storage EC connectors)",
+    )
     if not demo:
         add("--engine-id", default=None)
 

@@ -25,6 +25,7 @@ from heimdall_proxy.framework.defaults import (
 )
 from heimdall_proxy.framework.handle import PluginHandle, PluginLookupError
 from heimdall_proxy.framework.plugins import (
+    ChecksPeers,
     DataExtractor,
     DataSource,
     Filter,
@@ -164,6 +165,7 @@ def build_plugins(
     declared. Raises ConfigError."""
     epp = with_default_plugins(epp)
     plugins, skipped = instantiate_all(epp, registry, handle, extra or [])
+    check_peers(plugins)
     profile_cfgs = list(epp.scheduling_profiles) or default_profiles(
         [n for n, p in plugins.items() if _in_profile(p)]
     )
@@ -213,6 +215,17 @@ def instantiate_all(
         plugins[name] = plugin
         handle.add(name, plugin)
     return plugins, skipped
+
+
+def check_peers(plugins: dict[str, object]) -> None:
+    """Phase 1b: plugins that name other plugins check them, now that all are built."""
+    for name, plugin in plugins.items():
+        if isinstance(plugin, ChecksPeers):
+            try:
+                plugin.check_peers(plugins)
+            except ValueError as exc:
+                kind = getattr(plugin, "type", "?")
+                raise ConfigError(f"plugin {name!r} (type {kind!r}): {exc}") from exc
 
 
 def _in_profile(plugin: object) -> bool:

@@ -174,6 +174,15 @@ class MetricsSource(Protocol):
 
 
 @runtime_checkable
+class ChecksPeers(Protocol):
+    """A plugin whose parameters name other plugins that may be declared after it: once every
+    plugin is built, the loader calls `check_peers` with all of them (by name). Raising
+    ValueError fails the config with the message."""
+
+    def check_peers(self, plugins: Mapping[str, object]) -> None: ...
+
+
+@runtime_checkable
 class Lifecycle(Protocol):
     """Plugins with background work (subscribers, refreshers)."""
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
 from multidict import CIMultiDict, CIMultiDictProxy
 
 HOP_BY_HOP = frozenset(

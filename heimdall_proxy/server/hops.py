@@ -240,8 +240,12 @@ class Hops:
             try:
                 answer = await self._post(endpoint, ENCODE_PATH, doc, headers, plan.hop_timeout)
                 params = answer.get("ec_transfer_params")
-                if not isinstance(params, dict) or not params:
-                    raise HopError("the answer carries no ec_transfer_params")
+                if params is None:
+                    # vLLM's shared-storage EC connectors answer 2xx without parameters: the
+                    # encoder output is in storage the decode pod reads by the item's hash.
+                    params = {}
+                elif not isinstance(params, dict):
+                    raise HopError("the answer's ec_transfer_params is not an object")
             except (*_HOP_FAILURES, HopError) as exc:
                 self._failed("encode", endpoint, ireq, exc)
                 return endpoint, None

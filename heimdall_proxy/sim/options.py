@@ -83,3 +83,6 @@ class SimOptions:
     #: connector's shared storage: an encode pod writes one file per multimodal item hash,
     #: other pods skip the encoder for items found there.
     ec_storage_path: str | None = None
+    #: An encode pod names its outputs in `ec_transfer_params`; off, it answers without them,
+    #: as vLLM's shared-storage EC connectors do (the decode pod finds the outputs in storage).
+    ec_transfer_params: bool = True

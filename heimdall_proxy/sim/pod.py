@@ -384,7 +384,7 @@ class SimPod:
                 "remote_port": o.side_channel_port,
                 "tp_size": 1,
             }
-        if seq.encode_only and seq.mm:
+        if seq.encode_only and seq.mm and o.ec_transfer_params:
             extra["ec_transfer_params"] = {
                 m.mm_hash: {
                     "do_remote_encode": True,
@@ -395,11 +395,11 @@ class SimPod:
                 }
                 for m in seq.mm
             }
-            if o.ec_storage_path:
-                os.makedirs(o.ec_storage_path, exist_ok=True)
-                for m in seq.mm:
-                    with open(os.path.join(o.ec_storage_path, m.mm_hash), "wb"):
-                        pass
+        if seq.encode_only and seq.mm and o.ec_storage_path:
+            os.makedirs(o.ec_storage_path, exist_ok=True)
+            for m in seq.mm:
+                with open(os.path.join(o.ec_storage_path, m.mm_hash), "wb"):
+                    pass
         return extra
 
     async def _inference(self, request: web.Request, api: ApiKind) -> web.StreamResponse:

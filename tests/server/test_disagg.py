@@ -387,6 +387,29 @@ async def test_responses_image_input_takes_the_encode_hop(
     assert headers_of(decode)[0]["mif-encode-endpoints"] == f"127.0.0.1:{encoder.server.port}"
 
 
+async def test_an_encoder_answering_without_params_counts_as_done(
+    start_pod: PodFactory, start_gateway: GatewayFactory, tmp_path: Any
+) -> None:
+    """vLLM's shared-storage EC connectors answer 2xx without ec_transfer_params: the stage
+    ran (the decode pod reads the output from storage), so it is named, not counted failed."""
+    shared = {"ec_storage_path": str(tmp_path), "encode_cost_per_item": 0.5}
+    encoder = await start_pod(
+        labels={ROLE: "encode"}, role="encode", name="encode-0", ec_transfer_params=False,
+        **shared,
+    )  # fmt: skip
+    decode = await start_pod(labels={ROLE: "decode"}, name="decode-0", **shared)
+    gw = await start_gateway(make_config([encoder, decode], EPD))
+    assert (await chat(gw, [{"type": "text", "text": "look"}, IMAGE]))[0] == 200
+    [hop] = bodies(encoder)
+    assert "ec_transfer_params" not in hop
+    [final] = bodies(decode)
+    assert "ec_transfer_params" not in final
+    assert headers_of(decode)[0]["mif-encode-endpoints"] == f"127.0.0.1:{encoder.server.port}"
+    labels = {"stage": "encode", "pod": "encode-0"}
+    assert not gw.metric("inference_objective_disagg_hop_failures_total", labels)
+    assert gw.metric("inference_objective_disagg_hops_total", labels) == 1
+
+
 async def test_encode_pod_failure_is_served_and_counted(
     start_pod: PodFactory, start_gateway: GatewayFactory
 ) -> None:

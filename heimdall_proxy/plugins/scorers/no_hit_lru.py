@@ -20,6 +20,8 @@ from heimdall_proxy.framework.types import (
 )
 
 NO_HIT_LRU_SCORER_TYPE = "no-hit-lru-scorer"
+#: The plugin types that publish a PrefixCacheMatchInfo this scorer can read.
+PREFIX_PLUGIN_TYPES = ("prefix-cache-scorer", "precise-prefix-cache-scorer")
 
 
 class NoHitLRUParams(PluginParams):
@@ -47,6 +49,29 @@ class NoHitLRUScorer(BasePlugin[NoHitLRUParams]):
         super().__init__(name, params, handle)
         self._lru: OrderedDict[str, None] = OrderedDict()
         self._cold_key = f"{prefix_match_key(self.type, name)}#cold"
+
+    def check_peers(self, plugins: Mapping[str, object]) -> None:
+        """The prefix plugin named by prefixPluginType / prefixPluginName must be declared:
+        otherwise every request would look cold, silently (as with precise-prefix-cache-scorer
+        and the default names)."""
+        p = self.params
+        named = plugins.get(p.prefix_plugin_name)
+        if named is not None and getattr(named, "type", None) == p.prefix_plugin_type:
+            return
+        prefix = [
+            (n, t) for n, q in plugins.items()
+            if (t := str(getattr(q, "type", ""))) in PREFIX_PLUGIN_TYPES
+        ]  # fmt: skip
+        hint = (
+            " set prefixPluginType: {1} and prefixPluginName: {0}".format(*prefix[0])
+            if len(prefix) == 1
+            else " declare prefix-cache-scorer or precise-prefix-cache-scorer and name it"
+        )
+        raise ValueError(
+            f"prefixPluginType {p.prefix_plugin_type!r} / prefixPluginName "
+            f"{p.prefix_plugin_name!r} name no declared plugin, so every request would count "
+            f"as cold;{hint}"
+        )
 
     def _is_cold(self, state: CycleState) -> bool:
         cold = state.get(self._cold_key)

@@ -84,3 +84,31 @@ async def test_single_candidate_prefill_and_lru_size() -> None:
     assert scorer.last_used() == ["b", "c"]
     got = scorer.score(state_with({}), req(), PODS)
     assert got == pytest.approx({"a": 1.0, "b": 0.5, "c": 0.0})
+
+
+def _build(plugins: list[dict[str, object]]) -> None:
+    from heimdall_proxy.builtins import load_builtin_plugins
+    from heimdall_proxy.config import parse_config
+    from heimdall_proxy.datalayer.pool import EndpointPool
+    from heimdall_proxy.framework.handle import PluginHandle
+    from heimdall_proxy.framework.loader import build_plugins
+
+    cfg = parse_config({"plugins": plugins})
+    build_plugins(cfg.epp, load_builtin_plugins(), PluginHandle(EndpointPool([])))
+
+
+def test_a_prefix_plugin_it_cannot_read_fails_the_config_saying_what_to_set() -> None:
+    from heimdall_proxy.config import ConfigError
+
+    with pytest.raises(ConfigError, match="declare prefix-cache-scorer or precise"):
+        _build([{"type": "no-hit-lru-scorer"}, {"type": "queue-scorer"}])
+    renamed = [{"type": "no-hit-lru-scorer"}, {"type": "prefix-cache-scorer", "name": "pc"}]
+    with pytest.raises(
+        ConfigError, match="set prefixPluginType: prefix-cache-scorer and prefixPluginName: pc"
+    ):
+        _build(renamed)
+    # named correctly, declared after it: fine
+    _build([
+        {"type": "no-hit-lru-scorer", "parameters": {"prefixPluginName": "pc"}},
+        {"type": "prefix-cache-scorer", "name": "pc"},
+    ])  # fmt: skip
