@@ -203,6 +203,43 @@ class PrecisePrefixCacheParams(PluginParams):
 # ---- building blocks -----------------------------------------------------------------------
 
 
+#: Tokenizer modes the local tokenizer implements (`tokenizers` reads tokenizer.json).
+TOKENIZER_MODES = ("auto", "hf")
+
+
+def unhonoured(params: PrecisePrefixCacheParams) -> list[str]:
+    """The reference's parameters this plugin accepts but does not act on, as set in
+    `params` (each is warned about once at start-up). Raises ValueError for a tokenizer mode
+    no library here implements, which would silently give wrong token ids."""
+    out: list[str] = []
+    idx = params.indexer_config
+    pool = idx.tokenizers_pool_config
+    for where, cfg in (("hf", pool.hf), ("local", pool.local)):
+        if cfg is not None and cfg.tokenizer_mode not in TOKENIZER_MODES:
+            raise ValueError(
+                f"indexerConfig.tokenizersPoolConfig.{where}.tokenizerMode "
+                f"{cfg.tokenizer_mode!r} is not supported (supported: "
+                f"{', '.join(TOKENIZER_MODES)}): its token ids would not match the pods'"
+            )
+    base = "indexerConfig.tokenizersPoolConfig"
+    if pool.hf is not None:
+        if pool.hf.hugging_face_token:
+            out.append(f"{base}.hf.huggingFaceToken (nothing is downloaded: the tokenizer is "
+                       "read from the local Hugging Face cache only)")  # fmt: skip
+        if pool.hf.tokenizer:
+            out.append(f"{base}.hf.tokenizer (the model name is looked up in the cache)")
+    if pool.local is not None and pool.local.tokenizer_revision:
+        out.append(f"{base}.local.tokenizerRevision (a local directory has one revision)")
+    kv = idx.kv_block_index_config
+    for name, rc in (("redisConfig", kv.redis_config), ("valkeyConfig", kv.valkey_config)):
+        if rc is not None and rc.enable_rdma:
+            out.append(f"indexerConfig.kvBlockIndexConfig.{name}.enableRDMA (TCP is used)")
+    if params.kv_events_config.pod_discovery_config.pod_namespace:
+        out.append("kvEventsConfig.podDiscoveryConfig.podNamespace (pods come from the "
+                   "gateway's endpoints list, not from Kubernetes)")  # fmt: skip
+    return out
+
+
 def build_tokenizer(cfg: TokenizersPoolConfig) -> RequestTokenizer:
     """The pool's tokenizer: the UDS service when configured, else the model's local
     tokenizer.json (local discovery first, then the offline HF caches). Raises ValueError."""
@@ -283,6 +320,13 @@ class PrecisePrefixCacheScorer(BasePlugin[PrecisePrefixCacheParams]):
         self.block_size = params.token_processor_config.block_size
         pool_cfg = params.indexer_config.tokenizers_pool_config
         self.model_name = pool_cfg.model_name
+        for where in unhonoured(params):
+            log.warning(
+                "plugin %r (type %r): parameter %s is accepted but not honoured",
+                name,
+                self.type,
+                where,
+            )
         self.tokenizer = build_tokenizer(pool_cfg)
         self.stats = KVCacheStats()
         index_cfg = params.indexer_config.kv_block_index_config

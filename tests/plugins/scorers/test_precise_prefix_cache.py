@@ -274,3 +274,40 @@ def test_a_misspelt_nested_parameter_is_warned_once(
     warned = [r for r in caplog.records if "sizee" in r.getMessage()]
     assert len(warned) == 1
     assert "indexerConfig.kvBlockIndexConfig.inMemoryConfig.sizee" in warned[0].getMessage()
+
+
+def test_unhonoured_parameters_are_warned_once_each(
+    model_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    p = params(
+        str(model_dir),
+        indexer={
+            "tokenizersPoolConfig": {
+                "modelName": str(model_dir),
+                "hf": {"huggingFaceToken": "hf_x", "tokenizer": "org/tok"},
+            },
+            "kvBlockIndexConfig": {"redisConfig": {"enableRDMA": True}},
+        },
+        kvEventsConfig={"podDiscoveryConfig": {"podNamespace": "llm"}},
+    )
+    with caplog.at_level(logging.WARNING):
+        build(p)
+    warned = [r.getMessage() for r in caplog.records if "not honoured" in r.getMessage()]
+    assert len(warned) == 4, warned
+    for name in ("huggingFaceToken", "hf.tokenizer", "enableRDMA", "podNamespace"):
+        assert sum(name in w for w in warned) == 1, name
+    assert "hf_x" not in caplog.text  # the token itself is never logged
+
+
+def test_a_tokenizer_mode_nothing_implements_is_a_config_error(model_dir: Path) -> None:
+    p = params(
+        str(model_dir),
+        indexer={
+            "tokenizersPoolConfig": {
+                "modelName": str(model_dir),
+                "local": {"tokenizerMode": "mistral"},
+            }
+        },
+    )
+    with pytest.raises(ConfigError, match="tokenizerMode 'mistral' is not supported"):
+        build(p)
