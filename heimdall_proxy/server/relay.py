@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 
 import aiohttp
 import orjson
@@ -26,6 +27,7 @@ from heimdall_proxy.server.director import Decision
 from heimdall_proxy.server.headers import client_response_headers, upstream_request_headers
 from heimdall_proxy.server.hooks import Hooks
 from heimdall_proxy.server.hops import Hops
+from heimdall_proxy.server.retry import RETRY_STATUSES, RetryBudget, backoff
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +56,7 @@ class Relay:
         self.hops = hops
         self.metrics = metrics
         self.max_attempts = max(1, max_attempts)
+        self.budget = RetryBudget()
 
     async def relay(self, request: web.Request, decision: Decision) -> web.StreamResponse:
         """Serve `decision` from its pod, falling back to the next-best pods. Raises
@@ -69,21 +72,40 @@ class Relay:
         target = result.primary.targets[0]
         order: list[Endpoint] | None = None  # the fallback order, built only when needed
         attempt = 0
-        while True:
-            ctx = RequestContext(ireq, state, result, target, prefill=prefill, attempt=attempt)
-            response = await self._attempt(request, ctx, body, headers)
-            if response is not None:
-                return response
-            tried.append(f"{target.name} ({ctx.error})")
+        budget = self.budget
+        retrying = False
+
+        def another_pod() -> bool:
+            """Whether a failed attempt may go to the next pod (builds the order lazily)."""
+            nonlocal order
             if order is None:
                 order = result.fallback_order()[: self.max_attempts]
-            attempt += 1
-            if attempt >= len(order):
-                break
-            target = order[attempt]
+            return attempt + 1 < len(order) and budget.allows()
+
+        budget.in_flight += 1
+        try:
+            while True:
+                ctx = RequestContext(ireq, state, result, target, prefill=prefill, attempt=attempt)
+                response = await self._attempt(request, ctx, body, headers, another_pod)
+                if response is not None:
+                    return response
+                tried.append(f"{target.name} ({ctx.error})")
+                if not another_pod():
+                    break
+                assert order is not None
+                attempt += 1
+                if not retrying:
+                    retrying = True
+                    budget.retries += 1
+                await asyncio.sleep(backoff(attempt, ctx.upstream_response_headers))
+                target = order[attempt]
+        finally:
+            budget.in_flight -= 1
+            if retrying:
+                budget.retries -= 1
         raise RequestError(
             502,
-            "No model server could be reached: " + "; ".join(tried),
+            "No model server could serve the request: " + "; ".join(tried),
             code="upstream_unreachable",
         )
 
@@ -93,9 +115,11 @@ class Relay:
         ctx: RequestContext,
         body: bytes,
         base_headers: CIMultiDict[str],
+        another_pod: Callable[[], bool] = lambda: False,
     ) -> web.StreamResponse | None:
-        """One try on ctx.target. Returns None when the pod failed before sending a response
-        (the caller moves on to the next pod)."""
+        """One try on ctx.target. Returns None when the pod failed before sending a response,
+        or answered a retryable status while another pod may still be tried; the caller moves
+        on to the next pod."""
         target = ctx.target
         hooks = self.hooks
         if hooks.pre_request:
@@ -117,6 +141,10 @@ class Relay:
                 return None
             ctx.status = upstream.status
             ctx.upstream_response_headers = upstream.headers
+            if upstream.status in RETRY_STATUSES and another_pod():
+                ctx.error = f"status {upstream.status}"
+                self._attempt_failed(ctx, str(upstream.status), None)
+                return None
             if hooks.response_received:
                 await hooks.response_received.run(ctx)
             out_headers = client_response_headers(upstream.headers)
@@ -147,8 +175,9 @@ class Relay:
             if hooks.response_complete:
                 await hooks.response_complete.run(ctx)
 
-    def _attempt_failed(self, ctx: RequestContext, stage: str, exc: BaseException) -> None:
-        ctx.error = f"{stage} failed: {type(exc).__name__}: {exc}"
+    def _attempt_failed(self, ctx: RequestContext, stage: str, exc: BaseException | None) -> None:
+        if exc is not None:
+            ctx.error = f"{stage} failed: {type(exc).__name__}: {exc}"
         self.metrics.upstream_failures.labels(ctx.target.name, stage).inc()
         log.warning(
             "upstream attempt failed before a response; trying the next pod",

@@ -154,32 +154,70 @@ async def test_every_pod_unreachable_is_502(start_gateway: GatewayFactory) -> No
     assert gw.running() == 0
 
 
-async def test_upstream_error_status_passes_through_without_retry(
+@pytest.mark.parametrize("status", [500, 503, 429])
+async def test_a_retryable_status_before_the_first_byte_goes_to_the_next_pod(
+    start_pod: PodFactory, start_gateway: GatewayFactory, status: int
+) -> None:
+    bad, good = await start_pod(), await start_pod()
+    bad.pod.fail_status = status
+    good.pod.metrics_override = {"waiting": 10}  # the scheduler prefers the bad pod
+    gw = await start_gateway(make_config([bad, good]))
+    await eventually(lambda: gw.gateway.pool.get(good.name).metrics.waiting == 10)
+    async with aiohttp.ClientSession() as http:
+        async with http.post(f"{gw.url}/v1/chat/completions", json=CHAT) as r:
+            assert r.status == 200, await r.text()
+    assert len(bad.pod.received) == 1 and len(good.pod.received) == 1
+    assert gw.metric(
+        "inference_objective_upstream_failures_total", {"pod": bad.name, "reason": str(status)}
+    ) == 1  # fmt: skip
+    assert gw.running() == 0
+
+
+async def test_other_statuses_and_the_last_pods_answer_pass_through(
     start_pod: PodFactory, start_gateway: GatewayFactory
 ) -> None:
     bad, good = await start_pod(), await start_pod()
-    bad.pod.fail_status = 500
+    bad.pod.fail_status = 400  # the request itself: another pod would say the same
     good.pod.metrics_override = {"waiting": 10}
     gw = await start_gateway(make_config([bad, good]))
     await eventually(lambda: gw.gateway.pool.get(good.name).metrics.waiting == 10)
     async with aiohttp.ClientSession() as http:
         async with http.post(f"{gw.url}/v1/chat/completions", json=CHAT) as r:
-            assert r.status == 500
+            assert r.status == 400
             body = await r.json()
     assert body["error"]["message"] == f"simulated failure on {bad.name}"
     assert good.pod.received == []
+
+    only = await start_pod()
+    only.pod.fail_status = 503
+    gw1 = await start_gateway(make_config([only]))
+    async with aiohttp.ClientSession() as http:
+        async with http.post(f"{gw1.url}/v1/chat/completions", json=CHAT) as r:
+            assert r.status == 503  # no other pod: the pod's own answer, not a gateway 502
+            assert (await r.json())["error"]["message"] == f"simulated failure on {only.name}"
     assert (
-        gw.metric(
+        gw1.metric(
             "inference_objective_request_total",
-            {
-                "model_name": "sim-model",
-                "target_model_name": "sim-model",
-                "pod": bad.name,
-                "code": "500",
-            },
+            {"model_name": "sim-model", "target_model_name": "sim-model", "pod": only.name,
+             "code": "503"},
         )
         == 1
-    )
+    )  # fmt: skip
+
+
+def test_the_retry_budget_and_backoff() -> None:
+    from heimdall_proxy.server.retry import MAX_BACKOFF, MAX_RETRY_AFTER, RetryBudget, backoff
+
+    b = RetryBudget(ratio=0.2, min_concurrency=3)
+    b.in_flight, b.retries = 100, 19
+    assert b.allows()
+    b.retries = 20
+    assert not b.allows()  # 20% of 100 in flight
+    b.in_flight, b.retries = 1, 2
+    assert b.allows()  # the floor of 3
+    assert all(0 <= backoff(n) <= MAX_BACKOFF for n in range(1, 10))
+    assert backoff(1, {"Retry-After": "0.5"}) == 0.5
+    assert backoff(1, {"Retry-After": "120"}) == MAX_RETRY_AFTER
 
 
 async def test_upstream_breaking_mid_stream_breaks_the_client_stream(
