@@ -12,6 +12,8 @@ from urllib.parse import urlsplit
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from heimdall_proxy.framework.params import Duration, PluginParams
+
 log = logging.getLogger(__name__)
 
 
@@ -115,9 +117,24 @@ class EndpointConfig(_Model):
 _EPP_KEYS = {"apiVersion", "kind", "featureGates", "plugins", "schedulingProfiles", "data"}
 
 
+class OutlierDetectionConfig(PluginParams):
+    """Passive outlier ejection (ours, with Envoy's semantics): a pod whose last
+    `consecutiveFailures` attempts all failed (connect or read error, 5xx, 429) leaves the
+    candidates for `baseEjectionTime` x the number of times it was ejected (at most
+    `maxEjectionTime`); then it is tried again, and one more failure ejects it again.
+    `consecutiveFailures` 0 turns ejection off."""
+
+    consecutive_failures: int = Field(default=5, ge=0)
+    base_ejection_time: Duration = 30.0
+    max_ejection_time: Duration = 300.0
+
+
 class GatewayConfig(_Model):
     epp: EndpointPickerConfig
     endpoints: list[EndpointConfig] = Field(default_factory=list)
+    outlier_detection: OutlierDetectionConfig = Field(
+        default_factory=OutlierDetectionConfig, alias="outlierDetection"
+    )
     source: str = "<memory>"
 
 
@@ -145,7 +162,7 @@ def parse_config(doc: Any, source: str = "<memory>") -> GatewayConfig:
                 raise ConfigError(f"{source}: `config:` is not valid YAML: {exc}") from exc
         if not isinstance(epp_doc, Mapping):
             raise ConfigError(f"{source}: `config:` must be a mapping")
-        ignored = sorted(k for k in doc if k not in ("config", "endpoints"))
+        ignored = sorted(k for k in doc if k not in ("config", "endpoints", "outlierDetection"))
         if ignored:
             log.info("ignoring Helm keys %s in %s", ", ".join(ignored), source)
     epp_doc = dict(epp_doc)
@@ -169,7 +186,13 @@ def parse_config(doc: Any, source: str = "<memory>") -> GatewayConfig:
         if ep.name in seen:
             raise ConfigError(f"{source}: duplicate endpoint name {ep.name!r}")
         seen.add(ep.name)
-    return GatewayConfig(epp=epp, endpoints=endpoints, source=source)
+    try:
+        outliers = OutlierDetectionConfig.model_validate(
+            doc.get("outlierDetection", epp_doc.get("outlierDetection")) or {}
+        )
+    except ValidationError as exc:
+        raise ConfigError(f"{source}: outlierDetection: {_format_validation(exc)}") from exc
+    return GatewayConfig(epp=epp, endpoints=endpoints, outlierDetection=outliers, source=source)
 
 
 def load_config(path: str | Path) -> GatewayConfig:

@@ -186,6 +186,11 @@ class GatewayMetrics:
             "transfer parameters); the request was served without that stage.",
             ("stage", "pod"),
         )
+        self.ejections = CounterFamily(
+            "inference_objective_pod_ejections",
+            "Times a pod was ejected from the candidates for failing (outlierDetection).",
+            ("pod",),
+        )
         scheduler = HistogramFamily(
             "inference_extension_scheduler_e2e_duration_seconds",
             "Scheduling cycle latency.",
@@ -207,6 +212,7 @@ class GatewayMetrics:
             self.upstream_failures,
             self.disagg_hops,
             self.disagg_hop_failures,
+            self.ejections,
             scheduler,
             self.plugin_duration,
         ]

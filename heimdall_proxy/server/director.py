@@ -24,6 +24,7 @@ from heimdall_proxy.framework.types import (
     SchedulingResult,
 )
 from heimdall_proxy.observability import GatewayMetrics
+from heimdall_proxy.server.outliers import OutlierDetector
 from heimdall_proxy.server.parse import parse_body
 
 log = logging.getLogger(__name__)
@@ -64,7 +65,9 @@ class Director:
         plugins: PluginSet,
         metrics: GatewayMetrics,
         trust_transfer_params: bool = False,
+        outliers: OutlierDetector | None = None,
     ) -> None:
+        self.outliers = outliers
         self.pool = pool
         self.plugins = plugins
         self.metrics = metrics
@@ -107,13 +110,16 @@ class Director:
 
     def candidates(self, ireq: InferenceRequest) -> list[Endpoint]:
         """The pods that may serve `ireq`: those serving its model (or every pod when the body
-        names none), healthy ones first as the pool decides."""
+        names none), healthy ones first as the pool decides, without the pods ejected for
+        failing (unless all are)."""
         try:
             if ireq.model:
-                return self.pool.candidates(ireq.model)
-            if not self.pool.endpoints():
-                raise NoEndpointsError("the pool has no endpoints")
-            return self.pool.healthy() or self.pool.endpoints()
+                found = self.pool.candidates(ireq.model)
+            else:
+                if not self.pool.endpoints():
+                    raise NoEndpointsError("the pool has no endpoints")
+                found = self.pool.healthy() or self.pool.endpoints()
+            return self.outliers.filter(found) if self.outliers is not None else found
         except ModelNotFoundError as exc:
             raise RequestError(
                 404,

@@ -30,6 +30,7 @@ from heimdall_proxy.server.errors import render
 from heimdall_proxy.server.hooks import Hooks
 from heimdall_proxy.server.hops import Hops
 from heimdall_proxy.server.options import ServerOptions
+from heimdall_proxy.server.outliers import OutlierDetector
 from heimdall_proxy.server.relay import UNKNOWN_MODEL, Relay
 
 log = logging.getLogger(__name__)
@@ -64,9 +65,13 @@ class Gateway:
             extra,
         )
         self.metrics.add_sources(self.plugins.plugins.values())
-        self.director = Director(
-            self.pool, self.plugins, self.metrics, options.trust_client_transfer_params
+        self.outliers = OutlierDetector(
+            config.outlier_detection, lambda pod: self.metrics.ejections.labels(pod).inc()
         )
+        self.director = Director(
+            self.pool, self.plugins, self.metrics, options.trust_client_transfer_params,
+            self.outliers,
+        )  # fmt: skip
         self.hooks = Hooks(self.plugins)
         self._session: aiohttp.ClientSession | None = None
         self._relay: Relay | None = None
@@ -95,7 +100,9 @@ class Gateway:
             ),
         )
         hops = Hops(self._session, self.metrics, opts.max_attempts)
-        self._relay = Relay(self._session, self.hooks, hops, self.metrics, opts.max_attempts)
+        self._relay = Relay(
+            self._session, self.hooks, hops, self.metrics, opts.max_attempts, self.outliers
+        )
         data_session = _session()
         self.refresher = PoolRefresher(
             self.pool,

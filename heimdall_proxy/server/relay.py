@@ -19,6 +19,7 @@ from aiohttp import web
 from multidict import CIMultiDict
 from yarl import URL
 
+from heimdall_proxy.config import OutlierDetectionConfig
 from heimdall_proxy.framework.disagg import read_plan
 from heimdall_proxy.framework.errors import RequestError
 from heimdall_proxy.framework.types import Endpoint, RequestContext
@@ -27,6 +28,7 @@ from heimdall_proxy.server.director import Decision
 from heimdall_proxy.server.headers import client_response_headers, upstream_request_headers
 from heimdall_proxy.server.hooks import Hooks
 from heimdall_proxy.server.hops import Hops
+from heimdall_proxy.server.outliers import OutlierDetector
 from heimdall_proxy.server.retry import RETRY_STATUSES, RetryBudget, backoff
 
 log = logging.getLogger(__name__)
@@ -50,6 +52,7 @@ class Relay:
         hops: Hops,
         metrics: GatewayMetrics,
         max_attempts: int,
+        outliers: OutlierDetector | None = None,
     ) -> None:
         self.session = session
         self.hooks = hooks
@@ -57,6 +60,7 @@ class Relay:
         self.metrics = metrics
         self.max_attempts = max(1, max_attempts)
         self.budget = RetryBudget()
+        self.outliers = outliers or OutlierDetector(OutlierDetectionConfig(consecutiveFailures=0))
 
     async def relay(self, request: web.Request, decision: Decision) -> web.StreamResponse:
         """Serve `decision` from its pod, falling back to the next-best pods. Raises
@@ -141,6 +145,10 @@ class Relay:
                 return None
             ctx.status = upstream.status
             ctx.upstream_response_headers = upstream.headers
+            if upstream.status in RETRY_STATUSES:
+                self.outliers.failure(target.name)
+            else:
+                self.outliers.success(target.name)
             if upstream.status in RETRY_STATUSES and another_pod():
                 ctx.error = f"status {upstream.status}"
                 self._attempt_failed(ctx, str(upstream.status), None)
@@ -178,6 +186,7 @@ class Relay:
     def _attempt_failed(self, ctx: RequestContext, stage: str, exc: BaseException | None) -> None:
         if exc is not None:
             ctx.error = f"{stage} failed: {type(exc).__name__}: {exc}"
+            self.outliers.failure(ctx.target.name)
         self.metrics.upstream_failures.labels(ctx.target.name, stage).inc()
         log.warning(
             "upstream attempt failed before a response; trying the next pod",
@@ -210,6 +219,7 @@ class Relay:
                 chunk = await read()
             except RETRYABLE as exc:
                 ctx.error = f"upstream failed mid-stream: {type(exc).__name__}: {exc}"
+                self.outliers.failure(ctx.target.name)
                 self.metrics.upstream_failures.labels(ctx.target.name, "stream").inc()
                 log.warning(
                     "upstream failed mid-stream",

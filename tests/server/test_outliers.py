@@ -1,0 +1,90 @@
+"""Passive outlier ejection: a failing pod leaves the candidates, comes back on trial, and
+every pod is a candidate again when all are ejected."""
+
+from __future__ import annotations
+
+import aiohttp
+
+from heimdall_proxy.config import OutlierDetectionConfig
+from heimdall_proxy.server.outliers import OutlierDetector
+from tests.conftest import GatewayFactory, PodFactory, eventually, make_config
+from tests.helpers import ep
+
+PODS = [ep("a"), ep("b")]
+
+
+class Clock:
+    now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def detector(clock: Clock, **cfg: object) -> OutlierDetector:
+    return OutlierDetector(OutlierDetectionConfig.model_validate(cfg), clock=clock)
+
+
+def names(eps: list[object]) -> list[str]:
+    return [e.name for e in eps]  # type: ignore[attr-defined]
+
+
+def test_ejection_grows_with_repeats_and_a_success_on_trial_resets_it() -> None:
+    clock = Clock()
+    d = detector(clock, consecutiveFailures=3, baseEjectionTime="10s", maxEjectionTime="25s")
+    d.failure("a")
+    d.failure("a")
+    d.success("a")  # a success breaks the run
+    d.failure("a")
+    d.failure("a")
+    assert names(d.filter(PODS)) == ["a", "b"]
+    d.failure("a")
+    assert names(d.filter(PODS)) == ["b"]
+    clock.now = 10.0
+    assert names(d.filter(PODS)) == ["a", "b"]  # back, on trial
+    d.failure("a")  # one failure on trial ejects again, for twice as long
+    clock.now = 29.0
+    assert names(d.filter(PODS)) == ["b"]
+    clock.now = 30.0
+    d.failure("a")
+    clock.now = 30.0 + 25.0 - 0.1  # capped at maxEjectionTime
+    assert names(d.filter(PODS)) == ["b"]
+    clock.now = 60.0
+    d.success("a")  # the trial succeeded: the next ejection starts from the base again
+    for _ in range(3):
+        d.failure("a")
+    clock.now = 60.0 + 10.0
+    assert names(d.filter(PODS)) == ["a", "b"]
+
+
+def test_panic_mode_and_off() -> None:
+    clock = Clock()
+    d = detector(clock, consecutiveFailures=1)
+    d.failure("a")
+    d.failure("b")
+    assert names(d.filter(PODS)) == ["a", "b"]  # all ejected: none is
+    off = detector(clock, consecutiveFailures=0)
+    for _ in range(10):
+        off.failure("a")
+    assert names(off.filter(PODS)) == ["a", "b"]
+
+
+async def test_a_pod_answering_503_is_ejected_and_no_request_is_lost(
+    start_pod: PodFactory, start_gateway: GatewayFactory
+) -> None:
+    bad, good = await start_pod(), await start_pod()
+    bad.pod.fail_status = 503
+    good.pod.metrics_override = {"waiting": 10}  # queue scoring prefers the failing pod
+    cfg = make_config([bad, good])
+    cfg = cfg.model_copy(
+        update={"outlier_detection": OutlierDetectionConfig(consecutiveFailures=2)}
+    )
+    gw = await start_gateway(cfg)
+    await eventually(lambda: gw.gateway.pool.get(good.name).metrics.waiting == 10)
+    body = {"model": "sim-model", "prompt": "hi", "max_tokens": 1}
+    async with aiohttp.ClientSession() as http:
+        for _ in range(6):
+            async with http.post(f"{gw.url}/v1/completions", json=body) as r:
+                assert r.status == 200
+    assert len(bad.pod.received) == 2  # ejected after its second 503
+    assert len(good.pod.received) == 6
+    assert gw.metric("inference_objective_pod_ejections_total", {"pod": bad.name}) == 1
