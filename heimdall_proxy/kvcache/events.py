@@ -78,6 +78,8 @@ class EventBatch:
     dp_rank: int | None = None
     #: Events of a type this reader does not know (skipped).
     unknown: int = 0
+    #: Events dropped as malformed (e.g. a token id outside 0..2**64-1); the rest apply.
+    invalid: int = 0
 
 
 def engine_hash(value: Any) -> int:

@@ -75,18 +75,24 @@ def prepare_batches(payloads: Sequence[bytes], block_size: int, model_name: str)
         out.append(batch)
         if isinstance(batch, str):
             continue
+        kept: list[KVEvent] = []
         for ev in batch.events:
             if type(ev) is BlockStored and ev.token_ids:
                 ebs = ev.block_size
                 if ebs <= 0 or ebs % block_size:
-                    continue  # left for the index to count as a block-size mismatch
-                tokens = ev.token_ids
-                n = min(len(ev.block_hashes), len(tokens) // ebs)
-                if len(tokens) != n * ebs:
-                    tokens = tokens[: n * ebs]
+                    kept.append(ev)  # left for the index to count as a block-size mismatch
+                    continue
+                n = min(len(ev.block_hashes), len(ev.token_ids) // ebs) * ebs
+                tokens = ev.token_ids if len(ev.token_ids) == n else ev.token_ids[:n]
                 seed = cached_seed(event_namespace(ev.lora_name, ev.lora_id, model_name))
-                ev.local_hashes = local_hashes(tokens, block_size, seed)
+                try:
+                    ev.local_hashes = local_hashes(tokens, block_size, seed)
+                except (ValueError, OverflowError, TypeError):
+                    batch.invalid += 1  # a malformed event: the others still apply
+                    continue
                 ev.token_ids = []
+            kept.append(ev)
+        batch.events = kept
     return out
 
 
@@ -94,25 +100,31 @@ async def apply_batch(index: KVBlockIndex, pod: str, batch: EventBatch, model_na
     """Apply one (prepared or only decoded) batch of `pod`'s events to `index`; a remote
     index queues the writes until its next flush."""
     for ev in batch.events:
-        if type(ev) is BlockStored:
-            seed = cached_seed(event_namespace(ev.lora_name, ev.lora_id, model_name))
-            await index.block_stored(
-                StoredBlocks(
-                    pod,
-                    ev.medium,
-                    ev.block_hashes,
-                    ev.parent_block_hash,
-                    ev.token_ids,
-                    ev.block_size,
-                    seed,
-                    ev.local_hashes,
+        try:
+            if type(ev) is BlockStored:
+                seed = cached_seed(event_namespace(ev.lora_name, ev.lora_id, model_name))
+                await index.block_stored(
+                    StoredBlocks(
+                        pod,
+                        ev.medium,
+                        ev.block_hashes,
+                        ev.parent_block_hash,
+                        ev.token_ids,
+                        ev.block_size,
+                        seed,
+                        ev.local_hashes,
+                    )
                 )
-            )
-        elif type(ev) is BlockRemoved:
-            await index.block_removed(pod, ev.medium, ev.block_hashes)
-        else:
-            await index.flush()
-            await index.cleared(pod)
+            elif type(ev) is BlockRemoved:
+                await index.block_removed(pod, ev.medium, ev.block_hashes)
+            else:
+                await index.flush()
+                await index.cleared(pod)
+        except (ValueError, OverflowError, TypeError) as exc:
+            # One malformed event (a token id of -1, a hash wider than 64 bits) is counted
+            # and skipped; the batch's other events, and other pods' batches, still apply.
+            index.stats.invalid_events += 1
+            log.debug("skipped a malformed KV event of %s: %r", pod, exc)
 
 
 # ---- the compact form that crosses the process boundary -------------------------------------
@@ -158,14 +170,16 @@ def pack(prepared: Sequence[Prepared]) -> list[Any]:
     return [
         p
         if isinstance(p, str)
-        else (p.ts, p.dp_rank, p.unknown, [_pack_event(e) for e in p.events])
+        else (p.ts, p.dp_rank, p.unknown, [_pack_event(e) for e in p.events], p.invalid)
         for p in prepared
     ]
 
 
 def unpack(packed: Sequence[Any]) -> list[Prepared]:
     return [
-        p if isinstance(p, str) else EventBatch(p[0], [_unpack_event(e) for e in p[3]], p[1], p[2])
+        p
+        if isinstance(p, str)
+        else EventBatch(p[0], [_unpack_event(e) for e in p[3]], p[1], p[2], p[4])
         for p in packed
     ]
 

@@ -374,6 +374,7 @@ class KVEventsSubscriber:
                     continue
                 self.stats.batches += 1
                 self.stats.unknown_events += batch.unknown
+                self.stats.invalid_events += batch.invalid
                 await self._apply(pod, batch)
                 unflushed += 1
             except asyncio.CancelledError:

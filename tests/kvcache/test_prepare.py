@@ -140,3 +140,35 @@ async def test_a_machine_that_cannot_spawn_decodes_inline(
     assert "cannot start KV-event worker processes" in caplog.text
     assert list(await p.prepare(PAYLOADS)) == list(decode_payloads(PAYLOADS))
     await p.close()
+
+
+BAD_BATCH = batch(
+    [
+        stored([100], TOKENS[:BS], block_size=BS),
+        stored([101], [-1, 2, 3, 4], parent=100, block_size=BS),  # a token id of -1
+        stored([102], TOKENS[BS : 2 * BS], parent=100, block_size=BS),
+    ]
+)
+
+
+@pytest.mark.parametrize("processes", [0, 1])
+async def test_a_malformed_event_is_counted_and_skipped_and_its_batch_still_applies(
+    processes: int,
+) -> None:
+    """Issue 14: one bad token id used to drop every event being applied, uncounted."""
+    index = InMemoryIndex(BS)
+    preparer = EventPreparer(BS, MODEL, processes)
+    preparer.start()
+    try:
+        prepared = list(await preparer.prepare([BAD_BATCH, PAYLOADS[0]]))
+    finally:
+        await preparer.close()
+    for b in prepared:
+        assert isinstance(b, EventBatch)
+        index.stats.invalid_events += b.invalid
+        await prepare_module.apply_batch(index, "pod", b, MODEL)
+    assert index.stats.invalid_events == 1
+    seed = namespace_seed(MODEL)
+    keys = block_keys(TOKENS[: 2 * BS], BS, seed)
+    assert index.match(keys, ["pod"]) == {"pod": 2.0}  # blocks 100 and 102 made it
+    assert index.match(block_keys(TOKENS[: 4 * BS], BS, seed), ["pod"]) == {"pod": 4.0}

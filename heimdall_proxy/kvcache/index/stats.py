@@ -18,6 +18,8 @@ class KVCacheStats:
     block_size_mismatch: int = 0
     unknown_medium: int = 0
     unknown_events: int = 0
+    #: malformed events skipped (their batch's other events applied)
+    invalid_events: int = 0
     decode_errors: int = 0
     gaps: int = 0
     missed_batches: int = 0

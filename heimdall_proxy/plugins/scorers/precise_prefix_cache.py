@@ -63,7 +63,7 @@ _LOOKUP_BUCKETS = (
 #: health (the llm-d families cover admissions, evictions and lookups).
 _FEED_KINDS = (
     "batches", "gaps", "missed_batches", "replayed_batches", "publisher_restarts",
-    "decode_errors", "unknown_events", "orphan_events", "unknown_removals",
+    "decode_errors", "unknown_events", "invalid_events", "orphan_events", "unknown_removals",
     "block_size_mismatch", "unknown_medium", "cleared", "evicted_keys", "speculative_blocks",
 )  # fmt: skip
 
