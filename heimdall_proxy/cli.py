@@ -149,6 +149,20 @@ def _add_server(p: argparse.ArgumentParser, default_port: int = 8000) -> None:
         help="total time per upstream attempt; 0 = unlimited (default)",
     )
     p.add_argument(
+        "--first-byte-timeout",
+        type=_duration,
+        default=600.0,
+        metavar="DURATION",
+        help="longest wait for a non-streamed answer (its first byte is its last); 10m",
+    )
+    p.add_argument(
+        "--stream-idle-timeout",
+        type=_duration,
+        default=120.0,
+        metavar="DURATION",
+        help="longest silence of a streamed answer, its start included (2m)",
+    )
+    p.add_argument(
         "--max-attempts",
         type=int,
         default=3,
@@ -346,6 +360,8 @@ def _server_options(args: argparse.Namespace) -> ServerOptions:
         models_interval=args.models_interval,
         connect_timeout=args.connect_timeout,
         upstream_timeout=args.upstream_timeout or None,
+        first_byte_timeout=args.first_byte_timeout,
+        stream_idle_timeout=args.stream_idle_timeout,
         max_attempts=args.max_attempts,
         pool_name=args.pool_name,
     )

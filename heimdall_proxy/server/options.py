@@ -17,6 +17,12 @@ class ServerOptions:
     connect_timeout: float = 5.0
     #: Total time allowed for one upstream attempt; None = unlimited (long generations).
     upstream_timeout: float | None = None
+    #: Longest wait for the first byte of a non-streamed answer (which arrives whole, at
+    #: the end), and longest silence of a streamed one, its start included. A timeout before
+    #: the first byte is a pod failure and goes to the next pod; one mid-stream breaks the
+    #: client's stream.
+    first_byte_timeout: float = 600.0
+    stream_idle_timeout: float = 120.0
     #: Pods tried per request (the picked one, then the next-best ones).
     max_attempts: int = 3
     pool_name: str = "heimdall"

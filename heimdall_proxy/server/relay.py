@@ -60,6 +60,9 @@ class Relay:
         self.metrics = metrics
         self.max_attempts = max(1, max_attempts)
         self.budget = RetryBudget()
+        #: per request kind (streamed?): the socket-read limit is the stream's idle limit,
+        #: or the wait for a whole non-streamed answer
+        self.timeouts = {False: aiohttp.ClientTimeout(), True: aiohttp.ClientTimeout()}
         self.outliers = outliers or OutlierDetector(OutlierDetectionConfig(consecutiveFailures=0))
 
     async def relay(self, request: web.Request, decision: Decision) -> web.StreamResponse:
@@ -138,7 +141,11 @@ class Relay:
             url = URL(f"{target.url}{request.raw_path}", encoded=True)
             try:
                 upstream = await self.session.request(
-                    request.method, url, data=body, headers=headers
+                    request.method,
+                    url,
+                    data=body,
+                    headers=headers,
+                    timeout=self.timeouts[ctx.request.stream],
                 )
             except RETRYABLE as exc:
                 self._attempt_failed(ctx, "connect", exc)

@@ -291,3 +291,36 @@ async def test_pod_cookies_reach_the_client_but_are_never_replayed(
                 assert r.status == 200
                 assert "pod_session=secret-of-client-1" in r.headers["Set-Cookie"]
     assert seen_cookies == [None, None]
+
+
+async def test_a_pod_silent_past_the_first_byte_timeout_is_replaced(
+    start_pod: PodFactory, start_gateway: GatewayFactory
+) -> None:
+    slow = await start_pod(step_base=0.05, time_scale=1.0)  # 20 tokens unstreamed: about 1 s
+    fast = await start_pod()
+    fast.pod.metrics_override = {"waiting": 10}  # the scheduler prefers the slow pod
+    gw = await start_gateway(make_config([slow, fast]), first_byte_timeout=0.3)
+    await eventually(lambda: gw.gateway.pool.get(fast.name).metrics.waiting == 10)
+    body = {"model": "sim-model", "prompt": "hi", "max_tokens": 20, "ignore_eos": True}
+    async with aiohttp.ClientSession() as http:
+        async with http.post(f"{gw.url}/v1/completions", json=body) as r:
+            assert r.status == 200
+    assert len(slow.pod.received) == 1 and len(fast.pod.received) == 1
+
+
+async def test_a_stream_silent_past_the_idle_timeout_breaks_and_counts(
+    start_pod: PodFactory, start_gateway: GatewayFactory
+) -> None:
+    pod = await start_pod()
+    pod.pod.hold = asyncio.Event()  # the stream stops after its first chunk
+    gw = await start_gateway(make_config([pod]), stream_idle_timeout=0.3)
+    body = {**CHAT, "stream": True, "max_tokens": 5}
+    async with aiohttp.ClientSession() as http:
+        async with http.post(f"{gw.url}/v1/chat/completions", json=body) as r:
+            assert r.status == 200
+            with pytest.raises(aiohttp.ClientPayloadError):
+                await r.read()
+    assert gw.metric(
+        "inference_objective_upstream_failures_total", {"pod": pod.name, "reason": "stream"}
+    ) == 1  # fmt: skip
+    pod.pod.hold.set()
