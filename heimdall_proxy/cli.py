@@ -158,9 +158,9 @@ def _add_server(p: argparse.ArgumentParser, default_port: int = 8000) -> None:
     p.add_argument(
         "--stream-idle-timeout",
         type=_duration,
-        default=120.0,
+        default=300.0,
         metavar="DURATION",
-        help="longest silence of a streamed answer, its start included (2m)",
+        help="longest silence of a streamed answer, its start (a queued prefill) included; 5m",
     )
     p.add_argument(
         "--max-attempts",

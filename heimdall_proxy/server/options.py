@@ -22,7 +22,7 @@ class ServerOptions:
     #: the first byte is a pod failure and goes to the next pod; one mid-stream breaks the
     #: client's stream.
     first_byte_timeout: float = 600.0
-    stream_idle_timeout: float = 120.0
+    stream_idle_timeout: float = 300.0
     #: Pods tried per request (the picked one, then the next-best ones).
     max_attempts: int = 3
     pool_name: str = "heimdall"
