@@ -172,7 +172,8 @@ def decode_batch(payload: bytes) -> EventBatch:
     """A msgpack payload -> EventBatch. Raises EventDecodeError."""
     try:
         raw = msgpack.unpackb(payload, raw=False, strict_map_key=False)
-    except (msgpack.UnpackException, ValueError) as exc:
+    except (msgpack.UnpackException, ValueError, TypeError) as exc:
+        # TypeError: a map whose key is a list or map (unhashable), which msgpack allows
         raise EventDecodeError(f"not msgpack: {exc}") from exc
     if type(raw) is dict:
         ts, events, rank = raw.get("ts"), raw.get("events"), raw.get("data_parallel_rank")
