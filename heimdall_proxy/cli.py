@@ -149,6 +149,15 @@ def _add_server(p: argparse.ArgumentParser, default_port: int = 8000) -> None:
         help="total time per upstream attempt; 0 = unlimited (default)",
     )
     p.add_argument(
+        "--health-interval",
+        type=_duration,
+        default=5.0,
+        metavar="DURATION",
+        help="active health checks of each pod's /health (5s; 0 = off); 2 failures in a row "
+        "take a pod out of rotation",
+    )
+    p.add_argument("--health-timeout", type=_duration, default=1.0, metavar="DURATION")
+    p.add_argument(
         "--first-byte-timeout",
         type=_duration,
         default=600.0,
@@ -361,6 +370,8 @@ def _server_options(args: argparse.Namespace) -> ServerOptions:
         connect_timeout=args.connect_timeout,
         upstream_timeout=args.upstream_timeout or None,
         first_byte_timeout=args.first_byte_timeout,
+        health_interval=args.health_interval,
+        health_timeout=args.health_timeout,
         stream_idle_timeout=args.stream_idle_timeout,
         max_attempts=args.max_attempts,
         pool_name=args.pool_name,

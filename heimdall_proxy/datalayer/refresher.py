@@ -29,6 +29,23 @@ class RefreshOptions:
     metrics_timeout: float = 1.0
     models_interval: float = 5.0
     models_path: str = "/v1/models"
+    #: Active health checks (GET health_path) beside the scrapes, which a pod whose engine
+    #: is stuck but whose /metrics answers would pass; 0 turns them off.
+    health_interval: float = 5.0
+    health_timeout: float = 1.0
+    health_path: str = "/health"
+
+
+#: Failed health checks in a row that take a pod out of rotation; one success brings it back.
+PROBE_UNHEALTHY_AFTER = 2
+
+
+def _set_health(endpoint: Endpoint) -> None:
+    healthy = endpoint.scrape_ok and endpoint.probe_ok
+    if healthy != endpoint.healthy:
+        endpoint.healthy = healthy
+        if healthy:
+            log.info("endpoint healthy again", extra={"endpoint": endpoint.name})
 
 
 class PoolRefresher:
@@ -60,6 +77,43 @@ class PoolRefresher:
             self._tasks.append(
                 asyncio.create_task(self._loop(endpoint), name=f"refresh-{endpoint.name}")
             )
+            if self.options.health_interval > 0:
+                self._tasks.append(
+                    asyncio.create_task(self._probe_loop(endpoint), name=f"probe-{endpoint.name}")
+                )
+
+    async def _probe_loop(self, endpoint: Endpoint) -> None:
+        interval = self.options.health_interval
+        await asyncio.sleep(random.uniform(0, interval))
+        while True:
+            await self.probe(endpoint)
+            await asyncio.sleep(interval)
+
+    async def probe(self, endpoint: Endpoint) -> None:
+        """One active health check of `endpoint`."""
+        timeout = aiohttp.ClientTimeout(total=self.options.health_timeout)
+        try:
+            async with self.session.get(
+                f"{endpoint.url}{self.options.health_path}", timeout=timeout
+            ) as resp:
+                ok = resp.status == 200
+                why = f"HTTP {resp.status}"
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            ok, why = False, repr(exc)
+        if ok:
+            endpoint.probe_failures = 0
+            endpoint.probe_ok = True
+        else:
+            endpoint.probe_failures += 1
+            if endpoint.probe_ok and endpoint.probe_failures >= PROBE_UNHEALTHY_AFTER:
+                endpoint.probe_ok = False
+                log.warning(
+                    "endpoint failed %d health checks: %s",
+                    endpoint.probe_failures,
+                    why,
+                    extra={"endpoint": endpoint.name},
+                )
+        _set_health(endpoint)
 
     async def stop(self) -> None:
         for task in self._tasks:
@@ -126,14 +180,14 @@ class PoolRefresher:
             return
         endpoint.metrics = snapshot
         endpoint.consecutive_failures = 0
-        if not endpoint.healthy:
-            endpoint.healthy = True
-            log.info("endpoint healthy again", extra={"endpoint": endpoint.name})
+        endpoint.scrape_ok = True
+        _set_health(endpoint)
 
     def _failed(self, endpoint: Endpoint, why: str) -> None:
         endpoint.consecutive_failures += 1
-        if endpoint.healthy and endpoint.consecutive_failures >= UNHEALTHY_AFTER:
-            endpoint.healthy = False
+        if endpoint.scrape_ok and endpoint.consecutive_failures >= UNHEALTHY_AFTER:
+            endpoint.scrape_ok = False
+            _set_health(endpoint)
             log.warning(
                 "endpoint unhealthy after %d failed scrapes: %s",
                 endpoint.consecutive_failures,

@@ -52,8 +52,13 @@ class Endpoint:
     models: frozenset[str] | None = None
     #: Model cards as the pod reported them in /v1/models, keyed by id.
     model_cards: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: In rotation: its /metrics answers (fewer than 3 failed scrapes in a row) and its active
+    #: health check passes. The data layer keeps it from the two signals below.
     healthy: bool = True
     consecutive_failures: int = 0
+    scrape_ok: bool = True
+    probe_ok: bool = True
+    probe_failures: int = 0
     kv_events: str | None = None
 
     @property

@@ -111,7 +111,13 @@ class Gateway:
         self.refresher = PoolRefresher(
             self.pool,
             data_session,
-            RefreshOptions(opts.metrics_interval, opts.metrics_timeout, opts.models_interval),
+            RefreshOptions(
+                opts.metrics_interval,
+                opts.metrics_timeout,
+                opts.models_interval,
+                health_interval=opts.health_interval,
+                health_timeout=opts.health_timeout,
+            ),
             self.plugins.data_sources,
         )
         started: list[object] = []

@@ -14,6 +14,9 @@ class ServerOptions:
     metrics_interval: float = 0.1
     metrics_timeout: float = 1.0
     models_interval: float = 5.0
+    #: Active health checks of every pod's /health (0: off).
+    health_interval: float = 5.0
+    health_timeout: float = 1.0
     connect_timeout: float = 5.0
     #: Total time allowed for one upstream attempt; None = unlimited (long generations).
     upstream_timeout: float | None = None

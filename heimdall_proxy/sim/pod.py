@@ -123,6 +123,8 @@ class SimPod:
         self.fail_status: int | None = None
         #: When set, /metrics answers 500.
         self.metrics_broken = False
+        #: When set, /health answers this status (an engine that stopped, /metrics still up).
+        self.health_status: int | None = None
         #: Values forced into /metrics (keys: waiting, running, kv_cache_usage).
         self.metrics_override: dict[str, float] = {}
 
@@ -221,6 +223,8 @@ class SimPod:
     # ---- plain routes ---------------------------------------------------------------
 
     async def _health(self, request: web.Request) -> web.Response:
+        if self.health_status is not None:  # a stuck engine: vLLM's /health answers 5xx
+            return web.Response(status=self.health_status)
         return web.Response()
 
     async def _version(self, request: web.Request) -> web.Response:

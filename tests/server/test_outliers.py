@@ -88,3 +88,21 @@ async def test_a_pod_answering_503_is_ejected_and_no_request_is_lost(
     assert len(bad.pod.received) == 2  # ejected after its second 503
     assert len(good.pod.received) == 6
     assert gw.metric("inference_objective_pod_ejections_total", {"pod": bad.name}) == 1
+
+
+async def test_a_pod_whose_engine_is_stuck_but_metrics_answer_leaves_rotation(
+    start_pod: PodFactory, start_gateway: GatewayFactory
+) -> None:
+    stuck, good = await start_pod(), await start_pod()
+    gw = await start_gateway(make_config([stuck, good]), health_interval=0.05)
+    stuck.pod.health_status = 503  # /metrics still answers 200
+    await eventually(lambda: not gw.gateway.pool.get(stuck.name).healthy)
+    assert gw.gateway.pool.get(stuck.name).scrape_ok  # only the health check caught it
+    body = {"model": "sim-model", "prompt": "hi", "max_tokens": 1}
+    async with aiohttp.ClientSession() as http:
+        for _ in range(4):
+            async with http.post(f"{gw.url}/v1/completions", json=body) as r:
+                assert r.status == 200
+    assert stuck.pod.received == [] and len(good.pod.received) == 4
+    stuck.pod.health_status = None  # one good check brings it back
+    await eventually(lambda: gw.gateway.pool.get(stuck.name).healthy)
