@@ -120,6 +120,20 @@ def _add_server(p: argparse.ArgumentParser, default_port: int = 8000) -> None:
         help="close a connection idle this long, or whose request headers take longer",
     )
     c.add_argument("--max-connections", type=int, default=4096)
+    c.add_argument(
+        "--drain-delay",
+        type=_duration,
+        default=0.0,
+        metavar="DURATION",
+        help="on SIGTERM, answer /ready 503 this long before closing the listener (0)",
+    )
+    c.add_argument(
+        "--drain-timeout",
+        type=_duration,
+        default=30.0,
+        metavar="DURATION",
+        help="then, how long requests in flight may take to finish (30s)",
+    )
     p.add_argument(
         "--debug-routes",
         action="store_true",
@@ -364,6 +378,8 @@ def _server_options(args: argparse.Namespace) -> ServerOptions:
         body_timeout=args.body_timeout,
         keepalive_timeout=args.keepalive_timeout,
         max_connections=args.max_connections,
+        drain_delay=args.drain_delay,
+        drain_timeout=args.drain_timeout,
         max_body_bytes=args.max_body_bytes,
         metrics_interval=args.metrics_interval,
         models_interval=args.models_interval,

@@ -24,6 +24,7 @@ import logging
 import multiprocessing
 import os
 import signal
+import threading
 import time
 from array import array
 from collections.abc import Iterable, Sequence
@@ -188,6 +189,16 @@ def _worker_init() -> None:
     # Ctrl-C reaches the whole process group: the gateway shuts its pool down itself, so a
     # worker ignores it instead of dying with a traceback mid-batch.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # A gateway killed with SIGKILL cannot shut its pool down: the worker notices that its
+    # parent is gone (it is re-parented) and exits instead of lingering.
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os._exit(0)
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
 
 
 def _prepare_packed(payloads: Sequence[bytes], block_size: int, model_name: str) -> list[Any]:

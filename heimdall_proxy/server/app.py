@@ -118,12 +118,19 @@ async def health(request: web.Request) -> web.Response:
 
 
 async def ready(request: web.Request) -> web.Response:
-    pool = request.app[GATEWAY].pool
+    gateway = request.app[GATEWAY]
+    pool = gateway.pool
     healthy = len(pool.healthy())
+    is_ready = healthy > 0 and not gateway.draining
     body = orjson.dumps(
-        {"ready": healthy > 0, "healthy_pods": healthy, "pods": len(pool.endpoints())}
+        {
+            "ready": is_ready,
+            "healthy_pods": healthy,
+            "pods": len(pool.endpoints()),
+            "draining": gateway.draining,
+        }
     )
-    return web.Response(status=200 if healthy else 503, body=body, content_type="application/json")
+    return web.Response(status=200 if is_ready else 503, body=body, content_type="application/json")
 
 
 async def metrics(request: web.Request) -> web.Response:
@@ -182,6 +189,7 @@ async def serve(app: web.Application, options: ServerOptions, banner: str | None
         handler_cancellation=True,
         access_log=None,
         keepalive_timeout=options.keepalive_timeout,
+        shutdown_timeout=options.drain_timeout,
     )
     await runner.setup()
     listener: asyncio.Server | None = None
@@ -207,9 +215,14 @@ async def serve(app: web.Application, options: ServerOptions, banner: str | None
             with contextlib.suppress(NotImplementedError):
                 loop.add_signal_handler(sig, stop.set)
         await stop.wait()
-        log.info("shutting down")
+        if options.drain_delay > 0:
+            app[GATEWAY].draining = True
+            log.info("draining: /ready answers 503 for %.1fs", options.drain_delay)
+            stop.clear()  # a second signal skips the rest of the delay
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), options.drain_delay)
+        log.info("shutting down; requests in flight get %.0fs", options.drain_timeout)
     finally:
         if listener is not None:
             listener.close()
-        await runner.shutdown()
         await runner.cleanup()

@@ -76,6 +76,8 @@ class Gateway:
         self._session: aiohttp.ClientSession | None = None
         self._relay: Relay | None = None
         self.refresher: PoolRefresher | None = None
+        #: Set on SIGTERM while the drain delay runs: /ready answers 503.
+        self.draining = False
 
     @property
     def session(self) -> aiohttp.ClientSession:

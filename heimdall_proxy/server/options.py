@@ -51,3 +51,8 @@ class ServerOptions:
     body_timeout: float = 60.0
     keepalive_timeout: float = 15.0
     max_connections: int = 4096
+    #: Shutdown in two phases: on SIGTERM /ready answers 503 for `drain_delay` seconds (load
+    #: balancers stop sending), then the listener closes and requests in flight get up to
+    #: `drain_timeout` seconds to finish.
+    drain_delay: float = 0.0
+    drain_timeout: float = 30.0

@@ -1,0 +1,113 @@
+"""Shutdown with real processes: SIGTERM drains (readiness first, then the listener), and the
+KV-event worker processes die with a gateway killed by SIGKILL."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+async def wait_http(url: str, within: float = 20.0) -> None:
+    deadline = time.monotonic() + within
+    async with aiohttp.ClientSession() as http:
+        while True:
+            try:
+                async with http.get(url) as r:
+                    if r.status < 500:
+                        return
+            except aiohttp.ClientError:
+                pass
+            assert time.monotonic() < deadline, f"{url} never answered"
+            await asyncio.sleep(0.1)
+
+
+async def test_sigterm_turns_unready_then_drains(tmp_path: Path) -> None:
+    pod_port, gw_port = free_port(), free_port()
+    py = sys.executable
+    pod = await asyncio.create_subprocess_exec(
+        py, "-m", "heimdall_proxy", "sim", "--host", "127.0.0.1", "--port", str(pod_port),
+        "--name", "p0", stderr=asyncio.subprocess.DEVNULL,
+    )  # fmt: skip
+    cfg = tmp_path / "gw.yaml"
+    cfg.write_text(f"endpoints:\n- name: p0\n  url: http://127.0.0.1:{pod_port}\n")
+    gw = await asyncio.create_subprocess_exec(
+        py, "-m", "heimdall_proxy", "serve", "--config", str(cfg), "--host", "127.0.0.1",
+        "--port", str(gw_port), "--drain-delay", "1.5s", stderr=asyncio.subprocess.DEVNULL,
+    )  # fmt: skip
+    base = f"http://127.0.0.1:{gw_port}"
+    try:
+        await wait_http(f"http://127.0.0.1:{pod_port}/health")
+        await wait_http(base + "/ready")
+        async with aiohttp.ClientSession() as http:
+            gw.send_signal(signal.SIGTERM)
+            await asyncio.sleep(0.3)
+            async with http.get(base + "/ready") as r:
+                assert r.status == 503 and (await r.json())["draining"] is True
+            body = {"model": "sim-model", "prompt": "hi", "max_tokens": 1}
+            async with http.post(base + "/v1/completions", json=body) as r:
+                assert r.status == 200  # still served while draining
+        assert await asyncio.wait_for(gw.wait(), 20) == 0
+    finally:
+        for proc in (gw, pod):
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+
+
+WORKER_SCRIPT = textwrap.dedent(
+    """
+    import asyncio, os, sys
+    from heimdall_proxy.kvcache.prepare import EventPreparer
+
+    async def main():
+        p = EventPreparer(16, "m", processes=1)
+        p.start()
+        await p.prepare([b"\\x90"])
+        pids = [int(x) for x in os.listdir("/proc") if x.isdigit()]
+        mine = [x for x in pids if open(f"/proc/{x}/stat").read().split()[3] == str(os.getpid())]
+        print(" ".join(map(str, mine)), flush=True)
+        await asyncio.sleep(600)
+
+    asyncio.run(main())
+    """
+)
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads /proc")
+async def test_kv_event_workers_die_with_a_sigkilled_gateway() -> None:
+    parent = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", WORKER_SCRIPT, stdout=asyncio.subprocess.PIPE
+    )
+    assert parent.stdout is not None
+    line = await asyncio.wait_for(parent.stdout.readline(), 60)
+    children = [int(x) for x in line.split()]
+    assert children, "no worker process was started"
+    parent.kill()  # SIGKILL: no cleanup runs in the parent
+    await parent.wait()
+    deadline = time.monotonic() + 10
+    while any(_alive(c) for c in children):
+        assert time.monotonic() < deadline, "a worker outlived its parent"
+        await asyncio.sleep(0.2)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split()[2] != "Z"
+    except OSError:
+        return False
