@@ -115,10 +115,31 @@ class LowerBound:
     cached: float
     capacity: float
     last_send: float
+    #: what the best immediate-dispatch router achieves: each request sent on arrival to the
+    #: pod that would finish it first, knowing every service time exactly (cold prefill)
+    greedy: float = 0.0
 
     def to_json(self) -> dict[str, float]:
         return {"cold": self.cold, "cached": self.cached, "capacity_slots": self.capacity,
-                "last_send": self.last_send}  # fmt: skip
+                "last_send": self.last_send, "greedy_dispatch": self.greedy}  # fmt: skip
+
+
+def greedy_dispatch(
+    jobs: Sequence[tuple[float, float]], speeds: Sequence[float], slots: int = SLOTS
+) -> float:
+    """Makespan of (arrival, service) jobs dispatched on arrival, each to the pod whose
+    earliest-free slot would finish it first; pods run `slots` requests at a time, FIFO."""
+    free = [[0.0] * slots for _ in speeds]
+    end = 0.0
+    for arrival, service in jobs:
+        best = min(
+            range(len(speeds)),
+            key=lambda p: max(arrival, min(free[p])) + service / speeds[p],
+        )
+        i = min(range(slots), key=lambda k: free[best][k])
+        free[best][i] = max(arrival, free[best][i]) + service / speeds[best]
+        end = max(end, free[best][i])
+    return end
 
 
 def lower_bound(workload: Workload, speeds: Sequence[float], slots: int = SLOTS) -> LowerBound:
@@ -126,6 +147,7 @@ def lower_bound(workload: Workload, speeds: Sequence[float], slots: int = SLOTS)
     tok = Tokenizer()
     seen: set[tuple[str, int]] = set()
     cold = cached = 0.0
+    jobs: list[tuple[float, float]] = []
     for r in workload.requests:
         api = "chat" if "messages" in r.body else "completions"
         ids = tok.prompt(api, r.body).ids
@@ -140,11 +162,19 @@ def lower_bound(workload: Workload, speeds: Sequence[float], slots: int = SLOTS)
                 hits += 1
             seen.add(key)
         output = int(r.body.get("max_tokens") or 16)
-        cold += service_time(len(ids), 0, output, o)
+        alone = service_time(len(ids), 0, output, o)
+        cold += alone
         cached += service_time(len(ids), hits * o.block_size, output, o)
+        jobs.append((r.offset, alone))
     capacity = slots * sum(speeds)
     last = workload.duration
-    return LowerBound(max(cold / capacity, last), max(cached / capacity, last), capacity, last)
+    return LowerBound(
+        max(cold / capacity, last),
+        max(cached / capacity, last),
+        capacity,
+        last,
+        greedy_dispatch(jobs, speeds, slots),
+    )
 
 
 # ---- running a shape ----------------------------------------------------------------------
@@ -204,37 +234,54 @@ def _f(v: float | None, digits: int = 2) -> str:
     return "-" if v is None else f"{v:.{digits}f}"
 
 
-def table(res: ShapeResult) -> list[str]:
-    b = res.bound
-    rr = next((r for r in res.runs if r.target.arg == "round_robin"), None)
-    rr_total = rr.result.summary["wall_clock"] if rr else None
-    rr_p95 = rr.result.summary["e2e"]["p95"] if rr else None
+def table(shape: dict[str, Any]) -> list[str]:
+    """One shape's markdown table, from its entry in the summary JSON."""
+    b = shape["lower_bound"]
+    targets: dict[str, dict[str, Any]] = shape["targets"]
+    rr = targets.get("vllm-router round_robin")
+    rr_total = rr["total"] if rr else None
+    rr_p95 = rr["e2e"]["p95"] if rr else None
+    greedy = b.get("greedy_dispatch")
+    best = (
+        f" The best router that sends each request on arrival, knowing every service time "
+        f"exactly, would take {greedy:.1f} s ({greedy / b['cached']:.2f}x the bound; cold "
+        "prefill, no gateway queue)."
+        if greedy
+        else ""
+    )
     lines = [
-        f"### {res.shape.description}",
+        f"### {shape['description']}",
         "",
-        f"{res.workload.describe()}. Lower bound on total (the larger of service work / "
-        f"{b.capacity:g} slots and the last send): {b.cold:.1f} s with every prompt computed, "
-        f"**{b.cached:.1f} s** with each distinct prompt block computed once (the ratio column "
-        "uses this one).",
+        f"{shape['workload']}. Lower bound on total (the larger of service work / "
+        f"{b['capacity_slots']:g} slots and the last send): {b['cold']:.1f} s with every prompt "
+        f"computed, **{b['cached']:.1f} s** with each distinct prompt block computed once (the "
+        f"ratio column uses this one).{best}",
         "",
         "| target | total (s) | / bound | / RR | TTFT p50 | TTFT p95 | TTFT p99 | E2E p50 "
         "| E2E p95 | E2E p99 | E2E p95 / RR | prefix hit rate | errors |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    for run in res.runs:
-        s = run.result.summary
-        total = s["wall_clock"]
-        rate = s.get("prefix_hit_rate")
-        p95 = s["e2e"]["p95"]
+    for label, t in targets.items():
+        total = t["total"]
+        rate = t.get("prefix_hit_rate")
+        p95 = t["e2e"]["p95"]
         lines.append(
-            f"| {run.target.label} | {total:.1f} | {total / b.cached:.2f}x "
+            f"| {label} | {total:.1f} | {total / b['cached']:.2f}x "
             f"| {_f(total / rr_total if rr_total else None)}x "
-            f"| {_f(s['ttft']['p50'])} | {_f(s['ttft']['p95'])} | {_f(s['ttft']['p99'])} "
-            f"| {_f(s['e2e']['p50'])} | {_f(s['e2e']['p95'])} | {_f(s['e2e']['p99'])} "
+            f"| {_f(t['ttft']['p50'])} | {_f(t['ttft']['p95'])} | {_f(t['ttft']['p99'])} "
+            f"| {_f(t['e2e']['p50'])} | {_f(t['e2e']['p95'])} | {_f(t['e2e']['p99'])} "
             f"| {_f(p95 / rr_p95 if p95 and rr_p95 else None)}x "
-            f"| {'n/a' if rate is None else f'{rate:.1%}'} | {s['errors']} |"
+            f"| {'n/a' if rate is None else f'{rate:.1%}'} | {t['errors']} |"
         )
     return lines
+
+
+def render(doc: dict[str, Any], header: str = "") -> str:
+    """Markdown tables for a summary JSON (a fresh run's, or one loaded with --render)."""
+    lines = [header, ""] if header else []
+    for shape in doc["shapes"].values():
+        lines += [*table(shape), ""]
+    return "\n".join(lines)
 
 
 def summary_json(results: Sequence[ShapeResult]) -> dict[str, Any]:
@@ -270,11 +317,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, help="write the summary JSON here")
     parser.add_argument("--markdown", type=Path, help="write the markdown tables here")
     parser.add_argument("--bound-only", action="store_true", help="print the bounds, run nothing")
+    parser.add_argument(
+        "--render",
+        type=Path,
+        metavar="JSON",
+        help="print the tables of a saved summary (bounds recomputed), run nothing",
+    )
     args = parser.parse_args(argv)
     keys = [k.strip() for k in args.shapes.split(",") if k.strip()]
     unknown = [k for k in keys if k not in SHAPES]
     if unknown:
         parser.error(f"unknown shapes {unknown}; known: {', '.join(SHAPES)}")
+    if args.render:
+        doc = json.loads(args.render.read_text(encoding="utf-8"))
+        for key, shape in doc["shapes"].items():
+            if key in SHAPES:  # today's bound model (e.g. the greedy-dispatch figure)
+                spec = SHAPES[key]
+                quick = "quick" in str(doc.get("mode", ""))
+                per_pod = list(spec.per_pod) or [((), 1.0)]
+                speeds = [per_pod[i % len(per_pod)][1] for i in range(doc.get("pods", 4))]
+                shape["lower_bound"] = lower_bound(build_workload(spec, quick), speeds).to_json()
+        print(render(doc))
+        return 0
     if args.bound_only:
         for k in keys:
             shape = SHAPES[k]
@@ -296,14 +360,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"seconds; {args.pods} fresh simulated pods per target, {SLOTS} request slots each.",
         "",
     ]
-    text = "\n".join(head + [line for res in results for line in (*table(res), "")])
+    doc = summary_json(results)
+    text = render(doc, "\n".join(head).strip())
     print(text)
     if args.markdown:
         args.markdown.parent.mkdir(parents=True, exist_ok=True)
         args.markdown.write_text(text + "\n", encoding="utf-8")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(summary_json(results), indent=1), encoding="utf-8")
+        doc.update(mode="quick" if args.quick else "full", pods=args.pods)
+        args.json.write_text(json.dumps(doc, indent=1), encoding="utf-8")
     return 0 if all(r.result.summary["errors"] == 0 for s in results for r in s.runs) else 2
 
 

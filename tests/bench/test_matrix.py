@@ -63,3 +63,36 @@ def test_cold_burst_has_no_shared_prefix_so_both_bounds_agree() -> None:
     b = matrix.lower_bound(w, [1.0] * 4)
     assert b.cold == pytest.approx(b.cached)
     assert b.cold > w.duration  # the burst overloads the fleet: work, not arrivals, bounds it
+
+
+def test_greedy_dispatch_is_between_the_bound_and_round_robin() -> None:
+    jobs = [(0.0, 4.0), (0.0, 1.0), (0.0, 1.0), (0.0, 1.0), (0.0, 1.0)]
+    assert matrix.greedy_dispatch(jobs, [1.0, 1.0], slots=1) == 4.0  # 4 | 1+1+1+1
+    assert matrix.greedy_dispatch(jobs, [1.0, 0.5], slots=1) == 6.0  # slow pod: 2 shorts in 4
+    b = matrix.lower_bound(matrix.build_workload(matrix.SHAPES["cold-burst"], True), [1.0] * 4)
+    assert b.cold <= b.greedy <= 1.25 * b.cold
+
+
+def test_tables_render_from_a_saved_summary() -> None:
+    doc = {
+        "shapes": {
+            "x": {
+                "description": "(z) a shape",
+                "workload": "x: 2 requests",
+                "lower_bound": {"cold": 10.0, "cached": 8.0, "capacity_slots": 8,
+                                "last_send": 5.0, "greedy_dispatch": 9.0},
+                "targets": {
+                    "vllm-router round_robin": {"total": 16.0, "ttft": {"p50": 1, "p95": 2,
+                        "p99": 3}, "e2e": {"p50": 1, "p95": 4, "p99": 5},
+                        "prefix_hit_rate": 0.5, "errors": 0},
+                    "heimdall-proxy r.yaml": {"total": 12.0, "ttft": {"p50": 1, "p95": 2,
+                        "p99": 3}, "e2e": {"p50": 1, "p95": 3, "p99": 5},
+                        "prefix_hit_rate": 0.75, "errors": 0},
+                },
+            }
+        }
+    }  # fmt: skip
+    text = matrix.render(doc)
+    assert "| heimdall-proxy r.yaml | 12.0 | 1.50x | 0.75x |" in text
+    assert "| 0.75x | 75.0% | 0 |" in text  # E2E p95 3 / 4, hit rate
+    assert "would take 9.0 s (1.12x the bound" in text
