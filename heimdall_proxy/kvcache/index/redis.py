@@ -67,6 +67,10 @@ SCRIPTS: dict[str, str] = {
 }
 
 
+#: Client timeouts (seconds): connecting, and any one command (a lookup is on the request path).
+CONNECT_TIMEOUT = 1.0
+COMMAND_TIMEOUT = 0.5
+
 #: Engine-hash -> key entries cached per pod (the rest is read back from Redis when needed).
 LOCAL_CACHE_PER_POD = 200_000
 _CLEAR_CHUNK = 2000
@@ -165,7 +169,14 @@ class RedisIndex:
     async def start(self) -> None:
         if self._redis is not None:
             return
-        client: aioredis.Redis = aioredis.from_url(self.address, decode_responses=False)
+        client: aioredis.Redis = aioredis.from_url(
+            self.address,
+            decode_responses=False,
+            # explicit, whatever redis-py's defaults (none in 5.x-7.x, 5 s in 8.x): a lookup
+            # is on the request path
+            socket_connect_timeout=CONNECT_TIMEOUT,
+            socket_timeout=COMMAND_TIMEOUT,
+        )
         try:
             await client.ping()
         except Exception as exc:

@@ -6,6 +6,7 @@ import logging
 
 from pydantic import Field
 
+from heimdall_proxy.breaker import CircuitBreaker
 from heimdall_proxy.framework.base import BasePlugin
 from heimdall_proxy.framework.handle import PluginHandle
 from heimdall_proxy.framework.params import PluginParams
@@ -51,10 +52,11 @@ class TokenizerPlugin(BasePlugin[TokenizerParams]):
     def __init__(self, name: str, params: TokenizerParams, handle: PluginHandle) -> None:
         super().__init__(name, params, handle)
         self.failures = 0
+        self.breaker = CircuitBreaker(f"{name}: tokenizer")
         self.tokenizer: RequestTokenizer
         if params.uds_tokenizer_config is not None:
             self.tokenizer = UDSTokenizerClient(
-                params.uds_tokenizer_config.socket_file, params.model_name
+                params.uds_tokenizer_config.socket_file, params.model_name, timeout=1.0
             )
         else:
             try:
@@ -66,11 +68,15 @@ class TokenizerPlugin(BasePlugin[TokenizerParams]):
     async def prepare_data(self, request: InferenceRequest, endpoints: list[Endpoint]) -> None:
         if request.token_ids is not None or request.api not in ("completions", "chat", "responses"):
             return
+        if not self.breaker.allow():
+            return  # the tokenizer is failing: go on untokenized at once
         try:
             request.token_ids = await self.tokenizer.tokenize(
                 request.api, request.data, len(request.body)
             )
+            self.breaker.success()
         except Exception as exc:
+            self.breaker.failure()
             self.failures += 1
             log.warning(
                 "tokenizer %r: request goes on untokenized: %s",

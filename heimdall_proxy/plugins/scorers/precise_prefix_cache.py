@@ -13,6 +13,7 @@ from prometheus_client import Metric
 from prometheus_client.core import CounterMetricFamily
 from pydantic import Field, field_validator, model_validator
 
+from heimdall_proxy.breaker import CircuitBreaker
 from heimdall_proxy.framework.base import BasePlugin
 from heimdall_proxy.framework.handle import PluginHandle
 from heimdall_proxy.framework.params import Duration, PluginParams
@@ -245,7 +246,7 @@ def build_tokenizer(cfg: TokenizersPoolConfig) -> RequestTokenizer:
     tokenizer.json (local discovery first, then the offline HF caches). Raises ValueError."""
     if cfg.uds is not None:
         model = cfg.uds.model_tokenizer_map.get(cfg.model_name, cfg.model_name)
-        return UDSTokenizerClient(cfg.uds.socket_file, model, use_tcp=cfg.uds.use_tcp)
+        return UDSTokenizerClient(cfg.uds.socket_file, model, use_tcp=cfg.uds.use_tcp, timeout=1.0)
     local = cfg.local or LocalTokenizerConfig()
     hf = cfg.hf or HFTokenizerConfig()
     sources = ["path", "local"] + (["hf"] if hf.enabled else [])
@@ -357,6 +358,8 @@ class PrecisePrefixCacheScorer(BasePlugin[PrecisePrefixCacheParams]):
         )
         self._observe_lookup = self._lookup_latency.labels().observe
         self._metrics_task: asyncio.Task[None] | None = None
+        self._index_breaker = CircuitBreaker(f"{name}: KV index")
+        self._tokenizer_breaker = CircuitBreaker(f"{name}: tokenizer")
         self._last_warning = 0.0
 
     # ---- lifecycle -----------------------------------------------------------------------
@@ -404,9 +407,12 @@ class PrecisePrefixCacheScorer(BasePlugin[PrecisePrefixCacheParams]):
     ) -> None:
         tokens = request.token_ids
         if tokens is None:
+            if not self._tokenizer_breaker.allow():
+                return  # the tokenizer is failing: score 0 at once instead of waiting
             try:
                 tokens = await self.tokenizer.tokenize(request.api, request.data, len(request.body))
             except Exception as exc:
+                self._tokenizer_breaker.failure()
                 log.warning(
                     "%s: cannot tokenize the request, scoring it 0: %s",
                     self.name,
@@ -414,18 +420,22 @@ class PrecisePrefixCacheScorer(BasePlugin[PrecisePrefixCacheParams]):
                     extra={"request_id": request.request_id},
                 )
                 return
+            self._tokenizer_breaker.success()
             request.token_ids = tokens
         # Lazily hashed: the in-memory lookup stops hashing where the last pod drops out.
         keys = LazyBlockKeys(
             tokens, self.block_size, cached_seed(self.namespace(request, endpoints))
         )
         matched: dict[str, float] = {}
-        if keys and self.ready:
+        if keys and self.ready and self._index_breaker.allow():
             t0 = time.perf_counter()
             try:
                 matched = await self.index.lookup(keys, [e.name for e in endpoints])
             except Exception as exc:  # an unreachable index: route as if nothing matched
+                self._index_breaker.failure()
                 self._warn(f"{self.name}: index lookup failed, scoring 0: {exc}")
+            else:
+                self._index_breaker.success()
             self._observe_lookup(time.perf_counter() - t0)
         state[self.state_key] = PrefixCacheMatchInfo(
             block_size=self.block_size,
