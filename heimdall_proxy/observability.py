@@ -31,6 +31,13 @@ _LATENCY_BUCKETS = (
     0.005, 0.025, 0.05, 0.1, 0.2, 0.4, 0.6, 0.8, 1.0, 1.25, 1.5, 2, 3, 4, 5, 6, 8, 10,
     15, 20, 30, 45, 60, 120, 180, 240, 300, 360, 480, 600, 900, 1200, 1800, 2700, 3600,
 )  # fmt: skip
+_TOKEN_BUCKETS = (
+    1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072,
+)  # fmt: skip
+_TPOT_BUCKETS = (
+    0.0005, 0.001, 0.002, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1,
+    0.15, 0.2, 0.3, 0.5, 1.0, 2.0,
+)  # fmt: skip
 _PLUGIN_BUCKETS = (
     0.00001, 0.00002, 0.00005, 0.0001, 0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02,
     0.05, 0.1,
@@ -160,9 +167,29 @@ class GatewayMetrics:
         )
         self.ttft = HistogramFamily(
             "inference_objective_request_ttft_seconds",
-            "Time to the first response byte of streamed requests.",
+            "Time to the first response byte: of the first streamed event, or of the whole "
+            "answer when it is not streamed (as the latency predictor records it).",
             model_labels,
             buckets=_LATENCY_BUCKETS,
+        )
+        self.tpot = HistogramFamily(
+            "inference_objective_request_tpot_seconds",
+            "Time per output token after the first, of streamed requests.",
+            model_labels,
+            buckets=_TPOT_BUCKETS,
+        )
+        self.input_tokens = HistogramFamily(
+            "inference_objective_input_tokens",
+            "Prompt tokens per request, from the answer's usage.",
+            model_labels,
+            buckets=_TOKEN_BUCKETS,
+        )
+        self.output_tokens = HistogramFamily(
+            "inference_objective_output_tokens",
+            "Output tokens per request, from the answer's usage (streams without usage: their "
+            "events).",
+            model_labels,
+            buckets=_TOKEN_BUCKETS,
         )
         self.running = GaugeFamily(
             "inference_objective_running_requests",
@@ -208,6 +235,9 @@ class GatewayMetrics:
             self.errors,
             self.duration,
             self.ttft,
+            self.tpot,
+            self.input_tokens,
+            self.output_tokens,
             self.running,
             self.upstream_failures,
             self.disagg_hops,

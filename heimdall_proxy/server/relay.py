@@ -30,6 +30,7 @@ from heimdall_proxy.server.hooks import Hooks
 from heimdall_proxy.server.hops import Hops
 from heimdall_proxy.server.outliers import OutlierDetector
 from heimdall_proxy.server.retry import RETRY_STATUSES, RetryBudget, backoff
+from heimdall_proxy.server.usage import StreamUsage, body_usage
 
 log = logging.getLogger(__name__)
 
@@ -177,6 +178,8 @@ class Relay:
             complete = True
             ctx.response_body = payload
             self._count(ctx)
+            if 200 <= upstream.status < 300:
+                self._observe_answer(ctx, payload)
             return web.Response(status=upstream.status, body=payload, headers=out_headers)
         except asyncio.CancelledError:
             ctx.error = ctx.error or "client disconnected"
@@ -204,6 +207,26 @@ class Relay:
             },
         )
 
+    def _observe_answer(self, ctx: RequestContext, payload: bytes) -> None:
+        """A whole answer: its arrival is its time to first token, and its usage counts."""
+        model = ctx.request.model or UNKNOWN_MODEL
+        self.metrics.ttft.labels(model, model).observe(time.monotonic() - ctx.request.received_at)
+        prompt, output = body_usage(payload)
+        if prompt is not None:
+            self.metrics.input_tokens.labels(model, model).observe(prompt)
+        if output is not None:
+            self.metrics.output_tokens.labels(model, model).observe(output)
+
+    def _observe_stream(self, ctx: RequestContext, usage: StreamUsage, first_at: float) -> None:
+        model = ctx.request.model or UNKNOWN_MODEL
+        if usage.prompt is not None:
+            self.metrics.input_tokens.labels(model, model).observe(usage.prompt)
+        output = usage.output_tokens
+        self.metrics.output_tokens.labels(model, model).observe(output)
+        if output > 1 and first_at:
+            tpot = (time.monotonic() - first_at) / (output - 1)
+            self.metrics.tpot.labels(model, model).observe(tpot)
+
     def _count(self, ctx: RequestContext) -> None:
         model = ctx.request.model or UNKNOWN_MODEL
         self.metrics.requests.labels(model, model, ctx.target.name, str(ctx.status)).inc()
@@ -221,6 +244,8 @@ class Relay:
         read = upstream.content.readany
         streaming = self.hooks.response_streaming
         first = True
+        first_at = 0.0
+        usage = StreamUsage() if 200 <= upstream.status < 300 else None
         while True:
             try:
                 chunk = await read()
@@ -246,15 +271,18 @@ class Relay:
             except ConnectionError:
                 ctx.error = "client disconnected"
                 return response
+            if usage is not None:
+                usage.feed(chunk)
             if first:
                 first = False
+                first_at = time.monotonic()
                 model = ctx.request.model or UNKNOWN_MODEL
-                self.metrics.ttft.labels(model, model).observe(
-                    time.monotonic() - ctx.request.received_at
-                )
+                self.metrics.ttft.labels(model, model).observe(first_at - ctx.request.received_at)
             if streaming:
                 await streaming.run(ctx, chunk)
         self._count(ctx)
+        if usage is not None:
+            self._observe_stream(ctx, usage, first_at)
         try:
             await response.write_eof()
         except ConnectionError:

@@ -1,0 +1,69 @@
+"""Token counts and time per output token of a relayed answer, for the GIE metric set.
+
+Non-streamed answers carry `usage` in their body: chat and completions as
+`prompt_tokens` / `completion_tokens`, the Responses API as `input_tokens` /
+`output_tokens`. Streams carry it in their last event when the client asked
+(`stream_options.include_usage`); without it the output is counted in SSE events (vLLM sends
+one token per event unless it batches), and the prompt is unknown."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import orjson
+
+
+def usage_counts(usage: Any) -> tuple[int | None, int | None]:
+    """(prompt tokens, output tokens) of a `usage` object, None where absent."""
+    if not isinstance(usage, Mapping):
+        return None, None
+    prompt = usage.get("prompt_tokens", usage.get("input_tokens"))
+    output = usage.get("completion_tokens", usage.get("output_tokens"))
+    return (
+        prompt if isinstance(prompt, int) else None,
+        output if isinstance(output, int) else None,
+    )
+
+
+def body_usage(body: bytes) -> tuple[int | None, int | None]:
+    """Usage of a non-streamed JSON answer."""
+    if b'"usage"' not in body:
+        return None, None
+    try:
+        doc = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return None, None
+    if not isinstance(doc, dict):
+        return None, None
+    usage = doc.get("usage")
+    if usage is None and isinstance(doc.get("response"), dict):  # a Responses API event
+        usage = doc["response"].get("usage")
+    return usage_counts(usage)
+
+
+class StreamUsage:
+    """Follows a relayed SSE stream chunk by chunk: counts its data events and keeps the last
+    `usage` it carried. Only chunks that mention `"usage"` are parsed."""
+
+    __slots__ = ("events", "output", "prompt")
+
+    def __init__(self) -> None:
+        self.events = 0
+        self.prompt: int | None = None
+        self.output: int | None = None
+
+    def feed(self, chunk: bytes) -> None:
+        self.events += chunk.count(b"data:") - chunk.count(b"data: [DONE]")
+        if b'"usage"' not in chunk:
+            return
+        for line in chunk.split(b"\n"):
+            if line.startswith(b"data:") and b'"usage"' in line:
+                prompt, output = body_usage(line[5:].strip())
+                if output is not None:
+                    self.prompt, self.output = prompt, output
+
+    @property
+    def output_tokens(self) -> int:
+        """Output tokens: the stream's usage when it had one, else its data events."""
+        return self.output if self.output is not None else max(0, self.events)

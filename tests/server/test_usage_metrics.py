@@ -1,0 +1,44 @@
+"""The GIE metric set: TTFT for whole answers too, TPOT for streams, token counts from usage."""
+
+from __future__ import annotations
+
+import aiohttp
+
+from heimdall_proxy.server.usage import StreamUsage, body_usage
+from tests.conftest import GatewayFactory, PodFactory, make_config
+
+LABELS = {"model_name": "sim-model", "target_model_name": "sim-model"}
+
+
+async def test_whole_and_streamed_answers_feed_ttft_tpot_and_token_counts(
+    start_pod: PodFactory, start_gateway: GatewayFactory
+) -> None:
+    pod = await start_pod()
+    gw = await start_gateway(make_config([pod]))
+    whole = {"model": "sim-model", "prompt": "one two three", "max_tokens": 4}
+    streamed = {**whole, "stream": True, "stream_options": {"include_usage": True}}
+    async with aiohttp.ClientSession() as http:
+        async with http.post(f"{gw.url}/v1/completions", json=whole) as r:
+            usage = (await r.json())["usage"]
+        async with http.post(f"{gw.url}/v1/completions", json=streamed) as r:
+            assert r.status == 200
+            await r.read()
+    assert gw.metric("inference_objective_request_ttft_seconds_count", LABELS) == 2
+    assert gw.metric("inference_objective_input_tokens_count", LABELS) == 2
+    assert gw.metric("inference_objective_input_tokens_sum", LABELS) == 2 * usage["prompt_tokens"]
+    assert gw.metric("inference_objective_output_tokens_sum", LABELS) == 8
+    assert gw.metric("inference_objective_request_tpot_seconds_count", LABELS) == 1
+
+
+def test_usage_is_read_from_every_api_shape() -> None:
+    assert body_usage(b'{"usage": {"prompt_tokens": 3, "completion_tokens": 5}}') == (3, 5)
+    assert body_usage(b'{"object": "response", "usage": {"input_tokens": 2, '
+                      b'"output_tokens": 7}}') == (2, 7)  # fmt: skip
+    assert body_usage(b'{"choices": []}') == (None, None)
+    assert body_usage(b"not json") == (None, None)
+    s = StreamUsage()
+    s.feed(b'data: {"choices": [{"text": "a"}]}\n\ndata: {"choices": [{"text": "b"}]}\n\n')
+    assert s.output_tokens == 2  # no usage: counted in events
+    s.feed(b'data: {"choices": [], "usage": {"prompt_tokens": 4, "completion_tokens": 3}}\n\n')
+    s.feed(b"data: [DONE]\n\n")
+    assert (s.prompt, s.output_tokens) == (4, 3)
