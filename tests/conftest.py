@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import os
+
+# No test reaches the Hugging Face Hub (this machine has no network): its client reads the
+# caches only. Set before anything imports huggingface_hub, which reads it once.
+os.environ["HF_HUB_OFFLINE"] = "1"
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any

@@ -1,7 +1,10 @@
-"""Finding a model's tokenizer.json on local disk (this gateway never downloads one)."""
+"""Finding a model's tokenizer.json: on local disk, in the Hugging Face caches, and else
+downloaded from the Hugging Face Hub with its own client (token, revision, cache directory;
+`HF_HUB_OFFLINE=1` keeps it to the caches)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -26,11 +29,37 @@ class LocalSearch:
 
 @dataclass(slots=True, frozen=True)
 class HFCacheSearch:
-    """The `hf` tokenizer source, offline: a tokenizers cache directory and the Hugging Face
-    hub cache (`$HF_HUB_CACHE`, `$HF_HOME/hub`, `~/.cache/huggingface/hub`)."""
+    """The `hf` tokenizer source: a tokenizers cache directory and the Hugging Face hub cache
+    (`$HF_HUB_CACHE`, `$HF_HOME/hub`, `~/.cache/huggingface/hub`), then, with `download`,
+    the Hub itself (into `cache_dir`). `repo` names the Hub repository when it is not the
+    model name (the reference's `hf.tokenizer`); `token` defaults to `$HF_TOKEN`."""
 
     cache_dir: str | None = None
     revision: str | None = None
+    repo: str | None = None
+    token: str | None = field(default=None, repr=False)
+    download: bool = True
+
+
+#: Fetched beside tokenizer.json when present: the chat template lives there.
+_COMPANIONS = ("tokenizer_config.json",)
+
+
+def download_tokenizer(model: str, hf: HFCacheSearch) -> Path:
+    """tokenizer.json of `hf.repo or model` from the Hugging Face Hub (or its cache when
+    offline). Raises OSError / the hub client's errors."""
+    from huggingface_hub import hf_hub_download
+
+    repo = hf.repo or model
+    path = hf_hub_download(
+        repo, TOKENIZER_FILE, revision=hf.revision, cache_dir=hf.cache_dir, token=hf.token
+    )
+    for name in _COMPANIONS:
+        with contextlib.suppress(Exception):  # optional companion files
+            hf_hub_download(
+                repo, name, revision=hf.revision, cache_dir=hf.cache_dir, token=hf.token
+            )
+    return Path(path)
 
 
 def _file_in(path: Path, file_name: str) -> Path | None:
@@ -115,16 +144,23 @@ def find_tokenizer(
             found = None
             for root in hub_cache_dirs(hf.cache_dir):
                 looked.append(f"{root} (Hugging Face cache)")
-                found = _in_hub_cache(root, model, hf.revision, TOKENIZER_FILE)
+                found = _in_hub_cache(root, hf.repo or model, hf.revision, TOKENIZER_FILE)
                 if found is not None:
                     break
+            if found is None and hf.download:
+                try:
+                    found = download_tokenizer(model, hf)
+                except Exception as exc:
+                    looked.append(
+                        f"the Hugging Face Hub ({hf.repo or model}: {type(exc).__name__})"
+                    )
         else:  # pragma: no cover - callers pass known names
             raise ValueError(f"unknown tokenizer source {source!r}")
         if found is not None:
             return found
     raise TokenizerNotFoundError(
-        f"no tokenizer for model {model!r}: looked in " + ", ".join(looked) + ". This gateway "
-        "does not download tokenizers from the Hugging Face Hub: copy the model's tokenizer.json "
-        "(with tokenizer_config.json for chat) to one of those places, or map the model to it "
-        "with local.modelTokenizerMap"
+        f"no tokenizer for model {model!r}: looked in " + ", ".join(looked) + ". Copy the "
+        "model's tokenizer.json (with tokenizer_config.json for chat) to one of those places, "
+        "map the model to it with local.modelTokenizerMap, or let the gateway reach the Hub "
+        "(hf.huggingFaceToken or HF_TOKEN for gated models)"
     )

@@ -42,7 +42,7 @@ def test_hub_cache_layout(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> No
     assert find_tokenizer("org/model", sources=("hf",)) == found
 
 
-def test_not_found_says_where_it_looked_and_that_nothing_is_downloaded(
+def test_not_found_says_where_it_looked_including_the_hub(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
@@ -50,4 +50,4 @@ def test_not_found_says_where_it_looked_and_that_nothing_is_downloaded(
         find_tokenizer("org/missing", local=LocalSearch(auto_discovery_dir=str(tmp_path)))
     msg = str(err.value)
     assert "org/missing" in msg and str(tmp_path / "hf" / "hub") in msg
-    assert "does not download" in msg
+    assert "the Hugging Face Hub (org/missing:" in msg  # tried through the Hub client

@@ -38,7 +38,7 @@ class TokenizerPlugin(BasePlugin[TokenizerParams]):
     `InferenceRequest.token_ids` for every later plugin (prefix-cache scorers, deciders).
 
     In-process by default: `modelName`'s tokenizer.json is found locally (the model name as a
-    path, `/mnt/models/<modelName>/`, or the Hugging Face hub cache; nothing is downloaded)
+    path, `/mnt/models/<modelName>/`, the Hugging Face hub cache, else the Hub: downloaded)
     and run on a worker thread; chat requests are first rendered with the model's chat
     template, as vLLM renders them. With `udsTokenizerConfig`, requests go to the tokenizer
     service on `socketFile` instead (`heimdall-proxy tokenizer-server`).

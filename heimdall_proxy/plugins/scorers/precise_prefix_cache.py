@@ -223,12 +223,6 @@ def unhonoured(params: PrecisePrefixCacheParams) -> list[str]:
                 f"{', '.join(TOKENIZER_MODES)}): its token ids would not match the pods'"
             )
     base = "indexerConfig.tokenizersPoolConfig"
-    if pool.hf is not None:
-        if pool.hf.hugging_face_token:
-            out.append(f"{base}.hf.huggingFaceToken (nothing is downloaded: the tokenizer is "
-                       "read from the local Hugging Face cache only)")  # fmt: skip
-        if pool.hf.tokenizer:
-            out.append(f"{base}.hf.tokenizer (the model name is looked up in the cache)")
     if pool.local is not None and pool.local.tokenizer_revision:
         out.append(f"{base}.local.tokenizerRevision (a local directory has one revision)")
     kv = idx.kv_block_index_config
@@ -259,7 +253,12 @@ def build_tokenizer(cfg: TokenizersPoolConfig) -> RequestTokenizer:
                 local.auto_discovery_tokenizer_file_name,
                 local.model_tokenizer_map,
             ),
-            hf=HFCacheSearch(hf.tokenizers_cache_dir or None, hf.tokenizer_revision or None),
+            hf=HFCacheSearch(
+                hf.tokenizers_cache_dir or None,
+                hf.tokenizer_revision or None,
+                repo=hf.tokenizer or None,
+                token=hf.hugging_face_token or None,
+            ),
             sources=sources,
         )
     except TokenizerNotFoundError as exc:
