@@ -213,6 +213,12 @@ class GatewayMetrics:
             "transfer parameters); the request was served without that stage.",
             ("stage", "pod"),
         )
+        self.retries = CounterFamily(
+            "inference_objective_retries",
+            "Attempts sent to the next pod, by why the previous one failed (connect, read, "
+            "or its status).",
+            ("reason",),
+        )
         self.ejections = CounterFamily(
             "inference_objective_pod_ejections",
             "Times a pod was ejected from the candidates for failing (outlierDetection).",
@@ -243,6 +249,7 @@ class GatewayMetrics:
             self.disagg_hops,
             self.disagg_hop_failures,
             self.ejections,
+            self.retries,
             scheduler,
             self.plugin_duration,
         ]

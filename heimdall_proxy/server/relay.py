@@ -40,6 +40,15 @@ RETRYABLE = (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, TimeoutE
 UNKNOWN_MODEL = "unknown"
 
 
+def _reason(error: str | None) -> str:
+    """A bounded label for why an attempt failed: its status, or the stage (connect, read)."""
+    if not error:
+        return "unknown"
+    if error.startswith("status "):
+        return error[7:]
+    return error.split(" ", 1)[0]
+
+
 def _is_stream(resp: aiohttp.ClientResponse) -> bool:
     ctype = resp.headers.get("Content-Type", "")
     return ctype.startswith("text/event-stream") or resp.content_length is None
@@ -101,6 +110,7 @@ class Relay:
                 if not another_pod():
                     break
                 assert order is not None
+                self.metrics.retries.labels(_reason(ctx.error)).inc()
                 attempt += 1
                 if not retrying:
                     retrying = True

@@ -170,6 +170,7 @@ async def test_a_retryable_status_before_the_first_byte_goes_to_the_next_pod(
     assert gw.metric(
         "inference_objective_upstream_failures_total", {"pod": bad.name, "reason": str(status)}
     ) == 1  # fmt: skip
+    assert gw.metric("inference_objective_retries_total", {"reason": str(status)}) == 1
     assert gw.running() == 0
 
 
