@@ -26,6 +26,7 @@ from heimdall_proxy.framework.types import (
 from heimdall_proxy.observability import GatewayMetrics
 from heimdall_proxy.server.outliers import OutlierDetector
 from heimdall_proxy.server.parse import parse_body
+from heimdall_proxy.server.usage import USAGE_ASKED_KEY, ask_for_usage
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +92,8 @@ class Director:
         untrusted_fields(ireq, self.trust_transfer_params)
         candidates = self.candidates(ireq)
         state = CycleState()
+        if ask_for_usage(ireq):
+            state[USAGE_ASKED_KEY] = True
         if trace is not None:
             state[TRACE_KEY] = trace
         if self._has_prepare:

@@ -29,8 +29,13 @@ from heimdall_proxy.server.headers import client_response_headers, upstream_requ
 from heimdall_proxy.server.hooks import Hooks
 from heimdall_proxy.server.hops import Hops
 from heimdall_proxy.server.outliers import OutlierDetector
-from heimdall_proxy.server.retry import RETRY_STATUSES, RetryBudget, backoff
-from heimdall_proxy.server.usage import StreamUsage, body_usage
+from heimdall_proxy.server.retry import RETRY_STATUSES, RetryBudget, backoff, failure_reason
+from heimdall_proxy.server.usage import (
+    USAGE_ASKED_KEY,
+    StreamUsage,
+    body_usage,
+    strip_usage_events,
+)
 
 log = logging.getLogger(__name__)
 
@@ -38,15 +43,6 @@ log = logging.getLogger(__name__)
 RETRYABLE = (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, TimeoutError)
 #: Label used for client-supplied model names the pool does not know (bounded cardinality).
 UNKNOWN_MODEL = "unknown"
-
-
-def _reason(error: str | None) -> str:
-    """A bounded label for why an attempt failed: its status, or the stage (connect, read)."""
-    if not error:
-        return "unknown"
-    if error.startswith("status "):
-        return error[7:]
-    return error.split(" ", 1)[0]
 
 
 def _is_stream(resp: aiohttp.ClientResponse) -> bool:
@@ -110,7 +106,7 @@ class Relay:
                 if not another_pod():
                     break
                 assert order is not None
-                self.metrics.retries.labels(_reason(ctx.error)).inc()
+                self.metrics.retries.labels(failure_reason(ctx.error)).inc()
                 attempt += 1
                 if not retrying:
                     retrying = True
@@ -256,6 +252,7 @@ class Relay:
         first = True
         first_at = 0.0
         usage = StreamUsage() if 200 <= upstream.status < 300 else None
+        strip = ctx.state.get(USAGE_ASKED_KEY, False)
         while True:
             try:
                 chunk = await read()
@@ -276,13 +273,15 @@ class Relay:
                 return response
             if not chunk:
                 break
+            if usage is not None:
+                usage.feed(chunk)
+            if strip:
+                chunk = strip_usage_events(chunk)
             try:
                 await response.write(chunk)
             except ConnectionError:
                 ctx.error = "client disconnected"
                 return response
-            if usage is not None:
-                usage.feed(chunk)
             if first:
                 first = False
                 first_at = time.monotonic()

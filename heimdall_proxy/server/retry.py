@@ -43,3 +43,12 @@ def backoff(retry: int, headers: Mapping[str, str] | None = None) -> float:
         except ValueError:
             pass  # an HTTP date: fall back to jitter
     return random.uniform(0.0, min(MAX_BACKOFF, BASE_BACKOFF * 2 ** (retry - 1)))
+
+
+def failure_reason(error: str | None) -> str:
+    """A bounded label for why an attempt failed: its status, or the stage (connect, read)."""
+    if not error:
+        return "unknown"
+    if error.startswith("status "):
+        return error[7:]
+    return error.split(" ", 1)[0]

@@ -2,9 +2,10 @@
 
 Non-streamed answers carry `usage` in their body: chat and completions as
 `prompt_tokens` / `completion_tokens`, the Responses API as `input_tokens` /
-`output_tokens`. Streams carry it in their last event when the client asked
-(`stream_options.include_usage`); without it the output is counted in SSE events (vLLM sends
-one token per event unless it batches), and the prompt is unknown."""
+`output_tokens`. Streams carry it in their last event when asked
+(`stream_options.include_usage`): the gateway asks for it when the client did not, and keeps
+that event from the client. A stream without usage all the same has its output counted in
+SSE events (vLLM sends one token per event unless it batches)."""
 
 from __future__ import annotations
 
@@ -40,6 +41,49 @@ def body_usage(body: bytes) -> tuple[int | None, int | None]:
     if usage is None and isinstance(doc.get("response"), dict):  # a Responses API event
         usage = doc["response"].get("usage")
     return usage_counts(usage)
+
+
+USAGE_ASKED_KEY = "heimdall/usage-asked"
+
+
+def ask_for_usage(request: Any) -> bool:
+    """Have a streamed chat or completions request ask the pod for its usage
+    (`stream_options.include_usage`) when the client did not, so token counts and TPOT are
+    measured on every stream. Returns True when it changed the request: the usage event is
+    then the gateway's, and `strip_usage_events` keeps it from the client."""
+    if request.api not in ("chat", "completions") or not request.stream:
+        return False
+    options = request.data.get("stream_options")
+    if isinstance(options, Mapping) and options.get("include_usage"):
+        return False
+    merged = (
+        {**options, "include_usage": True}
+        if isinstance(options, Mapping)
+        else {"include_usage": True}
+    )
+    request.set_data({**request.data, "stream_options": merged})
+    return True
+
+
+def strip_usage_events(chunk: bytes) -> bytes:
+    """`chunk` without its usage-only events (`"choices": []` and a usage), which the client
+    did not ask for. An event split across chunks is left as it is."""
+    if b'"usage"' not in chunk:
+        return chunk
+    events = chunk.split(b"\n\n")
+    kept = []
+    for event in events:
+        body = event.strip()
+        if body.startswith(b"data:") and b'"usage"' in body:
+            try:
+                doc = orjson.loads(body[5:].strip())
+            except orjson.JSONDecodeError:
+                kept.append(event)
+                continue
+            if isinstance(doc, dict) and doc.get("choices") == [] and doc.get("usage"):
+                continue
+        kept.append(event)
+    return b"\n\n".join(kept)
 
 
 class StreamUsage:

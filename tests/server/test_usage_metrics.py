@@ -42,3 +42,34 @@ def test_usage_is_read_from_every_api_shape() -> None:
     s.feed(b'data: {"choices": [], "usage": {"prompt_tokens": 4, "completion_tokens": 3}}\n\n')
     s.feed(b"data: [DONE]\n\n")
     assert (s.prompt, s.output_tokens) == (4, 3)
+
+
+async def test_a_stream_without_usage_is_asked_for_it_and_the_client_does_not_see_it(
+    start_pod: PodFactory, start_gateway: GatewayFactory
+) -> None:
+    pod = await start_pod()
+    gw = await start_gateway(make_config([pod]))
+    body = {"model": "sim-model", "prompt": "one two", "max_tokens": 3, "stream": True}
+    async with aiohttp.ClientSession() as http:
+        async with http.post(f"{gw.url}/v1/completions", json=body) as r:
+            text = (await r.read()).decode()
+    assert pod.pod.received[-1].json()["stream_options"] == {"include_usage": True}
+    assert '"usage"' not in text and text.rstrip().endswith("data: [DONE]")
+    assert gw.metric("inference_objective_input_tokens_count", LABELS) == 1  # measured
+    assert gw.metric("inference_objective_output_tokens_sum", LABELS) == 3
+
+
+def test_only_usage_only_events_are_stripped() -> None:
+    from heimdall_proxy.server.usage import strip_usage_events
+
+    chunk = (
+        b'data: {"choices": [{"text": "a"}], "usage": null}\n\n'
+        b'data: {"choices": [], "usage": {"prompt_tokens": 1, "completion_tokens": 1}}\n\n'
+        b"data: [DONE]\n\n"
+    )
+    out = strip_usage_events(chunk)
+    assert b'"prompt_tokens"' not in out
+    assert out.startswith(b'data: {"choices": [{"text": "a"}]') and b"data: [DONE]" in out
+    assert strip_usage_events(b'data: {"choices": [{"text": "b"}]}\n\n') == (
+        b'data: {"choices": [{"text": "b"}]}\n\n'
+    )
