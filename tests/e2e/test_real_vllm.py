@@ -95,7 +95,10 @@ def test_completions_stream(client: Any) -> None:
         )
     )
     finishes = [c.choices[0].finish_reason for c in chunks if c.choices]
-    assert sum(1 for c in chunks if c.choices) >= 2
+    # vLLM may coalesce a fast generation's tokens into one event: at least one event with
+    # the text, then the usage event the client asked for
+    assert sum(1 for c in chunks if c.choices) >= 1 and len(chunks) >= 2
+    assert "".join(c.choices[0].text for c in chunks if c.choices)
     assert [f for f in finishes if f] == ["length"]
     assert chunks[-1].usage.completion_tokens == 8
 
