@@ -335,7 +335,9 @@ def build_parser() -> argparse.ArgumentParser:
         "tokenizer-server",
         help="serve tokenization on a Unix socket (the tokenizer plugin's udsTokenizerConfig)",
         description="Tokenizes OpenAI request bodies as vLLM does (chat templates included) for "
-        "gateways on the same host; protocol in heimdall_proxy/tokenization/uds.py.",
+        "gateways on the same host, speaking the llm-d tokenizer sidecar's gRPC protocol "
+        "(TokenizationService, heimdall_proxy/tokenization/tokenizerpb/tokenizer.proto), so "
+        "it and the llm-d sidecar can stand in for each other.",
     )
     tok.add_argument("--socket", required=True, help="socket path (host:port with --tcp)")
     tok.add_argument("--tcp", action="store_true", help="listen on TCP host:port instead")
@@ -354,6 +356,12 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="NAME",
         help="serve NAME with the simulator's deterministic tokenization (`heimdall-proxy "
         "sim` pods), so a gateway's token ids and block keys match the simulated fleet's",
+    )
+    tok.add_argument(
+        "--load-on-demand",
+        action="store_true",
+        help="also load any other model a client names (InitializeTokenizer), from a directory, "
+        "the Hugging Face cache or the Hub, as the llm-d sidecar does",
     )
     tok.add_argument("--workers", type=int, default=4, help="tokenizer threads (default 4)")
     _add_logging(tok)
@@ -522,12 +530,16 @@ def tokenizer_server(args: argparse.Namespace) -> int:
     from heimdall_proxy.tokenization.uds import run_server
 
     try:
-        if not args.model and not args.sim_model:
-            raise ValueError("give at least one --model or --sim-model")
+        if not args.model and not args.sim_model and not args.load_on_demand:
+            raise ValueError("give at least one --model or --sim-model, or --load-on-demand")
         from heimdall_proxy.sim.tokens import SimRequestTokenizer
 
+        # the composition root hands the simulator's tokenization in: tokenization/ never
+        # imports the simulator
         sims = {name: SimRequestTokenizer() for name in args.sim_model}
-        coro = run_server(args.socket, args.model, args.workers, args.tcp, sims)
+        coro = run_server(
+            args.socket, args.model, args.workers, args.tcp, sims, args.load_on_demand
+        )
         with contextlib.suppress(KeyboardInterrupt):
             _run(coro)
     except (TokenizerNotFoundError, OSError, ValueError) as exc:

@@ -158,6 +158,7 @@ class LocalTokenizer:
             )
         self.chat_template = template
         self._compiled: jinja2.Template | None = None
+        self._overrides: dict[str, jinja2.Template] = {}
         self._content_parts = bool(template and _CONTENT_LOOP.search(template))
 
     # ---- primitives ----------------------------------------------------------------------
@@ -165,6 +166,34 @@ class LocalTokenizer:
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         ids: list[int] = self.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
         return ids
+
+    def encode_with_offsets(
+        self, text: str, add_special_tokens: bool = True
+    ) -> tuple[list[int], list[tuple[int, int]]]:
+        """Ids and each token's (start, end) character span in `text` (the sidecar
+        protocol's Tokenize answers both)."""
+        enc = self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
+        return list(enc.ids), [(int(a), int(b)) for a, b in enc.offsets]
+
+    def _template(self, override: str | None) -> tuple[jinja2.Template, bool]:
+        """The compiled template (the model's, or a request's own) and whether it iterates
+        over content parts."""
+        if override:
+            compiled = self._overrides.get(override)
+            if compiled is None:
+                if len(self._overrides) >= 16:  # a few distinct request templates, not a leak
+                    self._overrides.clear()
+                compiled = _environment().from_string(override)
+                self._overrides[override] = compiled
+            return compiled, bool(_CONTENT_LOOP.search(override))
+        if not self.chat_template:
+            raise ChatTemplateError(
+                f"{self.path.parent}: the model has no chat template (tokenizer_config.json "
+                "chat_template, chat_template.jinja)"
+            )
+        if self._compiled is None:
+            self._compiled = _environment().from_string(self.chat_template)
+        return self._compiled, self._content_parts
 
     def render_chat(
         self,
@@ -175,45 +204,43 @@ class LocalTokenizer:
         tools: Any = None,
         documents: Any = None,
         chat_template_kwargs: Mapping[str, Any] | None = None,
+        chat_template: str | None = None,
     ) -> str:
-        """The prompt text vLLM would feed the model for these chat messages."""
-        if not self.chat_template:
-            raise ChatTemplateError(
-                f"{self.path.parent}: the model has no chat template (tokenizer_config.json "
-                "chat_template, chat_template.jinja)"
-            )
-        if self._compiled is None:
-            self._compiled = _environment().from_string(self.chat_template)
+        """The prompt text vLLM would feed the model for these chat messages. `chat_template`:
+        a request's own template instead of the model's. `chat_template_kwargs` win over
+        `tools` and `documents`, as vLLM merges them."""
+        compiled, content_parts = self._template(chat_template)
         if continue_final_message and add_generation_prompt:
             add_generation_prompt = False
         context: dict[str, Any] = {
             **self.special_tokens,
             "additional_special_tokens": self.additional_special_tokens,
-            **dict(chat_template_kwargs or {}),
-            "messages": [self._message(m) for m in messages],
-            "add_generation_prompt": add_generation_prompt,
             "tools": tools,
             "documents": documents,
+            **dict(chat_template_kwargs or {}),
+            "messages": [self._message(m, content_parts) for m in messages],
+            "add_generation_prompt": add_generation_prompt,
         }
         try:
-            text = self._compiled.render(**context)
+            text = compiled.render(**context)
         except jinja2.TemplateError as exc:
             raise ChatTemplateError(f"chat template failed: {exc}") from exc
         if continue_final_message and messages:
             # Cut the text after the last message's content, so the model continues it.
-            last = self._message(messages[-1]).get("content")
+            last = self._message(messages[-1], content_parts).get("content")
             if isinstance(last, str) and last:
                 cut = text.rfind(last.strip())
                 if cut >= 0:
                     text = text[: cut + len(last.strip())]
         return text
 
-    def _message(self, message: Mapping[str, Any]) -> dict[str, Any]:
+    @staticmethod
+    def _message(message: Mapping[str, Any], content_parts: bool) -> dict[str, Any]:
         out = dict(message)
         content = out.get("content")
         if isinstance(content, list):
             parts = [p if isinstance(p, Mapping) else {"type": "text", "text": p} for p in content]
-            if self._content_parts:
+            if content_parts:
                 out["content"] = [dict(p) for p in parts]
             else:
                 out["content"] = "\n".join(
@@ -242,16 +269,9 @@ class LocalTokenizer:
             return self.tokenize_chat(data, data.get("messages"))
         if api == "responses":
             return self.tokenize_chat(data, responses_messages(data))
-        prompt = data.get("prompt", data.get("input"))
-        if isinstance(prompt, list) and prompt:
-            first = prompt[0]
-            if isinstance(first, int):
-                return [int(t) for t in prompt]
-            prompt = first
-        if isinstance(prompt, list):  # a batch of token-id lists: its first one
-            return [int(t) for t in prompt]
-        if not isinstance(prompt, str):
-            raise ValueError("the request has no text prompt")
+        prompt = completion_prompt(data)
+        if isinstance(prompt, list):
+            return prompt
         add_special = data.get("add_special_tokens", True)
         return self.encode(prompt, add_special_tokens=add_special is not False)
 
@@ -259,6 +279,7 @@ class LocalTokenizer:
         if not isinstance(messages, list) or not all(isinstance(m, Mapping) for m in messages):
             raise ValueError("messages must be a list of objects")
         kwargs = data.get("chat_template_kwargs")
+        template = data.get("chat_template")
         text = self.render_chat(
             messages,
             add_generation_prompt=data.get("add_generation_prompt", True) is not False,
@@ -266,8 +287,25 @@ class LocalTokenizer:
             tools=data.get("tools"),
             documents=data.get("documents"),
             chat_template_kwargs=kwargs if isinstance(kwargs, Mapping) else None,
+            chat_template=template if isinstance(template, str) else None,
         )
         return self.encode(text, add_special_tokens=data.get("add_special_tokens") is True)
+
+
+def completion_prompt(data: Mapping[str, Any]) -> str | list[int]:
+    """A completions request's prompt: its text, or its token ids when it is already
+    tokenized. A batch (a list of prompts) is routed on its first prompt."""
+    prompt = data.get("prompt", data.get("input"))
+    if isinstance(prompt, list) and prompt:
+        first = prompt[0]
+        if isinstance(first, int):
+            return [int(t) for t in prompt]
+        prompt = first
+    if isinstance(prompt, list):  # a batch of token-id lists: its first one
+        return [int(t) for t in prompt]
+    if not isinstance(prompt, str):
+        raise ValueError("the request has no text prompt")
+    return prompt
 
 
 def responses_messages(data: Mapping[str, Any]) -> list[dict[str, Any]]:

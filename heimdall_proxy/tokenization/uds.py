@@ -1,301 +1,628 @@
-"""A tokenizer service over a Unix domain socket (or TCP): protocol, client and server.
+"""The llm-d tokenizer sidecar protocol: gRPC `tokenization.TokenizationService` over a Unix
+socket (tokenizerpb/tokenizer.proto), with a client and a server, so the gateway can use the
+llm-d kv-cache UDS tokenizer sidecar and an llm-d EPP can use `heimdall-proxy
+tokenizer-server`.
 
-Protocol. Each message is a frame: a 4-byte big-endian length, then that many bytes of
-msgpack. The client sends requests and the server answers each with a response carrying the
-same `id`; requests on one connection may be pipelined and are answered in any order.
+How the llm-d client uses the service, and so how this client does:
 
-    request  = {"id": int, "op": "tokenize", "model": str, "api": str, "body": map}
-             | {"id": int, "op": "encode", "model": str, "text": str,
-                "add_special_tokens": bool}
-             | {"id": int, "op": "ping"}
-    response = {"id": int, "token_ids": [int, ...]}          (tokenize, encode)
-             | {"id": int, "ok": true}                        (ping)
-             | {"id": int, "error": str}
+- `InitializeTokenizer(model)` first (the sidecar loads, or downloads, the model's tokenizer);
+  here on first use, and again after a failure.
+- chat (and responses, turned into chat messages): `RenderChatCompletion` -> prompt ids, the
+  chat template applied as vLLM applies it.
+- completions: `RenderCompletion` -> prompt ids (special tokens added); `Tokenize` when the
+  request says `add_special_tokens: false`; a prompt already made of ids needs no call.
+- `RenderChatTemplate` (the text of a rendered template) is deprecated upstream; both sides
+  still implement it.
 
-`tokenize` renders and tokenizes an OpenAI request body exactly as the in-process tokenizer
-does (`api`: completions | chat | responses | other); `encode` tokenizes raw text. `model`
-selects one of the server's tokenizers; a server with one tokenizer uses it whatever the name.
-Frames over 64 MiB are refused (the connection is closed).
+The protocol has no field for some request fields (a message's `name` or `tool_call_id`, a chat
+request's `add_special_tokens`); the service renders as vLLM does without them. A chat
+request's `documents` travel in `chat_template_kwargs`, where vLLM reads them too.
 
-`heimdall-proxy tokenizer-server --socket PATH --model DIR` runs the server.
+Failures are TokenizerServiceError with a message that says what went wrong (socket missing,
+deadline, the service's own error).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
+import json
 import logging
 import os
-import struct
-from collections.abc import Mapping
+import threading
+import uuid
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, NoReturn, Protocol, TypeVar, runtime_checkable
 
-import msgpack
+import grpc
+import grpc.aio
 
-from heimdall_proxy.tokenization.local import LocalTokenizer
+from heimdall_proxy.tokenization.local import (
+    ChatTemplateError,
+    LocalTokenizer,
+    completion_prompt,
+    responses_messages,
+)
+from heimdall_proxy.tokenization.tokenizerpb import tokenizer_pb2 as pb
+from heimdall_proxy.tokenization.tokenizerpb import tokenizer_pb2_grpc as pb_grpc
 
 log = logging.getLogger(__name__)
 
-MAX_FRAME = 64 * 1024 * 1024
-_LEN = struct.Struct(">I")
+#: Messages up to this size both ways (long prompts; the llm-d client allows the same).
+MAX_MESSAGE = 100 * 1024 * 1024
+_CHANNEL_OPTIONS = [
+    ("grpc.max_send_message_length", MAX_MESSAGE),
+    ("grpc.max_receive_message_length", MAX_MESSAGE),
+    ("grpc.keepalive_time_ms", 10 * 60 * 1000),
+    ("grpc.keepalive_timeout_ms", 10 * 1000),
+    ("grpc.keepalive_permit_without_calls", 1),
+    # calls fail fast while the service is down (the callers fail open); once it is back,
+    # reconnect within a second rather than after gRPC's default backoff of up to 2 minutes
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+]
+_SERVER_OPTIONS = [
+    ("grpc.max_send_message_length", MAX_MESSAGE),
+    ("grpc.max_receive_message_length", MAX_MESSAGE),
+    # clients (and mesh sidecars) may ping every 10 s; do not answer with GOAWAY
+    ("grpc.http2.min_ping_interval_without_data_ms", 10 * 1000),
+    ("grpc.keepalive_permit_without_calls", 1),
+]
+_R = TypeVar("_R")
 
 
 class TokenizerServiceError(RuntimeError):
-    """The tokenizer service answered with an error, or could not be reached."""
+    """The tokenizer service answered with an error, or could not be reached in time."""
 
 
-def encode_frame(message: Mapping[str, Any]) -> bytes:
-    payload: bytes = msgpack.packb(message, use_bin_type=True)
-    if len(payload) > MAX_FRAME:
-        raise ValueError(f"frame of {len(payload)} bytes exceeds {MAX_FRAME}")
-    return _LEN.pack(len(payload)) + payload
+def uds_model_name(model: str, model_tokenizer_map: Mapping[str, str]) -> str:
+    """The name a UDS tokenizer pool sends for `model`, as llm-d resolves it: without a
+    `modelTokenizerMap` the model name itself; with one, the mapped tokenizer directory (a
+    tokenizer.json path stands for its directory), and a model the map lacks is an error."""
+    if not model_tokenizer_map:
+        return model
+    path = model_tokenizer_map.get(model)
+    if path is None:
+        raise ValueError(
+            f"uds.modelTokenizerMap has no entry for model {model!r} "
+            f"(it maps {', '.join(sorted(map(repr, model_tokenizer_map)))})"
+        )
+    return str(Path(path).parent) if Path(path).name == "tokenizer.json" else path
 
 
-async def read_frame(reader: asyncio.StreamReader) -> dict[str, Any]:
-    """One message; raises asyncio.IncompleteReadError at end of stream."""
-    (size,) = _LEN.unpack(await reader.readexactly(4))
-    if size > MAX_FRAME:
-        raise ValueError(f"frame of {size} bytes exceeds {MAX_FRAME}")
-    message = msgpack.unpackb(await reader.readexactly(size), raw=False)
-    if not isinstance(message, dict):
-        raise ValueError("a frame must hold a msgpack map")
-    return message
+# ---- JSON-like values <-> the protocol's Value ------------------------------------------
 
 
-def _split_tcp(address: str) -> tuple[str, int]:
-    host, _, port = address.rpartition(":")
-    if not host or not port.isdigit():
-        raise ValueError(f"a TCP tokenizer address must be host:port, got {address!r}")
-    return host.strip("[]"), int(port)
+def to_value(value: Any) -> pb.Value:
+    """A JSON-like Python value as a protocol Value (None: a Value with nothing set)."""
+    if isinstance(value, bool):
+        return pb.Value(bool_value=value)
+    if isinstance(value, int | float):
+        return pb.Value(number_value=float(value))
+    if isinstance(value, str):
+        return pb.Value(string_value=value)
+    if isinstance(value, Mapping):
+        return pb.Value(struct_value=pb.StructValue(fields=to_value_map(value)))
+    if isinstance(value, list | tuple):
+        return pb.Value(list_value=pb.ListValue(values=[to_value(v) for v in value]))
+    if value is None:
+        return pb.Value()
+    raise ValueError(f"cannot send a {type(value).__name__} in a template argument")
+
+
+def to_value_map(values: Mapping[str, Any]) -> dict[str, pb.Value]:
+    return {str(k): to_value(v) for k, v in values.items()}
+
+
+def from_value(value: pb.Value) -> Any:
+    """A protocol Value as Python; whole numbers come back as int (JSON has one number
+    type, templates print 1 and 1.0 differently)."""
+    kind = value.WhichOneof("value")
+    if kind == "string_value":
+        return value.string_value
+    if kind == "number_value":
+        n = value.number_value
+        return int(n) if n.is_integer() and abs(n) < 2**53 else n
+    if kind == "bool_value":
+        return value.bool_value
+    if kind == "list_value":
+        return [from_value(v) for v in value.list_value.values]
+    if kind == "struct_value":
+        return from_value_map(value.struct_value.fields)
+    return None
+
+
+def from_value_map(values: Mapping[str, pb.Value]) -> dict[str, Any]:
+    return {k: from_value(v) for k, v in values.items()}
+
+
+# ---- chat messages <-> the protocol's ChatMessage ----------------------------------------
+
+
+def to_chat_message(message: Mapping[str, Any]) -> pb.ChatMessage:
+    """An OpenAI chat message as a protocol message. Content parts other than text and
+    image_url have no place in the protocol and are left out (as the llm-d client does)."""
+    role = message.get("role")
+    if not isinstance(role, str):
+        raise ValueError("a chat message needs a string role")
+    out = pb.ChatMessage(role=role)
+    content = message.get("content")
+    if isinstance(content, str):
+        out.content = content
+    elif isinstance(content, list):
+        for part in content:
+            if isinstance(part, str):
+                out.content_parts.append(pb.ContentPart(type="text", text=part))
+            elif not isinstance(part, Mapping):
+                raise ValueError("a content part must be an object")
+            elif isinstance(part.get("text"), str):
+                out.content_parts.append(pb.ContentPart(type="text", text=part["text"]))
+            elif part.get("type") == "image_url":
+                image = part.get("image_url")
+                url = image.get("url") if isinstance(image, Mapping) else image
+                if isinstance(url, str):
+                    out.content_parts.append(
+                        pb.ContentPart(type="image_url", image_url=pb.ImageUrl(url=url))
+                    )
+    elif content is not None:
+        raise ValueError("a message's content must be a string or a list of parts")
+    calls = message.get("tool_calls")
+    if calls:
+        out.tool_calls_json = json.dumps(calls)
+    return out
+
+
+def from_chat_message(message: pb.ChatMessage) -> dict[str, Any]:
+    """A protocol message as the OpenAI chat message it stands for."""
+    out: dict[str, Any] = {"role": message.role}
+    if message.content_parts:
+        parts: list[dict[str, Any]] = []
+        for part in message.content_parts:
+            if part.HasField("image_url"):
+                parts.append({"type": part.type, "image_url": {"url": part.image_url.url}})
+            else:
+                parts.append({"type": part.type or "text", "text": part.text})
+        out["content"] = parts
+    else:
+        out["content"] = message.content if message.HasField("content") else None
+    if message.HasField("tool_calls_json") and message.tool_calls_json:
+        out["tool_calls"] = json.loads(message.tool_calls_json)
+    return out
+
+
+# ---- client ------------------------------------------------------------------------------
 
 
 class UDSTokenizerClient:
-    """Client of the tokenizer service: one connection, opened on first use and reopened after
-    a failure, with pipelined requests matched to answers by id."""
+    """Client of a TokenizationService (the llm-d sidecar, or `heimdall-proxy
+    tokenizer-server`) on a Unix socket, or on TCP host:port with `use_tcp` (tests).
+
+    One gRPC channel, opened on first use and reconnected by gRPC itself. Every call has a
+    deadline of `timeout` seconds; the model's InitializeTokenizer, which may download it,
+    gets `init_timeout` but a request waits for it no longer than `timeout` (it then goes on
+    loading in the background)."""
 
     def __init__(
-        self, address: str, model: str, use_tcp: bool = False, timeout: float = 5.0
+        self,
+        address: str,
+        model: str,
+        use_tcp: bool = False,
+        timeout: float = 5.0,
+        init_timeout: float = 60.0,
     ) -> None:
         self.address = address
         self.model = model
         self.use_tcp = use_tcp
         self.timeout = timeout
-        self._ids = itertools.count(1)
-        self._pending: dict[int, asyncio.Future[dict[str, Any]]] = {}
-        self._writer: asyncio.StreamWriter | None = None
-        self._reader_task: asyncio.Task[None] | None = None
-        self._connecting: asyncio.Lock | None = None
+        self.init_timeout = init_timeout
+        self.target = address if use_tcp else "unix:" + os.path.abspath(address)
+        self._channel: grpc.aio.Channel | None = None
+        self._stub: Any = None
+        self._initialized = False
+        self._init: asyncio.Task[None] | None = None
 
-    async def _connect(self) -> asyncio.StreamWriter:
-        if self._writer is not None and not self._writer.is_closing():
-            return self._writer
-        if self._connecting is None:
-            self._connecting = asyncio.Lock()
-        async with self._connecting:
-            if self._writer is not None and not self._writer.is_closing():
-                return self._writer
-            if self.use_tcp:
-                host, port = _split_tcp(self.address)
-                reader, writer = await asyncio.open_connection(host, port)
-            else:
-                reader, writer = await asyncio.open_unix_connection(self.address)
-            self._writer = writer
-            self._reader_task = asyncio.create_task(self._read_loop(reader, writer))
-            return writer
+    def _service(self) -> Any:
+        if self._stub is None:
+            self._channel = grpc.aio.insecure_channel(self.target, options=_CHANNEL_OPTIONS)
+            self._stub = pb_grpc.TokenizationServiceStub(self._channel)  # type: ignore[no-untyped-call]
+        return self._stub
 
-    async def _read_loop(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        error: BaseException = TokenizerServiceError("the tokenizer service closed the connection")
+    def _error(self, what: str, exc: grpc.aio.AioRpcError, timeout: float) -> Exception:
+        code = exc.code()
+        where = f"the tokenizer service at {self.address}"
+        if code == grpc.StatusCode.UNAVAILABLE:
+            if not self.use_tcp and not os.path.exists(self.address):
+                return TokenizerServiceError(
+                    f"tokenizer socket {self.address} does not exist: is the tokenizer "
+                    "sidecar (or `heimdall-proxy tokenizer-server`) running?"
+                )
+            return TokenizerServiceError(f"cannot reach {where}: {exc.details()}")
+        if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+            return TokenizerServiceError(f"{where} did not answer {what} within {timeout:g}s")
+        return TokenizerServiceError(f"{where} failed {what}: {code.name}: {exc.details()}")
+
+    async def _call(self, method: str, request: Any, deadline: float | None = None) -> Any:
+        deadline = self.timeout if deadline is None else deadline
         try:
-            while True:
-                message = await read_frame(reader)
-                fut = self._pending.pop(message.get("id", -1), None)
-                if fut is not None and not fut.done():
-                    fut.set_result(message)
-        except (asyncio.IncompleteReadError, ConnectionError, ValueError, OSError) as exc:
-            if not isinstance(exc, asyncio.IncompleteReadError):
-                error = TokenizerServiceError(f"tokenizer service connection failed: {exc}")
-        finally:
-            if self._writer is writer:
-                self._writer = None
-            writer.close()
-            for fut in self._pending.values():
-                if not fut.done():
-                    fut.set_exception(error)
-            self._pending.clear()
-
-    async def call(self, request: dict[str, Any]) -> dict[str, Any]:
-        """Send one request and wait for its answer; raises TokenizerServiceError."""
-        try:
-            writer = await asyncio.wait_for(self._connect(), self.timeout)
-        except (OSError, TimeoutError) as exc:
+            response = await getattr(self._service(), method)(request, timeout=deadline)
+        except grpc.aio.AioRpcError as exc:
+            raise self._error(method, exc, deadline) from exc
+        if not response.success:
             raise TokenizerServiceError(
-                f"cannot reach the tokenizer service at {self.address}: {exc}"
-            ) from exc
-        rid = next(self._ids)
-        fut: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
-        self._pending[rid] = fut
+                f"the tokenizer service failed {method} for model {self.model!r}: "
+                f"{response.error_message or 'no reason given'}"
+            )
+        return response
+
+    async def _initialize(self) -> None:
+        request = pb.InitializeTokenizerRequest(model_name=self.model, add_generation_prompt=True)
+        await self._call("InitializeTokenizer", request, self.init_timeout)
+        self._initialized = True
+
+    async def initialize(self, wait: float | None = None) -> None:
+        """Have the service load the model's tokenizer (once; again after a failure). Waits
+        at most `wait` seconds (default: the init timeout)."""
+        if self._initialized:
+            return
+        if self._init is None or self._init.done():
+            self._init = asyncio.create_task(self._initialize())
+            # a failure nobody waited for is retried on the next call, not logged at exit
+            self._init.add_done_callback(lambda t: t.cancelled() or t.exception())
         try:
-            writer.write(encode_frame({**request, "id": rid}))
-            answer = await asyncio.wait_for(fut, self.timeout)
+            await asyncio.wait_for(asyncio.shield(self._init), wait or self.init_timeout)
         except TimeoutError as exc:
             raise TokenizerServiceError(
-                f"the tokenizer service did not answer within {self.timeout:g}s"
+                f"the tokenizer service at {self.address} is still loading model {self.model!r}"
             ) from exc
-        finally:
-            self._pending.pop(rid, None)
-        if "error" in answer:
-            raise TokenizerServiceError(str(answer["error"]))
-        return answer
-
-    async def tokenize(self, api: str, data: Mapping[str, Any], size_hint: int = 0) -> list[int]:
-        answer = await self.call({"op": "tokenize", "model": self.model, "api": api, "body": data})
-        ids = answer.get("token_ids")
-        if not isinstance(ids, list):
-            raise TokenizerServiceError("the tokenizer service answered without token_ids")
-        return ids
 
     async def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        answer = await self.call(
-            {
-                "op": "encode",
-                "model": self.model,
-                "text": text,
-                "add_special_tokens": add_special_tokens,
-            }
-        )
-        ids = answer.get("token_ids")
-        if not isinstance(ids, list):
-            raise TokenizerServiceError("the tokenizer service answered without token_ids")
+        """`Tokenize`: the ids of raw text."""
+        ids, _ = await self.encode_with_offsets(text, add_special_tokens)
         return ids
 
+    async def encode_with_offsets(
+        self, text: str, add_special_tokens: bool = True
+    ) -> tuple[list[int], list[tuple[int, int]]]:
+        """`Tokenize`: ids and (start, end) character offsets (empty if the service's
+        tokenizer does not give them)."""
+        await self.initialize(self.timeout)
+        request = pb.TokenizeRequest(
+            input=text, model_name=self.model, add_special_tokens=add_special_tokens
+        )
+        answer = await self._call("Tokenize", request)
+        pairs = list(answer.offset_pairs)
+        return list(answer.input_ids), list(zip(pairs[::2], pairs[1::2], strict=False))
+
+    async def render_chat_completion(self, data: Mapping[str, Any], messages: Any) -> list[int]:
+        """`RenderChatCompletion`: the prompt ids of a chat request (`data`) with `messages`."""
+        if not isinstance(messages, list):
+            raise ValueError("messages must be a list of objects")
+        request = pb.RenderChatCompletionRequest(
+            model_name=self.model,
+            messages=[to_chat_message(m) for m in messages if isinstance(m, Mapping)],
+            continue_final_message=data.get("continue_final_message") is True,
+        )
+        if len(request.messages) != len(messages):
+            raise ValueError("messages must be a list of objects")
+        if "add_generation_prompt" in data:
+            request.add_generation_prompt = data["add_generation_prompt"] is not False
+        if data.get("tools"):
+            request.tools_json = json.dumps(data["tools"])
+        if isinstance(data.get("chat_template"), str):
+            request.chat_template = data["chat_template"]
+        kwargs = data.get("chat_template_kwargs")
+        kwargs = dict(kwargs) if isinstance(kwargs, Mapping) else {}
+        if data.get("documents") is not None:
+            kwargs.setdefault("documents", data["documents"])
+        if kwargs:
+            request.chat_template_kwargs = json.dumps(kwargs)
+        await self.initialize(self.timeout)
+        answer = await self._call("RenderChatCompletion", request)
+        return list(answer.token_ids)
+
+    async def render_completion(self, prompt: str) -> list[int]:
+        """`RenderCompletion`: a completion prompt's ids, special tokens added."""
+        await self.initialize(self.timeout)
+        request = pb.RenderCompletionRequest(model_name=self.model, prompt=prompt)
+        answer = await self._call("RenderCompletion", request)
+        return list(answer.token_ids)
+
+    async def render_chat_template(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        documents: Sequence[Mapping[str, Any]] | None = None,
+        chat_template_kwargs: Mapping[str, Any] | None = None,
+        chat_template: str = "",
+    ) -> str:
+        """`RenderChatTemplate`: the text of the rendered chat template."""
+        await self.initialize(self.timeout)
+        request = pb.ChatTemplateRequest(
+            model_name=self.model,
+            conversation_turns=[
+                pb.ConversationTurn(messages=[to_chat_message(m) for m in messages])
+            ],
+            tools=[pb.ToolDescription(tool=to_value_map(t)) for t in tools or ()],
+            documents=[pb.Document(document=to_value_map(d)) for d in documents or ()],
+            chat_template=chat_template,
+            add_generation_prompt=add_generation_prompt,
+            continue_final_message=continue_final_message,
+            chat_template_kwargs=to_value_map(chat_template_kwargs or {}),
+        )
+        answer = await self._call("RenderChatTemplate", request)
+        return str(answer.rendered_prompt)
+
+    async def tokenize(self, api: str, data: Mapping[str, Any], size_hint: int = 0) -> list[int]:
+        """The prompt ids of an OpenAI request body (RequestTokenizer)."""
+        if api == "chat":
+            return await self.render_chat_completion(data, data.get("messages"))
+        if api == "responses":
+            return await self.render_chat_completion(data, responses_messages(data))
+        prompt = completion_prompt(data)
+        if isinstance(prompt, list):
+            return prompt
+        if data.get("add_special_tokens", True) is False:
+            return await self.encode(prompt, add_special_tokens=False)
+        return await self.render_completion(prompt)
+
     async def close(self) -> None:
-        writer, task = self._writer, self._reader_task
-        self._writer = self._reader_task = None
-        if writer is not None:
-            writer.close()
-        if task is not None:
-            task.cancel()
+        if self._init is not None and not self._init.done():
+            self._init.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+                await self._init
+        channel, self._channel, self._stub = self._channel, None, None
+        self._initialized = False
+        if channel is not None:
+            await channel.close()
 
 
-def _prepare_socket_path(address: str) -> None:
-    """Create the socket's directory; remove a stale socket left by a previous server."""
-    path = Path(address)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if path.is_socket():
-        path.unlink()
+# ---- server ------------------------------------------------------------------------------
 
 
 class ServedTokenizer(Protocol):
-    """What the server needs of a tokenizer (LocalTokenizer, or the simulator's)."""
+    """What the server needs of a tokenizer (LocalTokenizer, or one the caller built, such as
+    the simulator's)."""
 
     def tokenize_request(self, api: str, data: Mapping[str, Any]) -> list[int]: ...
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]: ...
 
 
+@runtime_checkable
+class OffsetEncoder(Protocol):
+    """A tokenizer that also gives each token's character span (Tokenize's offset_pairs)."""
+
+    def encode_with_offsets(
+        self, text: str, add_special_tokens: bool = True
+    ) -> tuple[list[int], list[tuple[int, int]]]: ...
+
+
+@runtime_checkable
+class ChatRenderer(Protocol):
+    """A tokenizer that renders chat templates to text (RenderChatTemplate)."""
+
+    def render_chat(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+        tools: Any = None,
+        documents: Any = None,
+        chat_template_kwargs: Mapping[str, Any] | None = None,
+        chat_template: str | None = None,
+    ) -> str: ...
+
+
+def _status(exc: Exception) -> grpc.StatusCode:
+    if isinstance(exc, LookupError):
+        return grpc.StatusCode.NOT_FOUND
+    if isinstance(exc, ValueError | ChatTemplateError):  # bad input, or the template refused
+        return grpc.StatusCode.INVALID_ARGUMENT
+    if isinstance(exc, NotImplementedError):
+        return grpc.StatusCode.UNIMPLEMENTED
+    return grpc.StatusCode.INTERNAL
+
+
+class _Servicer(pb_grpc.TokenizationServiceServicer):
+    """The five RPCs, each run on the server's worker threads."""
+
+    def __init__(self, server: TokenizerServer) -> None:
+        self.server = server
+
+    async def _run(self, context: grpc.aio.ServicerContext[Any, Any], fn: Callable[[], _R]) -> _R:
+        loop = asyncio.get_running_loop()
+        try:
+            return await loop.run_in_executor(self.server.pool, fn)
+        except Exception as exc:  # every failure is an answer with a status, never a hang
+            await self._abort(context, exc)
+
+    @staticmethod
+    async def _abort(context: grpc.aio.ServicerContext[Any, Any], exc: Exception) -> NoReturn:
+        await context.abort(_status(exc), f"{type(exc).__name__}: {exc}")
+        raise AssertionError("unreachable")  # pragma: no cover - abort raises
+
+    async def Tokenize(
+        self, request: pb.TokenizeRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> pb.TokenizeResponse:
+        def work() -> pb.TokenizeResponse:
+            tok = self.server.tokenizer(request.model_name)
+            if isinstance(tok, OffsetEncoder):
+                ids, offsets = tok.encode_with_offsets(request.input, request.add_special_tokens)
+            else:
+                ids, offsets = tok.encode(request.input, request.add_special_tokens), []
+            pairs = [n for pair in offsets for n in pair]
+            return pb.TokenizeResponse(input_ids=ids, offset_pairs=pairs, success=True)
+
+        return await self._run(context, work)
+
+    async def RenderChatTemplate(
+        self, request: pb.ChatTemplateRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> pb.ChatTemplateResponse:
+        def work() -> pb.ChatTemplateResponse:
+            tok = self.server.tokenizer(request.model_name)
+            if not isinstance(tok, ChatRenderer):
+                raise NotImplementedError(
+                    f"the tokenizer of model {request.model_name!r} renders no template text"
+                )
+            text = tok.render_chat(
+                [
+                    from_chat_message(m)
+                    for turn in request.conversation_turns
+                    for m in turn.messages
+                ],
+                add_generation_prompt=request.add_generation_prompt,
+                continue_final_message=request.continue_final_message,
+                tools=[from_value_map(t.tool) for t in request.tools] or None,
+                documents=[from_value_map(d.document) for d in request.documents] or None,
+                chat_template_kwargs=from_value_map(request.chat_template_kwargs),
+                chat_template=request.chat_template or None,
+            )
+            return pb.ChatTemplateResponse(rendered_prompt=text, success=True)
+
+        return await self._run(context, work)
+
+    async def InitializeTokenizer(
+        self, request: pb.InitializeTokenizerRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> pb.InitializeTokenizerResponse:
+        loop = asyncio.get_running_loop()
+        try:
+            await loop.run_in_executor(self.server.pool, self.server.tokenizer, request.model_name)
+        except Exception as exc:  # the protocol answers a failed load, it does not abort
+            return pb.InitializeTokenizerResponse(success=False, error_message=str(exc))
+        return pb.InitializeTokenizerResponse(success=True)
+
+    async def RenderChatCompletion(
+        self, request: pb.RenderChatCompletionRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> pb.RenderChatCompletionResponse:
+        def work() -> pb.RenderChatCompletionResponse:
+            tok = self.server.tokenizer(request.model_name)
+            body: dict[str, Any] = {
+                "messages": [from_chat_message(m) for m in request.messages],
+                "continue_final_message": request.continue_final_message,
+            }
+            if request.HasField("add_generation_prompt"):
+                body["add_generation_prompt"] = request.add_generation_prompt
+            if request.HasField("tools_json") and request.tools_json:
+                body["tools"] = json.loads(request.tools_json)
+            if request.chat_template:
+                body["chat_template"] = request.chat_template
+            if request.HasField("chat_template_kwargs") and request.chat_template_kwargs:
+                kwargs = json.loads(request.chat_template_kwargs)
+                if not isinstance(kwargs, dict):
+                    raise ValueError("chat_template_kwargs must be a JSON object")
+                body["chat_template_kwargs"] = kwargs
+            ids = tok.tokenize_request("chat", body)
+            return pb.RenderChatCompletionResponse(
+                request_id=f"render-{uuid.uuid4().hex}", token_ids=ids, success=True
+            )
+
+        return await self._run(context, work)
+
+    async def RenderCompletion(
+        self, request: pb.RenderCompletionRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> pb.RenderCompletionResponse:
+        def work() -> pb.RenderCompletionResponse:
+            tok = self.server.tokenizer(request.model_name)
+            ids = tok.tokenize_request("completions", {"prompt": request.prompt})
+            return pb.RenderCompletionResponse(
+                request_id=f"render-{uuid.uuid4().hex}", token_ids=ids, success=True
+            )
+
+        return await self._run(context, work)
+
+
+def _prepare_socket_path(address: str) -> str:
+    """Create the socket's directory; remove a stale socket left by a previous server.
+    Returns the gRPC target to bind."""
+    path = Path(address).absolute()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.is_socket():
+        path.unlink()
+    return f"unix:{path}"
+
+
 class TokenizerServer:
-    """Serves tokenizers by model name on a Unix socket (or TCP host:port)."""
+    """Serves TokenizationService on a Unix socket (or TCP host:port) for tokenizers by model
+    name. `loader` (model name -> tokenizer) loads a model a client names that is not served
+    yet, as the llm-d sidecar does; without one, a server with a single tokenizer serves it
+    under any name."""
 
-    def __init__(self, tokenizers: Mapping[str, ServedTokenizer], workers: int = 4) -> None:
-        if not tokenizers:
-            raise ValueError("a tokenizer server needs at least one tokenizer")
-        self.tokenizers = dict(tokenizers)
-        self._pool = ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="tok")
-        self._server: asyncio.Server | None = None
-        self._tasks: set[asyncio.Task[None]] = set()
-        self._writers: set[asyncio.StreamWriter] = set()
+    def __init__(
+        self,
+        tokenizers: Mapping[str, ServedTokenizer],
+        workers: int = 4,
+        loader: Callable[[str], ServedTokenizer] | None = None,
+    ) -> None:
+        if not tokenizers and loader is None:
+            raise ValueError("a tokenizer server needs at least one tokenizer or a loader")
+        self.tokenizers: dict[str, ServedTokenizer] = dict(tokenizers)
+        self.loader = loader
+        self.pool = ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="tok")
+        self.port: int | None = None
+        self._server: grpc.aio.Server | None = None
+        self._loading = threading.Lock()
 
-    def _tokenizer(self, model: Any) -> ServedTokenizer:
-        if isinstance(model, str) and model in self.tokenizers:
-            return self.tokenizers[model]
+    def tokenizer(self, model: str) -> ServedTokenizer:
+        """The tokenizer for `model` (loaded through `loader` if need be). Raises
+        LookupError, or the loader's error."""
+        found = self.tokenizers.get(model)
+        if found is not None:
+            return found
+        if self.loader is not None:
+            with self._loading:  # worker threads: load each model once
+                found = self.tokenizers.get(model)
+                if found is None:
+                    found = self.loader(model)
+                    self.tokenizers[model] = found
+            return found
         if len(self.tokenizers) == 1:
             return next(iter(self.tokenizers.values()))
         raise LookupError(f"no tokenizer for model {model!r} (have {sorted(self.tokenizers)})")
 
-    def answer(self, request: Mapping[str, Any]) -> dict[str, Any]:
-        """The response to one request (runs in a worker thread)."""
-        rid = request.get("id")
-        op = request.get("op")
-        try:
-            if op == "ping":
-                return {"id": rid, "ok": True}
-            tok = self._tokenizer(request.get("model"))
-            if op == "tokenize":
-                body = request.get("body")
-                if not isinstance(body, Mapping):
-                    raise ValueError("tokenize needs a map `body`")
-                ids = tok.tokenize_request(str(request.get("api", "completions")), body)
-            elif op == "encode":
-                text = request.get("text")
-                if not isinstance(text, str):
-                    raise ValueError("encode needs a string `text`")
-                ids = tok.encode(text, request.get("add_special_tokens", True) is not False)
-            else:
-                raise ValueError(f"unknown op {op!r}")
-            return {"id": rid, "token_ids": ids}
-        except Exception as exc:  # every failure is an answer, never a dropped connection
-            return {"id": rid, "error": f"{type(exc).__name__}: {exc}"}
-
-    async def _serve_one(self, request: dict[str, Any], writer: asyncio.StreamWriter) -> None:
-        loop = asyncio.get_running_loop()
-        response = await loop.run_in_executor(self._pool, self.answer, request)
-        if not writer.is_closing():
-            writer.write(encode_frame(response))
-
-    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self._writers.add(writer)
-        try:
-            while True:
-                request = await read_frame(reader)
-                task = asyncio.create_task(self._serve_one(request, writer))
-                self._tasks.add(task)
-                task.add_done_callback(self._tasks.discard)
-        except (asyncio.IncompleteReadError, ConnectionError):
-            pass
-        except ValueError as exc:
-            log.warning("closing a tokenizer client connection: %s", exc)
-        finally:
-            self._writers.discard(writer)
-            writer.close()
-
     async def start(self, address: str, use_tcp: bool = False) -> None:
+        server = grpc.aio.server(options=_SERVER_OPTIONS)
+        pb_grpc.add_TokenizationServiceServicer_to_server(_Servicer(self), server)  # type: ignore[no-untyped-call]
         if use_tcp:
-            host, port = _split_tcp(address)
-            self._server = await asyncio.start_server(self._handle, host, port)
+            self.port = server.add_insecure_port(address)
         else:
-            _prepare_socket_path(address)
-            self._server = await asyncio.start_unix_server(self._handle, address)
+            server.add_insecure_port(_prepare_socket_path(address))
+        await server.start()
+        if not use_tcp:
             os.chmod(address, 0o660)
+        self._server = server
 
-    async def stop(self) -> None:
+    async def stop(self, grace: float = 0.5) -> None:
         if self._server is not None:
-            self._server.close()
-            for writer in list(self._writers):
-                writer.close()
-            await self._server.wait_closed()
+            await self._server.stop(grace)
             self._server = None
-        for task in list(self._tasks):
-            task.cancel()
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        self.pool.shutdown(wait=False, cancel_futures=True)
 
 
 def load_models(specs: list[str]) -> dict[str, LocalTokenizer]:
     """`[NAME=]MODEL` specs -> tokenizers; MODEL is a directory or tokenizer.json, or a model
-    name found in the local caches. NAME defaults to MODEL. Raises TokenizerNotFoundError."""
-    from heimdall_proxy.tokenization.resolve import find_tokenizer
-
+    name found in the local caches or on the Hub. NAME defaults to MODEL. Raises
+    TokenizerNotFoundError."""
     out: dict[str, LocalTokenizer] = {}
     for spec in specs:
         name, sep, model = spec.partition("=")
         if not sep:
             name = model = spec
-        out[name] = LocalTokenizer(find_tokenizer(model))
+        out[name] = load_model(model)
     return out
+
+
+def load_model(model: str) -> LocalTokenizer:
+    """A model's tokenizer from a directory, the local caches or the Hugging Face Hub."""
+    from heimdall_proxy.tokenization.resolve import find_tokenizer
+
+    return LocalTokenizer(find_tokenizer(model))
 
 
 async def run_server(
@@ -304,18 +631,19 @@ async def run_server(
     workers: int = 4,
     use_tcp: bool = False,
     extra: Mapping[str, ServedTokenizer] | None = None,
+    load_on_demand: bool = False,
 ) -> None:
     """Serve until cancelled (the `tokenizer-server` command). `extra`: tokenizers the caller
     built itself, by model name (the CLI hands in the simulator's, so this package never
-    imports the simulator)."""
+    imports the simulator). `load_on_demand`: load other models clients name."""
     tokenizers: dict[str, ServedTokenizer] = dict(load_models(specs))
     tokenizers.update(extra or {})
-    server = TokenizerServer(tokenizers, workers)
+    server = TokenizerServer(tokenizers, workers, load_model if load_on_demand else None)
     await server.start(address, use_tcp)
     log.info(
-        "tokenizer service for %s on %s%s",
-        ", ".join(sorted(server.tokenizers)),
-        "tcp://" if use_tcp else "unix:",
+        "tokenizer service (llm-d TokenizationService) for %s on %s%s",
+        ", ".join(sorted(server.tokenizers)) or "models clients name",
+        "" if use_tcp else "unix:",
         address,
     )
     try:

@@ -50,7 +50,7 @@ from heimdall_proxy.tokenization.resolve import (
     TokenizerNotFoundError,
     find_tokenizer,
 )
-from heimdall_proxy.tokenization.uds import UDSTokenizerClient
+from heimdall_proxy.tokenization.uds import UDSTokenizerClient, uds_model_name
 
 PRECISE_PREFIX_CACHE_SCORER_TYPE = "precise-prefix-cache-scorer"
 
@@ -239,7 +239,7 @@ def build_tokenizer(cfg: TokenizersPoolConfig) -> RequestTokenizer:
     """The pool's tokenizer: the UDS service when configured, else the model's local
     tokenizer.json (local discovery first, then the offline HF caches). Raises ValueError."""
     if cfg.uds is not None:
-        model = cfg.uds.model_tokenizer_map.get(cfg.model_name, cfg.model_name)
+        model = uds_model_name(cfg.model_name, cfg.uds.model_tokenizer_map)
         return UDSTokenizerClient(cfg.uds.socket_file, model, use_tcp=cfg.uds.use_tcp, timeout=1.0)
     local = cfg.local or LocalTokenizerConfig()
     hf = cfg.hf or HFTokenizerConfig()
