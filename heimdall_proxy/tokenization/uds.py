@@ -58,11 +58,11 @@ _CHANNEL_OPTIONS = [
     ("grpc.keepalive_time_ms", 10 * 60 * 1000),
     ("grpc.keepalive_timeout_ms", 10 * 1000),
     ("grpc.keepalive_permit_without_calls", 1),
-    # calls fail fast while the service is down (the callers fail open); once it is back,
-    # reconnect within a second rather than after gRPC's default backoff of up to 2 minutes
+    # a service that is back is reconnected to within half a second, not after gRPC's
+    # default backoff of up to 2 minutes (calls wait for it within their deadline)
     ("grpc.initial_reconnect_backoff_ms", 100),
     ("grpc.min_reconnect_backoff_ms", 100),
-    ("grpc.max_reconnect_backoff_ms", 1000),
+    ("grpc.max_reconnect_backoff_ms", 500),
 ]
 _SERVER_OPTIONS = [
     ("grpc.max_send_message_length", MAX_MESSAGE),
@@ -200,8 +200,9 @@ class UDSTokenizerClient:
     """Client of a TokenizationService (the llm-d sidecar, or `heimdall-proxy
     tokenizer-server`) on a Unix socket, or on TCP host:port with `use_tcp` (tests).
 
-    One gRPC channel, opened on first use and reconnected by gRPC itself. Every call has a
-    deadline of `timeout` seconds; the model's InitializeTokenizer, which may download it,
+    One gRPC channel, opened on first use and reconnected by gRPC itself. A missing socket
+    file fails a call at once; otherwise every call waits for the connection and its answer
+    up to a deadline of `timeout` seconds; the model's InitializeTokenizer, which may download it,
     gets `init_timeout` but a request waits for it no longer than `timeout` (it then goes on
     loading in the background)."""
 
@@ -230,15 +231,18 @@ class UDSTokenizerClient:
             self._stub = pb_grpc.TokenizationServiceStub(self._channel)  # type: ignore[no-untyped-call]
         return self._stub
 
+    def _check_socket(self) -> None:
+        """No socket file: fail at once, saying so (a stat, not a connection attempt)."""
+        if not self.use_tcp and not os.path.exists(self.address):
+            raise TokenizerServiceError(
+                f"tokenizer socket {self.address} does not exist: is the tokenizer "
+                "sidecar (or `heimdall-proxy tokenizer-server`) running?"
+            )
+
     def _error(self, what: str, exc: grpc.aio.AioRpcError, timeout: float) -> Exception:
         code = exc.code()
         where = f"the tokenizer service at {self.address}"
         if code == grpc.StatusCode.UNAVAILABLE:
-            if not self.use_tcp and not os.path.exists(self.address):
-                return TokenizerServiceError(
-                    f"tokenizer socket {self.address} does not exist: is the tokenizer "
-                    "sidecar (or `heimdall-proxy tokenizer-server`) running?"
-                )
             return TokenizerServiceError(f"cannot reach {where}: {exc.details()}")
         if code == grpc.StatusCode.DEADLINE_EXCEEDED:
             return TokenizerServiceError(f"{where} did not answer {what} within {timeout:g}s")
@@ -246,8 +250,13 @@ class UDSTokenizerClient:
 
     async def _call(self, method: str, request: Any, deadline: float | None = None) -> Any:
         deadline = self.timeout if deadline is None else deadline
+        self._check_socket()
         try:
-            response = await getattr(self._service(), method)(request, timeout=deadline)
+            # the socket exists, so the service is up or coming back: wait for the
+            # connection within the deadline rather than fail while gRPC reconnects
+            response = await getattr(self._service(), method)(
+                request, timeout=deadline, wait_for_ready=True
+            )
         except grpc.aio.AioRpcError as exc:
             raise self._error(method, exc, deadline) from exc
         if not response.success:

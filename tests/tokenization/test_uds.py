@@ -25,6 +25,7 @@ from heimdall_proxy.tokenization.uds import (
     TokenizerServiceError,
     UDSTokenizerClient,
     from_value,
+    load_model,
     to_value,
     uds_model_name,
 )
@@ -381,3 +382,39 @@ async def test_sim_model_tokenizes_as_the_simulated_pods(sock: str) -> None:
     )  # fmt: skip
     _, err = await bad.communicate()
     assert bad.returncode == 1 and b"--sim-model" in err
+
+
+async def test_the_prefix_cache_pool_config_against_the_server(model_dir: Path, sock: str) -> None:
+    """precise-prefix-cache-scorer's tokenizersPoolConfig.uds, as llm-d configures it: the
+    modelTokenizerMap entry (a tokenizer.json path) names the model to the service by its
+    directory, which a server loading on demand serves."""
+    from heimdall_proxy.plugins.scorers.precise_prefix_cache import (
+        TokenizersPoolConfig,
+        build_tokenizer,
+    )
+
+    cfg = TokenizersPoolConfig.model_validate(
+        {
+            "modelName": "served/model",
+            "uds": {
+                "socketFile": sock,
+                "modelTokenizerMap": {"served/model": str(model_dir / "tokenizer.json")},
+            },
+        }
+    )
+    tokenizer = build_tokenizer(cfg)
+    assert isinstance(tokenizer, UDSTokenizerClient) and tokenizer.model == str(model_dir)
+    server = TokenizerServer({}, loader=load_model)
+    await server.start(sock)
+    try:
+        tok = LocalTokenizer(model_dir / "tokenizer.json")
+        assert await tokenizer.tokenize("chat", CHAT) == tok.tokenize_request("chat", CHAT)
+        assert list(server.tokenizers) == [str(model_dir)]
+    finally:
+        await tokenizer.close()
+        await server.stop()
+    unmapped = TokenizersPoolConfig.model_validate(
+        {"modelName": "other", "uds": {"socketFile": sock, "modelTokenizerMap": {"m": "/x"}}}
+    )
+    with pytest.raises(ValueError, match="no entry for model 'other'"):
+        build_tokenizer(unmapped)
