@@ -102,13 +102,16 @@ class Gateway:
             ),
         )
         hops = Hops(self._session, self.metrics, opts.max_attempts)
-        self._relay = Relay(
-            self._session, self.hooks, hops, self.metrics, opts.max_attempts, self.outliers
-        )
-        for stream, read in ((False, opts.first_byte_timeout), (True, opts.stream_idle_timeout)):
-            self._relay.timeouts[stream] = aiohttp.ClientTimeout(
+        timeouts = {
+            stream: aiohttp.ClientTimeout(
                 total=opts.upstream_timeout, sock_connect=opts.connect_timeout, sock_read=read
             )
+            for stream, read in ((False, opts.first_byte_timeout), (True, opts.stream_idle_timeout))
+        }
+        self._relay = Relay(
+            self._session, self.hooks, hops, self.metrics, opts.max_attempts, self.outliers,
+            timeouts,
+        )  # fmt: skip
         data_session = _session()
         self.refresher = PoolRefresher(
             self.pool,

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import aiohttp
 import orjson
@@ -59,6 +59,7 @@ class Relay:
         metrics: GatewayMetrics,
         max_attempts: int,
         outliers: OutlierDetector | None = None,
+        timeouts: Mapping[bool, aiohttp.ClientTimeout] | None = None,
     ) -> None:
         self.session = session
         self.hooks = hooks
@@ -67,8 +68,8 @@ class Relay:
         self.max_attempts = max(1, max_attempts)
         self.budget = RetryBudget()
         #: per request kind (streamed?): the socket-read limit is the stream's idle limit,
-        #: or the wait for a whole non-streamed answer
-        self.timeouts = {False: aiohttp.ClientTimeout(), True: aiohttp.ClientTimeout()}
+        #: or the wait for a whole non-streamed answer; none given: the session's own
+        self.timeouts = dict(timeouts or {False: session.timeout, True: session.timeout})
         self.outliers = outliers or OutlierDetector(OutlierDetectionConfig(consecutiveFailures=0))
 
     async def relay(self, request: web.Request, decision: Decision) -> web.StreamResponse:

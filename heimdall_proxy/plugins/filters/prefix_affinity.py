@@ -85,7 +85,6 @@ class PrefixCacheAffinityFilter(BasePlugin[PrefixCacheAffinityParams]):
         self._rng = random.Random()
         self._seconds_per_token = 1.0 / params.peak_prefill_throughput
         self._penalty = params.max_ttft_penalty_ms / 1000.0
-        self._info_key = f"{self.type}/{name}#info"
 
     def _match(self, state: CycleState) -> PrefixCacheMatchInfo | None:
         p = self.params
