@@ -16,6 +16,9 @@ from heimdall_proxy.plugins.filters.by_label import ByLabelFilter
 from heimdall_proxy.plugins.filters.by_label_selector import ByLabelSelectorFilter
 from heimdall_proxy.plugins.filters.prefix_affinity import PrefixCacheAffinityFilter
 from heimdall_proxy.plugins.filters.role import DecodeFilter, EncodeFilter, PrefillFilter
+from heimdall_proxy.plugins.flowcontrol.fcfs import FCFSOrdering
+from heimdall_proxy.plugins.flowcontrol.global_strict import GlobalStrictFairness
+from heimdall_proxy.plugins.flowcontrol.round_robin import RoundRobinFairness
 from heimdall_proxy.plugins.pickers.max_score import MaxScorePicker
 from heimdall_proxy.plugins.pickers.random_picker import RandomPicker
 from heimdall_proxy.plugins.pickers.weighted_random import WeightedRandomPicker
@@ -24,6 +27,8 @@ from heimdall_proxy.plugins.profiles.disagg import DisaggProfileHandler, PDProfi
 from heimdall_proxy.plugins.profiles.single import SingleProfileHandler
 from heimdall_proxy.plugins.requestcontrol.disagg_headers import DisaggHeadersHandler
 from heimdall_proxy.plugins.requestcontrol.response_header import ResponseHeaderHandler
+from heimdall_proxy.plugins.saturation.concurrency import ConcurrencyDetector
+from heimdall_proxy.plugins.saturation.utilization import UtilizationDetector
 from heimdall_proxy.plugins.scorers.active_request import ActiveRequestScorer
 from heimdall_proxy.plugins.scorers.context_length import ContextLengthAware
 from heimdall_proxy.plugins.scorers.kv_cache_utilization import KVCacheUtilizationScorer
@@ -77,6 +82,12 @@ BUILTIN_PLUGINS: tuple[type, ...] = (
     ModelsDataSource,
     ModelServerProtocolModels,
     ResponsesStore,
+    # saturation detectors (also filters) and flow-control policies
+    UtilizationDetector,
+    ConcurrencyDetector,
+    GlobalStrictFairness,
+    RoundRobinFairness,
+    FCFSOrdering,
 )
 
 

@@ -12,6 +12,7 @@ from urllib.parse import urlsplit
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from heimdall_proxy.flowconfig import FlowControlConfig, ObjectiveConfig, SaturationDetectorConfig
 from heimdall_proxy.framework.params import Duration, PluginParams
 
 log = logging.getLogger(__name__)
@@ -67,6 +68,18 @@ class EndpointPickerConfig(_Model):
         default_factory=list, alias="schedulingProfiles"
     )
     data: DataConfig | None = None
+    flow_control: FlowControlConfig | None = Field(default=None, alias="flowControl")
+    #: Deprecated in llm-d in favour of flowControl.saturationDetector; GIE's older EPP held
+    #: the utilization parameters here directly. Both shapes are read.
+    saturation_detector: SaturationDetectorConfig | None = Field(
+        default=None, alias="saturationDetector"
+    )
+
+    @property
+    def detector_config(self) -> SaturationDetectorConfig | None:
+        """The saturation detector section in force (flowControl's wins, as in llm-d)."""
+        nested = self.flow_control.saturation_detector if self.flow_control else None
+        return nested or self.saturation_detector
 
     @field_validator("feature_gates", mode="before")
     @classmethod
@@ -114,7 +127,18 @@ class EndpointConfig(_Model):
         return parts.port or (443 if parts.scheme == "https" else 80)
 
 
-_EPP_KEYS = {"apiVersion", "kind", "featureGates", "plugins", "schedulingProfiles", "data"}
+_EPP_KEYS = {
+    "apiVersion",
+    "kind",
+    "featureGates",
+    "plugins",
+    "schedulingProfiles",
+    "data",
+    "flowControl",
+    "saturationDetector",
+}
+#: The gateway's own keys, read at the top level or beside the EPP config.
+_GATEWAY_KEYS = ("config", "endpoints", "outlierDetection", "objectives")
 
 
 class OutlierDetectionConfig(PluginParams):
@@ -135,6 +159,7 @@ class GatewayConfig(_Model):
     outlier_detection: OutlierDetectionConfig = Field(
         default_factory=OutlierDetectionConfig, alias="outlierDetection"
     )
+    objectives: list[ObjectiveConfig] = Field(default_factory=list)
     source: str = "<memory>"
 
 
@@ -162,7 +187,7 @@ def parse_config(doc: Any, source: str = "<memory>") -> GatewayConfig:
                 raise ConfigError(f"{source}: `config:` is not valid YAML: {exc}") from exc
         if not isinstance(epp_doc, Mapping):
             raise ConfigError(f"{source}: `config:` must be a mapping")
-        ignored = sorted(k for k in doc if k not in ("config", "endpoints", "outlierDetection"))
+        ignored = sorted(k for k in doc if k not in _GATEWAY_KEYS)
         if ignored:
             log.info("ignoring Helm keys %s in %s", ", ".join(ignored), source)
     epp_doc = dict(epp_doc)
@@ -192,7 +217,30 @@ def parse_config(doc: Any, source: str = "<memory>") -> GatewayConfig:
         )
     except ValidationError as exc:
         raise ConfigError(f"{source}: outlierDetection: {_format_validation(exc)}") from exc
-    return GatewayConfig(epp=epp, endpoints=endpoints, outlierDetection=outliers, source=source)
+    objectives = _objectives(doc.get("objectives", epp_doc.get("objectives")) or [], source)
+    return GatewayConfig(
+        epp=epp,
+        endpoints=endpoints,
+        outlierDetection=outliers,
+        objectives=objectives,
+        source=source,
+    )
+
+
+def _objectives(doc: Any, source: str) -> list[ObjectiveConfig]:
+    if not isinstance(doc, list):
+        raise ConfigError(f"{source}: objectives must be a list of {{name, priority}}")
+    out: list[ObjectiveConfig] = []
+    for i, item in enumerate(doc):
+        try:
+            out.append(ObjectiveConfig.model_validate(item))
+        except ValidationError as exc:
+            raise ConfigError(f"{source}: objectives[{i}]: {_format_validation(exc)}") from exc
+    names = [o.name for o in out]
+    dup = sorted({n for n in names if names.count(n) > 1})
+    if dup:
+        raise ConfigError(f"{source}: objectives: {', '.join(dup)} listed twice")
+    return out
 
 
 def load_config(path: str | Path) -> GatewayConfig:

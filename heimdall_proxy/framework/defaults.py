@@ -5,6 +5,9 @@
   filter, scorer and picker in declaration order.
 - A profile without a picker gets a max-score-picker (maxNumOfEndpoints 1).
 - A config without a profile handler gets a single-profile-handler.
+- Flow control without a saturation detector uses a utilization-detector (the one declared
+  under that name, else one with its defaults); a priority band without policies uses
+  global-strict fairness and FCFS ordering (llm-d's defaults).
 
 The loader applies the first two to the config before instantiating anything, the last two
 when it assembles the profiles; no other module supplies a default."""
@@ -43,6 +46,12 @@ DEFAULT_EPP: dict[str, Any] = {
         }
     ],
 }
+
+#: Flow control's default detector and band policies (plugin types, and the names looked up
+#: in `plugins` before one is built with its defaults).
+DEFAULT_DETECTOR = "utilization-detector"
+DEFAULT_FAIRNESS = "global-strict-fairness-policy"
+DEFAULT_ORDERING = "fcfs-ordering-policy"
 
 DEFAULT_PICKER = PluginConfig(type=MAX_SCORE_PICKER)
 DEFAULT_HANDLER = PluginConfig(type=SINGLE_PROFILE_HANDLER)

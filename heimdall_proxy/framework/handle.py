@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from heimdall_proxy.framework.flowcontrol import InFlightLoad
 from heimdall_proxy.framework.types import Endpoint
 
 
@@ -23,12 +24,14 @@ class PluginLookupError(LookupError):
 
 @dataclass(slots=True)
 class PluginHandle:
-    """Handed to every plugin factory: the pool, feature gates, and the plugins declared
-    earlier in the plugin list (Heimdall resolves references at initialisation, so a plugin
-    can only see the ones before it)."""
+    """Handed to every plugin factory: the pool, feature gates, the in-flight ledger, and the
+    plugins declared earlier in the plugin list (Heimdall resolves references at
+    initialisation, so a plugin can only see the ones before it)."""
 
     pool: EndpointSource
     feature_gates: frozenset[str] = frozenset()
+    #: The gateway's in-flight ledger (saturation detectors read it).
+    load: InFlightLoad = field(default_factory=InFlightLoad)
     _plugins: dict[str, object] = field(default_factory=dict)
 
     def plugin(self, name: str) -> object:

@@ -77,3 +77,42 @@ class PluginParams(BaseModel):
 
 class NoParams(PluginParams):
     """For plugins that take no parameters."""
+
+
+_QUANTITY = re.compile(r"^(\d+(?:\.\d+)?)(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E|m)?$")
+_QUANTITY_SCALE = {
+    None: 1,
+    "m": 1e-3,
+    "k": 1e3,
+    "M": 1e6,
+    "G": 1e9,
+    "T": 1e12,
+    "P": 1e15,
+    "E": 1e18,
+    "Ki": 2**10,
+    "Mi": 2**20,
+    "Gi": 2**30,
+    "Ti": 2**40,
+    "Pi": 2**50,
+    "Ei": 2**60,
+}
+
+
+def parse_quantity(value: str | int | float) -> int:
+    """A Kubernetes resource quantity ("1Gi", "500M", "1k", "100", or a number) as an int,
+    rounded up as Kubernetes does. Raises ValueError on anything else."""
+    if isinstance(value, bool):
+        raise ValueError("a quantity must be a number or a string such as '1Gi'")
+    if isinstance(value, int | float):
+        if value < 0:
+            raise ValueError("a quantity must not be negative")
+        return int(-(-value // 1))
+    match = _QUANTITY.match(str(value).strip())
+    if match is None:
+        raise ValueError(f"invalid quantity {value!r} (want e.g. '100', '1k', '500M', '1Gi')")
+    number = float(match.group(1)) * _QUANTITY_SCALE[match.group(2)]
+    return int(-(-number // 1))
+
+
+#: A Kubernetes quantity in the YAML ("1Gi", "5k", 100), an int in Python.
+Quantity = Annotated[int, BeforeValidator(parse_quantity)]

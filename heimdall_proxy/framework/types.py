@@ -121,6 +121,11 @@ class InferenceRequest:
     #: Who is asking, as the server authenticated it: "key:<digest>" for an API key, the
     #: owner header's value, or "" (one shared owner). Owns what the request stores.
     caller: str = ""
+    #: The request's objective (`x-gateway-inference-objective`), its priority (higher is
+    #: more important; negative = sheddable) and its fairness id, set at admission.
+    objective: str = ""
+    priority: int = 0
+    fairness_id: str = ""
     _prompt_text: str | None = None
 
     @property

@@ -24,6 +24,7 @@ from heimdall_proxy.framework.types import (
     SchedulingResult,
 )
 from heimdall_proxy.observability import GatewayMetrics
+from heimdall_proxy.server.flow.controller import Admission, FlowController
 from heimdall_proxy.server.outliers import OutlierDetector
 from heimdall_proxy.server.parse import parse_body
 from heimdall_proxy.server.usage import USAGE_ASKED_KEY, ask_for_usage
@@ -39,6 +40,8 @@ class Decision:
     request: InferenceRequest
     state: CycleState
     result: SchedulingResult
+    #: The flow controller's admission, finished by the gateway when the request is over.
+    admission: Admission | None = None
 
 
 #: Body fields that make a pod act on what they name: vLLM's NIXL connector dials the
@@ -67,7 +70,9 @@ class Director:
         metrics: GatewayMetrics,
         trust_transfer_params: bool = False,
         outliers: OutlierDetector | None = None,
+        flow: FlowController | None = None,
     ) -> None:
+        self.flow = flow
         self.outliers = outliers
         self.pool = pool
         self.plugins = plugins
@@ -91,6 +96,24 @@ class Director:
         ireq.caller = caller
         untrusted_fields(ireq, self.trust_transfer_params)
         candidates = self.candidates(ireq)
+        if self.flow is None or trace is not None:  # a debug trace is never queued or counted
+            return await self._schedule(ireq, candidates, trace, None)
+        admission = await self.flow.admit(ireq, candidates)
+        try:
+            if admission.waited:  # the pool may have changed while it waited
+                candidates = self.candidates(ireq)
+            return await self._schedule(ireq, candidates, trace, admission)
+        except BaseException:
+            admission.finish()
+            raise
+
+    async def _schedule(
+        self,
+        ireq: InferenceRequest,
+        candidates: list[Endpoint],
+        trace: ScheduleTrace | None,
+        admission: Admission | None,
+    ) -> Decision:
         state = CycleState()
         if ask_for_usage(ireq):
             state[USAGE_ASKED_KEY] = True
@@ -109,7 +132,7 @@ class Director:
                 headers={"Retry-After": "1"},
             ) from exc
         self.metrics.scheduler_duration.observe(time.perf_counter() - t0)
-        return Decision(ireq, state, result)
+        return Decision(ireq, state, result, admission)
 
     def candidates(self, ireq: InferenceRequest) -> list[Endpoint]:
         """The pods that may serve `ireq`: those serving its model (or every pod when the body

@@ -24,14 +24,17 @@ from heimdall_proxy.framework.loader import PluginSet, build_plugins
 from heimdall_proxy.framework.registry import Registry
 from heimdall_proxy.framework.types import ApiKind
 from heimdall_proxy.observability import GatewayMetrics
+from heimdall_proxy.server.answers import UNKNOWN_MODEL
 from heimdall_proxy.server.auth import caller_of
 from heimdall_proxy.server.director import Director
 from heimdall_proxy.server.errors import render
+from heimdall_proxy.server.flow.metrics import FlowMetrics
+from heimdall_proxy.server.flow.wiring import build_flow
 from heimdall_proxy.server.hooks import Hooks
 from heimdall_proxy.server.hops import Hops
 from heimdall_proxy.server.options import ServerOptions
 from heimdall_proxy.server.outliers import OutlierDetector
-from heimdall_proxy.server.relay import UNKNOWN_MODEL, Relay
+from heimdall_proxy.server.relay import Relay
 
 log = logging.getLogger(__name__)
 
@@ -68,9 +71,14 @@ class Gateway:
         self.outliers = OutlierDetector(
             config.outlier_detection, lambda pod: self.metrics.ejections.labels(pod).inc()
         )
+        self.load = handle.load
+        self.flow = build_flow(
+            config, self.plugins, registry, handle,
+            FlowMetrics(self.metrics.registry, options.pool_name),
+        )  # fmt: skip
         self.director = Director(
             self.pool, self.plugins, self.metrics, options.trust_client_transfer_params,
-            self.outliers,
+            self.outliers, self.flow,
         )  # fmt: skip
         self.hooks = Hooks(self.plugins)
         self._session: aiohttp.ClientSession | None = None
@@ -110,7 +118,7 @@ class Gateway:
         }
         self._relay = Relay(
             self._session, self.hooks, hops, self.metrics, opts.max_attempts, self.outliers,
-            timeouts,
+            timeouts, self.load,
         )  # fmt: skip
         data_session = _session()
         self.refresher = PoolRefresher(
@@ -143,6 +151,7 @@ class Gateway:
                         await plugin.stop()
                     except Exception:
                         log.exception("plugin %r failed to stop", plugin)
+            await self.flow.stop()
             await self.refresher.stop()
             await data_session.close()
             await self._session.close()
@@ -190,6 +199,8 @@ class Gateway:
             self.metrics.errors.labels(model_label, model_label, exc.code or str(exc.status)).inc()
             return render(exc)
         finally:
+            if decision.admission is not None:
+                decision.admission.finish()
             running.dec()
             self.metrics.duration.labels(model_label, model_label).observe(
                 time.perf_counter() - started

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Callable, Mapping
 
 import aiohttp
@@ -22,32 +21,18 @@ from yarl import URL
 from heimdall_proxy.config import OutlierDetectionConfig
 from heimdall_proxy.framework.disagg import read_plan
 from heimdall_proxy.framework.errors import RequestError
+from heimdall_proxy.framework.flowcontrol import InFlightLoad
 from heimdall_proxy.framework.types import Endpoint, RequestContext
 from heimdall_proxy.observability import GatewayMetrics
+from heimdall_proxy.server.answers import RETRYABLE, Answers, is_stream
 from heimdall_proxy.server.director import Decision
 from heimdall_proxy.server.headers import client_response_headers, upstream_request_headers
 from heimdall_proxy.server.hooks import Hooks
 from heimdall_proxy.server.hops import Hops
 from heimdall_proxy.server.outliers import OutlierDetector
 from heimdall_proxy.server.retry import RETRY_STATUSES, RetryBudget, backoff, failure_reason
-from heimdall_proxy.server.usage import (
-    USAGE_ASKED_KEY,
-    StreamUsage,
-    body_usage,
-    strip_usage_events,
-)
 
 log = logging.getLogger(__name__)
-
-#: Failures that happen before the upstream sent a response: safe to retry on another pod.
-RETRYABLE = (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, TimeoutError)
-#: Label used for client-supplied model names the pool does not know (bounded cardinality).
-UNKNOWN_MODEL = "unknown"
-
-
-def _is_stream(resp: aiohttp.ClientResponse) -> bool:
-    ctype = resp.headers.get("Content-Type", "")
-    return ctype.startswith("text/event-stream") or resp.content_length is None
 
 
 class Relay:
@@ -60,6 +45,7 @@ class Relay:
         max_attempts: int,
         outliers: OutlierDetector | None = None,
         timeouts: Mapping[bool, aiohttp.ClientTimeout] | None = None,
+        load: InFlightLoad | None = None,
     ) -> None:
         self.session = session
         self.hooks = hooks
@@ -71,6 +57,9 @@ class Relay:
         #: or the wait for a whole non-streamed answer; none given: the session's own
         self.timeouts = dict(timeouts or {False: session.timeout, True: session.timeout})
         self.outliers = outliers or OutlierDetector(OutlierDetectionConfig(consecutiveFailures=0))
+        self.answers = Answers(hooks, metrics, self.outliers)
+        #: What this gateway has in flight on each pod (read by the saturation detectors).
+        self.load = load or InFlightLoad()
 
     async def relay(self, request: web.Request, decision: Decision) -> web.StreamResponse:
         """Serve `decision` from its pod, falling back to the next-best pods. Raises
@@ -82,6 +71,8 @@ class Relay:
         prefill: Endpoint | None = None
         if read_plan(state) is not None:
             prefill, body = await self.hops.run(ireq, state, headers, body)
+        if decision.admission is not None:
+            decision.admission.sent()
         tried = []
         target = result.primary.targets[0]
         order: list[Endpoint] | None = None  # the fallback order, built only when needed
@@ -141,6 +132,8 @@ class Relay:
             await hooks.pre_request.run(ctx)
         upstream: aiohttp.ClientResponse | None = None
         complete = False
+        tokens = ctx.request.estimated_tokens()
+        self.load.acquire(target.name, tokens)
         try:
             headers = base_headers
             if ctx.upstream_headers:
@@ -173,8 +166,8 @@ class Relay:
             out_headers = client_response_headers(upstream.headers)
             if ctx.response_headers:
                 out_headers.update(ctx.response_headers)
-            if _is_stream(upstream):
-                response = await self._stream(request, upstream, ctx, out_headers)
+            if is_stream(upstream):
+                response = await self.answers.stream(request, upstream, ctx, out_headers)
                 complete = True
                 return response
             try:
@@ -184,14 +177,15 @@ class Relay:
                 return None
             complete = True
             ctx.response_body = payload
-            self._count(ctx)
+            self.answers.count(ctx)
             if 200 <= upstream.status < 300:
-                self._observe_answer(ctx, payload)
+                self.answers.observe_answer(ctx, payload)
             return web.Response(status=upstream.status, body=payload, headers=out_headers)
         except asyncio.CancelledError:
             ctx.error = ctx.error or "client disconnected"
             raise
         finally:
+            self.load.release(target.name, tokens)
             if upstream is not None:
                 if complete and ctx.error is None:
                     upstream.release()
@@ -213,88 +207,3 @@ class Relay:
                 "request_id": ctx.request.request_id,
             },
         )
-
-    def _observe_answer(self, ctx: RequestContext, payload: bytes) -> None:
-        """A whole answer: its arrival is its time to first token, and its usage counts."""
-        model = ctx.request.model or UNKNOWN_MODEL
-        self.metrics.ttft.labels(model, model).observe(time.monotonic() - ctx.request.received_at)
-        prompt, output = body_usage(payload)
-        if prompt is not None:
-            self.metrics.input_tokens.labels(model, model).observe(prompt)
-        if output is not None:
-            self.metrics.output_tokens.labels(model, model).observe(output)
-
-    def _observe_stream(self, ctx: RequestContext, usage: StreamUsage, first_at: float) -> None:
-        model = ctx.request.model or UNKNOWN_MODEL
-        if usage.prompt is not None:
-            self.metrics.input_tokens.labels(model, model).observe(usage.prompt)
-        output = usage.output_tokens
-        self.metrics.output_tokens.labels(model, model).observe(output)
-        if output > 1 and first_at:
-            tpot = (time.monotonic() - first_at) / (output - 1)
-            self.metrics.tpot.labels(model, model).observe(tpot)
-
-    def _count(self, ctx: RequestContext) -> None:
-        model = ctx.request.model or UNKNOWN_MODEL
-        self.metrics.requests.labels(model, model, ctx.target.name, str(ctx.status)).inc()
-
-    async def _stream(
-        self,
-        request: web.Request,
-        upstream: aiohttp.ClientResponse,
-        ctx: RequestContext,
-        headers: CIMultiDict[str],
-    ) -> web.StreamResponse:
-        """Relay chunk by chunk as bytes arrive."""
-        response = web.StreamResponse(status=upstream.status, headers=headers)
-        await response.prepare(request)
-        read = upstream.content.readany
-        streaming = self.hooks.response_streaming
-        first = True
-        first_at = 0.0
-        usage = StreamUsage() if 200 <= upstream.status < 300 else None
-        strip = ctx.state.get(USAGE_ASKED_KEY, False)
-        while True:
-            try:
-                chunk = await read()
-            except RETRYABLE as exc:
-                ctx.error = f"upstream failed mid-stream: {type(exc).__name__}: {exc}"
-                self.outliers.failure(ctx.target.name)
-                self.metrics.upstream_failures.labels(ctx.target.name, "stream").inc()
-                log.warning(
-                    "upstream failed mid-stream",
-                    extra={
-                        "endpoint": ctx.target.name,
-                        "error": ctx.error,
-                        "request_id": ctx.request.request_id,
-                    },
-                )
-                if request.transport is not None:
-                    request.transport.abort()
-                return response
-            if not chunk:
-                break
-            if usage is not None:
-                usage.feed(chunk)
-            if strip:
-                chunk = strip_usage_events(chunk)
-            try:
-                await response.write(chunk)
-            except ConnectionError:
-                ctx.error = "client disconnected"
-                return response
-            if first:
-                first = False
-                first_at = time.monotonic()
-                model = ctx.request.model or UNKNOWN_MODEL
-                self.metrics.ttft.labels(model, model).observe(first_at - ctx.request.received_at)
-            if streaming:
-                await streaming.run(ctx, chunk)
-        self._count(ctx)
-        if usage is not None:
-            self._observe_stream(ctx, usage, first_at)
-        try:
-            await response.write_eof()
-        except ConnectionError:
-            ctx.error = "client disconnected"
-        return response

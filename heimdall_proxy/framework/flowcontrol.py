@@ -1,0 +1,63 @@
+"""Flow control's contracts: the in-flight ledger, saturation detectors, and the policies
+that order a priority band's queues.
+
+The gateway keeps one `InFlightLoad` ledger: requests it has sent to each pod and not yet
+seen finish, and requests it has let through admission but not yet sent anywhere (`pending`).
+Scraped metrics lag by up to a scrape interval; the ledger does not, so detectors read both,
+and a burst cannot slip past a detector between two scrapes."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol, runtime_checkable
+
+from heimdall_proxy.framework.types import Endpoint
+
+
+class InFlightLoad:
+    """Per-pod requests and estimated prompt tokens in flight through this gateway, plus the
+    admitted requests not yet sent. Single-threaded (the event loop), so plain counters."""
+
+    __slots__ = ("pending", "requests", "tokens")
+
+    def __init__(self) -> None:
+        self.requests: dict[str, int] = {}
+        self.tokens: dict[str, int] = {}
+        #: Admitted by flow control, not yet sent to a pod.
+        self.pending = 0
+
+    def acquire(self, pod: str, tokens: int) -> None:
+        self.requests[pod] = self.requests.get(pod, 0) + 1
+        self.tokens[pod] = self.tokens.get(pod, 0) + tokens
+
+    def release(self, pod: str, tokens: int) -> None:
+        left = self.requests.get(pod, 0) - 1
+        if left > 0:
+            self.requests[pod] = left
+            self.tokens[pod] = max(0, self.tokens.get(pod, 0) - tokens)
+        else:
+            self.requests.pop(pod, None)
+            self.tokens.pop(pod, None)
+
+
+@runtime_checkable
+class SaturationDetector(Protocol):
+    """Judges how full a set of candidate pods is: 0.0 idle, 1.0 and above saturated (the
+    flow controller holds or sheds requests for that pool)."""
+
+    def saturation(self, endpoints: Sequence[Endpoint]) -> float: ...
+
+
+@runtime_checkable
+class FairnessPolicy(Protocol):
+    """Chooses which flow (fairness id) of a priority band dispatches next. `flows` are the
+    band's non-empty flows, each as (fairness id, arrival time of its head request)."""
+
+    def pick(self, flows: Sequence[tuple[str, float]], last: str | None) -> int: ...
+
+
+@runtime_checkable
+class OrderingPolicy(Protocol):
+    """Orders the requests of one flow: the lowest key dispatches first."""
+
+    def order_key(self, arrival: float, deadline: float) -> float: ...

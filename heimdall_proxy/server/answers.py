@@ -1,0 +1,126 @@
+"""Relaying one answer to the client: a whole body, or a stream chunk by chunk as bytes
+arrive, with the metrics each kind yields (TTFT, TPOT, token counts, the served count)."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import aiohttp
+from aiohttp import web
+from multidict import CIMultiDict
+
+from heimdall_proxy.framework.types import RequestContext
+from heimdall_proxy.observability import GatewayMetrics
+from heimdall_proxy.server.hooks import Hooks
+from heimdall_proxy.server.outliers import OutlierDetector
+from heimdall_proxy.server.usage import (
+    USAGE_ASKED_KEY,
+    StreamUsage,
+    body_usage,
+    strip_usage_events,
+)
+
+log = logging.getLogger(__name__)
+
+#: Failures that happen before the upstream sent a response: safe to retry on another pod.
+RETRYABLE = (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, TimeoutError)
+#: Label used for client-supplied model names the pool does not know (bounded cardinality).
+UNKNOWN_MODEL = "unknown"
+
+
+def is_stream(resp: aiohttp.ClientResponse) -> bool:
+    ctype = resp.headers.get("Content-Type", "")
+    return ctype.startswith("text/event-stream") or resp.content_length is None
+
+
+class Answers:
+    def __init__(self, hooks: Hooks, metrics: GatewayMetrics, outliers: OutlierDetector) -> None:
+        self.metrics = metrics
+        self.outliers = outliers
+        self.streaming = hooks.response_streaming
+
+    def observe_answer(self, ctx: RequestContext, payload: bytes) -> None:
+        """A whole answer: its arrival is its time to first token, and its usage counts."""
+        model = ctx.request.model or UNKNOWN_MODEL
+        self.metrics.ttft.labels(model, model).observe(time.monotonic() - ctx.request.received_at)
+        prompt, output = body_usage(payload)
+        if prompt is not None:
+            self.metrics.input_tokens.labels(model, model).observe(prompt)
+        if output is not None:
+            self.metrics.output_tokens.labels(model, model).observe(output)
+
+    def _observe_stream(self, ctx: RequestContext, usage: StreamUsage, first_at: float) -> None:
+        model = ctx.request.model or UNKNOWN_MODEL
+        if usage.prompt is not None:
+            self.metrics.input_tokens.labels(model, model).observe(usage.prompt)
+        output = usage.output_tokens
+        self.metrics.output_tokens.labels(model, model).observe(output)
+        if output > 1 and first_at:
+            tpot = (time.monotonic() - first_at) / (output - 1)
+            self.metrics.tpot.labels(model, model).observe(tpot)
+
+    def count(self, ctx: RequestContext) -> None:
+        model = ctx.request.model or UNKNOWN_MODEL
+        self.metrics.requests.labels(model, model, ctx.target.name, str(ctx.status)).inc()
+
+    async def stream(
+        self,
+        request: web.Request,
+        upstream: aiohttp.ClientResponse,
+        ctx: RequestContext,
+        headers: CIMultiDict[str],
+    ) -> web.StreamResponse:
+        """Relay chunk by chunk as bytes arrive."""
+        response = web.StreamResponse(status=upstream.status, headers=headers)
+        await response.prepare(request)
+        read = upstream.content.readany
+        streaming = self.streaming
+        first = True
+        first_at = 0.0
+        usage = StreamUsage() if 200 <= upstream.status < 300 else None
+        strip = ctx.state.get(USAGE_ASKED_KEY, False)
+        while True:
+            try:
+                chunk = await read()
+            except RETRYABLE as exc:
+                ctx.error = f"upstream failed mid-stream: {type(exc).__name__}: {exc}"
+                self.outliers.failure(ctx.target.name)
+                self.metrics.upstream_failures.labels(ctx.target.name, "stream").inc()
+                log.warning(
+                    "upstream failed mid-stream",
+                    extra={
+                        "endpoint": ctx.target.name,
+                        "error": ctx.error,
+                        "request_id": ctx.request.request_id,
+                    },
+                )
+                if request.transport is not None:
+                    request.transport.abort()
+                return response
+            if not chunk:
+                break
+            if usage is not None:
+                usage.feed(chunk)
+            if strip:
+                chunk = strip_usage_events(chunk)
+            try:
+                await response.write(chunk)
+            except ConnectionError:
+                ctx.error = "client disconnected"
+                return response
+            if first:
+                first = False
+                first_at = time.monotonic()
+                model = ctx.request.model or UNKNOWN_MODEL
+                self.metrics.ttft.labels(model, model).observe(first_at - ctx.request.received_at)
+            if streaming:
+                await streaming.run(ctx, chunk)
+        self.count(ctx)
+        if usage is not None:
+            self._observe_stream(ctx, usage, first_at)
+        try:
+            await response.write_eof()
+        except ConnectionError:
+            ctx.error = "client disconnected"
+        return response

@@ -1,0 +1,1 @@
+"""Admission and flow control: objectives, the gateway's queues, and their dispatcher."""

@@ -1,0 +1,31 @@
+"""Which objective, priority and fairness flow a request belongs to, from its headers."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+from heimdall_proxy.flowconfig import ObjectiveConfig
+from heimdall_proxy.framework.types import InferenceRequest
+
+OBJECTIVE_HEADER = "x-gateway-inference-objective"
+FAIRNESS_HEADER = "x-gateway-inference-fairness-id"
+#: The flow of requests that name no fairness id.
+DEFAULT_FLOW = "default"
+#: Fairness ids are client-chosen: at most this many distinct ones get their own metric
+#: label; the rest are reported as "other" (their queues stay separate).
+MAX_FLOW_LABELS = 100
+
+
+class Objectives:
+    """The configured objectives by name. An unknown or absent objective gets priority 0,
+    as a request without an InferenceObjective does in GIE."""
+
+    def __init__(self, objectives: Iterable[ObjectiveConfig]) -> None:
+        self.priority: Mapping[str, int] = {o.name: o.priority for o in objectives}
+
+    def classify(self, ireq: InferenceRequest) -> None:
+        headers = ireq.headers
+        name = headers.get(OBJECTIVE_HEADER, "")
+        ireq.objective = name
+        ireq.priority = self.priority.get(name, 0)
+        ireq.fairness_id = headers.get(FAIRNESS_HEADER, "") or DEFAULT_FLOW
