@@ -53,7 +53,7 @@ class FairnessPolicy(Protocol):
     """Chooses which flow (fairness id) of a priority band dispatches next. `flows` are the
     band's non-empty flows, each as (fairness id, arrival time of its head request)."""
 
-    def pick(self, flows: Sequence[tuple[str, float]], last: str | None) -> int: ...
+    def pick_flow(self, flows: Sequence[tuple[str, float]], last: str | None) -> int: ...
 
 
 @runtime_checkable

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
+from heimdall_proxy.framework.flowcontrol import FairnessPolicy, OrderingPolicy, SaturationDetector
 from heimdall_proxy.framework.types import (
     CycleState,
     Endpoint,
@@ -261,6 +262,9 @@ EXTENSION_POINTS: dict[str, type] = {
     "ResponsesStore": ResponsesStoreAPI,
     "DataSource": DataSource,
     "DataExtractor": DataExtractor,
+    "SaturationDetector": SaturationDetector,
+    "FairnessPolicy": FairnessPolicy,
+    "OrderingPolicy": OrderingPolicy,
 }
 
 

@@ -17,5 +17,5 @@ GLOBAL_STRICT_TYPE = "global-strict-fairness-policy"
 class GlobalStrictFairness(BasePlugin[NoParams]):
     type = GLOBAL_STRICT_TYPE
 
-    def pick(self, flows: Sequence[tuple[str, float]], last: str | None) -> int:
+    def pick_flow(self, flows: Sequence[tuple[str, float]], last: str | None) -> int:
         return min(range(len(flows)), key=lambda i: flows[i][1])

@@ -16,7 +16,7 @@ ROUND_ROBIN_TYPE = "round-robin-fairness-policy"
 class RoundRobinFairness(BasePlugin[NoParams]):
     type = ROUND_ROBIN_TYPE
 
-    def pick(self, flows: Sequence[tuple[str, float]], last: str | None) -> int:
+    def pick_flow(self, flows: Sequence[tuple[str, float]], last: str | None) -> int:
         order = sorted(range(len(flows)), key=lambda i: flows[i][0])
         if last is None:
             return order[0]

@@ -238,7 +238,7 @@ class FlowController:
                 if judged[key]:
                     ready.append((fid, head))
             if ready:
-                i = band.fairness.pick([(fid, h.key[0]) for fid, h in ready], band.last_flow)
+                i = band.fairness.pick_flow([(fid, h.key[0]) for fid, h in ready], band.last_flow)
                 band.last_flow = ready[i][0]
                 return band, ready[i][1]
         return None
