@@ -9,13 +9,23 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from typing import Protocol, runtime_checkable
 
 log = logging.getLogger(__name__)
 
 
 class CircuitBreaker:
-    __slots__ = ("_clock", "_failures", "_open_until", "_probing", "cooldown", "failures", "name")
+    __slots__ = (
+        "_clock",
+        "_failures",
+        "_open_until",
+        "_probing",
+        "cooldown",
+        "failures",
+        "name",
+        "opened",
+    )
 
     def __init__(
         self,
@@ -31,6 +41,8 @@ class CircuitBreaker:
         self._failures = 0
         self._open_until = 0.0
         self._probing = False
+        #: Times it went from closed (or half-open) to open.
+        self.opened = 0
 
     @property
     def state(self) -> str:
@@ -59,7 +71,15 @@ class CircuitBreaker:
         self._probing = False
         if self._open_until or self._failures >= self.failures:
             if not self._open_until or self._clock() >= self._open_until:
+                self.opened += 1
                 log.warning(
                     "%s failing: requests go on without it for %.0fs", self.name, self.cooldown
                 )
             self._open_until = self._clock() + self.cooldown
+
+
+@runtime_checkable
+class HasBreakers(Protocol):
+    """A plugin that guards its dependencies with breakers (their states are exported)."""
+
+    def breakers(self) -> Iterable[CircuitBreaker]: ...

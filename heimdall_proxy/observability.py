@@ -10,9 +10,10 @@ from typing import Any
 
 import orjson
 from prometheus_client import CollectorRegistry, Metric, disable_created_metrics
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from heimdall_proxy.breaker import CircuitBreaker, HasBreakers
 from heimdall_proxy.datalayer.pool import EndpointPool
 from heimdall_proxy.framework.log import V
 from heimdall_proxy.framework.plugins import MetricsSource
@@ -141,6 +142,35 @@ class _SourcesCollector(Collector):
         yield from merged.values()
 
 
+class _BreakersCollector(Collector):
+    """`heimdall_dependency_breaker_state{dependency,state}` (1 for the state it is in) and
+    `heimdall_dependency_breaker_opens_total{dependency}`."""
+
+    STATES = ("closed", "open", "half-open")
+
+    def __init__(self, breakers: list[CircuitBreaker]) -> None:
+        self.breakers = breakers
+
+    def collect(self) -> Iterator[Metric]:
+        state = GaugeMetricFamily(
+            "heimdall_dependency_breaker_state",
+            "Circuit breaker of a request-path dependency: 1 for its current state.",
+            labels=["dependency", "state"],
+        )
+        opens = CounterMetricFamily(
+            "heimdall_dependency_breaker_opens",
+            "Times a dependency's breaker opened (requests then go on without it).",
+            labels=["dependency"],
+        )
+        for b in self.breakers:
+            now = b.state
+            for s in self.STATES:
+                state.add_metric([b.name, s], 1.0 if s == now else 0.0)
+            opens.add_metric([b.name], b.opened)
+        yield state
+        yield opens
+
+
 class GatewayMetrics:
     """All of the gateway's own metrics, in a registry of their own (one per app). The
     request-path families are loop-local (see loopmetrics); the pod gauges are read from the
@@ -257,10 +287,15 @@ class GatewayMetrics:
         self.registry.register(_PoolCollector(pool, pool_name))
 
     def add_sources(self, plugins: Iterable[object]) -> None:
-        """Expose the metrics of the plugins that have their own (MetricsSource)."""
+        """Expose the metrics of the plugins that have their own (MetricsSource), and the
+        states of the breakers guarding their dependencies."""
+        plugins = list(plugins)
         sources = [p for p in plugins if isinstance(p, MetricsSource)]
         if sources:
             self.registry.register(_SourcesCollector(sources))
+        breakers = [b for p in plugins if isinstance(p, HasBreakers) for b in p.breakers()]
+        if breakers:
+            self.registry.register(_BreakersCollector(breakers))
 
     def plugin_timer(self, point: str, plugin_type: str, plugin_name: str) -> Observe:
         return self.plugin_duration.labels(point, plugin_type, plugin_name).observe

@@ -212,3 +212,35 @@ def test_plugin_metrics_are_exposed_and_same_name_samples_summed() -> None:
     assert 'demo_pod_load{pod="a"} 2.0' in text and 'demo_pod_load{pod="b"} 1.0' in text
     assert text.count("# TYPE demo_hits_total counter") == 1
     m.add_sources([object()])  # nothing to expose: nothing registered
+
+
+def test_breaker_states_and_opens_are_exported() -> None:
+    from heimdall_proxy.breaker import CircuitBreaker
+    from heimdall_proxy.plugins.prepare.tokenizer import TokenizerPlugin
+
+    now = [0.0]
+    breaker = CircuitBreaker("tok: tokenizer", failures=2, cooldown=5.0, clock=lambda: now[0])
+
+    class _Guarded:  # a plugin guarding one dependency, as TokenizerPlugin does
+        def breakers(self) -> list[CircuitBreaker]:
+            return [breaker]
+
+    metrics = GatewayMetrics(EndpointPool([]))
+    metrics.add_sources([_Guarded()])
+    reg = metrics.registry
+
+    def state(s: str) -> float | None:
+        labels = {"dependency": "tok: tokenizer", "state": s}
+        return reg.get_sample_value("heimdall_dependency_breaker_state", labels)
+
+    assert state("closed") == 1.0 and state("open") == 0.0
+    breaker.failure()
+    breaker.failure()
+    assert state("open") == 1.0
+    now[0] = 6.0
+    assert state("half-open") == 1.0
+    opens = reg.get_sample_value(
+        "heimdall_dependency_breaker_opens_total", {"dependency": "tok: tokenizer"}
+    )
+    assert opens == 1
+    assert hasattr(TokenizerPlugin, "breakers")  # the real plugins report theirs

@@ -132,6 +132,7 @@ class Relay:
             await hooks.pre_request.run(ctx)
         upstream: aiohttp.ClientResponse | None = None
         complete = False
+        finished = False  # response_complete ran (a whole answer runs it before sending)
         tokens = ctx.request.estimated_tokens()
         self.load.acquire(target.name, tokens)
         try:
@@ -180,6 +181,10 @@ class Relay:
             self.answers.count(ctx)
             if 200 <= upstream.status < 300:
                 self.answers.observe_answer(ctx, payload)
+            if hooks.response_complete:  # before the answer is sent: hooks may add headers
+                finished = True
+                await hooks.response_complete.run(ctx)
+                out_headers.update(ctx.response_headers)
             return web.Response(status=upstream.status, body=payload, headers=out_headers)
         except asyncio.CancelledError:
             ctx.error = ctx.error or "client disconnected"
@@ -191,7 +196,7 @@ class Relay:
                     upstream.release()
                 else:
                     upstream.close()
-            if hooks.response_complete:
+            if hooks.response_complete and not finished:
                 await hooks.response_complete.run(ctx)
 
     def _attempt_failed(self, ctx: RequestContext, stage: str, exc: BaseException | None) -> None:

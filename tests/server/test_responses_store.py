@@ -366,7 +366,7 @@ async def test_conversation_survives_a_gateway_restart_on_redis(
             await redis_client.delete(f"heimdall:responses:{rid}")
 
 
-async def test_redis_store_unreachable_is_503_for_continuations(
+async def test_redis_store_unreachable_fails_writes_visibly_and_continuations_503(
     start_pod: PodFactory, start_gateway: GatewayFactory
 ) -> None:
     # nothing listens on this port; a plain request still goes through (the store only
@@ -379,8 +379,17 @@ async def test_redis_store_unreachable_is_503_for_continuations(
     gw = await start_gateway(make_config(pods, store_epp({"tieredConfig": {"redis": redis}})))
     sdk = sdk_for(gw)
     try:
-        r1 = await sdk.responses.create(model=MODEL, input="hi", max_output_tokens=1)
+        raw = await sdk.responses.with_raw_response.create(
+            model=MODEL, input="hi", max_output_tokens=1
+        )
+        r1 = raw.parse()
         assert r1.status == "completed"
+        # the answer is delivered, and says it was not stored; the failure is counted
+        assert raw.headers.get("x-heimdall-store") == "failed"
+        failures = gw.metric(
+            "heimdall_responses_store_write_failures_total", {"plugin": "responses-store"}
+        )
+        assert failures == 1
         with pytest.raises(openai.InternalServerError) as info:
             await sdk.responses.create(model=MODEL, input="x", previous_response_id=r1.id)
         assert info.value.status_code == 503

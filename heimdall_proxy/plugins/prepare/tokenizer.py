@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 
 from pydantic import Field
 
@@ -64,6 +65,9 @@ class TokenizerPlugin(BasePlugin[TokenizerParams]):
             except TokenizerNotFoundError as exc:
                 raise ValueError(str(exc)) from exc
             self.tokenizer = InProcessTokenizer(LocalTokenizer(path))
+
+    def breakers(self) -> Iterable[CircuitBreaker]:
+        return (self.breaker,)
 
     async def prepare_data(self, request: InferenceRequest, endpoints: list[Endpoint]) -> None:
         if request.token_ids is not None or request.api not in ("completions", "chat", "responses"):

@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Literal
 
 from prometheus_client import Metric
@@ -472,6 +472,9 @@ class PrecisePrefixCacheScorer(BasePlugin[PrecisePrefixCacheParams]):
                     )
         except Exception as exc:
             self._warn(f"{self.name}: speculative indexing failed: {exc}")
+
+    def breakers(self) -> Iterable[CircuitBreaker]:
+        return (self._index_breaker, self._tokenizer_breaker)
 
     def collect_metrics(self) -> Iterator[Metric]:
         """With `kvBlockIndexConfig.enableMetrics`: the indexer families llm-d's KV-cache

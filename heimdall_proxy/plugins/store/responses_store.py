@@ -4,9 +4,12 @@ gateway so that any pod can serve any turn."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from typing import Any
 
 import orjson
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.metrics_core import Metric
 
 from heimdall_proxy.framework.base import BasePlugin
 from heimdall_proxy.framework.errors import RequestError
@@ -31,6 +34,10 @@ PREPARE_DATA_GATE = "prepareDataPlugins"
 
 #: Room for the SSE framing and event fields around the response object of a terminal event.
 _EVENT_SLACK = 64 * 1024
+
+
+#: Response header set when a non-streamed Responses answer could not be stored.
+STORE_STATUS_HEADER = "x-heimdall-store"
 
 
 def make_backend(params: ResponsesStoreParams) -> StoreBackend:
@@ -86,6 +93,7 @@ class ResponsesStore(BasePlugin[ResponsesStoreParams]):
         self.max_entry_bytes = self.backend.max_entry_bytes
         self._parser_key = f"{name}:stream"
         self._staged_key = f"{name}:staged"
+        self.write_failures = 0
         #: entries staged but not yet written by the backend: read-your-writes for a client
         #: that continues a stream the moment it saw the final event
         self._staged: dict[str, bytes] = {}
@@ -206,16 +214,10 @@ class ResponsesStore(BasePlugin[ResponsesStoreParams]):
                     staged = self._stage(ctx, _decode_response(reader.body()))
             if staged is not None:
                 response_id, entry = staged
-                existing = await self.backend.get(response_id)
-                if existing is not None and _owner(existing) != ctx.request.caller:
-                    # A pod reused an id another caller's entry has: never overwrite it.
-                    log.warning(
-                        "response %s not stored: the id belongs to another caller's entry",
-                        response_id,
-                        extra={"request_id": ctx.request.request_id},
-                    )
-                    return
-                await self.backend.put(response_id, entry)
+                try:
+                    await self._write(ctx, response_id, entry)
+                except Exception as exc:
+                    self._write_failed(ctx, response_id, exc)
         finally:
             if staged is not None:
                 self._staged.pop(staged[0], None)
@@ -251,6 +253,40 @@ class ResponsesStore(BasePlugin[ResponsesStoreParams]):
         self._staged[response_id] = entry
         ctx.state[self._staged_key] = staged
         return staged
+
+    async def _write(self, ctx: RequestContext, response_id: str, entry: bytes) -> None:
+        existing = await self.backend.get(response_id)
+        if existing is not None and _owner(existing) != ctx.request.caller:
+            # A pod reused an id another caller's entry has: never overwrite it.
+            log.warning(
+                "response %s not stored: the id belongs to another caller's entry",
+                response_id,
+                extra={"request_id": ctx.request.request_id},
+            )
+            return
+        await self.backend.put(response_id, entry)
+
+    def _write_failed(self, ctx: RequestContext, response_id: str, exc: Exception) -> None:
+        """Never silent: logged, counted, and (for an answer not yet sent, i.e. not streamed)
+        told to the client in `x-heimdall-store: failed`: a later previous_response_id
+        naming this response would get a 404."""
+        self.write_failures += 1
+        ctx.response_headers[STORE_STATUS_HEADER] = "failed"
+        log.error(
+            "response %s not stored: the store write failed: %r",
+            response_id,
+            exc,
+            extra={"request_id": ctx.request.request_id},
+        )
+
+    def collect_metrics(self) -> Iterable[Metric]:
+        family = CounterMetricFamily(
+            "heimdall_responses_store_write_failures",
+            "Responses the store failed to write (the client was told when not streamed).",
+            labels=["plugin"],
+        )
+        family.add_metric([self.name], self.write_failures)
+        yield family
 
     def _too_big(self, ctx: RequestContext, response_id: str | None, size: int | None) -> None:
         what = f"{size} bytes" if size is not None else "the response alone is"
