@@ -269,6 +269,11 @@ def _add_sim_engine(p: argparse.ArgumentParser, demo: bool = False) -> None:
     )
     if not demo:
         add("--engine-id", default=None)
+        add(
+            "--fault-control",
+            action="store_true",
+            help="serve POST /sim/fault to inject failures from another process (benchmarks)",
+        )
 
 
 def sim_options(args: argparse.Namespace, **overrides: Any) -> SimOptions:

@@ -134,6 +134,22 @@ class Director:
         self.metrics.scheduler_duration.observe(time.perf_counter() - t0)
         return Decision(ireq, state, result, admission)
 
+    def fallback(
+        self, ireq: InferenceRequest, state: CycleState, exclude: set[str]
+    ) -> list[Endpoint]:
+        """Pods to try after every ranked one failed: a new scheduling cycle over the
+        candidates minus `exclude`, so that hard filters (roles, labels) still hold while a
+        soft one (prefix affinity) that kept only the failed pods no longer can. On a copy of
+        the cycle state: the first cycle's results stay as they were."""
+        try:
+            pods = [e for e in self.candidates(ireq) if e.name not in exclude]
+            if not pods:
+                return []
+            result = self.plugins.scheduler.schedule(CycleState(state), ireq, pods)
+        except (RequestError, SchedulingError):
+            return []
+        return [e for e in result.fallback_order() if e.name not in exclude]
+
     def candidates(self, ireq: InferenceRequest) -> list[Endpoint]:
         """The pods that may serve `ireq`: those serving its model (or every pod when the body
         names none), healthy ones first as the pool decides, without the pods ejected for

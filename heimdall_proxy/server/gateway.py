@@ -118,7 +118,7 @@ class Gateway:
         }
         self._relay = Relay(
             self._session, self.hooks, hops, self.metrics, opts.max_attempts, self.outliers,
-            timeouts, self.load,
+            timeouts, self.load, self.director.fallback,
         )  # fmt: skip
         data_session = _session()
         self.refresher = PoolRefresher(

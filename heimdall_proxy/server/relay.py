@@ -22,7 +22,7 @@ from heimdall_proxy.config import OutlierDetectionConfig
 from heimdall_proxy.framework.disagg import read_plan
 from heimdall_proxy.framework.errors import RequestError
 from heimdall_proxy.framework.flowcontrol import InFlightLoad
-from heimdall_proxy.framework.types import Endpoint, RequestContext
+from heimdall_proxy.framework.types import CycleState, Endpoint, InferenceRequest, RequestContext
 from heimdall_proxy.observability import GatewayMetrics
 from heimdall_proxy.server.answers import RETRYABLE, Answers, is_stream
 from heimdall_proxy.server.director import Decision
@@ -33,6 +33,10 @@ from heimdall_proxy.server.outliers import OutlierDetector
 from heimdall_proxy.server.retry import RETRY_STATUSES, RetryBudget, backoff, failure_reason
 
 log = logging.getLogger(__name__)
+
+
+#: (request, its cycle state, pod names to leave out) -> more pods to try, best first.
+Fallback = Callable[[InferenceRequest, CycleState, set[str]], list[Endpoint]]
 
 
 class Relay:
@@ -46,8 +50,11 @@ class Relay:
         outliers: OutlierDetector | None = None,
         timeouts: Mapping[bool, aiohttp.ClientTimeout] | None = None,
         load: InFlightLoad | None = None,
+        fallback: Fallback | None = None,
     ) -> None:
         self.session = session
+        #: More pods for a request whose ranking is used up (the director reschedules).
+        self.fallback = fallback
         self.hooks = hooks
         self.hops = hops
         self.metrics = metrics
@@ -81,10 +88,15 @@ class Relay:
         retrying = False
 
         def another_pod() -> bool:
-            """Whether a failed attempt may go to the next pod (builds the order lazily)."""
+            """Whether a failed attempt may go to the next pod (builds the order lazily; when
+            the scheduled ranking is used up, e.g. a filter kept only the pod that failed,
+            the request is scheduled again without the pods already in the order)."""
             nonlocal order
             if order is None:
                 order = result.fallback_order()[: self.max_attempts]
+            if attempt + 1 >= len(order) and len(order) < self.max_attempts and self.fallback:
+                more = self.fallback(ireq, state, {e.name for e in order})
+                order.extend(more[: self.max_attempts - len(order)])
             return attempt + 1 < len(order) and budget.allows()
 
         budget.in_flight += 1

@@ -86,3 +86,6 @@ class SimOptions:
     #: An encode pod names its outputs in `ec_transfer_params`; off, it answers without them,
     #: as vLLM's shared-storage EC connectors do (the decode pod finds the outputs in storage).
     ec_transfer_params: bool = True
+    #: Serve POST /sim/fault (benchmarks inject failures into a pod running in another
+    #: process: {"fail_status": 503 | null, "health_status": 500 | null}).
+    fault_control: bool = False

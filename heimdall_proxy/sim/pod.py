@@ -212,6 +212,8 @@ class SimPod:
         app.router.add_post("/tokenize", self._tokenize)
         app.router.add_post("/reset_prefix_cache", self._reset_prefix_cache)
         app.router.add_post("/v1/embeddings", self._embeddings)
+        if self.options.fault_control:
+            app.router.add_post("/sim/fault", self._fault)
         for path, api in (
             ("/v1/completions", "completions"),
             ("/v1/chat/completions", "chat"),
@@ -405,6 +407,23 @@ class SimPod:
                 with open(os.path.join(o.ec_storage_path, m.mm_hash), "wb"):
                     pass
         return extra
+
+    async def _fault(self, request: web.Request) -> web.Response:
+        """Set the failure knobs from another process (`--fault-control`)."""
+        try:
+            doc = orjson.loads(await request.read())
+        except orjson.JSONDecodeError:
+            return _error(400, "invalid JSON")
+        if not isinstance(doc, dict):
+            return _error(400, "the body must be a JSON object")
+        for key in ("fail_status", "health_status"):
+            if key in doc:
+                value = doc[key]
+                if value is not None and (not isinstance(value, int) or not 100 <= value < 600):
+                    return _error(400, f"{key} must be an HTTP status or null")
+                setattr(self, key, value)
+        state = {"fail_status": self.fail_status, "health_status": self.health_status}
+        return web.json_response(state)
 
     async def _inference(self, request: web.Request, api: ApiKind) -> web.StreamResponse:
         body = await request.read()

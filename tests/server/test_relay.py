@@ -174,6 +174,42 @@ async def test_a_retryable_status_before_the_first_byte_goes_to_the_next_pod(
     assert gw.running() == 0
 
 
+async def test_a_pod_a_filter_kept_alone_still_fails_over(
+    start_pod: PodFactory, start_gateway: GatewayFactory
+) -> None:
+    # prefix affinity narrows the candidates to the one warm pod; when it fails, the request
+    # is scheduled again without it instead of relaying its 503
+    pods = [await start_pod(), await start_pod()]
+    epp = {
+        "plugins": [
+            {"type": "prefix-cache-scorer"},
+            {"type": "prefix-cache-affinity-filter"},
+            {"type": "max-score-picker"},
+        ],
+        "schedulingProfiles": [
+            {
+                "name": "default",
+                "plugins": [
+                    {"pluginRef": "prefix-cache-affinity-filter"},
+                    {"pluginRef": "prefix-cache-scorer"},
+                    {"pluginRef": "max-score-picker"},
+                ],
+            }
+        ],
+    }
+    gw = await start_gateway(make_config(pods, epp))
+    body = {"model": "sim-model", "prompt": "warm " * 400, "max_tokens": 2}
+    async with aiohttp.ClientSession() as http:
+        async with http.post(f"{gw.url}/v1/completions", json=body) as r:
+            assert r.status == 200
+            warm = next(p for p in pods if p.name == r.headers["x-sim-pod"])
+        warm.pod.fail_status = 503
+        async with http.post(f"{gw.url}/v1/completions", json=body) as r:
+            assert r.status == 200, await r.text()
+            assert r.headers["x-sim-pod"] != warm.name
+    assert len(warm.pod.received) == 2
+
+
 async def test_other_statuses_and_the_last_pods_answer_pass_through(
     start_pod: PodFactory, start_gateway: GatewayFactory
 ) -> None:

@@ -247,3 +247,21 @@ async def test_errors_and_every_answer_name_the_pod(sim: SimFactory) -> None:
     s.pod.fail_status = None
     async with s.http.post(f"{s.url}/v1/completions", json=COMPLETION) as r:
         assert r.status == 200 and r.headers["x-sim-pod"] == "pod-x"
+
+
+async def test_fault_control_sets_the_failure_knobs_over_http(sim: SimFactory) -> None:
+    plain = await sim()
+    async with plain.http.post(f"{plain.url}/sim/fault", json={"fail_status": 503}) as r:
+        assert r.status == 404  # off unless asked for
+    s = await sim(fault_control=True)
+    async with s.http.post(f"{s.url}/sim/fault", json={"fail_status": 503}) as r:
+        assert (await r.json())["fail_status"] == 503
+    body = {"model": "sim-model", "prompt": "hi", "max_tokens": 1}
+    async with s.http.post(f"{s.url}/v1/completions", json=body) as r:
+        assert r.status == 503
+    async with s.http.post(f"{s.url}/sim/fault", json={"fail_status": "x"}) as r:
+        assert r.status == 400
+    async with s.http.post(f"{s.url}/sim/fault", json={"fail_status": None}) as r:
+        assert (await r.json())["fail_status"] is None
+    async with s.http.post(f"{s.url}/v1/completions", json=body) as r:
+        assert r.status == 200
