@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 import yaml
@@ -200,12 +200,7 @@ def parse_config(doc: Any, source: str = "<memory>") -> GatewayConfig:
         raise ConfigError(f"{source}: {_format_validation(exc)}") from exc
     if not isinstance(endpoints_doc, list):
         raise ConfigError(f"{source}: endpoints must be a list")
-    endpoints: list[EndpointConfig] = []
-    for i, item in enumerate(endpoints_doc):
-        try:
-            endpoints.append(EndpointConfig.model_validate(item))
-        except ValidationError as exc:
-            raise ConfigError(f"{source}: endpoints[{i}]: {_format_validation(exc)}") from exc
+    endpoints = _validate_items(EndpointConfig, endpoints_doc, "endpoints", source)
     seen: set[str] = set()
     for ep in endpoints:
         if ep.name in seen:
@@ -227,15 +222,24 @@ def parse_config(doc: Any, source: str = "<memory>") -> GatewayConfig:
     )
 
 
+M = TypeVar("M", bound=BaseModel)
+
+
+def _validate_items(model: type[M], items: list[Any], where: str, source: str) -> list[M]:
+    """Each item of a config list validated; an error names the list and the index."""
+    out: list[M] = []
+    for i, item in enumerate(items):
+        try:
+            out.append(model.model_validate(item))
+        except ValidationError as exc:
+            raise ConfigError(f"{source}: {where}[{i}]: {_format_validation(exc)}") from exc
+    return out
+
+
 def _objectives(doc: Any, source: str) -> list[ObjectiveConfig]:
     if not isinstance(doc, list):
         raise ConfigError(f"{source}: objectives must be a list of {{name, priority}}")
-    out: list[ObjectiveConfig] = []
-    for i, item in enumerate(doc):
-        try:
-            out.append(ObjectiveConfig.model_validate(item))
-        except ValidationError as exc:
-            raise ConfigError(f"{source}: objectives[{i}]: {_format_validation(exc)}") from exc
+    out = _validate_items(ObjectiveConfig, doc, "objectives", source)
     names = [o.name for o in out]
     dup = sorted({n for n in names if names.count(n) > 1})
     if dup:

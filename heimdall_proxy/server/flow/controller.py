@@ -130,7 +130,7 @@ class FlowController:
         deadline = now + ttl if ttl > 0 else float("inf")
         item = Queued(ireq, candidates, size, now, deadline, loop.create_future())
         band.push(item)
-        self._count(band, item, +1)
+        self._count(item, +1)
         self._ensure_dispatcher()
         self.wake()
         outcome = "Dispatched"
@@ -159,8 +159,7 @@ class FlowController:
             raise
         finally:
             if not item.gone:
-                band.remove(item)
-                self._count(band, item, -1)
+                self._unqueue(band, item)
             self.metrics.queue_duration.labels(*self._labels(ireq), outcome).observe(
                 time.monotonic() - now
             )
@@ -216,8 +215,7 @@ class FlowController:
             if found is None:
                 return released
             band, item = found
-            band.remove(item)
-            self._count(band, item, -1)
+            self._unqueue(band, item)
             item.released = True
             item.waiter.set_result(None)
             self.load.pending += 1
@@ -229,8 +227,7 @@ class FlowController:
             ready: list[tuple[str, Queued]] = []
             for fid, head in band.heads():
                 if head.waiter.done():  # its client left: drop it now
-                    band.remove(head)
-                    self._count(band, head, -1)
+                    self._unqueue(band, head)
                     return self._next()
                 key = tuple(id(e) for e in head.candidates)
                 if key not in judged:
@@ -264,7 +261,11 @@ class FlowController:
                 self._flow_labels.add(fid)
         return fid, str(ireq.priority), self.metrics.pool_name
 
-    def _count(self, band: Band, item: Queued, sign: int) -> None:
+    def _unqueue(self, band: Band, item: Queued) -> None:
+        band.remove(item)
+        self._count(item, -1)
+
+    def _count(self, item: Queued, sign: int) -> None:
         self.queued += sign
         self.queued_bytes += sign * item.size
         labels = self._labels(item.request)
