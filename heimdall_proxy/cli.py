@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-COMMANDS = ("serve", "check-config", "sim", "demo", "tokenizer-server")
+COMMANDS = ("serve", "check-config", "sim", "demo", "tokenizer-server", "conductor")
 
 
 def _duration(text: str) -> float:
@@ -336,6 +336,18 @@ def build_parser() -> argparse.ArgumentParser:
     _add_server(demo)
     _add_sim_engine(demo, demo=True)
 
+    cond = sub.add_parser(
+        "conductor",
+        help="run the KV cache indexer service",
+        description="The KV cache indexer service: consumes engines' KV events and answers "
+        "cache-hit queries over HTTP (see heimdall_proxy/conductor/README.md).",
+    )
+    cond.add_argument("--host", default="127.0.0.1")
+    cond.add_argument("--port", type=int, default=8090)
+    cond.add_argument("--hash-seed", type=int, default=None, help="XXH3 seed (default 1337)")
+    cond.add_argument("--config", "-c", help="YAML: limits and publishers to register")
+    _add_logging(cond)
+
     tok = sub.add_parser(
         "tokenizer-server",
         help="serve tokenization on a Unix socket (the tokenizer plugin's udsTokenizerConfig)",
@@ -530,6 +542,23 @@ async def _sim(args: argparse.Namespace) -> None:
         await runner.cleanup()
 
 
+def conductor(args: argparse.Namespace) -> int:
+    from heimdall_proxy.conductor.app import create_app as create_conductor
+    from heimdall_proxy.conductor.settings import ConductorConfigError, load_config
+
+    try:
+        if args.hash_seed is not None and not 0 <= args.hash_seed < 1 << 64:
+            raise ConductorConfigError("--hash-seed must be in [0, 2**64)")
+        config = load_config(args.config)
+        app = create_conductor(config.options(args.hash_seed), config.registrations())
+    except ConductorConfigError as exc:
+        print(f"config error: {exc}", file=sys.stderr)
+        return 1
+    print(f"conductor listening on http://{args.host}:{args.port}", flush=True)
+    web.run_app(app, host=args.host, port=args.port, print=None, access_log=None)
+    return 0
+
+
 def tokenizer_server(args: argparse.Namespace) -> int:
     from heimdall_proxy.tokenization.resolve import TokenizerNotFoundError
     from heimdall_proxy.tokenization.uds import run_server
@@ -632,6 +661,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if args.command == "tokenizer-server":
         return tokenizer_server(args)
+    if args.command == "conductor":
+        return conductor(args)
     try:
         config = _load(args.config)
         if args.command == "serve":

@@ -15,6 +15,8 @@ on the publisher's port + `replayPortOffset`: send the 8-byte start sequence, re
 the gap; a pod without a replay socket (no answer within the replay timeout) is not asked
 again for a while, and the gap is logged and counted. A sequence that goes backwards means
 the publisher restarted: the pod's blocks are forgotten (a restarted vLLM has an empty cache).
+With `duplicate_window` > 0, a sequence number at most that far behind (and not 0, where a
+publisher starts over) is a duplicate instead, dropped and counted.
 
 Batches are applied by `concurrency` workers; a pod always goes to the same worker, so its
 events are applied in order. A worker takes everything queued (up to DRAIN_MAX batches),
@@ -50,6 +52,8 @@ Apply = Callable[[str, EventBatch], Awaitable[None]]
 Prepare = Callable[[list[bytes]], Awaitable[Iterable[EventBatch | str]]]
 Forget = Callable[[str], Awaitable[None]]
 Flush = Callable[[], Awaitable[None]]
+#: (pod, publisher endpoint) -> the pod's replay ROUTER address, or None when it has none.
+ReplayAddress = Callable[[str, str], str | None]
 
 END_SEQ = -1
 #: How long a pod whose replay socket did not answer is not asked again.
@@ -72,6 +76,9 @@ class SubscriberOptions:
     replay_timeout: float = 1.0
     reconcile_interval: float = 1.0
     queue_size: int = 10_000
+    #: Sequence numbers at most this far behind the expected one (and not 0) are duplicates,
+    #: dropped; further back, or 0, a restart. 0: every step back is a restart.
+    duplicate_window: int = 0
 
 
 async def decode_inline(payloads: list[bytes]) -> Iterable[EventBatch | str]:
@@ -103,8 +110,10 @@ class KVEventsSubscriber:
         stats: KVCacheStats | None = None,
         flush: Flush | None = None,
         prepare: Prepare | None = None,
+        replay_address: ReplayAddress | None = None,
     ) -> None:
         self.options = options
+        self._replay_address = replay_address or self._replay_by_offset
         self.pool = pool
         self._apply = apply
         self._forget = forget
@@ -163,6 +172,9 @@ class KVEventsSubscriber:
             return endpoint.kv_events
         host = f"[{endpoint.host}]" if ":" in endpoint.host else endpoint.host
         return f"tcp://{host}:{self.options.socket_port}"
+
+    def _replay_by_offset(self, pod: str, endpoint: str) -> str | None:
+        return replay_endpoint(endpoint, self.options.replay_port_offset)
 
     def subscriptions(self) -> dict[str, str]:
         """pod -> publisher endpoint followed."""
@@ -246,6 +258,9 @@ class KVEventsSubscriber:
         if expected is not None:
             if seq > expected:
                 await self._gap(pod, endpoint, expected, seq)
+            elif seq < expected and seq > 0 and expected - seq <= self.options.duplicate_window:
+                self.stats.duplicate_batches += 1
+                return expected
             elif seq < expected:
                 self.stats.publisher_restarts += 1
                 log.warning(
@@ -260,7 +275,7 @@ class KVEventsSubscriber:
 
     async def _gap(self, pod: str, endpoint: str | None, start: int, end: int) -> None:
         self.stats.gaps += 1
-        replayed = await self._replay(endpoint, start, end) if endpoint else None
+        replayed = await self._replay(pod, endpoint, start, end) if endpoint else None
         if replayed is not None:
             got = {seq for seq, _ in replayed}
             for _, payload in replayed:
@@ -280,9 +295,11 @@ class KVEventsSubscriber:
                 "" if replayed is not None else " (no replay)",
             )
 
-    async def _replay(self, endpoint: str, start: int, end: int) -> list[tuple[int, bytes]] | None:
+    async def _replay(
+        self, pod: str, endpoint: str, start: int, end: int
+    ) -> list[tuple[int, bytes]] | None:
         """Batches [start, end) from the pod's replay socket, or None when it has none."""
-        address = replay_endpoint(endpoint, self.options.replay_port_offset)
+        address = self._replay_address(pod, endpoint)
         now = time.monotonic()
         if address is None or self._replay_down.get(address, 0.0) > now or self._ctx is None:
             return None

@@ -25,6 +25,8 @@ class KVCacheStats:
     missed_batches: int = 0
     replayed_batches: int = 0
     publisher_restarts: int = 0
+    #: batches whose sequence number was seen already (SubscriberOptions.duplicate_window)
+    duplicate_batches: int = 0
     evicted_keys: int = 0
     speculative_blocks: int = 0
     lookups: int = 0

@@ -1,0 +1,1 @@
+"""The KV cache indexer service (`heimdall-proxy conductor`): see README.md."""

@@ -1,0 +1,314 @@
+"""The conductor's prefix index: which (backend, DP rank) holds which standard sequence hash
+in which medium, per namespace.
+
+Per namespace, one dict per medium maps a sequence hash to a bitmask of sources (a source is
+a backend and DP rank; bit i is the source with index i), as the gateway's InMemoryIndex does
+for pods, so a lookup is a dict probe and a few integer operations per block whatever the
+number of instances; runs are walked by kvcache.index.walk.RunWalker. Unlike that index it
+keeps every medium under its own name (gpu, cpu, disk and anything else an engine reports)
+and answers per medium and per DP rank rather than one tier-weighted figure.
+
+Engines that do not use the standard hash send token ids: their blocks are keyed by hashes
+recomputed from the tokens (kvcache.index.keys.event_keys), and a map from each publisher's
+engine hashes to ours is kept (bounded) so its removals and parent hashes can be resolved."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from itertools import islice, repeat
+from operator import or_
+
+from heimdall_proxy.conductor.model import Cleared, Namespace, Removed, Stored
+from heimdall_proxy.kvcache.index.keys import (
+    EngineEntry,
+    engine_entries,
+    event_keys,
+    flatten_keys,
+    parent_of,
+)
+from heimdall_proxy.kvcache.index.stats import KVCacheStats
+from heimdall_proxy.kvcache.index.walk import WALK_CHUNK, RunWalker
+
+#: The media every answer names, even at 0 (tiers G1, G2, G3).
+STANDARD_MEDIA = ("gpu", "cpu", "disk")
+Source = tuple[str, int]  # (backend_id, dp_rank)
+
+
+@dataclass(slots=True)
+class InstanceHit:
+    """What one instance holds of a prompt, in blocks from its start."""
+
+    longest: int = 0
+    media: dict[str, int] = field(default_factory=dict)
+    dp: dict[int, int] = field(default_factory=dict)
+
+
+class _Space:
+    """One namespace: a dict per medium, and the bit of each source."""
+
+    __slots__ = ("bits", "free", "media", "next_index", "sources")
+
+    def __init__(self) -> None:
+        self.media: dict[str, dict[int, int]] = {}
+        self.bits: dict[Source, int] = {}
+        self.sources: dict[int, Source] = {}
+        self.free: list[int] = []
+        self.next_index = 0
+
+    def bit(self, source: Source) -> int:
+        bit = self.bits.get(source)
+        if bit is None:
+            if self.free:
+                bit = self.free.pop()
+            else:
+                bit = 1 << self.next_index
+                self.next_index += 1
+            self.bits[source] = bit
+            self.sources[bit] = source
+        return bit
+
+    def release(self, source: Source) -> None:
+        bit = self.bits.pop(source, None)
+        if bit is not None:
+            del self.sources[bit]
+            self.free.append(bit)
+
+
+class ConductorIndex:
+    """The index; all methods are synchronous (it lives in the service's memory).
+
+    Bounds: at most `max_keys` hashes per namespace and medium (the oldest written are evicted
+    first, 1/64th at a time) and `max_keys` engine-hash entries per publisher."""
+
+    def __init__(
+        self, seed: int, max_keys: int = 50_000_000, stats: KVCacheStats | None = None
+    ) -> None:
+        self.seed = seed
+        self.max_keys = max(64, max_keys)
+        self.stats = stats or KVCacheStats()
+        self.spaces: dict[Namespace, _Space] = {}
+        #: publisher -> namespace -> engine hash -> our key(s)
+        self._engine: dict[str, dict[Namespace, dict[int, EngineEntry]]] = {}
+
+    # ---- writes ----------------------------------------------------------------------------
+
+    def _space(self, ns: Namespace) -> _Space:
+        space = self.spaces.get(ns)
+        if space is None:
+            space = self.spaces[ns] = _Space()
+        return space
+
+    def _set(self, d: dict[int, int], bit: int, keys: Sequence[int]) -> None:
+        if d.keys().isdisjoint(keys):
+            d.update(zip(keys, repeat(bit)))  # all new: one C-level update
+        else:
+            get = d.get
+            for key in keys:
+                m = get(key, 0)
+                if not m & bit:
+                    d[key] = m | bit
+        if len(d) > self.max_keys:
+            n = len(d) - self.max_keys + self.max_keys // 64
+            for key in list(islice(d, n)):
+                del d[key]
+            self.stats.evicted_keys += n
+
+    @staticmethod
+    def _unset(d: dict[int, int], bit: int, keys: Iterable[int]) -> int:
+        keep = ~bit
+        n = 0
+        for key in keys:
+            m = d.get(key)
+            if m is not None and m & bit:
+                n += 1
+                m &= keep
+                if m:
+                    d[key] = m
+                else:
+                    del d[key]
+        return n
+
+    def stored(self, publisher: str, ev: Stored) -> int:
+        """Apply a `stored` event of `publisher`; returns the blocks indexed."""
+        stream = ev.stream
+        ns = stream.namespace
+        space = self._space(ns)
+        bit = space.bit((stream.backend_id, stream.dp_rank))
+        d = space.media.setdefault(stream.medium, {})
+        hashes = ev.seq_hashes
+        if ev.token_ids is None:
+            keys = list(hashes)
+        else:
+            emap = self._engine.setdefault(publisher, {}).setdefault(ns, {})
+            known = [emap.get(h) for h in hashes] if hashes and hashes[0] in emap else None
+            if known is not None and None not in known:
+                keys = flatten_keys(known)  # type: ignore[arg-type]  # stored again elsewhere
+            elif not ev.token_ids:  # an offloading event: move what is known
+                keys = flatten_keys(v for v in map(emap.get, hashes) if v is not None)
+            else:
+                parent_key: int | None = None
+                if ev.parent_hash is not None:
+                    parent = emap.get(ev.parent_hash)
+                    if parent is None:
+                        self.stats.orphan_events += 1
+                        return 0
+                    parent_key = parent_of(parent)
+                computed = event_keys(
+                    ev.token_ids,
+                    ev.engine_block_size or ns.block_size,
+                    len(hashes),
+                    ns.block_size,
+                    self.seed,
+                    parent_key,
+                )
+                if computed is None:
+                    self.stats.block_size_mismatch += 1
+                    return 0
+                keys, per = computed
+                emap.update(engine_entries(hashes, keys, per))
+                if len(emap) > self.max_keys:
+                    for h in list(islice(emap, len(emap) - self.max_keys + self.max_keys // 64)):
+                        del emap[h]
+        self._set(d, bit, keys)
+        self.stats.stored_blocks += len(keys)
+        return len(keys)
+
+    def removed(self, publisher: str, ev: Removed, engine_hashes: bool) -> int:
+        """Apply a `removed` event; `engine_hashes`: its hashes are the engine's (resolved in
+        whichever of the publisher's namespaces knows them). Returns the blocks removed."""
+        stream = ev.stream
+        if not engine_hashes:
+            targets = [(stream.namespace, list(ev.seq_hashes))]
+        else:
+            targets = []
+            resolved = 0
+            for ns, emap in self._engine.get(publisher, {}).items():
+                found = [v for v in map(emap.get, ev.seq_hashes) if v is not None]
+                if found:
+                    resolved += len(found)
+                    targets.append((ns, flatten_keys(found)))
+            self.stats.unknown_removals += max(0, len(ev.seq_hashes) - resolved)
+        n = 0
+        for ns, keys in targets:
+            space = self.spaces.get(ns)
+            bit = space.bits.get((stream.backend_id, stream.dp_rank)) if space else None
+            d = space.media.get(stream.medium) if space else None
+            if bit is not None and d is not None:
+                n += self._unset(d, bit, keys)
+        self.stats.removed_blocks += n
+        return n
+
+    def cleared(self, publisher: str, ev: Cleared) -> int:
+        """Apply a `cleared` event (see model.Cleared for its scope); returns the blocks
+        dropped."""
+        stream = ev.stream
+        source = (stream.backend_id, stream.dp_rank)
+        self.stats.cleared += 1
+        if ev.all_namespaces and ev.all_media:
+            return self.drop_source(stream.namespace.tenant, source, publisher)
+        spaces = (
+            [s for ns, s in self.spaces.items() if ns.tenant == stream.namespace.tenant]
+            if ev.all_namespaces
+            else [self.spaces[stream.namespace]]
+            if stream.namespace in self.spaces
+            else []
+        )
+        n = 0
+        for space in spaces:
+            bit = space.bits.get(source)
+            if bit is not None:
+                media = list(space.media) if ev.all_media else [stream.medium]
+                n += self._drop_bit(space, bit, media)
+        return n
+
+    def _drop_bit(self, space: _Space, bit: int, media: Iterable[str]) -> int:
+        keep = ~bit
+        n = 0
+        for medium in media:
+            d = space.media.get(medium)
+            if d is None:
+                continue
+            held = sum(1 for m in d.values() if m & bit)
+            if held:  # rare (clears, restarts, unregistering): rebuilt in one pass
+                space.media[medium] = {k: m & keep for k, m in d.items() if m & keep}
+                n += held
+        return n
+
+    def drop_source(self, tenant: str, source: Source, publisher: str | None = None) -> int:
+        """Forget every block of `source` in the tenant's namespaces (a publisher restarted,
+        cleared everything, or was unregistered); returns the blocks dropped."""
+        n = 0
+        for ns, space in list(self.spaces.items()):
+            if ns.tenant != tenant:
+                continue
+            bit = space.bits.get(source)
+            if bit is None:
+                continue
+            n += self._drop_bit(space, bit, list(space.media))
+            space.release(source)
+            if not space.bits:
+                del self.spaces[ns]
+        if publisher is not None:
+            self._engine.pop(publisher, None)
+        return n
+
+    # ---- reads ------------------------------------------------------------------------------
+
+    def query(
+        self, ns: Namespace, keys: Sequence[int], backends: Iterable[str]
+    ) -> dict[str, InstanceHit]:
+        """Per backend in `backends` that holds the first block of `keys` in some medium: the
+        longest run from the start (over all media, best DP rank), per medium and per DP
+        rank, in blocks."""
+        space = self.spaces.get(ns)
+        if space is None or not keys:
+            return {}
+        wanted = set(backends)
+        candidates = 0
+        for (backend, _), bit in space.bits.items():
+            if backend in wanted:
+                candidates |= bit
+        if not candidates:
+            return {}
+        media = list(space.media.items())
+        walkers = [RunWalker(candidates) for _ in media]
+        combined_walker = RunWalker(candidates)
+        for start in range(0, len(keys), WALK_CHUNK):
+            chunk = keys[start : start + WALK_CHUNK]
+            combined: list[int] | None = None
+            for (_, d), walker in zip(media, walkers, strict=True):
+                masks = list(map(d.get, chunk, repeat(0, len(chunk))))
+                if not walker.done:
+                    walker.feed(masks)
+                combined = masks if combined is None else list(map(or_, combined, masks))
+            if combined is None or not combined_walker.feed(combined):
+                break
+        labels = {bit: str(bit) for bit in space.sources}
+        out: dict[str, InstanceHit] = {}
+        for label, run in combined_walker.result(labels).items():
+            backend, rank = space.sources[int(label)]
+            hit = out.setdefault(backend, InstanceHit())
+            hit.dp[rank] = int(run)
+            hit.longest = max(hit.longest, int(run))
+        for (medium, _), walker in zip(media, walkers, strict=True):
+            for label, run in walker.result(labels).items():
+                backend, _ = space.sources[int(label)]
+                hit = out[backend]
+                hit.media[medium] = max(hit.media.get(medium, 0), int(run))
+        return out
+
+    # ---- introspection ----------------------------------------------------------------------
+
+    def blocks_per_medium(self) -> dict[str, int]:
+        """Hashes held per medium, over all namespaces (a hash held by several sources
+        counts once per namespace)."""
+        out: dict[str, int] = {}
+        for space in self.spaces.values():
+            for medium, d in space.media.items():
+                out[medium] = out.get(medium, 0) + len(d)
+        return out
+
+    def media_of(self, ns: Namespace) -> list[str]:
+        space = self.spaces.get(ns)
+        return list(space.media) if space else []

@@ -1,0 +1,122 @@
+"""The identities and the standardized event model the conductor works in.
+
+Every engine's events are normalised into `Stored`, `Removed` and `Cleared`, the three event
+types of the standardized KV-events contract, each with the contract's envelope (`Stream`:
+model, block size, additional salt, LoRA, tenant, backend, medium, DP rank). Lookups are
+scoped by a `Namespace`: the stream dimensions that decide whether two blocks are
+interchangeable (model, block size, salt, LoRA, tenant); backend/instance, medium and DP rank
+are what a query answers with."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+#: Publisher types whose wire format this conductor reads (lower-cased -> canonical).
+#: SGLang's publisher (sglang.srt.disaggregation.kv_events) sends vLLM's msgpack batches.
+PUBLISHER_TYPES = {"vllm": "vLLM", "sglang": "SGLang"}
+DEFAULT_TENANT = "default"
+
+
+@dataclass(frozen=True, slots=True)
+class Namespace:
+    """Blocks are only comparable within one namespace."""
+
+    model: str
+    block_size: int
+    #: additional_salt of events / registrations, cache_salt of queries; "" for none
+    salt: str
+    #: the LoRA adapter's name; "" for the base model
+    lora: str
+    tenant: str
+
+
+@dataclass(frozen=True, slots=True)
+class Registration:
+    """One KV-event publisher, as POST /register describes it (wire names in comments)."""
+
+    endpoint: str
+    replay_endpoint: str | None
+    type: str  # "type", canonical spelling
+    model: str  # "modelname"
+    lora_name: str
+    tenant_id: str
+    instance_id: str
+    block_size: int
+    dp_rank: int
+    additional_salt: str  # "additionalsalt"
+
+    @property
+    def key(self) -> str:
+        """The subscription's identity, `instance|tenant|dp_rank` (as /unregister answers)."""
+        return f"{self.instance_id}|{self.tenant_id}|{self.dp_rank}"
+
+    def namespace(self, lora: str | None = None) -> Namespace:
+        """The namespace of this publisher's blocks; `lora`: the adapter an event names
+        (None: the registration's)."""
+        return Namespace(
+            self.model,
+            self.block_size,
+            self.additional_salt,
+            self.lora_name if lora is None else lora,
+            self.tenant_id,
+        )
+
+
+def medium_name(medium: str | None) -> str:
+    """The tracked name of a medium: lower case, none given meaning the GPU (vLLM leaves it
+    out for device blocks). gpu, cpu and disk are tiers G1, G2, G3; others keep their name."""
+    return "gpu" if not medium else medium.lower()
+
+
+@dataclass(frozen=True, slots=True)
+class Stream:
+    """The envelope of a standardized event: the dimensions its event_id is ordered in."""
+
+    namespace: Namespace
+    backend_id: str
+    medium: str
+    dp_rank: int
+
+
+@dataclass(slots=True)
+class Stored:
+    """`stored`: consecutive blocks committed. `seq_hashes` are standard sequence hashes,
+    unless `token_ids` are given: then they are the engine's own hashes (kept only to apply
+    later removals and to find the parent), and the standard ones are recomputed from the
+    tokens."""
+
+    stream: Stream
+    event_id: int
+    seq_hashes: Sequence[int]
+    base_block_idx: int | None = None
+    parent_hash: int | None = None
+    token_ids: Sequence[int] | None = None
+    #: engine blocks of this many tokens (token_ids events); the stream's block size if None
+    engine_block_size: int | None = None
+
+
+@dataclass(slots=True)
+class Removed:
+    """`removed`: blocks evicted (engine hashes when the stream's stored events carried
+    token ids, else standard sequence hashes)."""
+
+    stream: Stream
+    event_id: int
+    seq_hashes: Sequence[int]
+    base_block_idx: int | None = None
+
+
+@dataclass(slots=True)
+class Cleared:
+    """`cleared`: everything of the stream purged. vLLM's AllBlocksCleared is wider: it
+    purges the backend and DP rank in every namespace (`all_namespaces`), in every medium
+    unless it names one (`all_media`)."""
+
+    stream: Stream
+    event_id: int
+    all_namespaces: bool = False
+    all_media: bool = False
+
+
+Event = Stored | Removed | Cleared

@@ -1,0 +1,58 @@
+"""From an engine's KV-event batch to standardized events.
+
+vLLM (and SGLang, which publishes vLLM's format) sends batches of BlockStored, BlockRemoved
+and AllBlocksCleared (decoded by kvcache.events, both event shapes). They carry neither the
+model, tenant, salt nor instance, and their hashes are the engine's own: the registration
+supplies the envelope, token ids are kept so the standard hashes can be recomputed, and the
+batch's publisher sequence number becomes the event_id (vLLM numbers batches, not events, per
+publisher; the subscriber orders, replays and deduplicates them by that number)."""
+
+from __future__ import annotations
+
+from heimdall_proxy.conductor.model import (
+    Cleared,
+    Event,
+    Registration,
+    Removed,
+    Stored,
+    Stream,
+    medium_name,
+)
+from heimdall_proxy.kvcache.events import AllBlocksCleared, BlockRemoved, BlockStored, EventBatch
+
+
+def lora_identity(lora_name: str | None, lora_id: int | None) -> str | None:
+    """The LoRA part of a namespace: the adapter's name, or for an adapter known only by
+    vLLM's number (deprecated `lora_id`) `id:<n>`; None when neither is given."""
+    if lora_name:
+        return lora_name
+    if lora_id is not None:
+        return f"id:{lora_id}"
+    return None
+
+
+def from_vllm(reg: Registration, batch: EventBatch, event_id: int = 0) -> list[Event]:
+    """The standardized events of one decoded vLLM batch of `reg`'s publisher. The DP rank
+    is the registration's (each DP rank is registered as its own publisher)."""
+    out: list[Event] = []
+    for ev in batch.events:
+        if type(ev) is BlockStored:
+            ns = reg.namespace(lora_identity(ev.lora_name, ev.lora_id))
+            stream = Stream(ns, reg.instance_id, medium_name(ev.medium), reg.dp_rank)
+            out.append(
+                Stored(
+                    stream,
+                    event_id,
+                    ev.block_hashes,
+                    parent_hash=ev.parent_block_hash,
+                    token_ids=ev.token_ids,
+                    engine_block_size=ev.block_size or reg.block_size,
+                )
+            )
+        elif type(ev) is BlockRemoved:
+            stream = Stream(reg.namespace(), reg.instance_id, medium_name(ev.medium), reg.dp_rank)
+            out.append(Removed(stream, event_id, ev.block_hashes))
+        elif type(ev) is AllBlocksCleared:
+            stream = Stream(reg.namespace(), reg.instance_id, medium_name(ev.medium), reg.dp_rank)
+            out.append(Cleared(stream, event_id, True, all_media=ev.medium is None))
+    return out

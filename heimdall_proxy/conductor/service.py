@@ -1,0 +1,205 @@
+"""The conductor's state: the registered publishers, their ZMQ subscriptions, the index.
+
+Subscriptions reuse the gateway's kvcache.subscriber (one SUB socket per publisher, batches
+applied in publisher order, gaps replayed from the registered `replay_endpoint`, a sequence
+that starts over read as a restart, duplicates within `duplicate_window` dropped); this
+module is its endpoint source: every registration is one "pod" named by its key,
+`instance|tenant|dp_rank`."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from heimdall_proxy.conductor.api import Query, Unregister
+from heimdall_proxy.conductor.hashing import DEFAULT_HASH_SEED, seq_hashes
+from heimdall_proxy.conductor.index import ConductorIndex, InstanceHit
+from heimdall_proxy.conductor.model import Cleared, Registration, Removed, Stored
+from heimdall_proxy.conductor.normalise import from_vllm
+from heimdall_proxy.framework.types import Endpoint
+from heimdall_proxy.kvcache.events import EventBatch
+from heimdall_proxy.kvcache.index.stats import KVCacheStats
+from heimdall_proxy.kvcache.subscriber import KVEventsSubscriber, SubscriberOptions
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class ServiceOptions:
+    hash_seed: int = DEFAULT_HASH_SEED
+    #: token ids a /query may send, hashes a /query_by_hash may send
+    max_query_tokens: int = 1 << 20
+    max_query_blocks: int = 1 << 16
+    #: instances answered per tenant at most (the longest matches first)
+    max_instances: int = 256
+    #: hashes per namespace and medium before the oldest are evicted
+    max_blocks_per_medium: int = 50_000_000
+    replay_timeout: float = 1.0
+    duplicate_window: int = 1024
+    #: subscriber workers (each publisher always goes to the same one)
+    concurrency: int = 2
+
+
+@dataclass(slots=True)
+class EventCounts:
+    stored: int = 0
+    removed: int = 0
+    cleared: int = 0
+
+
+class Conductor:
+    """Registrations, subscriptions and the index of one conductor process."""
+
+    def __init__(self, options: ServiceOptions | None = None) -> None:
+        self.options = options or ServiceOptions()
+        self.stats = KVCacheStats()
+        self.index = ConductorIndex(
+            self.options.hash_seed, self.options.max_blocks_per_medium, self.stats
+        )
+        self.registrations: dict[str, Registration] = {}
+        self._endpoints: dict[str, Endpoint] = {}
+        #: every key ever registered -> its registration, until its blocks are forgotten
+        self._owners: dict[str, Registration] = {}
+        self.events = EventCounts()
+        #: publisher key -> seconds between the engine stamping its latest batch and now
+        self.lag: dict[str, float] = {}
+        self.subscriber = KVEventsSubscriber(
+            SubscriberOptions(
+                concurrency=self.options.concurrency,
+                discover_pods=True,
+                replay_timeout=self.options.replay_timeout,
+                reconcile_interval=5.0,
+                duplicate_window=self.options.duplicate_window,
+                topic_filter="",
+            ),
+            self,
+            self.apply,
+            self.forget,
+            self.stats,
+            replay_address=self._replay_of,
+        )
+
+    # ---- the subscriber's endpoint source ------------------------------------------------
+
+    def endpoints(self) -> list[Endpoint]:
+        return list(self._endpoints.values())
+
+    def get(self, name: str) -> Endpoint | None:
+        return self._endpoints.get(name)
+
+    def _replay_of(self, key: str, endpoint: str) -> str | None:
+        reg = self.registrations.get(key)
+        return reg.replay_endpoint if reg is not None else None
+
+    # ---- lifecycle -------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        await self.subscriber.start()
+
+    async def stop(self) -> None:
+        await self.subscriber.stop()
+
+    # ---- registration ----------------------------------------------------------------------
+
+    def register(self, reg: Registration) -> bool:
+        """Follow `reg`'s publisher; False when exactly this registration exists already.
+        A key registered again with other fields is replaced (its blocks are dropped)."""
+        current = self.registrations.get(reg.key)
+        if current == reg:
+            return False
+        if current is not None:
+            self._drop(current)
+        self.registrations[reg.key] = reg
+        self._owners[reg.key] = reg
+        self._endpoints[reg.key] = Endpoint(
+            name=reg.key, url="", host="", port=0, kv_events=reg.endpoint
+        )
+        self.subscriber.reconcile()
+        log.info("registered %s publisher %s at %s", reg.type, reg.key, reg.endpoint)
+        return True
+
+    def unregister(self, req: Unregister) -> list[str]:
+        """Stop following the publisher and drop its blocks; the keys removed."""
+        reg = self.registrations.pop(req.key, None)
+        if reg is None:
+            return []
+        del self._endpoints[req.key]
+        self.subscriber.reconcile()
+        self._drop(reg)
+        self.lag.pop(req.key, None)
+        log.info("unregistered publisher %s", req.key)
+        return [req.key]
+
+    def _drop(self, reg: Registration) -> None:
+        self.index.drop_source(reg.tenant_id, (reg.instance_id, reg.dp_rank), reg.key)
+
+    # ---- events ----------------------------------------------------------------------------
+
+    async def apply(self, key: str, batch: EventBatch) -> None:
+        """One decoded batch of publisher `key` (the subscriber calls it in order)."""
+        reg = self.registrations.get(key)
+        if reg is None:
+            return  # unregistered while the batch was queued
+        if batch.ts > 0:
+            self.lag[key] = max(0.0, time.time() - batch.ts)
+        self.apply_events(key, from_vllm(reg, batch))
+
+    def apply_events(self, key: str, events: Iterable[Stored | Removed | Cleared]) -> None:
+        index = self.index
+        counts = self.events
+        for ev in events:
+            try:
+                if type(ev) is Stored:
+                    counts.stored += 1
+                    index.stored(key, ev)
+                elif type(ev) is Removed:
+                    counts.removed += 1
+                    index.removed(key, ev, engine_hashes=True)
+                elif type(ev) is Cleared:
+                    counts.cleared += 1
+                    index.cleared(key, ev)
+            except (ValueError, OverflowError, TypeError) as exc:
+                self.stats.invalid_events += 1  # one malformed event; the others apply
+                log.debug("skipped a malformed KV event of %s: %r", key, exc)
+
+    async def forget(self, key: str) -> None:
+        """The subscriber's verdict that `key`'s blocks are void (its publisher restarted,
+        or it is no longer followed)."""
+        reg = self._owners.get(key)
+        if reg is None:
+            return
+        self._drop(reg)
+        if key not in self.registrations:
+            del self._owners[key]
+
+    # ---- queries ---------------------------------------------------------------------------
+
+    def instances(self, query: Query) -> list[tuple[str, list[int]]]:
+        """(instance, its registered DP ranks) in the query's scope: registered under its
+        tenant for its model and block size, or the one instance it names."""
+        ns = query.namespace
+        ranks: dict[str, list[int]] = {}
+        for reg in self.registrations.values():
+            if reg.tenant_id != ns.tenant:
+                continue
+            if query.instance_id is not None and reg.instance_id != query.instance_id:
+                continue
+            if query.instance_id is None and (
+                reg.model != ns.model or reg.block_size != ns.block_size
+            ):
+                continue
+            ranks.setdefault(reg.instance_id, []).append(reg.dp_rank)
+        return sorted((i, sorted(r)) for i, r in ranks.items())
+
+    def query(self, query: Query) -> tuple[list[tuple[str, list[int]]], dict[str, InstanceHit]]:
+        """The instances in scope and what they hold of the query's blocks."""
+        scope = self.instances(query)
+        ns = query.namespace
+        keys = (
+            query.values
+            if query.by_hash
+            else seq_hashes(query.values, ns.block_size, self.options.hash_seed)
+        )
+        return scope, self.index.query(ns, keys, [i for i, _ in scope])

@@ -1,0 +1,381 @@
+"""The conductor over real HTTP (aiohttp test server) fed by real ZMQ publishers sending
+vLLM's msgpack batches: registration, queries by tokens and by hash, DP ranks, tiers,
+tenants, salts and LoRA, gaps replayed, restarts, unregistering, bad input, metrics."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+import zmq
+import zmq.asyncio
+from aiohttp.test_utils import TestClient
+
+from heimdall_proxy.conductor.app import CONDUCTOR, create_app
+from heimdall_proxy.conductor.hashing import seq_hashes
+from heimdall_proxy.conductor.service import ServiceOptions
+from tests.conductor.test_hashing import plain_seq_hashes
+from tests.conductor.test_index import TOKENS
+from tests.conftest import eventually
+from tests.kvcache.vllm_wire import Publisher, batch, cleared, removed, stored, until_live
+
+BS = 4
+
+
+@pytest.fixture
+async def ctx() -> AsyncIterator[zmq.asyncio.Context]:
+    c = zmq.asyncio.Context()
+    yield c
+    c.destroy(linger=0)
+
+
+@pytest.fixture
+async def client(aiohttp_client: Any) -> TestClient[Any, Any]:
+    app = create_app(ServiceOptions(replay_timeout=0.3, max_query_tokens=4096, max_instances=3))
+    out: TestClient[Any, Any] = await aiohttp_client(app)
+    return out
+
+
+def reg(pub: Publisher, instance: str = "vllm-0", **extra: Any) -> dict[str, Any]:
+    body = {
+        "endpoint": pub.endpoint,
+        "replay_endpoint": f"tcp://127.0.0.1:{pub.port + 1}",
+        "type": "vLLM",
+        "modelname": "deepseek",
+        "instance_id": instance,
+        "block_size": BS,
+        "dp_rank": 0,
+    }
+    body.update(extra)
+    return body
+
+
+async def post(client: TestClient[Any, Any], path: str, body: Any, status: int = 200) -> Any:
+    resp = await client.post(path, json=body)
+    doc = await resp.json()
+    assert resp.status == status, doc
+    return doc
+
+
+async def register(client: TestClient[Any, Any], pub: Publisher, **kw: Any) -> str:
+    doc = await post(client, "/register", reg(pub, **kw))
+    instance = kw.get("instance", "vllm-0")
+    assert doc == {"status": "registered successfully", "instance_id": instance}
+    key = f"{instance}|{kw.get('tenant_id', 'default')}|{kw.get('dp_rank', 0)}"
+    await until_live(pub, client.app[CONDUCTOR].subscriber.received, key)
+    return key
+
+
+def q(tokens: list[int] = TOKENS, **extra: Any) -> dict[str, Any]:
+    return {"model": "deepseek", "token_ids": tokens, "block_size": BS, **extra}
+
+
+def engine_stored(start: int, n: int, parent: int | None = None, **kw: Any) -> dict[str, Any]:
+    """n blocks of TOKENS from block `start`, with engine hashes 1000+i (not the standard)."""
+    return stored(
+        [1000 + i for i in range(start, start + n)],
+        TOKENS[start * BS : (start + n) * BS],
+        parent=parent,
+        block_size=BS,
+        **kw,
+    )
+
+
+async def hits(client: TestClient[Any, Any], body: dict[str, Any], path: str = "/query") -> Any:
+    return await post(client, path, body)
+
+
+async def test_register_query_and_hash_query(
+    client: TestClient[Any, Any], ctx: zmq.asyncio.Context
+) -> None:
+    pub = Publisher(ctx)
+    try:
+        await register(client, pub)
+        await pub.publish(batch([engine_stored(0, 3)], shape="array"))
+        await pub.publish(batch([engine_stored(3, 2, parent=1002, medium="CPU")]))
+        await eventually_query(client, q(), "vllm-0", 20)
+        doc = await hits(client, q())
+        # the CPU run only starts at block 3, so from the start of the prompt it is 0
+        assert doc == {
+            "default": {
+                "vllm-0": {"longest_matched": 20, "GPU": 12, "CPU": 0, "DISK": 0, "DP": {"0": 20}}
+            }
+        }
+        by_hash = await hits(
+            client,
+            {"model": "deepseek", "seq_hashes": plain_seq_hashes(TOKENS, BS, 1337)[:4],
+             "block_size": BS},
+            "/query_by_hash",
+        )  # fmt: skip
+        assert by_hash["default"]["vllm-0"]["longest_matched"] == 16
+        legacy = await hits(
+            client,
+            {"model": "deepseek", "block_hash": seq_hashes(TOKENS, BS)[:2], "block_size": BS},
+            "/query_by_hash",
+        )
+        assert legacy["default"]["vllm-0"]["longest_matched"] == 8
+        # registering the same publisher again changes nothing
+        await post(client, "/register", reg(pub))
+        assert (await hits(client, q()))["default"]["vllm-0"]["longest_matched"] == 20
+        # removal by engine hash
+        await pub.publish(batch([removed([1001], medium=None)]))
+        await eventually_query(client, q(), "vllm-0", 4)
+    finally:
+        await pub.close()
+
+
+async def eventually_query(
+    client: TestClient[Any, Any], body: dict[str, Any], instance: str, tokens: int
+) -> None:
+    """Query until `instance` matches `tokens` (events arrive asynchronously)."""
+    for _ in range(250):
+        doc = await hits(client, body)
+        if doc[body.get("tenant_id", "default")].get(instance, {}).get("longest_matched") == tokens:
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"{instance} never matched {tokens} tokens: {doc}")
+
+
+async def test_dp_ranks_tenants_salts_and_lora(
+    client: TestClient[Any, Any], ctx: zmq.asyncio.Context
+) -> None:
+    pubs = [Publisher(ctx) for _ in range(4)]
+    try:
+        await register(client, pubs[0], dp_rank=0)
+        await register(client, pubs[1], dp_rank=1)
+        await register(client, pubs[2], instance="vllm-salted", additionalsalt="w8a8")
+        await register(client, pubs[3], instance="vllm-t2", tenant_id="t2")
+        await pubs[0].publish(batch([engine_stored(0, 2)], dp_rank=0))
+        await pubs[1].publish(batch([engine_stored(0, 6)], dp_rank=1))
+        await pubs[1].publish(batch([engine_stored(0, 3, lora_name="sql")], dp_rank=1))
+        await pubs[2].publish(batch([engine_stored(0, 5)]))
+        await pubs[3].publish(batch([engine_stored(0, 7)]))
+        await eventually_query(client, q(), "vllm-0", 24)
+        doc = (await hits(client, q()))["default"]
+        assert doc["vllm-0"] == {
+            "longest_matched": 24, "GPU": 24, "CPU": 0, "DISK": 0, "DP": {"0": 8, "1": 24}
+        }  # fmt: skip
+        # an instance registered with a salt answers only for that salt
+        assert doc["vllm-salted"]["longest_matched"] == 0
+        await eventually_query(client, q(cache_salt="w8a8"), "vllm-salted", 20)
+        # LoRA blocks are their own namespace
+        await eventually_query(client, q(lora_name="sql"), "vllm-0", 12)
+        # tenants see only their own instances
+        t2 = await hits(client, q(tenant_id="t2"))
+        assert list(t2) == ["t2"] and list(t2["t2"]) == ["vllm-t2"]
+        await eventually_query(client, q(tenant_id="t2"), "vllm-t2", 28)
+        one = await hits(client, q(instance_id="vllm-0"))
+        assert list(one["default"]) == ["vllm-0"]
+        await post(client, "/query", q(instance_id="vllm-t2"), 404)
+    finally:
+        for p in pubs:
+            await p.close()
+
+
+async def test_gap_replay_restart_and_unregister(
+    client: TestClient[Any, Any], ctx: zmq.asyncio.Context
+) -> None:
+    pub = Publisher(ctx, replay=True)
+    conductor = client.app[CONDUCTOR]
+    try:
+        key = await register(client, pub)
+        await pub.publish(batch([engine_stored(0, 1)]))
+        await pub.publish(batch([engine_stored(1, 1, parent=1000)]), send=False)
+        await pub.publish(batch([engine_stored(2, 1, parent=1001)]))
+        await eventually_query(client, q(), "vllm-0", 12)
+        assert conductor.stats.gaps == 1 and conductor.stats.replayed_batches == 1
+        assert pub.replay_requests  # asked on the registered replay endpoint
+        # a duplicate (an old sequence number) is ignored
+        await pub.publish(batch([cleared()]), seq=pub.seq - 1)
+        await pub.publish(batch([]))
+        await eventually(lambda: conductor.stats.duplicate_batches == 1)
+        assert (await hits(client, q()))["default"]["vllm-0"]["longest_matched"] == 12
+        # the publisher starts over: its blocks are dropped
+        await pub.publish(batch([engine_stored(0, 1)]), seq=0)
+        await eventually_query(client, q(), "vllm-0", 4)
+        assert conductor.stats.publisher_restarts == 1
+        # AllBlocksCleared
+        await pub.publish(batch([cleared()]))
+        await eventually_query(client, q(), "vllm-0", 0)
+        await pub.publish(batch([engine_stored(0, 2)]))
+        await eventually_query(client, q(), "vllm-0", 8)
+        doc = await post(client, "/unregister", {"instance_id": "vllm-0", "dp_rank": 0})
+        assert doc == {"status": "unregistered successfully", "removed_instances": [key]}
+        assert conductor.index.blocks_per_medium() == {}
+        assert key not in conductor.subscriber.subscriptions()
+        assert (await hits(client, q())) == {"default": {}}
+        await post(client, "/unregister", {"instance_id": "vllm-0", "dp_rank": 0}, 404)
+    finally:
+        await pub.close()
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "status", "code"),
+    [
+        ("/register", b"{not json", 400, "invalid_json"),
+        ("/register", b"[1, 2]", 400, "invalid_body"),
+        ("/register", {"type": "vLLM"}, 400, "missing_field"),
+        (
+            "/register",
+            {
+                **{
+                    "endpoint": "tcp://h:1",
+                    "type": "vLLM",
+                    "modelname": "m",
+                    "instance_id": "i",
+                    "dp_rank": 0,
+                },
+                "block_size": "16",
+            },
+            400,
+            "invalid_field",
+        ),
+        (
+            "/register",
+            {
+                "endpoint": "tcp://h:1",
+                "type": "TensorRT",
+                "modelname": "m",
+                "instance_id": "i",
+                "dp_rank": 0,
+                "block_size": 16,
+            },
+            400,
+            "unsupported_publisher",
+        ),
+        (
+            "/register",
+            {
+                "endpoint": "h:1",
+                "type": "vLLM",
+                "modelname": "m",
+                "instance_id": "i",
+                "dp_rank": 0,
+                "block_size": 16,
+            },
+            400,
+            "invalid_field",
+        ),
+        (
+            "/register",
+            {
+                "endpoint": "tcp://h:1",
+                "type": "vLLM",
+                "modelname": "m",
+                "instance_id": "i",
+                "dp_rank": -1,
+                "block_size": 16,
+            },
+            400,
+            "invalid_field",
+        ),
+        ("/unregister", {"instance_id": "i"}, 400, "missing_field"),
+        ("/query", {"model": "m", "block_size": 4}, 400, "missing_field"),
+        ("/query", {"model": "m", "block_size": 0, "token_ids": [1]}, 400, "invalid_field"),
+        ("/query", {"model": "m", "block_size": 4, "token_ids": [1, -2]}, 400, "invalid_field"),
+        ("/query", {"model": "m", "block_size": 4, "token_ids": [1.5]}, 400, "invalid_field"),
+        ("/query", {"model": "m", "block_size": 4, "token_ids": [2**32]}, 400, "invalid_field"),
+        (
+            "/query",
+            {"model": "m", "block_size": 4, "token_ids": [1] * 4097},
+            413,
+            "query_too_large",
+        ),
+        (
+            "/query",
+            {"model": "m", "block_size": 4, "token_ids": [1], "lora_name": "a", "lora_id": 1},
+            400,
+            "invalid_field",
+        ),
+        (
+            "/query",
+            {"model": "m", "block_size": 4, "token_ids": [1], "instance_id": "x"},
+            404,
+            "unknown_instance",
+        ),
+        (
+            "/query_by_hash",
+            {"model": "m", "block_size": 4, "seq_hashes": [2**64]},
+            400,
+            "invalid_field",
+        ),
+        ("/query_by_hash", {"model": "m", "block_size": 4}, 400, "missing_field"),
+    ],
+)
+async def test_bad_input_gets_a_clear_4xx(
+    client: TestClient[Any, Any], path: str, body: Any, status: int, code: str
+) -> None:
+    if isinstance(body, bytes):
+        resp = await client.post(path, data=body, headers={"content-type": "application/json"})
+    else:
+        resp = await client.post(path, json=body)
+    doc = await resp.json()
+    assert resp.status == status
+    assert doc["error"]["code"] == code and doc["error"]["message"]
+    assert set(doc["error"]) == {"message", "type", "code"}
+    assert (await client.get("/health")).status == 200  # still serving
+
+
+async def test_output_is_bounded_per_tenant(
+    client: TestClient[Any, Any], ctx: zmq.asyncio.Context
+) -> None:
+    pubs = [Publisher(ctx, replay=False) for _ in range(5)]
+    try:
+        for i, p in enumerate(pubs):
+            await register(client, p, instance=f"i{i}")
+        await pubs[4].publish(batch([engine_stored(0, 2)]))
+        await eventually_query(client, q(), "i4", 8)
+        resp = await client.post("/query", json=q())
+        doc = await resp.json()
+        assert list(doc["default"]) == ["i4", "i0", "i1"]  # longest first, at most 3
+        assert resp.headers["x-conductor-omitted-instances"] == "2"
+    finally:
+        for p in pubs:
+            await p.close()
+
+
+async def test_health_and_metrics(client: TestClient[Any, Any], ctx: zmq.asyncio.Context) -> None:
+    pub = Publisher(ctx)
+    try:
+        await register(client, pub)
+        await pub.publish(batch([engine_stored(0, 2), engine_stored(2, 1, parent=1001,
+                                                                    medium="CPU")]))  # fmt: skip
+        await eventually_query(client, q(), "vllm-0", 12)
+        assert await (await client.get("/health")).json() == {"status": "ok", "publishers": 1}
+        text = await (await client.get("/metrics")).text()
+        for line in (
+            'conductor_events_total{type="stored"} 2.0',
+            'conductor_blocks{medium="gpu"} 2.0',
+            'conductor_blocks{medium="cpu"} 1.0',
+            "conductor_publishers 1.0",
+            'conductor_feed_total{kind="gaps"} 0.0',
+            "conductor_query_duration_seconds_count",
+            'conductor_event_lag_seconds{publisher="vllm-0|default|0"}',
+        ):
+            assert line in text, line
+    finally:
+        await pub.close()
+
+
+async def test_without_a_replay_endpoint_a_gap_is_counted_not_replayed(
+    client: TestClient[Any, Any], ctx: zmq.asyncio.Context
+) -> None:
+    """The replay socket is the registered one only: this publisher has a ROUTER on its
+    port + 1 (where the gateway's subscriber would look), but none was registered."""
+    pub = Publisher(ctx, replay=True)
+    conductor = client.app[CONDUCTOR]
+    try:
+        body = reg(pub)
+        del body["replay_endpoint"]
+        await post(client, "/register", body)
+        await until_live(pub, conductor.subscriber.received, "vllm-0|default|0")
+        await pub.publish(batch([engine_stored(0, 1)]))
+        await pub.publish(batch([engine_stored(1, 1, parent=1000)]), send=False)
+        await pub.publish(batch([engine_stored(2, 1, parent=1001)]))
+        await eventually(lambda: conductor.stats.missed_batches == 1)
+        assert pub.replay_requests == [] and conductor.stats.orphan_events == 1
+        assert (await hits(client, q()))["default"]["vllm-0"]["longest_matched"] == 4
+    finally:
+        await pub.close()
