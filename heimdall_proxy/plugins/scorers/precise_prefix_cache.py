@@ -34,6 +34,7 @@ from heimdall_proxy.kvcache.index import (
     parse_bytes,
     tier_weights,
 )
+from heimdall_proxy.kvcache.index.conductor import ConductorClient
 from heimdall_proxy.kvcache.index.redis import RedisIndex
 from heimdall_proxy.kvcache.ingest import KVEventIngest
 from heimdall_proxy.kvcache.prepare import (
@@ -101,11 +102,23 @@ class RedisConfig(PluginParams):
     key_prefix: str = "heimdall:kv:"
 
 
+class ConductorConfig(PluginParams):
+    """Extension: ask a KV cache indexer service (kvcache.index.conductor) instead of
+    following the pods' events here."""
+
+    url: str = Field(min_length=1)
+    hash_seed: int = Field(default=1337, ge=0, lt=1 << 64)
+    tenant_id: str = "default"
+    cache_salt: str = ""
+    timeout: Duration = 0.5
+
+
 class KVBlockIndexConfig(PluginParams):
     in_memory_config: InMemoryConfig | None = None
     cost_aware_memory_config: CostAwareMemoryConfig | None = None
     redis_config: RedisConfig | None = None
     valkey_config: RedisConfig | None = None
+    conductor_config: ConductorConfig | None = None
     enable_metrics: bool = False
     metrics_logging_interval: Duration = 0.0
 
@@ -118,6 +131,7 @@ class KVBlockIndexConfig(PluginParams):
                 ("costAwareMemoryConfig", self.cost_aware_memory_config),
                 ("redisConfig", self.redis_config),
                 ("valkeyConfig", self.valkey_config),
+                ("conductorConfig", self.conductor_config),
             )
             if value is not None
         ]
@@ -229,6 +243,11 @@ def unhonoured(params: PrecisePrefixCacheParams) -> list[str]:
     for name, rc in (("redisConfig", kv.redis_config), ("valkeyConfig", kv.valkey_config)):
         if rc is not None and rc.enable_rdma:
             out.append(f"indexerConfig.kvBlockIndexConfig.{name}.enableRDMA (TCP is used)")
+    if kv.conductor_config is not None:
+        if params.speculative_indexing:
+            out.append("speculativeIndexing (the conductor learns blocks from events only)")
+        if "kv_events_config" in params.model_fields_set:
+            out.append("kvEventsConfig (with conductorConfig the conductor follows the events)")
     if params.kv_events_config.pod_discovery_config.pod_namespace:
         out.append("kvEventsConfig.podDiscoveryConfig.podNamespace (pods come from the "
                    "gateway's endpoints list, not from Kubernetes)")  # fmt: skip
@@ -311,7 +330,11 @@ class PrecisePrefixCacheScorer(BasePlugin[PrecisePrefixCacheParams]):
 
     With `speculativeIndexing`, pre_request records the chosen pod (and prefill pod) as
     holding the prompt's blocks for `speculativeTTL`, covering the time until its events
-    arrive. vLLM's `cache_salt` is not visible in events, so it is not part of the keys."""
+    arrive. vLLM's `cache_salt` is not visible in events, so it is not part of the keys.
+
+    With `kvBlockIndexConfig.conductorConfig` (an extension) there is no local index and no
+    event feed: lookups are asked of a KV cache indexer service (`heimdall-proxy conductor`
+    or Mooncake Conductor) with the standard hash, see kvcache.index.conductor."""
 
     type = PRECISE_PREFIX_CACHE_SCORER_TYPE
 
@@ -330,24 +353,36 @@ class PrecisePrefixCacheScorer(BasePlugin[PrecisePrefixCacheParams]):
         self.tokenizer = build_tokenizer(pool_cfg)
         self.stats = KVCacheStats()
         index_cfg = params.indexer_config.kv_block_index_config
-        self.index = build_index(index_cfg, self.block_size, params, self.stats)
-        ev = params.kv_events_config
-        self.ingest = KVEventIngest(
-            self.index,
-            handle.pool,
-            SubscriberOptions(
-                topic_filter=ev.topic_filter,
-                concurrency=ev.concurrency,
-                discover_pods=ev.discover_pods,
-                socket_port=ev.pod_discovery_config.socket_port,
-                zmq_endpoint=ev.zmq_endpoint,
-                replay_port_offset=ev.replay_port_offset,
-                replay_timeout=ev.replay_timeout,
-            ),
-            self.model_name,
-            ev.decode_processes,
-            name,
-        )
+        #: With conductorConfig the indexer service follows the events and answers lookups;
+        #: no local index or event feed exists then.
+        self.conductor: ConductorClient | None = None
+        cc = index_cfg.conductor_config
+        if cc is not None:
+            self.conductor = ConductorClient(
+                cc.url, self.block_size, self.model_name, cc.hash_seed, cc.tenant_id,
+                cc.cache_salt, cc.timeout, params.tier_weights, self.stats,
+            )  # fmt: skip
+        self.index: KVBlockIndex | None = None
+        self.ingest: KVEventIngest | None = None
+        if cc is None:
+            self.index = build_index(index_cfg, self.block_size, params, self.stats)
+            ev = params.kv_events_config
+            self.ingest = KVEventIngest(
+                self.index,
+                handle.pool,
+                SubscriberOptions(
+                    topic_filter=ev.topic_filter,
+                    concurrency=ev.concurrency,
+                    discover_pods=ev.discover_pods,
+                    socket_port=ev.pod_discovery_config.socket_port,
+                    zmq_endpoint=ev.zmq_endpoint,
+                    replay_port_offset=ev.replay_port_offset,
+                    replay_timeout=ev.replay_timeout,
+                ),
+                self.model_name,
+                ev.decode_processes,
+                name,
+            )
         self.state_key = prefix_match_key(self.type, name)
         self._keys_key = f"{self.state_key}#keys"
         self._lookup_latency = HistogramFamily(
@@ -364,7 +399,10 @@ class PrecisePrefixCacheScorer(BasePlugin[PrecisePrefixCacheParams]):
     # ---- lifecycle -----------------------------------------------------------------------
 
     async def start(self) -> None:
-        await self.ingest.start()
+        if self.conductor is not None:
+            await self.conductor.start()
+        elif self.ingest is not None:
+            await self.ingest.start()
         cfg = self.params.indexer_config.kv_block_index_config
         if cfg.enable_metrics and cfg.metrics_logging_interval > 0:
             self._metrics_task = asyncio.create_task(
@@ -377,13 +415,19 @@ class PrecisePrefixCacheScorer(BasePlugin[PrecisePrefixCacheParams]):
             with contextlib.suppress(asyncio.CancelledError):
                 await self._metrics_task
             self._metrics_task = None
-        await self.ingest.stop()
+        if self.conductor is not None:
+            await self.conductor.close()
+        elif self.ingest is not None:
+            await self.ingest.stop()
         await self.tokenizer.close()
 
     @property
     def ready(self) -> bool:
-        """Whether the index is reachable and the event feed followed."""
-        return self.ingest.ready
+        """Whether the index is reachable and the event feed followed (with conductorConfig:
+        whether the conductor client is started)."""
+        if self.conductor is not None:
+            return self.conductor.ready
+        return self.ingest is not None and self.ingest.ready
 
     async def _log_metrics(self, interval: float) -> None:
         while True:
@@ -421,15 +465,21 @@ class PrecisePrefixCacheScorer(BasePlugin[PrecisePrefixCacheParams]):
                 return
             self._tokenizer_breaker.success()
             request.token_ids = tokens
-        # Lazily hashed: the in-memory lookup stops hashing where the last pod drops out.
-        keys = LazyBlockKeys(
-            tokens, self.block_size, cached_seed(self.namespace(request, endpoints))
-        )
+        namespace = self.namespace(request, endpoints)
+        # Lazily hashed: the in-memory lookup stops hashing where the last pod drops out. A
+        # conductor's keys are the standard ones: one seed, the namespace sent beside them.
+        seed = cached_seed(namespace) if self.conductor is None else self.conductor.seed
+        keys = LazyBlockKeys(tokens, self.block_size, seed)
         matched: dict[str, float] = {}
         if keys and self.ready and self._index_breaker.allow():
             t0 = time.perf_counter()
             try:
-                matched = await self.index.lookup(keys, [e.name for e in endpoints])
+                pods = [e.name for e in endpoints]
+                if self.conductor is not None:
+                    lora = "" if namespace == self.model_name else namespace
+                    matched = await self.conductor.lookup(lora, keys, pods)
+                elif self.index is not None:
+                    matched = await self.index.lookup(keys, pods)
             except Exception as exc:  # an unreachable index: route as if nothing matched
                 self._index_breaker.failure()
                 self._warn(f"{self.name}: index lookup failed, scoring 0: {exc}")
@@ -459,7 +509,7 @@ class PrecisePrefixCacheScorer(BasePlugin[PrecisePrefixCacheParams]):
         return {e.name: info.ratio(e.name) for e in endpoints}
 
     async def pre_request(self, ctx: RequestContext) -> None:
-        if not self.params.speculative_indexing:
+        if not self.params.speculative_indexing or self.index is None:
             return
         keys = ctx.state.get(self._keys_key)
         if not keys:
