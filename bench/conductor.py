@@ -1,0 +1,237 @@
+"""KV cache indexer service (conductor) benchmark: ingest (events/s, blocks/s) and query
+latency (p50/p99) of an 8k-token query at 64 instances x 100k blocks each, in memory.
+
+Ingest, two paths, each into a fresh conductor holding `--instances` x `--blocks` blocks:
+
+* vLLM     - what a vLLM (or SGLang) batch costs once off its ZMQ socket: msgpack decode,
+             normalisation to standardized events, the standard hashes recomputed from the
+             token ids (XXH3-64, seed 1337), the index and the engine-hash map. Each event
+             stores 32 blocks of 16 tokens chained on the instance's previous event.
+* standard - events that carry standard sequence hashes (no token ids): the index alone.
+
+Query: a prompt of `--prompt-tokens` tokens (512 blocks of 16) that instance i holds the
+first (i+1)/instances of (every instance is in the walk for part of it), against the index
+built by the vLLM path (so it holds 64 x 100k blocks besides). `query` times
+Conductor.query with the token ids (hashing the prompt included); `query_by_hash` with the
+hashes given; `HTTP /query` a whole POST through aiohttp on localhost (client in the same
+process and on the same two CPUs as the server: JSON encoding of 8k ids on both sides
+included).
+
+Run: python bench/conductor.py [--instances 64] [--blocks 100000] [--markdown]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import os
+import platform
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import msgpack
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from bench.machine import cpu_model, git_head  # noqa: E402
+from heimdall_proxy.conductor.api import parse_query  # noqa: E402
+from heimdall_proxy.conductor.hashing import seq_hashes  # noqa: E402
+from heimdall_proxy.conductor.model import Registration, Stored, Stream  # noqa: E402
+from heimdall_proxy.conductor.service import Conductor  # noqa: E402
+from heimdall_proxy.kvcache.events import decode_batch  # noqa: E402
+
+BLOCK = 16
+BLOCKS_PER_EVENT = 32
+MODEL = "bench-model"
+
+
+def registrations(conductor: Conductor, instances: int) -> list[Registration]:
+    regs = []
+    for i in range(instances):
+        reg = Registration(
+            "tcp://127.0.0.1:1", None, "vLLM", MODEL, "", "default", f"vllm-{i}", BLOCK, 0, ""
+        )
+        conductor.registrations[reg.key] = reg  # not followed: the benchmark feeds it
+        regs.append(reg)
+    return regs
+
+
+def vllm_payloads(regs: list[Registration], blocks: int) -> list[tuple[str, bytes]]:
+    """(publisher, msgpack batch) in vLLM's array shape, round-robin over the instances;
+    engine hashes random u64 (vLLM's are sha256-derived), tokens distinct per event."""
+    rng = random.Random(1)
+    last: dict[str, int | None] = {}
+    out = []
+    per_event = BLOCKS_PER_EVENT * BLOCK
+    for e in range(len(regs) * (blocks // BLOCKS_PER_EVENT)):
+        key = regs[e % len(regs)].key
+        hashes = [rng.getrandbits(64) for _ in range(BLOCKS_PER_EVENT)]
+        base = (e * 7919) % 100_000
+        event = ["BlockStored", hashes, last.get(key), list(range(base, base + per_event)),
+                 BLOCK, None, "GPU", None]  # fmt: skip
+        last[key] = hashes[-1]
+        out.append((key, msgpack.packb([time.time(), [event], 0])))
+    return out
+
+
+async def ingest_vllm(conductor: Conductor, payloads: list[tuple[str, bytes]]) -> float:
+    gc.collect()
+    t0 = time.perf_counter()
+    for key, payload in payloads:
+        await conductor.apply(key, decode_batch(payload))
+    return time.perf_counter() - t0
+
+
+def ingest_standard(conductor: Conductor, regs: list[Registration], blocks: int) -> float:
+    events: list[tuple[str, Stored]] = []
+    rng = random.Random(2)
+    for e in range(len(regs) * (blocks // BLOCKS_PER_EVENT)):
+        reg = regs[e % len(regs)]
+        stream = Stream(reg.namespace(), reg.instance_id, "gpu", 0)
+        hashes = [rng.getrandbits(64) for _ in range(BLOCKS_PER_EVENT)]
+        events.append((reg.key, Stored(stream, e, hashes)))
+    gc.collect()
+    t0 = time.perf_counter()
+    for key, ev in events:
+        conductor.apply_events(key, (ev,))
+    return time.perf_counter() - t0
+
+
+def stagger(conductor: Conductor, regs: list[Registration], prompt: list[int]) -> None:
+    """Instance i holds the first (i+1)/n of the prompt (engine hashes 1..n_blocks)."""
+    n_blocks = len(prompt) // BLOCK
+    for i, reg in enumerate(regs):
+        held = max(1, n_blocks * (i + 1) // len(regs))
+        event = ["BlockStored", list(range(1, held + 1)), None, prompt[: held * BLOCK],
+                 BLOCK, None, "GPU", None]  # fmt: skip
+        batch = decode_batch(msgpack.packb([time.time(), [event], 0]))
+        asyncio.run(conductor.apply(reg.key, batch))
+
+
+def percentiles(samples: list[float]) -> tuple[float, float, float]:
+    qs = statistics.quantiles(samples, n=100, method="inclusive")
+    return qs[49] * 1e3, qs[98] * 1e3, max(samples) * 1e3
+
+
+async def http_latency(conductor: Conductor, body: dict[str, Any], n: int) -> list[float]:
+    import aiohttp
+    from aiohttp import web
+
+    from heimdall_proxy.conductor.app import CONDUCTOR, create_app
+
+    app = create_app()
+    app[CONDUCTOR] = conductor  # the populated one (its subscriber is started, unused)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    out = []
+    try:
+        async with aiohttp.ClientSession() as http:
+            url = f"http://127.0.0.1:{port}/query"
+            for i in range(n + 20):
+                t0 = time.perf_counter()
+                async with http.post(url, json=body) as resp:
+                    doc = await resp.json()
+                    assert resp.status == 200, doc
+                if i >= 20:  # warm-up
+                    out.append(time.perf_counter() - t0)
+    finally:
+        await runner.cleanup()
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--instances", type=int, default=64)
+    ap.add_argument("--blocks", type=int, default=100_000, help="blocks per instance")
+    ap.add_argument("--prompt-tokens", type=int, default=8192)
+    ap.add_argument("--queries", type=int, default=2000)
+    ap.add_argument("--http-queries", type=int, default=300)
+    args = ap.parse_args()
+
+    load = os.getloadavg()
+    rows: list[str] = []
+
+    standard = Conductor()
+    regs = registrations(standard, args.instances)
+    seconds = ingest_standard(standard, regs, args.blocks)
+    total = standard.stats.stored_blocks
+    events = standard.events.stored
+    rows.append(
+        f"| ingest, standard events (hashes given) | {events / seconds:,.0f} events/s "
+        f"| {total / seconds / 1e6:.2f}M blocks/s | {total:,} blocks in {seconds:.2f} s |"
+    )
+    del standard
+    gc.collect()
+
+    conductor = Conductor()
+    regs = registrations(conductor, args.instances)
+    payloads = vllm_payloads(regs, args.blocks)
+    seconds = asyncio.run(ingest_vllm(conductor, payloads))
+    total = conductor.stats.stored_blocks
+    events = conductor.events.stored
+    rows.append(
+        f"| ingest, vLLM batches (decode + rehash tokens) | {events / seconds:,.0f} "
+        f"events/s | {total / seconds / 1e6:.2f}M blocks/s | {total:,} blocks in "
+        f"{seconds:.2f} s |"
+    )
+    del payloads
+    gc.collect()
+
+    prompt = [random.Random(3).randrange(128_000) for _ in range(args.prompt_tokens)]
+    stagger(conductor, regs, prompt)
+    body = {"model": MODEL, "token_ids": prompt, "block_size": BLOCK}
+    query = parse_query(body, False, 1 << 20, 1 << 16)
+    hashed = parse_query(
+        {"model": MODEL, "seq_hashes": seq_hashes(prompt, BLOCK), "block_size": BLOCK},
+        True,
+        1 << 20,
+        1 << 16,
+    )
+    _, hits = conductor.query(query)
+    assert len(hits) == args.instances
+    assert hits[regs[-1].instance_id].longest == len(prompt) // BLOCK
+    for name, q in (("query (token ids, hashing included)", query), ("query_by_hash", hashed)):
+        samples = []
+        for _ in range(args.queries):
+            t0 = time.perf_counter()
+            conductor.query(q)
+            samples.append(time.perf_counter() - t0)
+        p50, p99, worst = percentiles(samples)
+        rows.append(
+            f"| {name} | p50 {p50:.3f} ms | p99 {p99:.3f} ms | max {worst:.3f} ms, "
+            f"{args.queries} queries |"
+        )
+    samples = asyncio.run(http_latency(conductor, body, args.http_queries))
+    p50, p99, worst = percentiles(samples)
+    rows.append(
+        f"| HTTP POST /query, end to end | p50 {p50:.3f} ms | p99 {p99:.3f} ms | max "
+        f"{worst:.3f} ms, {args.http_queries} requests |"
+    )
+
+    cpu = cpu_model(platform.processor() or platform.machine())
+    print(
+        f"Machine: {platform.machine()}, {os.cpu_count()} CPUs ({cpu}), Python "
+        f"{platform.python_version()}, heimdall-proxy at {git_head() or '?'}; load average "
+        f"{load[0]:.1f} at start."
+    )
+    print(
+        f"{args.instances} instances x {args.blocks:,} blocks of {BLOCK} tokens, query of "
+        f"{args.prompt_tokens} tokens ({args.prompt_tokens // BLOCK} blocks).\n"
+    )
+    print("| what | rate / p50 | blocks/s / p99 | detail |\n|---|---|---|---|")
+    print("\n".join(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
