@@ -86,7 +86,8 @@ def _ints(body: Mapping[str, Any], name: str, bound: int, limit: int) -> list[in
             413, f"field {name!r} has {len(value)} entries, at most {limit} allowed",
             "query_too_large",
         )  # fmt: skip
-    if not all(type(v) is int and 0 <= v < bound for v in value):
+    # checked in C (an 8k-token query would spend ~0.5 ms in a generator here)
+    if value and (set(map(type, value)) != {int} or min(value) < 0 or max(value) >= bound):
         raise ApiError(
             400,
             f"field {name!r} must hold integers in [0, 2**{bound.bit_length() - 1})",

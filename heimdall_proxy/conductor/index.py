@@ -272,10 +272,17 @@ class ConductorIndex:
         if not candidates:
             return {}
         media = list(space.media.items())
+        if not media:
+            return {}
         walkers = [RunWalker(candidates) for _ in media]
-        combined_walker = RunWalker(candidates)
+        # one medium (the usual case): its run is the run over all media
+        combined_walker = walkers[0] if len(media) == 1 else RunWalker(candidates)
         for start in range(0, len(keys), WALK_CHUNK):
             chunk = keys[start : start + WALK_CHUNK]
+            if combined_walker is walkers[0]:
+                if not combined_walker.feed(list(map(media[0][1].get, chunk, repeat(0)))):
+                    break
+                continue
             combined: list[int] | None = None
             for (_, d), walker in zip(media, walkers, strict=True):
                 masks = list(map(d.get, chunk, repeat(0, len(chunk))))
