@@ -8,6 +8,7 @@ import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
+import aiohttp
 import pytest
 import zmq
 import zmq.asyncio
@@ -379,3 +380,37 @@ async def test_without_a_replay_endpoint_a_gap_is_counted_not_replayed(
         assert (await hits(client, q()))["default"]["vllm-0"]["longest_matched"] == 4
     finally:
         await pub.close()
+
+
+async def test_a_simulated_vllm_pods_own_events(
+    client: TestClient[Any, Any], start_pod: Any
+) -> None:
+    """The simulator's publisher (vLLM's wire format, its own block hashes) feeds the
+    conductor; a prompt the pod computed is then found by /query with its token ids."""
+    sim = await start_pod(kv_events_port=-1, kv_events_replay_port=-1)
+    endpoint, replay = sim.pod.kv_events_endpoint, sim.pod.kv_replay_endpoint
+    assert endpoint and replay
+    bs = sim.pod.options.block_size
+    body = {"endpoint": endpoint, "replay_endpoint": replay, "type": "vLLM",
+            "modelname": "sim-model", "instance_id": sim.name, "block_size": bs,
+            "dp_rank": 0}  # fmt: skip
+    await post(client, "/register", body)
+    conductor = client.app[CONDUCTOR]
+    prompt = list(range(5000, 5000 + bs * 8))
+    query = {"model": "sim-model", "token_ids": prompt, "block_size": bs}
+    async with aiohttp.ClientSession() as http:
+        # a PUB drops what it sends before the SUB joined: clear the pod's prefix cache and
+        # compute the prompt again until its events are seen
+        for attempt in range(50):
+            if attempt:
+                async with http.post(f"{sim.url}/reset_prefix_cache") as r:
+                    assert r.status == 200
+            completion = {"model": "sim-model", "prompt": prompt, "max_tokens": 1}
+            async with http.post(f"{sim.url}/v1/completions", json=completion) as r:
+                assert r.status == 200
+            await asyncio.sleep(0.1)
+            if conductor.events.stored:
+                break
+        await eventually_query(client, query, sim.name, bs * 8)
+    doc = await hits(client, query)
+    assert doc["default"][sim.name]["GPU"] == bs * 8
