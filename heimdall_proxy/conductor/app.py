@@ -175,6 +175,13 @@ class _Collector:
         )
         for kind in FEED_KINDS:
             feed.add_metric([kind], getattr(c.stats, kind))
+        for kind, value in (
+            ("stream_gaps", c.order.gaps),
+            ("stream_missed_events", c.order.missed),
+            ("duplicate_events", c.order.duplicates),
+            ("stream_restarts", c.order.restarts),
+        ):
+            feed.add_metric([kind], value)
         yield feed
         blocks = GaugeMetricFamily("conductor_blocks", "Sequence hashes held, by medium.",
                                    labels=["medium"])  # fmt: skip

@@ -316,6 +316,10 @@ class ConductorIndex:
                 out[medium] = out.get(medium, 0) + len(d)
         return out
 
+    def has_engine_map(self, publisher: str) -> bool:
+        """Whether `publisher` sent token ids with its own hashes (its removals name them)."""
+        return publisher in self._engine
+
     def media_of(self, ns: Namespace) -> list[str]:
         space = self.spaces.get(ns)
         return list(space.media) if space else []

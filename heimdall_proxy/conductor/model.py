@@ -13,8 +13,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 #: Publisher types whose wire format this conductor reads (lower-cased -> canonical).
-#: SGLang's publisher (sglang.srt.disaggregation.kv_events) sends vLLM's msgpack batches.
-PUBLISHER_TYPES = {"vllm": "vLLM", "sglang": "SGLang"}
+#: SGLang's publisher sends vLLM's msgpack batches; Standard is conductor.standard.
+PUBLISHER_TYPES = {"vllm": "vLLM", "sglang": "SGLang", "standard": "Standard"}
+STANDARD = "Standard"
 DEFAULT_TENANT = "default"
 
 

@@ -16,10 +16,18 @@ from dataclasses import dataclass
 from heimdall_proxy.conductor.api import Query, Unregister
 from heimdall_proxy.conductor.hashing import DEFAULT_HASH_SEED, seq_hashes
 from heimdall_proxy.conductor.index import ConductorIndex, InstanceHit
-from heimdall_proxy.conductor.model import Cleared, Registration, Removed, Stored
+from heimdall_proxy.conductor.model import STANDARD, Cleared, Registration, Removed, Stored
 from heimdall_proxy.conductor.normalise import from_vllm
+from heimdall_proxy.conductor.standard import (
+    DUPLICATE,
+    RESTART,
+    StandardBatch,
+    StreamOrder,
+    decode_standard,
+    to_event,
+)
 from heimdall_proxy.framework.types import Endpoint
-from heimdall_proxy.kvcache.events import EventBatch
+from heimdall_proxy.kvcache.events import EventBatch, EventDecodeError
 from heimdall_proxy.kvcache.index.stats import KVCacheStats
 from heimdall_proxy.kvcache.subscriber import KVEventsSubscriber, SubscriberOptions
 
@@ -65,29 +73,25 @@ class Conductor:
         self.events = EventCounts()
         #: publisher key -> seconds between the engine stamping its latest batch and now
         self.lag: dict[str, float] = {}
-        self.subscriber = KVEventsSubscriber(
-            SubscriberOptions(
-                concurrency=self.options.concurrency,
-                discover_pods=True,
-                replay_timeout=self.options.replay_timeout,
-                reconcile_interval=5.0,
-                duplicate_window=self.options.duplicate_window,
-                topic_filter="",
-            ),
-            self,
-            self.apply,
-            self.forget,
-            self.stats,
-            replay_address=self._replay_of,
+        #: event_id order per stream of the standardized publishers
+        self.order = StreamOrder()
+        sub_options = SubscriberOptions(
+            concurrency=self.options.concurrency,
+            discover_pods=True,
+            replay_timeout=self.options.replay_timeout,
+            reconcile_interval=5.0,
+            duplicate_window=self.options.duplicate_window,
+            topic_filter="",
         )
-
-    # ---- the subscriber's endpoint source ------------------------------------------------
-
-    def endpoints(self) -> list[Endpoint]:
-        return list(self._endpoints.values())
-
-    def get(self, name: str) -> Endpoint | None:
-        return self._endpoints.get(name)
+        #: vLLM's (and SGLang's) publishers; standardized ones have their own decoder
+        self.subscriber = KVEventsSubscriber(
+            sub_options, _Publishers(self, False), self.apply, self.forget, self.stats,
+            replay_address=self._replay_of,
+        )  # fmt: skip
+        self.standard_subscriber = KVEventsSubscriber(
+            sub_options, _Publishers(self, True), self.apply, self.forget, self.stats,
+            prepare=_decode_standard, replay_address=self._replay_of,
+        )  # fmt: skip
 
     def _replay_of(self, key: str, endpoint: str) -> str | None:
         reg = self.registrations.get(key)
@@ -97,9 +101,15 @@ class Conductor:
 
     async def start(self) -> None:
         await self.subscriber.start()
+        await self.standard_subscriber.start()
 
     async def stop(self) -> None:
         await self.subscriber.stop()
+        await self.standard_subscriber.stop()
+
+    def _reconcile(self) -> None:
+        self.subscriber.reconcile()
+        self.standard_subscriber.reconcile()
 
     # ---- registration ----------------------------------------------------------------------
 
@@ -116,7 +126,7 @@ class Conductor:
         self._endpoints[reg.key] = Endpoint(
             name=reg.key, url="", host="", port=0, kv_events=reg.endpoint
         )
-        self.subscriber.reconcile()
+        self._reconcile()
         log.info("registered %s publisher %s at %s", reg.type, reg.key, reg.endpoint)
         return True
 
@@ -126,7 +136,7 @@ class Conductor:
         if reg is None:
             return []
         del self._endpoints[req.key]
-        self.subscriber.reconcile()
+        self._reconcile()
         self._drop(reg)
         self.lag.pop(req.key, None)
         log.info("unregistered publisher %s", req.key)
@@ -134,6 +144,7 @@ class Conductor:
 
     def _drop(self, reg: Registration) -> None:
         self.index.drop_source(reg.tenant_id, (reg.instance_id, reg.dp_rank), reg.key)
+        self.order.forget(reg.key)
 
     # ---- events ----------------------------------------------------------------------------
 
@@ -142,11 +153,42 @@ class Conductor:
         reg = self.registrations.get(key)
         if reg is None:
             return  # unregistered while the batch was queued
+        if isinstance(batch, StandardBatch):
+            self._apply_standard(key, reg, batch)
+            return
         if batch.ts > 0:
             self.lag[key] = max(0.0, time.time() - batch.ts)
         self.apply_events(key, from_vllm(reg, batch))
 
-    def apply_events(self, key: str, events: Iterable[Stored | Removed | Cleared]) -> None:
+    def _apply_standard(self, key: str, reg: Registration, batch: StandardBatch) -> None:
+        events = []
+        newest = 0
+        for raw in batch.raw:
+            try:
+                ev, order = to_event(reg, raw)
+            except ValueError as exc:
+                self.stats.invalid_events += 1
+                log.debug("skipped a malformed standardized event of %s: %s", key, exc)
+                continue
+            verdict = self.order.admit(key, order, ev.event_id)
+            if verdict == DUPLICATE:
+                continue
+            if verdict == RESTART:  # the stream started over: its blocks are void
+                self.index.cleared(key, Cleared(ev.stream, ev.event_id))
+            ts = raw.get("timestamp")
+            if type(ts) is int:
+                newest = max(newest, ts)
+            events.append(ev)
+        if newest:
+            self.lag[key] = max(0.0, time.time() - newest / 1000)
+        # removals name the publisher's own hashes when it sends token ids (not the standard)
+        self.apply_events(key, events, engine_hashes=self.index.has_engine_map(key))
+
+    def apply_events(
+        self, key: str, events: Iterable[Stored | Removed | Cleared], engine_hashes: bool = True
+    ) -> None:
+        """Apply standardized events of publisher `key`; `engine_hashes`: its removals name
+        the engine's own hashes."""
         index = self.index
         counts = self.events
         for ev in events:
@@ -156,7 +198,7 @@ class Conductor:
                     index.stored(key, ev)
                 elif type(ev) is Removed:
                     counts.removed += 1
-                    index.removed(key, ev, engine_hashes=True)
+                    index.removed(key, ev, engine_hashes)
                 elif type(ev) is Cleared:
                     counts.cleared += 1
                     index.cleared(key, ev)
@@ -203,3 +245,31 @@ class Conductor:
             else seq_hashes(query.values, ns.block_size, self.options.hash_seed)
         )
         return scope, self.index.query(ns, keys, [i for i, _ in scope])
+
+
+class _Publishers:
+    """One subscriber's endpoint source: the registered publishers of its wire format."""
+
+    def __init__(self, conductor: Conductor, standard: bool) -> None:
+        self._conductor = conductor
+        self._standard = standard
+
+    def _mine(self, key: str) -> bool:
+        reg = self._conductor.registrations.get(key)
+        return reg is not None and (reg.type == STANDARD) == self._standard
+
+    def endpoints(self) -> list[Endpoint]:
+        return [e for k, e in self._conductor._endpoints.items() if self._mine(k)]
+
+    def get(self, name: str) -> Endpoint | None:
+        return self._conductor._endpoints.get(name) if self._mine(name) else None
+
+
+async def _decode_standard(payloads: list[bytes]) -> list[EventBatch | str]:
+    out: list[EventBatch | str] = []
+    for payload in payloads:
+        try:
+            out.append(decode_standard(payload))
+        except EventDecodeError as exc:
+            out.append(str(exc))
+    return out
