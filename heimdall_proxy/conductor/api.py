@@ -102,6 +102,17 @@ def as_object(doc: Any) -> Mapping[str, Any]:
     return doc
 
 
+def _zmq_address(address: str) -> bool:
+    """tcp://host:port (a port in 1..65535), or another ZMQ transport (ipc://, inproc://)."""
+    scheme, sep, rest = address.partition("://")
+    if not sep or not rest:
+        return False
+    if scheme != "tcp":
+        return scheme in ("ipc", "inproc")
+    host, _, port = rest.rpartition(":")
+    return bool(host) and port.isdigit() and 0 < int(port) < 65536
+
+
 def parse_register(body: Mapping[str, Any]) -> Registration:
     kind = _str(body, "type", required=True)
     canonical = PUBLISHER_TYPES.get(kind.lower())
@@ -115,7 +126,7 @@ def parse_register(body: Mapping[str, Any]) -> Registration:
     endpoint = _str(body, "endpoint", required=True)
     replay = _str(body, "replay_endpoint") or None
     for name, address in (("endpoint", endpoint), ("replay_endpoint", replay)):
-        if address is not None and "://" not in address:
+        if address is not None and not _zmq_address(address):
             raise ApiError(
                 400, f"field {name!r} must be a ZMQ address such as tcp://host:port",
                 "invalid_field",
