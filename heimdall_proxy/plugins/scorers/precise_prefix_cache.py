@@ -25,7 +25,7 @@ from heimdall_proxy.framework.types import (
     InferenceRequest,
     RequestContext,
 )
-from heimdall_proxy.kvcache.hashing import LazyBlockKeys
+from heimdall_proxy.kvcache.hashing import LazyBlockKeys, salt_root
 from heimdall_proxy.kvcache.index import (
     CostAwareMemoryIndex,
     InMemoryIndex,
@@ -42,6 +42,7 @@ from heimdall_proxy.kvcache.prepare import (
 )
 from heimdall_proxy.kvcache.subscriber import SubscriberOptions
 from heimdall_proxy.loopmetrics import HistogramFamily
+from heimdall_proxy.plugins.scorers.prefix_cache import cache_salt
 from heimdall_proxy.tokenization import InProcessTokenizer, RequestTokenizer
 from heimdall_proxy.tokenization.local import LocalTokenizer
 from heimdall_proxy.tokenization.resolve import (
@@ -304,14 +305,16 @@ class PrecisePrefixCacheScorer(BasePlugin[PrecisePrefixCacheParams]):
     Request: a Producer step takes the prompt's token ids (left by the tokenizer plugin, or
     computed here with the tokenizers pool and then left on the request), keys its full
     blocks the same way (seeded by the request's adapter when it names a LoRA the pods serve,
-    else by `modelName`), looks the keys up (Redis I/O happens here, never in the scorer) and
-    publishes a PrefixCacheMatchInfo on the CycleState. Score: per pod, the longest run of
-    cached blocks from the start of the prompt, each block weighted by its fastest tier, over
-    the prompt's block count, in [0, 1]. A request that cannot be tokenized scores 0.
+    else by `modelName`; a `cache_salt` is keyed as vLLM keys it, see kvcache.hashing),
+    looks the keys up (Redis I/O happens here, never in the scorer) and publishes a
+    PrefixCacheMatchInfo on the CycleState. Score: per pod, the longest run of cached blocks
+    from the start of the prompt, each block weighted by its fastest tier, over the prompt's
+    block count, in [0, 1]. A request that cannot be tokenized scores 0.
 
     With `speculativeIndexing`, pre_request records the chosen pod (and prefill pod) as
     holding the prompt's blocks for `speculativeTTL`, covering the time until its events
-    arrive. vLLM's `cache_salt` is not visible in events, so it is not part of the keys."""
+    arrive. Salted blocks are recognised in events by the salt vLLM lists in the first block's
+    `extra_keys`; a vLLM too old to send extra_keys makes them look unsalted."""
 
     type = PRECISE_PREFIX_CACHE_SCORER_TYPE
 
@@ -422,8 +425,10 @@ class PrecisePrefixCacheScorer(BasePlugin[PrecisePrefixCacheParams]):
             self._tokenizer_breaker.success()
             request.token_ids = tokens
         # Lazily hashed: the in-memory lookup stops hashing where the last pod drops out.
+        seed = cached_seed(self.namespace(request, endpoints))
+        salt = cache_salt(request)
         keys = LazyBlockKeys(
-            tokens, self.block_size, cached_seed(self.namespace(request, endpoints))
+            tokens, self.block_size, seed, root=None if salt is None else salt_root(salt, seed)
         )
         matched: dict[str, float] = {}
         if keys and self.ready and self._index_breaker.allow():
