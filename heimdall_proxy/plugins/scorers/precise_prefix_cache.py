@@ -7,6 +7,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Iterable, Iterator, Mapping
+from pathlib import Path
 from typing import Literal
 
 from prometheus_client import Metric
@@ -45,7 +46,13 @@ from heimdall_proxy.loopmetrics import HistogramFamily
 from heimdall_proxy.plugins.scorers.prefix_cache import cache_salt
 from heimdall_proxy.tokenization import InProcessTokenizer, RequestTokenizer
 from heimdall_proxy.tokenization.local import LocalTokenizer
+from heimdall_proxy.tokenization.mistral import (
+    TEKKEN_FILE,
+    MistralRequestTokenizer,
+    mistral_file,
+)
 from heimdall_proxy.tokenization.resolve import (
+    TOKENIZER_FILE,
     HFCacheSearch,
     LocalSearch,
     TokenizerNotFoundError,
@@ -205,8 +212,34 @@ class PrecisePrefixCacheParams(PluginParams):
 # ---- building blocks -----------------------------------------------------------------------
 
 
-#: Tokenizer modes the local tokenizer implements (`tokenizers` reads tokenizer.json).
-TOKENIZER_MODES = ("auto", "hf")
+#: Tokenizer modes implemented here: auto and hf read tokenizer.json with `tokenizers` (as
+#: vLLM's fast tokenizer), mistral encodes with `mistral-common` (tokenization.mistral).
+#: The reference's other modes (slow, deepseek_v32) are config errors: vLLM implements them
+#: with code no maintained library offers outside it, and other ids would mis-key blocks.
+TOKENIZER_MODES = ("auto", "hf", "mistral")
+
+
+def tokenizer_mode(pool: TokenizersPoolConfig) -> str:
+    """The pool's tokenizer mode: "mistral" when `hf` or `local` asks for it, else "default"
+    (auto or hf: tokenizer.json). Raises ValueError naming a mode that is not implemented,
+    or mistral in one section and hf in the other (auto defers to the other)."""
+    chosen: set[str] = set()
+    for where, cfg in (("hf", pool.hf), ("local", pool.local)):
+        if cfg is None:
+            continue
+        if cfg.tokenizer_mode not in TOKENIZER_MODES:
+            raise ValueError(
+                f"indexerConfig.tokenizersPoolConfig.{where}.tokenizerMode "
+                f"{cfg.tokenizer_mode!r} is not supported (supported: "
+                f"{', '.join(TOKENIZER_MODES)}): its token ids would not match the pods'"
+            )
+        chosen.add(cfg.tokenizer_mode)
+    if {"mistral", "hf"} <= chosen:
+        raise ValueError(
+            "indexerConfig.tokenizersPoolConfig: hf.tokenizerMode and local.tokenizerMode "
+            "disagree (mistral and hf): set one mode"
+        )
+    return "mistral" if "mistral" in chosen else "default"
 
 
 def unhonoured(params: PrecisePrefixCacheParams) -> list[str]:
@@ -216,13 +249,7 @@ def unhonoured(params: PrecisePrefixCacheParams) -> list[str]:
     out: list[str] = []
     idx = params.indexer_config
     pool = idx.tokenizers_pool_config
-    for where, cfg in (("hf", pool.hf), ("local", pool.local)):
-        if cfg is not None and cfg.tokenizer_mode not in TOKENIZER_MODES:
-            raise ValueError(
-                f"indexerConfig.tokenizersPoolConfig.{where}.tokenizerMode "
-                f"{cfg.tokenizer_mode!r} is not supported (supported: "
-                f"{', '.join(TOKENIZER_MODES)}): its token ids would not match the pods'"
-            )
+    tokenizer_mode(pool)
     base = "indexerConfig.tokenizersPoolConfig"
     if pool.local is not None and pool.local.tokenizer_revision:
         out.append(f"{base}.local.tokenizerRevision (a local directory has one revision)")
@@ -238,7 +265,8 @@ def unhonoured(params: PrecisePrefixCacheParams) -> list[str]:
 
 def build_tokenizer(cfg: TokenizersPoolConfig) -> RequestTokenizer:
     """The pool's tokenizer: the UDS service when configured, else the model's local
-    tokenizer.json (local discovery first, then the offline HF caches). Raises ValueError."""
+    tokenizer file (tokenizer.json; tekken.json or tokenizer.model.v* in mistral mode): local
+    discovery first, then the HF caches and the Hub. Raises ValueError."""
     if cfg.uds is not None:
         model = uds_model_name(cfg.model_name, cfg.uds.model_tokenizer_map)
         return UDSTokenizerClient(cfg.uds.socket_file, model, use_tcp=cfg.uds.use_tcp, timeout=1.0)
@@ -246,14 +274,14 @@ def build_tokenizer(cfg: TokenizersPoolConfig) -> RequestTokenizer:
     hf = cfg.hf or HFTokenizerConfig()
     sources = ["path", "local"] + (["hf"] if hf.enabled else [])
     name = local.tokenizer or cfg.model_name
+    mistral = tokenizer_mode(cfg) == "mistral"
+    file_name = local.auto_discovery_tokenizer_file_name
+    if mistral and file_name == TOKENIZER_FILE:
+        file_name = TEKKEN_FILE
     try:
-        path = find_tokenizer(
+        path = (mistral_file(Path(name).expanduser()) if mistral else None) or find_tokenizer(
             name,
-            local=LocalSearch(
-                local.auto_discovery_dir,
-                local.auto_discovery_tokenizer_file_name,
-                local.model_tokenizer_map,
-            ),
+            local=LocalSearch(local.auto_discovery_dir, file_name, local.model_tokenizer_map),
             hf=HFCacheSearch(
                 hf.tokenizers_cache_dir or None,
                 hf.tokenizer_revision or None,
@@ -261,10 +289,12 @@ def build_tokenizer(cfg: TokenizersPoolConfig) -> RequestTokenizer:
                 token=hf.hugging_face_token or None,
             ),
             sources=sources,
+            hub_file=TEKKEN_FILE if mistral else TOKENIZER_FILE,
         )
-    except TokenizerNotFoundError as exc:
+        tokenizer = MistralRequestTokenizer(path) if mistral else LocalTokenizer(path)
+    except (TokenizerNotFoundError, ImportError) as exc:
         raise ValueError(f"indexerConfig.tokenizersPoolConfig: {exc}") from exc
-    return InProcessTokenizer(LocalTokenizer(path), workers=cfg.workers_count)
+    return InProcessTokenizer(tokenizer, workers=cfg.workers_count)
 
 
 def build_index(cfg: KVBlockIndexConfig, block_size: int, params: PrecisePrefixCacheParams,
