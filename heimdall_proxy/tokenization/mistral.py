@@ -5,7 +5,8 @@ Mistral's own library, `mistral-common`, which encodes the conversation straight
 (`ChatCompletionRequest.from_openai`, then `encode_chat_completion`), and encodes a
 completion prompt with the beginning-of-sequence token unless `add_special_tokens` is false.
 This module does the same with the same library (the `mistral` extra), from the model's
-`tekken.json`, or its newest `tokenizer.model.v*` (SentencePiece) when it has no tekken file.
+`tekken.json`, or its newest `tokenizer.model.v*` (SentencePiece) when it has no tekken file;
+on the Hub, only those files of the repository are fetched (`download_mistral_tokenizer`).
 Like vLLM, a chat request that brings its own `chat_template` or `chat_template_kwargs` is
 refused (ValueError: the pod refuses it too).
 """
@@ -18,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from heimdall_proxy.tokenization.local import completion_prompt, responses_messages
+from heimdall_proxy.tokenization.resolve import HFCacheSearch
 
 #: The tokenizer file of a Mistral model in the tekken format (preferred, as vLLM does).
 TEKKEN_FILE = "tekken.json"
@@ -40,6 +42,25 @@ def mistral_file(path: Path) -> Path | None:
         if m and p.is_file():
             versions.append((int(m.group(1)), p.name, p))
     return max(versions)[2] if versions else None
+
+
+def download_mistral_tokenizer(model: str, hf: HFCacheSearch) -> Path:
+    """The Mistral tokenizer file of `hf.repo or model` from the Hugging Face Hub, or its
+    cache when offline: the repository's tekken.json and tokenizer.model.v* files only, then
+    `mistral_file` picks. Raises FileNotFoundError / the hub client's errors."""
+    from huggingface_hub import snapshot_download
+
+    folder = snapshot_download(
+        hf.repo or model,
+        revision=hf.revision,
+        cache_dir=hf.cache_dir,
+        token=hf.token,
+        allow_patterns=[TEKKEN_FILE, "tokenizer.model.v*"],
+    )
+    found = mistral_file(Path(folder))
+    if found is None:
+        raise FileNotFoundError(f"{hf.repo or model} has no tekken.json or tokenizer.model.v*")
+    return found
 
 
 def _library() -> Any:

@@ -108,6 +108,32 @@ async def test_the_precise_scorer_reads_a_mistral_model_from_a_prepared_hub_cach
         await scorer.tokenizer.close()
 
 
+async def test_a_sentencepiece_only_repository_is_read_from_the_hub_cache(tmp_path: Path) -> None:
+    """Mistral-7B-Instruct-v0.3 ships tokenizer.model.v3 and no tekken.json: the Hub's client
+    (offline here) finds it among the repository's Mistral tokenizer files."""
+    snap = tmp_path / "cache" / "models--mistralai--Spm" / "snapshots" / ("1" * 40)
+    snap.mkdir(parents=True)
+    (snap.parent.parent / "refs").mkdir()
+    (snap.parent.parent / "refs" / "main").write_text("1" * 40)
+    shutil.copy(SPM, snap / "tokenizer.model.v3")
+    plugins = build(
+        {
+            "modelName": "mistralai/Spm",
+            "hf": {"tokenizerMode": "mistral", "tokenizersCacheDir": str(tmp_path / "cache")},
+            "local": {"autoDiscoveryDir": str(tmp_path / "none")},
+        }
+    )
+    scorer = plugins.plugins["precise-prefix-cache-scorer"]
+    try:
+        expected = MistralRequestTokenizer(SPM).tokenize_request("chat", CHAT)
+        assert await scorer.tokenizer.tokenize("chat", CHAT) == expected
+    finally:
+        await scorer.tokenizer.close()
+    with pytest.raises(ConfigError, match="the Hugging Face Hub has none either"):
+        build({"modelName": "mistralai/Missing", "hf": {"tokenizerMode": "mistral",
+               "tokenizersCacheDir": str(tmp_path / "cache")}})  # fmt: skip
+
+
 @pytest.mark.parametrize("mode", ["slow", "deepseek_v32"])
 def test_modes_nothing_here_implements_are_config_errors_naming_the_mode(
     tmp_path: Path, mode: str

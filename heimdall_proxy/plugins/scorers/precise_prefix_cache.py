@@ -49,6 +49,7 @@ from heimdall_proxy.tokenization.local import LocalTokenizer
 from heimdall_proxy.tokenization.mistral import (
     TEKKEN_FILE,
     MistralRequestTokenizer,
+    download_mistral_tokenizer,
     mistral_file,
 )
 from heimdall_proxy.tokenization.resolve import (
@@ -278,21 +279,34 @@ def build_tokenizer(cfg: TokenizersPoolConfig) -> RequestTokenizer:
     file_name = local.auto_discovery_tokenizer_file_name
     if mistral and file_name == TOKENIZER_FILE:
         file_name = TEKKEN_FILE
+    hub = HFCacheSearch(
+        hf.tokenizers_cache_dir or None,
+        hf.tokenizer_revision or None,
+        repo=hf.tokenizer or None,
+        token=hf.hugging_face_token or None,
+        download=not mistral,  # a Mistral repository may hold tokenizer.model.v* instead
+    )
     try:
         path = (mistral_file(Path(name).expanduser()) if mistral else None) or find_tokenizer(
             name,
             local=LocalSearch(local.auto_discovery_dir, file_name, local.model_tokenizer_map),
-            hf=HFCacheSearch(
-                hf.tokenizers_cache_dir or None,
-                hf.tokenizer_revision or None,
-                repo=hf.tokenizer or None,
-                token=hf.hugging_face_token or None,
-            ),
+            hf=hub,
             sources=sources,
             hub_file=TEKKEN_FILE if mistral else TOKENIZER_FILE,
         )
+    except TokenizerNotFoundError as exc:
+        if not (mistral and hf.enabled):
+            raise ValueError(f"indexerConfig.tokenizersPoolConfig: {exc}") from exc
+        try:
+            path = download_mistral_tokenizer(name, hub)
+        except Exception as hub_exc:
+            raise ValueError(
+                f"indexerConfig.tokenizersPoolConfig: {exc}; the Hugging Face Hub has none "
+                f"either ({type(hub_exc).__name__}: {hub_exc})"
+            ) from exc
+    try:
         tokenizer = MistralRequestTokenizer(path) if mistral else LocalTokenizer(path)
-    except (TokenizerNotFoundError, ImportError) as exc:
+    except ImportError as exc:
         raise ValueError(f"indexerConfig.tokenizersPoolConfig: {exc}") from exc
     return InProcessTokenizer(tokenizer, workers=cfg.workers_count)
 
