@@ -63,6 +63,21 @@ def download_mistral_tokenizer(model: str, hf: HFCacheSearch) -> Path:
     return found
 
 
+def load_mistral_models(specs: list[str]) -> dict[str, MistralRequestTokenizer]:
+    """`[NAME=]MODEL` specs (`tokenizer-server --mistral-model`) -> tokenizers; MODEL is a
+    directory or a tokenizer file. Raises FileNotFoundError, ImportError."""
+    out: dict[str, MistralRequestTokenizer] = {}
+    for spec in specs:
+        name, sep, model = spec.partition("=")
+        if not sep:
+            name = model = spec
+        found = mistral_file(Path(model).expanduser())
+        if found is None:
+            raise FileNotFoundError(f"{model}: no tekken.json or tokenizer.model.v* there")
+        out[name] = MistralRequestTokenizer(found)
+    return out
+
+
 def _library() -> Any:
     """mistral-common's entry points, or ImportError naming the extra to install."""
     try:

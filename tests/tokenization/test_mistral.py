@@ -5,7 +5,11 @@ modes nothing here implements are config errors naming the mode."""
 
 from __future__ import annotations
 
+import asyncio
+import os
 import shutil
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +23,7 @@ from heimdall_proxy.framework.handle import PluginHandle
 from heimdall_proxy.framework.loader import build_plugins
 from heimdall_proxy.plugins.scorers.precise_prefix_cache import PrecisePrefixCacheScorer
 from heimdall_proxy.tokenization.mistral import MistralRequestTokenizer, mistral_file
+from heimdall_proxy.tokenization.uds import TokenizerServiceError, UDSTokenizerClient
 
 DATA = Path(mistral_common.__file__).parent / "data"
 TEKKEN = DATA / "tekken_240911.json"  # a tekken tokenizer (v3), as Mistral models ship
@@ -151,3 +156,42 @@ def test_local_and_hf_modes_must_agree(tmp_path: Path) -> None:
                 "hf": {"tokenizerMode": "hf"},
             }
         )
+
+
+@pytest.fixture
+def sock(tmp_path: Path) -> Iterator[str]:
+    path = Path("/tmp") / f"hp-mistral-{os.getpid()}-{tmp_path.name[-8:]}.sock"  # AF_UNIX: short
+    yield str(path)
+    path.unlink(missing_ok=True)
+
+
+async def test_the_tokenizer_server_serves_a_mistral_model(
+    tmp_path: Path, sock: str, tekken: MistralRequestTokenizer
+) -> None:
+    """`tokenizer-server --mistral-model`: an llm-d EPP in front of Mistral pods gets the ids
+    those pods compute, over the sidecar's protocol."""
+    model = tmp_path / "mistral"
+    model.mkdir()
+    shutil.copy(TEKKEN, model / "tekken.json")
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "heimdall_proxy", "tokenizer-server", "--socket", sock,
+        "--mistral-model", f"mistral-tiny={model}", "--workers", "1",
+        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
+    )  # fmt: skip
+    client = UDSTokenizerClient(sock, "mistral-tiny", timeout=2.0)
+    try:
+        for _ in range(200):  # until the server is up (it loads the tokenizer first)
+            try:
+                await client.encode("hi")
+                break
+            except TokenizerServiceError:
+                await asyncio.sleep(0.05)
+        assert await client.tokenize("chat", CHAT) == tekken.tokenize_request("chat", CHAT)
+        completion = {"prompt": "hello world"}
+        assert await client.tokenize("completions", completion) == tekken.tokenize_request(
+            "completions", completion
+        )
+    finally:
+        await client.close()
+        proc.terminate()
+        await proc.wait()
