@@ -35,7 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from heimdall_proxy.sim.kvcache import Block, BlockPool, block_hash
+from heimdall_proxy.sim.kvcache import Block, BlockPool, block_hash, extra_keys
 from heimdall_proxy.sim.kvevents import KVEvent
 from heimdall_proxy.sim.options import SimOptions
 from heimdall_proxy.sim.tokens import MMItem, OutputWords, word_id
@@ -61,6 +61,7 @@ class Seq:
         "all_ids",
         "arrival",
         "blocks",
+        "cache_salt",
         "cached_tokens",
         "changed",
         "encode_only",
@@ -106,8 +107,10 @@ class Seq:
         prefill_only: bool = False,
         encode_only: bool = False,
         stop: tuple[str, ...] = (),
+        cache_salt: str | None = None,
     ) -> None:
         self.id = request_id
+        self.cache_salt = cache_salt
         self.all_ids = list(prompt_ids)
         self.prompt_len = len(prompt_ids)
         self.max_tokens = max_tokens
@@ -393,7 +396,8 @@ class Engine:
         full = len(seq.all_ids) // bs
         parent = seq.hashes[-1] if seq.hashes else None
         for i in range(len(seq.hashes), full):
-            parent = block_hash(parent, seq.all_ids[i * bs : (i + 1) * bs], seq.lora)
+            extra = extra_keys(seq.lora, seq.cache_salt, i)
+            parent = block_hash(parent, seq.all_ids[i * bs : (i + 1) * bs], extra)
             seq.hashes.append(parent)
 
     def _schedule(self, now: float) -> Plan:
@@ -592,6 +596,7 @@ class Engine:
             [seq.all_ids[k * bs : (k + 1) * bs] for k in range(start, full)],
             seq.lora_id,
             seq.lora,
+            [extra_keys(seq.lora, seq.cache_salt, k) for k in range(start, full)],
         )
         seq.num_cached_blocks = full
 
