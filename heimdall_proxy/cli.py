@@ -375,6 +375,14 @@ def build_parser() -> argparse.ArgumentParser:
         "sim` pods), so a gateway's token ids and block keys match the simulated fleet's",
     )
     tok.add_argument(
+        "--mistral-model",
+        action="append",
+        default=[],
+        metavar="[NAME=]MODEL",
+        help="a Mistral model directory (tekken.json or tokenizer.model.v*) tokenized as vLLM's "
+        "tokenizer mode mistral does (needs the 'mistral' extra); repeatable",
+    )
+    tok.add_argument(
         "--load-on-demand",
         action="store_true",
         help="also load any other model a client names (InitializeTokenizer), from a directory, "
@@ -564,19 +572,24 @@ def tokenizer_server(args: argparse.Namespace) -> int:
     from heimdall_proxy.tokenization.uds import run_server
 
     try:
-        if not args.model and not args.sim_model and not args.load_on_demand:
-            raise ValueError("give at least one --model or --sim-model, or --load-on-demand")
+        if not (args.model or args.sim_model or args.mistral_model or args.load_on_demand):
+            raise ValueError(
+                "give at least one --model, --mistral-model or --sim-model, or --load-on-demand"
+            )
         from heimdall_proxy.sim.tokens import SimRequestTokenizer
+        from heimdall_proxy.tokenization.mistral import load_mistral_models
+        from heimdall_proxy.tokenization.uds import ServedTokenizer
 
         # the composition root hands the simulator's tokenization in: tokenization/ never
         # imports the simulator
-        sims = {name: SimRequestTokenizer() for name in args.sim_model}
+        extra: dict[str, ServedTokenizer] = {n: SimRequestTokenizer() for n in args.sim_model}
+        extra.update(load_mistral_models(args.mistral_model))
         coro = run_server(
-            args.socket, args.model, args.workers, args.tcp, sims, args.load_on_demand
+            args.socket, args.model, args.workers, args.tcp, extra, args.load_on_demand
         )
         with contextlib.suppress(KeyboardInterrupt):
             _run(coro)
-    except (TokenizerNotFoundError, OSError, ValueError) as exc:
+    except (TokenizerNotFoundError, OSError, ValueError, ImportError) as exc:
         print(f"tokenizer-server: {exc}", file=sys.stderr)
         return 1
     return 0

@@ -8,9 +8,17 @@ events in two shapes, all accepted here:
   optional) or `{"ts", "events", "data_parallel_rank"}` (newer vLLM);
 - event: a positional array tagged by class name first,
   `["BlockStored", block_hashes, parent_block_hash, token_ids, block_size, lora_id, medium,
-  lora_name, ...]`, `["BlockRemoved", block_hashes, medium]`, `["AllBlocksCleared"]`
+  lora_name, extra_keys, ...]`, `["BlockRemoved", block_hashes, medium]`, `["AllBlocksCleared"]`
   (fields newer than the reader may follow, and older publishers stop earlier), or a map
   tagged by `"type"` with the same field names.
+
+`extra_keys` (newer vLLM, one entry per block: None or the tuple vLLM folded into that
+block's hash: LoRA name, multimodal identifiers, cache_salt, prompt-embedding digests, in that
+order) is read for one thing: the cache_salt of a chain's first block. vLLM adds the salt to
+the block at token 0 only, so it is the last string of the first block's extra keys when the
+event starts a prompt (no parent), after the adapter's name. (A vLLM that gives multimodal
+identifiers as bare strings makes an unsalted multimodal first block read as salted: its keys
+then match no text request, which vLLM would not reuse either.)
 
 Block hashes are integers or bytes (vLLM's sha256 hashes); bytes are read as the big-endian
 integer of their last 8 bytes, as vLLM itself converts them, so every engine hash is an int.
@@ -33,6 +41,7 @@ _STORED_FIELDS = (
     "lora_id",
     "medium",
     "lora_name",
+    "extra_keys",
 )
 _REMOVED_FIELDS = ("block_hashes", "medium")
 _INT = {int}
@@ -52,6 +61,9 @@ class BlockStored:
     lora_name: str | None
     medium: str | None
     lora_id: int | None = None
+    #: The cache_salt of the prompt the blocks start (read from extra_keys; None when the
+    #: event continues a parent, whose key carries the salt already).
+    cache_salt: str | None = None
     #: The local hashes of the tokens in the index's block size, when kvcache.prepare
     #: computed them (the token ids are dropped then).
     local_hashes: list[int] | None = None
@@ -126,6 +138,26 @@ def _str_or_none(value: Any) -> str | None:
     return str(value)
 
 
+def first_block_salt(extra_keys: Any, lora_name: str | None) -> str | None:
+    """The cache_salt vLLM folded into a prompt's first block, from the event's extra_keys
+    (see the module docstring), or None."""
+    if not isinstance(extra_keys, _SEQUENCES) or not extra_keys:
+        return None
+    first = extra_keys[0]
+    if not isinstance(first, _SEQUENCES):
+        return None
+    keys = list(first)
+    if lora_name is not None and keys and keys[0] == lora_name:
+        keys = keys[1:]  # vLLM puts the adapter's name first
+    for key in reversed(keys):
+        if type(key) is str:
+            return key or None
+        if isinstance(key, bytes | bytearray):
+            continue  # a prompt-embedding digest follows the salt
+        return None  # a multimodal (identifier, offset) pair comes last: no salt
+    return None
+
+
 def decode_event(raw: Any) -> KVEvent | None:
     """One event, or None for an event type this reader does not know. msgpack gives maps as
     dicts and arrays as lists, so those are what is checked (a tuple is taken as an array)."""
@@ -136,7 +168,7 @@ def decode_event(raw: Any) -> KVEvent | None:
     else:
         tag = None
     if tag == "BlockStored":
-        hashes, parent, tokens, block_size, lora_id, medium, lora_name = _values(
+        hashes, parent, tokens, block_size, lora_id, medium, lora_name, extra = _values(
             raw, _STORED_FIELDS
         )
         hashes = _hashes(hashes)
@@ -149,14 +181,16 @@ def decode_event(raw: Any) -> KVEvent | None:
                 raise EventDecodeError("token_ids must be a list")
         if type(block_size) is not int or block_size < 0:
             block_size = len(tokens) // len(hashes) if hashes else 0
+        lora_name = _str_or_none(lora_name)
         return BlockStored(
             block_hashes=hashes,
             parent_block_hash=None if parent is None else engine_hash(parent),
             token_ids=tokens,
             block_size=block_size,
-            lora_name=_str_or_none(lora_name),
+            lora_name=lora_name,
             medium=_str_or_none(medium),
             lora_id=lora_id if type(lora_id) is int else None,
+            cache_salt=None if parent is not None else first_block_salt(extra, lora_name),
         )
     if tag == "BlockRemoved":
         hashes, medium = _values(raw, _REMOVED_FIELDS)

@@ -10,7 +10,14 @@ For blocks of `block_size` tokens and a seed S:
 so equal prefixes give equal keys up to the first block that differs. Only full blocks have
 keys. The seed separates namespaces whose KV blocks are not interchangeable: it is derived
 from the model (the LoRA adapter's name when one is used, as vLLM keys adapter blocks apart)
-and the request's cache_salt, see `namespace_seed`.
+and, for the approximate index, the request's cache_salt, see `namespace_seed`.
+
+The precise index keys a cache_salt as vLLM does: vLLM adds the salt to the extra keys of a
+prompt's first block only, so salted and unsalted chains differ from the first block on,
+and a block that continues a known parent inherits its salt through the chain. Here a salted
+chain starts from a virtual parent, `salt_root(salt, seed)`, instead of from the root; the
+KV events carry the salt in the first block's extra keys (kvcache.events), so requests and
+events agree.
 
 The approximate prefix-cache-scorer uses the same chain over text chunks when a request was
 not tokenized (`text_block_keys`).
@@ -41,6 +48,12 @@ def namespace_seed(model: str, salt: str | None = None) -> int:
     `model` NUL `salt`, with seed 0. Every gateway replica derives the same seed, so replicas
     sharing an index agree on keys."""
     return _xxh3(f"{model}\x00{salt or ''}".encode())
+
+
+def salt_root(salt: str, seed: int) -> int:
+    """The virtual parent a chain salted with `salt` starts from (see the module docstring):
+    seq[0] = XXH3_64(salt_root_le64 || local[0]_le64, S)."""
+    return _xxh3(b"cache_salt\x00" + salt.encode("utf-8", "surrogatepass"), seed)
 
 
 def tokens_to_bytes(tokens: Sequence[int]) -> bytes:
@@ -101,11 +114,20 @@ def block_keys(
 class LazyBlockKeys(Sequence[int]):
     """The block keys of a prompt, computed a chunk at a time as they are read: a lookup
     that stops at the first block no pod holds (a cold prompt) hashes one chunk, not the
-    whole prompt. Reading everything (len() is free) gives exactly `block_keys(...)`."""
+    whole prompt. Reading everything (len() is free) gives exactly
+    `block_keys(tokens, block_size, seed, root)`; `root` is a salted chain's `salt_root`."""
 
-    __slots__ = ("_block_size", "_chunk", "_keys", "_n", "_seed", "_tokens")
+    __slots__ = ("_block_size", "_chunk", "_keys", "_n", "_root", "_seed", "_tokens")
 
-    def __init__(self, tokens: Sequence[int], block_size: int, seed: int, chunk: int = 64) -> None:
+    def __init__(
+        self,
+        tokens: Sequence[int],
+        block_size: int,
+        seed: int,
+        chunk: int = 64,
+        root: int | None = None,
+    ) -> None:
+        self._root = root
         self._tokens = tokens
         self._block_size = block_size
         self._seed = seed
@@ -122,7 +144,7 @@ class LazyBlockKeys(Sequence[int]):
             return
         upto = min(self._n, max(upto, have + self._chunk))
         bs = self._block_size
-        parent = self._keys[-1] if self._keys else None
+        parent = self._keys[-1] if self._keys else self._root
         self._keys.extend(block_keys(self._tokens[have * bs : upto * bs], bs, self._seed, parent))
 
     @overload

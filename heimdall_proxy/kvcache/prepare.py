@@ -41,7 +41,7 @@ from heimdall_proxy.kvcache.events import (
     KVEvent,
     decode_payloads,
 )
-from heimdall_proxy.kvcache.hashing import local_hashes, namespace_seed
+from heimdall_proxy.kvcache.hashing import local_hashes, namespace_seed, salt_root
 from heimdall_proxy.kvcache.index import KVBlockIndex, StoredBlocks
 
 log = logging.getLogger(__name__)
@@ -104,6 +104,7 @@ async def apply_batch(index: KVBlockIndex, pod: str, batch: EventBatch, model_na
         try:
             if type(ev) is BlockStored:
                 seed = cached_seed(event_namespace(ev.lora_name, ev.lora_id, model_name))
+                root = None if ev.cache_salt is None else salt_root(ev.cache_salt, seed)
                 await index.block_stored(
                     StoredBlocks(
                         pod,
@@ -114,6 +115,7 @@ async def apply_batch(index: KVBlockIndex, pod: str, batch: EventBatch, model_na
                         ev.block_size,
                         seed,
                         ev.local_hashes,
+                        root,
                     )
                 )
             elif type(ev) is BlockRemoved:
@@ -148,7 +150,7 @@ def _pack_event(ev: KVEvent) -> tuple[Any, ...]:
     if type(ev) is BlockStored:
         local = None if ev.local_hashes is None else _u64s(ev.local_hashes)
         return (0, _u64s(ev.block_hashes), ev.parent_block_hash, ev.token_ids, ev.block_size,
-                ev.lora_name, ev.medium, ev.lora_id, local)  # fmt: skip
+                ev.lora_name, ev.medium, ev.lora_id, local, ev.cache_salt)  # fmt: skip
     if type(ev) is BlockRemoved:
         return (1, _u64s(ev.block_hashes), ev.medium)
     assert isinstance(ev, AllBlocksCleared)
@@ -157,8 +159,8 @@ def _pack_event(ev: KVEvent) -> tuple[Any, ...]:
 
 def _unpack_event(t: tuple[Any, ...]) -> KVEvent:
     if t[0] == 0:
-        _, hashes, parent, tokens, bs, lora_name, medium, lora_id, local = t
-        ev = BlockStored(_ints(hashes), parent, tokens, bs, lora_name, medium, lora_id)
+        _, hashes, parent, tokens, bs, lora_name, medium, lora_id, local, salt = t
+        ev = BlockStored(_ints(hashes), parent, tokens, bs, lora_name, medium, lora_id, salt)
         if local is not None:
             ev.local_hashes = _ints(local)
         return ev

@@ -1,8 +1,9 @@
 """The KV-cache block pool of one simulated pod, as vLLM V1's BlockPool works.
 
 `num_gpu_blocks` blocks of `block_size` tokens. A block is in use while some request holds
-it (ref count > 0). A full block gets a hash chained over its parent's hash and its token ids
-(and the LoRA adapter), and stays findable by that hash after its request frees it: free
+it (ref count > 0). A full block gets a hash chained over its parent's hash, its token ids
+and its extra keys (`extra_keys`: the LoRA adapter, and on the first block the request's
+cache_salt, as vLLM's), and stays findable by that hash after its request frees it: free
 blocks sit in one LRU queue, and a cached one is only forgotten when the queue hands it out
 again (BlockRemoved). Requests free their blocks tail first, so the end of a prompt is
 evicted before its shared beginning. With a CPU tier, a block evicted from the GPU is stored
@@ -27,14 +28,23 @@ from heimdall_proxy.sim.kvevents import (
     KVEvent,
 )
 
+ExtraKeys = tuple[str, ...] | None
 
-def block_hash(parent: int | None, token_ids: Sequence[int], extra: str | None = None) -> int:
+
+def extra_keys(lora: str | None, cache_salt: str | None, index: int) -> ExtraKeys:
+    """What vLLM folds into block `index`'s hash besides the tokens: the adapter's name on
+    every block, then the cache_salt on the first block only (None when there is nothing)."""
+    keys = ([lora] if lora else []) + ([cache_salt] if cache_salt and index == 0 else [])
+    return tuple(keys) if keys else None
+
+
+def block_hash(parent: int | None, token_ids: Sequence[int], extra: ExtraKeys = None) -> int:
     """64-bit hash of one full block, chained over its parent's hash."""
     h = xxhash.xxh3_64()
     h.update(b"\x00" * 9 if parent is None else b"\x01" + parent.to_bytes(8, "big"))
     h.update(array("q", token_ids).tobytes())
-    if extra:
-        h.update(b"\x02" + extra.encode())
+    for key in extra or ():
+        h.update(b"\x02" + key.encode() + b"\x00")
     return h.intdigest()
 
 
@@ -56,6 +66,7 @@ class BlockMeta:
     token_ids: tuple[int, ...]
     lora_id: int | None
     lora_name: str | None
+    extra_keys: ExtraKeys = None
 
 
 class BlockPool:
@@ -166,28 +177,34 @@ class BlockPool:
         token_chunks: Sequence[Sequence[int]],
         lora_id: int | None,
         lora_name: str | None,
+        extra: Sequence[ExtraKeys] | None = None,
     ) -> None:
-        """Register newly full blocks under their hashes; one BlockStored per run."""
+        """Register newly full blocks under their hashes; one BlockStored per run. `extra`:
+        each block's extra keys (extra_keys), published as vLLM does."""
         if not self.enable_caching:
             return
+        extras = list(extra) if extra is not None else [None] * len(hashes)
         run_hashes: list[int] = []
         run_tokens: list[int] = []
+        run_extra: list[ExtraKeys] = []
         run_parent = parent
-        for block, h, tokens in zip(blocks, hashes, token_chunks, strict=True):
+        for block, h, tokens, ek in zip(blocks, hashes, token_chunks, extras, strict=True):
             if block.hash is None and h not in self._cached:
                 block.hash = h
                 self._cached[h] = block
-                self._meta[h] = BlockMeta(parent, tuple(tokens), lora_id, lora_name)
+                self._meta[h] = BlockMeta(parent, tuple(tokens), lora_id, lora_name, ek)
                 run_hashes.append(h)
                 run_tokens.extend(tokens)
+                run_extra.append(ek)
             elif run_hashes:
-                self._stored(run_hashes, run_parent, run_tokens, lora_id, lora_name, GPU)
-                run_hashes, run_tokens = [], []
+                self._stored(run_hashes, run_parent, run_tokens, lora_id, lora_name, GPU,
+                             run_extra)  # fmt: skip
+                run_hashes, run_tokens, run_extra = [], [], []
             if not run_hashes:
                 run_parent = h
             parent = h
         if run_hashes:
-            self._stored(run_hashes, run_parent, run_tokens, lora_id, lora_name, GPU)
+            self._stored(run_hashes, run_parent, run_tokens, lora_id, lora_name, GPU, run_extra)
 
     def _stored(
         self,
@@ -197,6 +214,7 @@ class BlockPool:
         lora_id: int | None,
         lora_name: str | None,
         medium: str,
+        extra: list[ExtraKeys] | None = None,
     ) -> None:
         if self.record_events:
             self.events.append(
@@ -208,6 +226,8 @@ class BlockPool:
                     lora_id=lora_id,
                     medium=medium,
                     lora_name=lora_name,
+                    # vLLM omits the field when no block has extra keys
+                    extra_keys=extra if extra and any(e is not None for e in extra) else None,
                 )
             )
 
@@ -235,7 +255,8 @@ class BlockPool:
             old, _ = self._cpu.popitem(last=False)
             self._removed(old, CPU)
         self._cpu[h] = meta
-        self._stored([h], meta.parent, list(meta.token_ids), meta.lora_id, meta.lora_name, CPU)
+        self._stored([h], meta.parent, list(meta.token_ids), meta.lora_id, meta.lora_name, CPU,
+                     [meta.extra_keys])  # fmt: skip
 
     def reset(self) -> bool:
         """Forget every cached block (vLLM's reset_prefix_cache): only when no block is in

@@ -5,7 +5,8 @@ Every message is three frames: the topic, the sequence number as 8 bytes big-end
 msgpack payload: the batch `[ts, [events...], data_parallel_rank]`. An event is, in the
 newer "map" form, a map tagged by `"type"`:
 `{"type": "BlockStored", "block_hashes", "parent_block_hash", "token_ids", "block_size",
-"lora_id", "medium", "lora_name"}`, `{"type": "BlockRemoved", "block_hashes", "medium"}`,
+"lora_id", "medium", "lora_name", "extra_keys"}` (extra_keys only when a block has some),
+`{"type": "BlockRemoved", "block_hashes", "medium"}`,
 `{"type": "AllBlocksCleared"}`; in the older "array" form the same fields positionally, the
 class name first. Replay: a client sends `[b"", start_seq (8 bytes)]` to the ROUTER; every
 buffered batch from that sequence on comes back as `[b"", seq, payload]`, then
@@ -45,6 +46,9 @@ class BlockStored:
     lora_id: int | None
     medium: str
     lora_name: str | None
+    #: Per block, what vLLM folded into its hash besides the tokens (LoRA name, cache_salt
+    #: on a prompt's first block); None (not sent) when no block has any.
+    extra_keys: list[tuple[str, ...] | None] | None = None
 
 
 @dataclass(slots=True, frozen=True)
@@ -79,6 +83,8 @@ def encode_event(event: KVEvent, fmt: KVEventsFormat, hash_fmt: KVHashFormat) ->
             "medium": event.medium,
             "lora_name": event.lora_name,
         }
+        if event.extra_keys is not None:
+            fields["extra_keys"] = [None if k is None else list(k) for k in event.extra_keys]
     elif isinstance(event, BlockRemoved):
         fields = {
             "block_hashes": [_hash(h, hash_fmt) for h in event.block_hashes],

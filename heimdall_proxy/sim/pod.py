@@ -52,6 +52,12 @@ def _max_tokens(data: Mapping[str, Any], default: int) -> int:
     return default
 
 
+def _cache_salt(data: Mapping[str, Any]) -> str | None:
+    """vLLM's `cache_salt`: a non-empty string keeps the prompt's blocks apart."""
+    salt = data.get("cache_salt")
+    return salt if isinstance(salt, str) and salt else None
+
+
 def _stop_words(data: Mapping[str, Any]) -> tuple[str, ...]:
     stop = data.get("stop")
     if isinstance(stop, str):
@@ -373,6 +379,7 @@ class SimPod:
             prefill_only=prefill_only,
             encode_only=o.role == "encode",
             stop=_stop_words(data),
+            cache_salt=_cache_salt(data),
         )
 
     def _extra_fields(self, seq: Seq) -> dict[str, Any]:

@@ -25,11 +25,18 @@ class RequestTokenizer(Protocol):
     async def close(self) -> None: ...
 
 
+class PromptTokenizer(Protocol):
+    """An in-process tokenizer of OpenAI request bodies (LocalTokenizer, or the mistral
+    mode's MistralRequestTokenizer)."""
+
+    def tokenize_request(self, api: str, data: Mapping[str, Any]) -> list[int]: ...
+
+
 class InProcessTokenizer:
-    """A LocalTokenizer behind a pool of `workers` threads, so long prompts and chat
+    """A PromptTokenizer behind a pool of `workers` threads, so long prompts and chat
     templates do not stall the event loop."""
 
-    def __init__(self, tokenizer: LocalTokenizer, workers: int = 1) -> None:
+    def __init__(self, tokenizer: PromptTokenizer, workers: int = 1) -> None:
         self.tokenizer = tokenizer
         self._pool = ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="tokenize")
 
@@ -43,4 +50,10 @@ class InProcessTokenizer:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
 
-__all__ = ["INLINE_BYTES", "InProcessTokenizer", "LocalTokenizer", "RequestTokenizer"]
+__all__ = [
+    "INLINE_BYTES",
+    "InProcessTokenizer",
+    "LocalTokenizer",
+    "PromptTokenizer",
+    "RequestTokenizer",
+]

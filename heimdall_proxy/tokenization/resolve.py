@@ -45,14 +45,14 @@ class HFCacheSearch:
 _COMPANIONS = ("tokenizer_config.json",)
 
 
-def download_tokenizer(model: str, hf: HFCacheSearch) -> Path:
-    """tokenizer.json of `hf.repo or model` from the Hugging Face Hub (or its cache when
-    offline). Raises OSError / the hub client's errors."""
+def download_tokenizer(model: str, hf: HFCacheSearch, file_name: str = TOKENIZER_FILE) -> Path:
+    """`file_name` (tokenizer.json) of `hf.repo or model` from the Hugging Face Hub (or its
+    cache when offline). Raises OSError / the hub client's errors."""
     from huggingface_hub import hf_hub_download
 
     repo = hf.repo or model
     path = hf_hub_download(
-        repo, TOKENIZER_FILE, revision=hf.revision, cache_dir=hf.cache_dir, token=hf.token
+        repo, file_name, revision=hf.revision, cache_dir=hf.cache_dir, token=hf.token
     )
     for name in _COMPANIONS:
         with contextlib.suppress(Exception):  # optional companion files
@@ -112,9 +112,11 @@ def find_tokenizer(
     local: LocalSearch | None = None,
     hf: HFCacheSearch | None = None,
     sources: Sequence[str] = ("path", "local", "hf"),
+    hub_file: str = TOKENIZER_FILE,
 ) -> Path:
     """The tokenizer file for `model`, searched in `sources` order: `path` (the model name is
-    itself a tokenizer file or a directory holding one), `local`, `hf` (offline caches).
+    itself a tokenizer file or a directory holding one), `local`, `hf` (offline caches, then
+    the Hub), where the file is `hub_file` (tokenizer.json; tekken.json for a Mistral model).
     Raises TokenizerNotFoundError naming every place looked at."""
     local = local or LocalSearch()
     hf = hf or HFCacheSearch()
@@ -144,12 +146,12 @@ def find_tokenizer(
             found = None
             for root in hub_cache_dirs(hf.cache_dir):
                 looked.append(f"{root} (Hugging Face cache)")
-                found = _in_hub_cache(root, hf.repo or model, hf.revision, TOKENIZER_FILE)
+                found = _in_hub_cache(root, hf.repo or model, hf.revision, hub_file)
                 if found is not None:
                     break
             if found is None and hf.download:
                 try:
-                    found = download_tokenizer(model, hf)
+                    found = download_tokenizer(model, hf, hub_file)
                 except Exception as exc:
                     looked.append(
                         f"the Hugging Face Hub ({hf.repo or model}: {type(exc).__name__})"

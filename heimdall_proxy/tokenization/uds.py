@@ -14,9 +14,24 @@ How the llm-d client uses the service, and so how this client does:
 - `RenderChatTemplate` (the text of a rendered template) is deprecated upstream; both sides
   still implement it.
 
-The protocol has no field for some request fields (a message's `name` or `tool_call_id`, a chat
-request's `add_special_tokens`); the service renders as vLLM does without them. A chat
-request's `documents` travel in `chat_template_kwargs`, where vLLM reads them too.
+Every field of the protocol's messages is read or written by both sides, except where the
+protocol itself cannot carry a thing, which is warned about once per kind:
+
+- request fields with no field in the protocol (a message's `name`, `tool_call_id` or other
+  keys, content parts other than text and image_url, a chat request's `add_special_tokens`)
+  are dropped by the client, so the service renders without them (its ids may then differ
+  from the pod's). A chat request's `documents` travel in `chat_template_kwargs`, where vLLM
+  reads them too.
+- `RenderChatCompletionResponse.features` (multimodal hashes and placeholder ranges) need
+  vLLM's multimodal processor: the server does not compute them (it warns when a request
+  has images) and the client does not use them (the gateway's block keys have no
+  multimodal part; it warns when a service sends some).
+- `ChatTemplateRequest.return_assistant_tokens_mask` has no field to answer in
+  (`ChatTemplateResponse` carries text): the server warns.
+- `InitializeTokenizerRequest.enable_thinking` and `add_generation_prompt` are the model's
+  defaults for `RenderChatTemplate`, as in the sidecar: `enable_thinking` goes to the template
+  unless the request's kwargs set it, and the generation prompt is added when either the
+  model's default or the request asks for it (proto3 cannot tell an unset false).
 
 Failures are TokenizerServiceError with a message that says what went wrong (socket missing,
 deadline, the service's own error).
@@ -33,6 +48,7 @@ import threading
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn, Protocol, TypeVar, runtime_checkable
 
@@ -195,6 +211,33 @@ def from_chat_message(message: pb.ChatMessage) -> dict[str, Any]:
 
 # ---- client ------------------------------------------------------------------------------
 
+#: Keys of an OpenAI chat message the protocol's ChatMessage carries.
+_MESSAGE_KEYS = frozenset({"role", "content", "tool_calls"})
+#: Content part types ContentPart carries.
+_PART_TYPES = frozenset({"text", "image_url"})
+
+
+def unsent_fields(data: Mapping[str, Any], messages: Sequence[Any]) -> set[str]:
+    """What of a chat request the protocol has no field for (see the module docstring), named
+    as in the request: `messages[].name`, `content[].type=input_audio`, `add_special_tokens`."""
+    out: set[str] = set()
+    for m in messages:
+        if not isinstance(m, Mapping):
+            continue
+        out.update(
+            f"messages[].{k}" for k, v in m.items() if k not in _MESSAGE_KEYS and v is not None
+        )
+        content = m.get("content")
+        if isinstance(content, list):
+            for part in content:
+                if isinstance(part, Mapping) and not isinstance(part.get("text"), str):
+                    kind = part.get("type")
+                    if kind not in _PART_TYPES:
+                        out.add(f"messages[].content[].type={kind}")
+    if data.get("add_special_tokens") is True:
+        out.add("add_special_tokens")
+    return out
+
 
 class UDSTokenizerClient:
     """Client of a TokenizationService (the llm-d sidecar, or `heimdall-proxy
@@ -224,6 +267,12 @@ class UDSTokenizerClient:
         self._stub: Any = None
         self._initialized = False
         self._init: asyncio.Task[None] | None = None
+        self._warned: set[str] = set()
+
+    def _warn_once(self, what: str, message: str) -> None:
+        if what not in self._warned:
+            self._warned.add(what)
+            log.warning("tokenizer service at %s, model %r: %s", self.address, self.model, message)
 
     def _service(self) -> Any:
         if self._stub is None:
@@ -309,6 +358,12 @@ class UDSTokenizerClient:
         """`RenderChatCompletion`: the prompt ids of a chat request (`data`) with `messages`."""
         if not isinstance(messages, list):
             raise ValueError("messages must be a list of objects")
+        for field in unsent_fields(data, messages):
+            self._warn_once(
+                field,
+                f"the protocol has no field for a chat request's {field}: it is left out, so "
+                "the service renders without it and its token ids may differ from the pod's",
+            )
         request = pb.RenderChatCompletionRequest(
             model_name=self.model,
             messages=[to_chat_message(m) for m in messages if isinstance(m, Mapping)],
@@ -330,6 +385,14 @@ class UDSTokenizerClient:
             request.chat_template_kwargs = json.dumps(kwargs)
         await self.initialize(self.timeout)
         answer = await self._call("RenderChatCompletion", request)
+        if answer.HasField("features") and (
+            answer.features.mm_hashes or answer.features.mm_placeholders
+        ):
+            self._warn_once(
+                "features",
+                "multimodal features in RenderChatCompletion answers are not used: the "
+                "gateway's block keys are made of token ids only",
+            )
         return list(answer.token_ids)
 
     async def render_completion(self, prompt: str) -> list[int]:
@@ -480,17 +543,29 @@ class _Servicer(pb_grpc.TokenizationServiceServicer):
                 raise NotImplementedError(
                     f"the tokenizer of model {request.model_name!r} renders no template text"
                 )
+            if request.return_assistant_tokens_mask:
+                self.server.warn_once(
+                    "return_assistant_tokens_mask",
+                    "RenderChatTemplate's return_assistant_tokens_mask is ignored: "
+                    "ChatTemplateResponse has no field for the mask",
+                )
+            defaults = self.server.defaults.get(request.model_name)
+            kwargs = from_value_map(request.chat_template_kwargs)
+            add_generation_prompt = request.add_generation_prompt
+            if defaults is not None:  # the model's InitializeTokenizer settings, as the sidecar
+                kwargs.setdefault("enable_thinking", defaults.enable_thinking)
+                add_generation_prompt = add_generation_prompt or defaults.add_generation_prompt
             text = tok.render_chat(
                 [
                     from_chat_message(m)
                     for turn in request.conversation_turns
                     for m in turn.messages
                 ],
-                add_generation_prompt=request.add_generation_prompt,
+                add_generation_prompt=add_generation_prompt,
                 continue_final_message=request.continue_final_message,
                 tools=[from_value_map(t.tool) for t in request.tools] or None,
                 documents=[from_value_map(d.document) for d in request.documents] or None,
-                chat_template_kwargs=from_value_map(request.chat_template_kwargs),
+                chat_template_kwargs=kwargs,
                 chat_template=request.chat_template or None,
             )
             return pb.ChatTemplateResponse(rendered_prompt=text, success=True)
@@ -505,6 +580,9 @@ class _Servicer(pb_grpc.TokenizationServiceServicer):
             await loop.run_in_executor(self.server.pool, self.server.tokenizer, request.model_name)
         except Exception as exc:  # the protocol answers a failed load, it does not abort
             return pb.InitializeTokenizerResponse(success=False, error_message=str(exc))
+        self.server.defaults[request.model_name] = ModelDefaults(
+            request.enable_thinking, request.add_generation_prompt
+        )
         return pb.InitializeTokenizerResponse(success=True)
 
     async def RenderChatCompletion(
@@ -512,6 +590,12 @@ class _Servicer(pb_grpc.TokenizationServiceServicer):
     ) -> pb.RenderChatCompletionResponse:
         def work() -> pb.RenderChatCompletionResponse:
             tok = self.server.tokenizer(request.model_name)
+            if any(p.HasField("image_url") for m in request.messages for p in m.content_parts):
+                self.server.warn_once(
+                    "features",
+                    "RenderChatCompletion answers carry no multimodal features (image "
+                    "hashes and placeholder ranges need vLLM's multimodal processor)",
+                )
             body: dict[str, Any] = {
                 "messages": [from_chat_message(m) for m in request.messages],
                 "continue_final_message": request.continue_final_message,
@@ -547,6 +631,14 @@ class _Servicer(pb_grpc.TokenizationServiceServicer):
         return await self._run(context, work)
 
 
+@dataclass(frozen=True, slots=True)
+class ModelDefaults:
+    """A model's InitializeTokenizer settings, applied to its RenderChatTemplate calls."""
+
+    enable_thinking: bool
+    add_generation_prompt: bool
+
+
 def _prepare_socket_path(address: str) -> str:
     """Create the socket's directory; remove a stale socket left by a previous server.
     Returns the gRPC target to bind."""
@@ -577,6 +669,16 @@ class TokenizerServer:
         self.port: int | None = None
         self._server: grpc.aio.Server | None = None
         self._loading = threading.Lock()
+        #: By model name, the settings its last InitializeTokenizer asked for.
+        self.defaults: dict[str, ModelDefaults] = {}
+        self._warned: set[str] = set()
+
+    def warn_once(self, what: str, message: str) -> None:
+        """Log `message` the first time `what` happens (worker threads: a set add is
+        atomic enough, a rare second warning is harmless)."""
+        if what not in self._warned:
+            self._warned.add(what)
+            log.warning("tokenizer server: %s", message)
 
     def tokenizer(self, model: str) -> ServedTokenizer:
         """The tokenizer for `model` (loaded through `loader` if need be). Raises

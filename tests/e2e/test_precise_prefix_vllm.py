@@ -168,3 +168,33 @@ def test_prompt_warmed_on_one_pod_lands_there(
             f"attempt {attempt}: {api} prompt warmed on {warm_pod.name} "
             f"({warm_pod.host_port}) was routed to {served}"
         )
+
+
+def test_a_cache_salt_keeps_a_prompt_on_the_pod_warmed_with_that_salt(
+    pods: list[Pod], precise_gateway: GatewayProcess
+) -> None:
+    """The same text warmed on pod 0 under a salt and on pod 1 without: vLLM keeps the two
+    apart (the salt is in the first block's hash, and its events list it in extra_keys), so
+    the salted prompt must go to pod 0 and the unsalted one to pod 1, each time."""
+    text = long_text(random.Random())
+    salted = {**request_body("completions", text), "cache_salt": "tenant-a"}
+    plain = request_body("completions", text)
+    before = stored_blocks(precise_gateway.log)
+    prompt_tokens = http_post_json(pods[0].url + "/v1/completions", salted)["usage"][
+        "prompt_tokens"
+    ]
+    http_post_json(pods[1].url + "/v1/completions", plain)
+    wait_for_blocks(precise_gateway.log, before + 2 * (prompt_tokens // BLOCK_SIZE))
+    for body, pod in ((salted, pods[0]), (plain, pods[1])) * 3:
+        req = urllib.request.Request(
+            precise_gateway.url + "/v1/completions",
+            data=json.dumps(body).encode(),
+            headers={"Content-Type": "application/json"},
+            method="POST",
+        )
+        with urllib.request.urlopen(req, timeout=120) as resp:
+            served = resp.headers[HEADER]
+            resp.read()
+        assert served == pod.host_port, (
+            f"salt {body.get('cache_salt')!r}: routed to {served}, warmed on {pod.name}"
+        )

@@ -15,6 +15,7 @@ STORED_FIELDS = (
     "lora_id",
     "medium",
     "lora_name",
+    "extra_keys",
 )
 
 
@@ -26,8 +27,11 @@ def stored(
     medium: str | None = "GPU",
     lora_name: str | None = None,
     lora_id: int | None = None,
+    extra_keys: list[Any] | None = None,
 ) -> dict[str, Any]:
-    return {
+    """A BlockStored event; `extra_keys` (newer vLLM: per block, what its hash folds in
+    besides the tokens) is left out when None, as vLLM omits it."""
+    event = {
         "type": "BlockStored",
         "block_hashes": hashes,
         "parent_block_hash": parent,
@@ -37,6 +41,9 @@ def stored(
         "medium": medium,
         "lora_name": lora_name,
     }
+    if extra_keys is not None:
+        event["extra_keys"] = extra_keys
+    return event
 
 
 def removed(hashes: list[Any], medium: str | None = "GPU") -> dict[str, Any]:
@@ -51,7 +58,7 @@ def as_array(event: dict[str, Any]) -> list[Any]:
     """The older positional form: the class name, then the fields in declaration order."""
     tag = event["type"]
     if tag == "BlockStored":
-        return [tag, *(event[f] for f in STORED_FIELDS)]
+        return [tag, *(event.get(f) for f in STORED_FIELDS)]
     if tag == "BlockRemoved":
         return [tag, event["block_hashes"], event["medium"]]
     return [tag]

@@ -249,6 +249,55 @@ async def test_the_simulated_pods_own_events_bring_a_prompt_back(
         assert await served_by(http, gw, list(range(1, 129))) == pods[0].name  # cold: a tie
 
 
+async def test_a_cache_salt_is_scored_only_against_blocks_of_the_same_salt(
+    start_pod: PodFactory, start_gateway: GatewayFactory, model_dir: Path
+) -> None:
+    """vLLM keeps salted blocks apart (the salt is in the first block's hash), and so does the
+    simulator; its events list the salt in `extra_keys`, so a salted prompt warmed on pod-2 is
+    routed there for the same salt only: unsalted or differently salted, nothing matches."""
+    pods = [await start_pod(kv_events_port=-1) for _ in range(3)]
+    kv = [p.pod.kv_events_endpoint for p in pods]
+    gw = await start_gateway(config(pods, kv, precise_epp(model_dir, block_size=16)))
+    sc = scorer_of(gw)
+    await eventually(lambda: len(sc.ingest.subscriber.subscriptions()) == 3)
+    prompt = list(range(7000, 7000 + 16 * 8))
+    warm = {"model": "sim-model", "prompt": prompt, "max_tokens": 20, "cache_salt": "tenant-a"}
+    async with aiohttp.ClientSession() as http:
+        for attempt in range(50):  # until pod-2's events are seen (see the test above)
+            if attempt:
+                async with http.post(f"{pods[2].url}/reset_prefix_cache") as r:
+                    assert r.status == 200
+            async with http.post(f"{pods[2].url}/v1/completions", json=warm) as r:
+                assert r.status == 200
+            with contextlib.suppress(AssertionError):
+                await eventually(lambda: sc.stats.stored_blocks >= 8, within=0.5)
+                break
+        else:
+            raise AssertionError("the simulated pod's KV events never arrived")
+
+        async def pod_for(salt: str | None) -> tuple[str, int]:
+            body: dict[str, Any] = {"model": "sim-model", "prompt": prompt, "max_tokens": 1}
+            if salt is not None:
+                body["cache_salt"] = salt
+            headers = {"x-session-token": encode_token(pods[0].name)}
+            async with http.post(f"{gw.url}/v1/completions", json=body, headers=headers) as r:
+                assert r.status == 200, await r.text()
+                usage = (await r.json())["usage"]
+                cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
+                return r.headers["x-sim-pod"], cached
+
+        served, cached = await pod_for("tenant-a")
+        assert served == pods[2].name and cached >= 16 * 7  # all but the last block reused
+        # the unsalted and the other tenant's requests are not over-scored: a tie, pod-0
+        assert (await pod_for(None))[0] == pods[0].name
+        assert (await pod_for("tenant-b"))[0] == pods[0].name
+        # and pod-2 would indeed have reused nothing for them
+        body = {"model": "sim-model", "prompt": prompt, "max_tokens": 1, "cache_salt": "x"}
+        async with http.post(f"{pods[2].url}/v1/completions", json=body) as r:
+            details = (await r.json())["usage"].get("prompt_tokens_details") or {}
+            assert not details.get("cached_tokens")
+
+
 def scraped(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     return {
         (s.name, tuple(sorted(s.labels.items()))): s.value

@@ -149,7 +149,12 @@ class _Recorder(pb_grpc.TokenizationServiceServicer):  # type: ignore[misc]
 
     async def RenderChatCompletion(self, request: Any, context: Any) -> Any:
         self.seen.append(request)
-        return pb.RenderChatCompletionResponse(token_ids=[1, 2, 3], success=True)
+        answer = pb.RenderChatCompletionResponse(token_ids=[1, 2, 3], success=True)
+        if any(p.HasField("image_url") for m in request.messages for p in m.content_parts):
+            # the sidecar's vLLM renderer describes each image (hash, placeholder tokens)
+            answer.features.mm_hashes["image"].values.append("img-hash")
+            answer.features.mm_placeholders["image"].ranges.add(offset=1, length=2)
+        return answer
 
     async def RenderCompletion(self, request: Any, context: Any) -> Any:
         self.seen.append(request)
@@ -209,6 +214,96 @@ async def test_the_wire_messages_are_the_llm_d_clients(sock: str) -> None:
     finally:
         await client.close()
         await server.stop(0)
+
+
+async def test_what_the_protocol_cannot_carry_is_warned_about_once(
+    sock: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Message keys, content part types and request fields with no protocol field are left
+    out with one warning each; multimodal features the sidecar returns are not used (one
+    warning)."""
+    recorder = _Recorder()
+    server = grpc.aio.server()
+    pb_grpc.add_TokenizationServiceServicer_to_server(recorder, server)
+    server.add_insecure_port(f"unix:{sock}")
+    await server.start()
+    client = UDSTokenizerClient(sock, "org/model")
+    body = {
+        "messages": [
+            {"role": "user", "name": "ann", "content": [
+                {"type": "image_url", "image_url": {"url": "data:x"}},
+                {"type": "input_audio", "input_audio": {}},
+            ]},
+            {"role": "tool", "tool_call_id": "c1", "content": "42", "reasoning_content": None},
+        ],
+        "add_special_tokens": True,
+    }  # fmt: skip
+    try:
+        for _ in range(2):
+            assert await client.tokenize("chat", body) == [1, 2, 3]
+        warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+        unsent = ["messages[].name", "messages[].tool_call_id",
+                  "messages[].content[].type=input_audio", "add_special_tokens"]  # fmt: skip
+        for field in unsent:
+            assert sum(f"no field for a chat request's {field}:" in w for w in warned) == 1
+        assert sum("multimodal features" in w for w in warned) == 1
+        assert len(warned) == len(unsent) + 1  # a None value is not a field sent
+        caplog.clear()
+        assert await client.tokenize("chat", CHAT) == [1, 2, 3]  # nothing to say
+        assert not [r for r in caplog.records if r.levelname == "WARNING"]
+    finally:
+        await client.close()
+        await server.stop(0)
+
+
+async def test_the_server_honours_initialize_settings_and_warns_what_it_cannot_answer(
+    tok: LocalTokenizer, sock: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """InitializeTokenizer's enable_thinking and add_generation_prompt are the model's
+    defaults for RenderChatTemplate, as in the sidecar; an assistant-tokens mask and
+    multimodal features have no field to answer in, which the server says once."""
+    server = TokenizerServer({"tiny": tok})
+    await server.start(sock)
+    channel = grpc.aio.insecure_channel(f"unix:{sock}")
+    stub = pb_grpc.TokenizationServiceStub(channel)  # type: ignore[no-untyped-call]
+    probe = "{{ enable_thinking is defined and enable_thinking }}|{{ add_generation_prompt }}"
+    turn = pb.ConversationTurn(messages=[pb.ChatMessage(role="user", content="hi")])
+
+    async def render(**fields: Any) -> str:
+        request = pb.ChatTemplateRequest(
+            model_name="tiny", conversation_turns=[turn], chat_template=probe, **fields
+        )
+        return str((await stub.RenderChatTemplate(request)).rendered_prompt)
+
+    try:
+        assert await render() == "False|False"  # not initialised: the request's own fields
+        assert await render(add_generation_prompt=True) == "False|True"
+        await stub.InitializeTokenizer(
+            pb.InitializeTokenizerRequest(
+                model_name="tiny", enable_thinking=True, add_generation_prompt=True
+            )
+        )
+        assert await render() == "True|True"
+        kwargs = {"enable_thinking": pb.Value(bool_value=False)}
+        assert await render(chat_template_kwargs=kwargs) == "False|True"  # the request wins
+        assert not [r for r in caplog.records if r.levelname == "WARNING"]
+        for _ in range(2):
+            await render(return_assistant_tokens_mask=True)
+            image = pb.ContentPart(type="image_url", image_url=pb.ImageUrl(url="data:x"))
+            answer = await stub.RenderChatCompletion(
+                pb.RenderChatCompletionRequest(
+                    model_name="tiny",
+                    messages=[pb.ChatMessage(role="user", content_parts=[image])],
+                )
+            )
+            assert answer.success and not answer.HasField("features")
+        warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+        assert len(warned) == 2
+        assert "return_assistant_tokens_mask" in warned[0]
+        assert "no multimodal features" in warned[1]
+    finally:
+        await channel.close()
+        await server.stop()
 
 
 async def test_socket_missing_then_the_service_comes_up(tok: LocalTokenizer, sock: str) -> None:

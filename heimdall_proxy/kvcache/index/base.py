@@ -19,6 +19,8 @@ class StoredBlocks:
     prompt); `token_ids` their tokens, in engine blocks of `engine_block_size`; `seed` the
     hash seed of their namespace (model or LoRA adapter). `local_hashes` stand in for the
     token ids when kvcache.prepare hashed them already (in our block size, with `seed`).
+    `root` is the virtual parent a salted prompt's chain starts from (kvcache.hashing
+    salt_root), read only when `parent_hash` is None.
     An event with neither token ids nor local hashes only moves known blocks (offloading)."""
 
     pod: str
@@ -29,6 +31,7 @@ class StoredBlocks:
     engine_block_size: int
     seed: int
     local_hashes: Sequence[int] | None = None
+    root: int | None = None
 
     @property
     def location_only(self) -> bool:

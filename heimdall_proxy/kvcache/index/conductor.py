@@ -65,10 +65,12 @@ class ConductorClient:
     def ready(self) -> bool:
         return self._session is not None
 
-    async def lookup(self, lora: str, keys: Sequence[int], pods: Sequence[str]) -> dict[str, float]:
+    async def lookup(
+        self, lora: str, keys: Sequence[int], pods: Sequence[str], salt: str | None = None
+    ) -> dict[str, float]:
         """Per pod in `pods`, the tier-weighted run of `keys` it holds (pods with none left
-        out). Raises ConnectionError when the conductor cannot be asked or answers an
-        error."""
+        out); `salt`: the request's cache_salt (None: the configured `cacheSalt`). Raises
+        ConnectionError when the conductor cannot be asked or answers an error."""
         if self._session is None:
             raise ConnectionError("the conductor client is not started")
         self.stats.lookups += 1
@@ -78,7 +80,7 @@ class ConductorClient:
             "seq_hashes": list(keys),
             "tenant_id": self.tenant_id,
             "block_size": self.block_size,
-            "cache_salt": self.cache_salt,
+            "cache_salt": self.cache_salt if salt is None else salt,
         }
         try:
             async with self._session.post(f"{self.url}/query_by_hash", json=body) as resp:

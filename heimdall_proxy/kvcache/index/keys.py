@@ -73,16 +73,16 @@ def flatten_keys(entries: Iterable[EngineEntry]) -> list[int]:
 def new_keys(
     event: StoredBlocks, block_size: int, parent_key: int | None, stats: KVCacheStats
 ) -> tuple[list[int], int] | None:
-    """Our keys for a stored event that is not yet known, chained on `parent_key`, and how
-    many of them each engine block spans; None (counted) when the engine's block size is not
-    a multiple of ours."""
+    """Our keys for a stored event that is not yet known, chained on `parent_key` (on the
+    event's salted root when it starts a prompt), and how many of them each engine block
+    spans; None (counted) when the engine's block size is not a multiple of ours."""
     computed = event_keys(
         event.token_ids,
         event.engine_block_size,
         len(event.engine_hashes),
         block_size,
         event.seed,
-        parent_key,
+        event.root if event.parent_hash is None else parent_key,
         event.local_hashes,
     )
     if computed is None:

@@ -7,6 +7,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Iterable, Iterator, Mapping
+from pathlib import Path
 from typing import Literal
 
 from prometheus_client import Metric
@@ -25,7 +26,7 @@ from heimdall_proxy.framework.types import (
     InferenceRequest,
     RequestContext,
 )
-from heimdall_proxy.kvcache.hashing import LazyBlockKeys
+from heimdall_proxy.kvcache.hashing import LazyBlockKeys, salt_root
 from heimdall_proxy.kvcache.index import (
     CostAwareMemoryIndex,
     InMemoryIndex,
@@ -43,9 +44,17 @@ from heimdall_proxy.kvcache.prepare import (
 )
 from heimdall_proxy.kvcache.subscriber import SubscriberOptions
 from heimdall_proxy.loopmetrics import HistogramFamily
+from heimdall_proxy.plugins.scorers.prefix_cache import cache_salt
 from heimdall_proxy.tokenization import InProcessTokenizer, RequestTokenizer
 from heimdall_proxy.tokenization.local import LocalTokenizer
+from heimdall_proxy.tokenization.mistral import (
+    TEKKEN_FILE,
+    MistralRequestTokenizer,
+    download_mistral_tokenizer,
+    mistral_file,
+)
 from heimdall_proxy.tokenization.resolve import (
+    TOKENIZER_FILE,
     HFCacheSearch,
     LocalSearch,
     TokenizerNotFoundError,
@@ -218,8 +227,34 @@ class PrecisePrefixCacheParams(PluginParams):
 # ---- building blocks -----------------------------------------------------------------------
 
 
-#: Tokenizer modes the local tokenizer implements (`tokenizers` reads tokenizer.json).
-TOKENIZER_MODES = ("auto", "hf")
+#: Tokenizer modes implemented here: auto and hf read tokenizer.json with `tokenizers` (as
+#: vLLM's fast tokenizer), mistral encodes with `mistral-common` (tokenization.mistral).
+#: The reference's other modes (slow, deepseek_v32) are config errors: vLLM implements them
+#: with code no maintained library offers outside it, and other ids would mis-key blocks.
+TOKENIZER_MODES = ("auto", "hf", "mistral")
+
+
+def tokenizer_mode(pool: TokenizersPoolConfig) -> str:
+    """The pool's tokenizer mode: "mistral" when `hf` or `local` asks for it, else "default"
+    (auto or hf: tokenizer.json). Raises ValueError naming a mode that is not implemented,
+    or mistral in one section and hf in the other (auto defers to the other)."""
+    chosen: set[str] = set()
+    for where, cfg in (("hf", pool.hf), ("local", pool.local)):
+        if cfg is None:
+            continue
+        if cfg.tokenizer_mode not in TOKENIZER_MODES:
+            raise ValueError(
+                f"indexerConfig.tokenizersPoolConfig.{where}.tokenizerMode "
+                f"{cfg.tokenizer_mode!r} is not supported (supported: "
+                f"{', '.join(TOKENIZER_MODES)}): its token ids would not match the pods'"
+            )
+        chosen.add(cfg.tokenizer_mode)
+    if {"mistral", "hf"} <= chosen:
+        raise ValueError(
+            "indexerConfig.tokenizersPoolConfig: hf.tokenizerMode and local.tokenizerMode "
+            "disagree (mistral and hf): set one mode"
+        )
+    return "mistral" if "mistral" in chosen else "default"
 
 
 def unhonoured(params: PrecisePrefixCacheParams) -> list[str]:
@@ -229,13 +264,7 @@ def unhonoured(params: PrecisePrefixCacheParams) -> list[str]:
     out: list[str] = []
     idx = params.indexer_config
     pool = idx.tokenizers_pool_config
-    for where, cfg in (("hf", pool.hf), ("local", pool.local)):
-        if cfg is not None and cfg.tokenizer_mode not in TOKENIZER_MODES:
-            raise ValueError(
-                f"indexerConfig.tokenizersPoolConfig.{where}.tokenizerMode "
-                f"{cfg.tokenizer_mode!r} is not supported (supported: "
-                f"{', '.join(TOKENIZER_MODES)}): its token ids would not match the pods'"
-            )
+    tokenizer_mode(pool)
     base = "indexerConfig.tokenizersPoolConfig"
     if pool.local is not None and pool.local.tokenizer_revision:
         out.append(f"{base}.local.tokenizerRevision (a local directory has one revision)")
@@ -256,7 +285,8 @@ def unhonoured(params: PrecisePrefixCacheParams) -> list[str]:
 
 def build_tokenizer(cfg: TokenizersPoolConfig) -> RequestTokenizer:
     """The pool's tokenizer: the UDS service when configured, else the model's local
-    tokenizer.json (local discovery first, then the offline HF caches). Raises ValueError."""
+    tokenizer file (tokenizer.json; tekken.json or tokenizer.model.v* in mistral mode): local
+    discovery first, then the HF caches and the Hub. Raises ValueError."""
     if cfg.uds is not None:
         model = uds_model_name(cfg.model_name, cfg.uds.model_tokenizer_map)
         return UDSTokenizerClient(cfg.uds.socket_file, model, use_tcp=cfg.uds.use_tcp, timeout=1.0)
@@ -264,25 +294,40 @@ def build_tokenizer(cfg: TokenizersPoolConfig) -> RequestTokenizer:
     hf = cfg.hf or HFTokenizerConfig()
     sources = ["path", "local"] + (["hf"] if hf.enabled else [])
     name = local.tokenizer or cfg.model_name
+    mistral = tokenizer_mode(cfg) == "mistral"
+    file_name = local.auto_discovery_tokenizer_file_name
+    if mistral and file_name == TOKENIZER_FILE:
+        file_name = TEKKEN_FILE
+    hub = HFCacheSearch(
+        hf.tokenizers_cache_dir or None,
+        hf.tokenizer_revision or None,
+        repo=hf.tokenizer or None,
+        token=hf.hugging_face_token or None,
+        download=not mistral,  # a Mistral repository may hold tokenizer.model.v* instead
+    )
     try:
-        path = find_tokenizer(
+        path = (mistral_file(Path(name).expanduser()) if mistral else None) or find_tokenizer(
             name,
-            local=LocalSearch(
-                local.auto_discovery_dir,
-                local.auto_discovery_tokenizer_file_name,
-                local.model_tokenizer_map,
-            ),
-            hf=HFCacheSearch(
-                hf.tokenizers_cache_dir or None,
-                hf.tokenizer_revision or None,
-                repo=hf.tokenizer or None,
-                token=hf.hugging_face_token or None,
-            ),
+            local=LocalSearch(local.auto_discovery_dir, file_name, local.model_tokenizer_map),
+            hf=hub,
             sources=sources,
+            hub_file=TEKKEN_FILE if mistral else TOKENIZER_FILE,
         )
     except TokenizerNotFoundError as exc:
+        if not (mistral and hf.enabled):
+            raise ValueError(f"indexerConfig.tokenizersPoolConfig: {exc}") from exc
+        try:
+            path = download_mistral_tokenizer(name, hub)
+        except Exception as hub_exc:
+            raise ValueError(
+                f"indexerConfig.tokenizersPoolConfig: {exc}; the Hugging Face Hub has none "
+                f"either ({type(hub_exc).__name__}: {hub_exc})"
+            ) from exc
+    try:
+        tokenizer = MistralRequestTokenizer(path) if mistral else LocalTokenizer(path)
+    except ImportError as exc:
         raise ValueError(f"indexerConfig.tokenizersPoolConfig: {exc}") from exc
-    return InProcessTokenizer(LocalTokenizer(path), workers=cfg.workers_count)
+    return InProcessTokenizer(tokenizer, workers=cfg.workers_count)
 
 
 def build_index(cfg: KVBlockIndexConfig, block_size: int, params: PrecisePrefixCacheParams,
@@ -323,18 +368,21 @@ class PrecisePrefixCacheScorer(BasePlugin[PrecisePrefixCacheParams]):
     Request: a Producer step takes the prompt's token ids (left by the tokenizer plugin, or
     computed here with the tokenizers pool and then left on the request), keys its full
     blocks the same way (seeded by the request's adapter when it names a LoRA the pods serve,
-    else by `modelName`), looks the keys up (Redis I/O happens here, never in the scorer) and
-    publishes a PrefixCacheMatchInfo on the CycleState. Score: per pod, the longest run of
-    cached blocks from the start of the prompt, each block weighted by its fastest tier, over
-    the prompt's block count, in [0, 1]. A request that cannot be tokenized scores 0.
+    else by `modelName`; a `cache_salt` is keyed as vLLM keys it, see kvcache.hashing),
+    looks the keys up (Redis I/O happens here, never in the scorer) and publishes a
+    PrefixCacheMatchInfo on the CycleState. Score: per pod, the longest run of cached blocks
+    from the start of the prompt, each block weighted by its fastest tier, over the prompt's
+    block count, in [0, 1]. A request that cannot be tokenized scores 0.
 
     With `speculativeIndexing`, pre_request records the chosen pod (and prefill pod) as
     holding the prompt's blocks for `speculativeTTL`, covering the time until its events
-    arrive. vLLM's `cache_salt` is not visible in events, so it is not part of the keys.
+    arrive. Salted blocks are recognised in events by the salt vLLM lists in the first block's
+    `extra_keys`; a vLLM too old to send extra_keys makes them look unsalted.
 
     With `kvBlockIndexConfig.conductorConfig` (an extension) there is no local index and no
     event feed: lookups are asked of a KV cache indexer service (`heimdall-proxy conductor`
-    or Mooncake Conductor) with the standard hash, see kvcache.index.conductor."""
+    or Mooncake Conductor) with the standard hash, the adapter and the request's cache_salt
+    sent beside the keys, see kvcache.index.conductor."""
 
     type = PRECISE_PREFIX_CACHE_SCORER_TYPE
 
@@ -466,10 +514,16 @@ class PrecisePrefixCacheScorer(BasePlugin[PrecisePrefixCacheParams]):
             self._tokenizer_breaker.success()
             request.token_ids = tokens
         namespace = self.namespace(request, endpoints)
+        salt = cache_salt(request)
         # Lazily hashed: the in-memory lookup stops hashing where the last pod drops out. A
-        # conductor's keys are the standard ones: one seed, the namespace sent beside them.
-        seed = cached_seed(namespace) if self.conductor is None else self.conductor.seed
-        keys = LazyBlockKeys(tokens, self.block_size, seed)
+        # conductor's keys are the standard ones: one seed, no salt root (the namespace and
+        # the salt are sent beside them).
+        if self.conductor is None:
+            seed = cached_seed(namespace)
+            root = None if salt is None else salt_root(salt, seed)
+        else:
+            seed, root = self.conductor.seed, None
+        keys = LazyBlockKeys(tokens, self.block_size, seed, root=root)
         matched: dict[str, float] = {}
         if keys and self.ready and self._index_breaker.allow():
             t0 = time.perf_counter()
@@ -477,7 +531,7 @@ class PrecisePrefixCacheScorer(BasePlugin[PrecisePrefixCacheParams]):
                 pods = [e.name for e in endpoints]
                 if self.conductor is not None:
                     lora = "" if namespace == self.model_name else namespace
-                    matched = await self.conductor.lookup(lora, keys, pods)
+                    matched = await self.conductor.lookup(lora, keys, pods, salt)
                 elif self.index is not None:
                     matched = await self.index.lookup(keys, pods)
             except Exception as exc:  # an unreachable index: route as if nothing matched

@@ -305,9 +305,9 @@ def test_a_tokenizer_mode_nothing_implements_is_a_config_error(model_dir: Path) 
         indexer={
             "tokenizersPoolConfig": {
                 "modelName": str(model_dir),
-                "local": {"tokenizerMode": "mistral"},
+                "local": {"tokenizerMode": "deepseek_v32"},
             }
         },
     )
-    with pytest.raises(ConfigError, match="tokenizerMode 'mistral' is not supported"):
+    with pytest.raises(ConfigError, match="tokenizerMode 'deepseek_v32' is not supported"):
         build(p)
