@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from itertools import islice, repeat
 from operator import or_
 
-from heimdall_proxy.conductor.model import Cleared, Namespace, Removed, Stored
+from heimdall_proxy.conductor.model import Cleared, Namespace, Removed, Stored, Stream
 from heimdall_proxy.kvcache.index.keys import (
     EngineEntry,
     engine_entries,
@@ -129,9 +129,36 @@ class ConductorIndex:
                     del d[key]
         return n
 
+    def _chained_stream(self, publisher: str, ev: Stored) -> Stream:
+        """Where a token-id event of `publisher` belongs: a request's cache_salt reaches only
+        a prompt's first block, so a block chained on a parent (or an offloading event, which
+        names known blocks) goes to the namespace that holds that parent (or those blocks),
+        if it is another salt of the event's own. Else the event's own stream."""
+        stream = ev.stream
+        ns = stream.namespace
+        if ev.parent_hash is not None:
+            probe = ev.parent_hash
+        elif ev.seq_hashes and not ev.token_ids:
+            probe = ev.seq_hashes[0]
+        else:
+            return stream
+        maps = self._engine.get(publisher, {})
+        own = maps.get(ns)
+        if own is not None and probe in own:
+            return stream
+        for other, emap in maps.items():
+            if (
+                other != ns
+                and probe in emap
+                and (other.model, other.block_size, other.lora, other.tenant)
+                == (ns.model, ns.block_size, ns.lora, ns.tenant)
+            ):
+                return Stream(other, stream.backend_id, stream.medium, stream.dp_rank)
+        return stream
+
     def stored(self, publisher: str, ev: Stored) -> int:
         """Apply a `stored` event of `publisher`; returns the blocks indexed."""
-        stream = ev.stream
+        stream = ev.stream if ev.token_ids is None else self._chained_stream(publisher, ev)
         ns = stream.namespace
         space = self._space(ns)
         bit = space.bit((stream.backend_id, stream.dp_rank))

@@ -52,13 +52,13 @@ class Registration:
         """The subscription's identity, `instance|tenant|dp_rank` (as /unregister answers)."""
         return f"{self.instance_id}|{self.tenant_id}|{self.dp_rank}"
 
-    def namespace(self, lora: str | None = None) -> Namespace:
-        """The namespace of this publisher's blocks; `lora`: the adapter an event names
-        (None: the registration's)."""
+    def namespace(self, lora: str | None = None, salt: str | None = None) -> Namespace:
+        """The namespace of this publisher's blocks; `lora`: the adapter an event names,
+        `salt`: the cache_salt a vLLM event carries (None: the registration's)."""
         return Namespace(
             self.model,
             self.block_size,
-            self.additional_salt,
+            self.additional_salt if salt is None else salt,
             self.lora_name if lora is None else lora,
             self.tenant_id,
         )

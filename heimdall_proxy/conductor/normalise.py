@@ -5,7 +5,12 @@ and AllBlocksCleared (decoded by kvcache.events, both event shapes). They carry 
 model, tenant, salt nor instance, and their hashes are the engine's own: the registration
 supplies the envelope, token ids are kept so the standard hashes can be recomputed, and the
 batch's publisher sequence number becomes the event_id (vLLM numbers batches, not events, per
-publisher; the subscriber orders, replays and deduplicates them by that number)."""
+publisher; the subscriber orders, replays and deduplicates them by that number).
+
+A request's `cache_salt` reaches the events only in a prompt's first block (kvcache.events
+reads it from `extra_keys`): that event's namespace salt is the request's salt instead of the
+registration's `additionalsalt`, and the blocks chained on it follow it there (the index
+finds their parent in it)."""
 
 from __future__ import annotations
 
@@ -37,7 +42,7 @@ def from_vllm(reg: Registration, batch: EventBatch, event_id: int = 0) -> list[E
     out: list[Event] = []
     for ev in batch.events:
         if type(ev) is BlockStored:
-            ns = reg.namespace(lora_identity(ev.lora_name, ev.lora_id))
+            ns = reg.namespace(lora_identity(ev.lora_name, ev.lora_id), ev.cache_salt)
             stream = Stream(ns, reg.instance_id, medium_name(ev.medium), reg.dp_rank)
             out.append(
                 Stored(

@@ -441,3 +441,25 @@ async def test_a_simulated_vllm_pods_own_events(
         await eventually_query(client, query, sim.name, bs * 8)
     doc = await hits(client, query)
     assert doc["default"][sim.name]["GPU"] == bs * 8
+
+
+async def test_a_requests_cache_salt_from_vllms_extra_keys(
+    client: TestClient[Any, Any], ctx: zmq.asyncio.Context
+) -> None:
+    """vLLM folds a request's cache_salt into its first block's extra keys: the prompt is
+    found with that salt only, its continuation (chained on the parent, no salt of its own)
+    and its offloaded copy follow it there, and its removal is resolved."""
+    pub = Publisher(ctx)
+    try:
+        await register(client, pub)
+        first = engine_stored(0, 2, extra_keys=[["tenant-a"], None])
+        await pub.publish(batch([first, engine_stored(2, 2, parent=1001)]))
+        await pub.publish(batch([stored([1000, 1001], [], block_size=BS, medium="CPU")]))
+        await eventually_query(client, q(cache_salt="tenant-a"), "vllm-0", 16)
+        doc = (await hits(client, q(cache_salt="tenant-a")))["default"]["vllm-0"]
+        assert (doc["GPU"], doc["CPU"]) == (16, 8)
+        assert (await hits(client, q()))["default"]["vllm-0"]["longest_matched"] == 0
+        await pub.publish(batch([removed([1002])]))
+        await eventually_query(client, q(cache_salt="tenant-a"), "vllm-0", 8)
+    finally:
+        await pub.close()
