@@ -64,6 +64,11 @@ async def test_the_same_events_score_the_same_through_a_conductor(
         "a": [stored(list(range(n)), tokens[: n * 4], block_size=4)],
         "b": [stored([100, 101], tokens[:8], block_size=4)],
         "l": [stored([7, 8, 9], tokens[:12], block_size=4, lora_name="ad")],
+        # a request's cache_salt, as newer vLLM reports it in the first block's extra keys
+        "s": [
+            stored([20, 21], tokens[:8], block_size=4, extra_keys=[["x"], None]),
+            stored([22], tokens[8:12], parent=21, block_size=4),
+        ],
     }
     local = make(model)
     local.ingest.ready = True  # not started: fed directly below
@@ -77,25 +82,27 @@ async def test_the_same_events_score_the_same_through_a_conductor(
         for pod, pub in pubs.items():
             await register(conductor, pub, pod, model)
             await pub.publish(batch(events[pod]))
-        await eventually(lambda: conductor.app[CONDUCTOR].events.stored == 3)
+        await eventually(lambda: conductor.app[CONDUCTOR].events.stored == 5)
         await remote.start()
         lora_pod = ep("l")
         lora_pod.model_cards = {model: {"id": model, "parent": None},
                                 "ad": {"id": "ad", "parent": model}}  # fmt: skip
-        pods = [ep("a"), ep("b"), ep("c"), lora_pod]
-        for requested, expected in (
-            (model, {"a": 1.0, "b": 2 / n, "c": 0.0, "l": 0.0}),
-            ("ad", {"a": 0.0, "b": 0.0, "c": 0.0, "l": 3 / n}),
+        pods = [ep("a"), ep("b"), ep("c"), lora_pod, ep("s")]
+        for requested, salt, expected in (
+            (model, None, {"a": 1.0, "b": 2 / n, "c": 0.0, "l": 0.0, "s": 0.0}),
+            ("ad", None, {"a": 0.0, "b": 0.0, "c": 0.0, "l": 3 / n, "s": 0.0}),
+            (model, "x", {"a": 0.0, "b": 0.0, "c": 0.0, "l": 0.0, "s": 3 / n}),
         ):
             scores = []
             for scorer in (local, remote):
                 state = CycleState()
-                r = req("completions", BODY, model=requested)
+                body = BODY if salt is None else {**BODY, "cache_salt": salt}
+                r = req("completions", body, model=requested)
                 await scorer.produce(state, r, pods)
                 scores.append(scorer.score(state, r, pods))
             assert scores[0] == pytest.approx(expected)
             assert scores[1] == pytest.approx(expected)
-        assert remote.stats.lookups == 2 and remote.stats.lookup_hits == 2
+        assert remote.stats.lookups == 3 and remote.stats.lookup_hits == 3
     finally:
         await remote.stop()
         for pub in pubs.values():
