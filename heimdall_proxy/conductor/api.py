@@ -154,6 +154,8 @@ class Unregister:
     instance_id: str
     tenant_id: str
     dp_rank: int
+    #: the other fields the body gave (wire name -> value); they do not select
+    described: tuple[tuple[str, Any], ...] = ()
 
     @property
     def key(self) -> str:
@@ -163,15 +165,21 @@ class Unregister:
 def parse_unregister(body: Mapping[str, Any]) -> Unregister:
     """The subscription is identified by (instance_id, tenant_id, dp_rank), as the seed's
     implementation does; type, modelname, lora_name and block_size are checked when given
-    but do not select."""
-    _str(body, "type")
-    _str(body, "modelname")
-    _str(body, "lora_name")
-    _int(body, "block_size", minimum=1)
+    and kept, so a contradiction with the registration can be reported, but do not
+    select."""
+    described: list[tuple[str, Any]] = []
+    for name in ("type", "modelname", "lora_name"):
+        if body.get(name) is not None:
+            described.append((name, _str(body, name)))
+    if body.get("block_size") is not None:
+        described.append(("block_size", _int(body, "block_size", minimum=1)))
     rank = _int(body, "dp_rank", required=True)
     assert rank is not None
     return Unregister(
-        _str(body, "instance_id", required=True), _str(body, "tenant_id") or DEFAULT_TENANT, rank
+        _str(body, "instance_id", required=True),
+        _str(body, "tenant_id") or DEFAULT_TENANT,
+        rank,
+        tuple(described),
     )
 
 

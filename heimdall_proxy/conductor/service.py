@@ -135,6 +135,23 @@ class Conductor:
         reg = self.registrations.pop(req.key, None)
         if reg is None:
             return []
+        registered = {
+            "type": reg.type.lower(),
+            "modelname": reg.model,
+            "lora_name": reg.lora_name,
+            "block_size": reg.block_size,
+        }
+        for name, value in req.described:
+            given = value.lower() if name == "type" else value
+            if registered[name] != given:
+                log.warning(
+                    "unregister %s: %s %r does not match the registration's %r (the "
+                    "publisher is identified by instance_id, tenant_id and dp_rank)",
+                    req.key,
+                    name,
+                    value,
+                    registered[name],
+                )
         del self._endpoints[req.key]
         self._reconcile()
         self._drop(reg)

@@ -5,6 +5,7 @@ tenants, salts and LoRA, gaps replayed, restarts, unregistering, bad input, metr
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -176,7 +177,7 @@ async def test_dp_ranks_tenants_salts_and_lora(
 
 
 async def test_gap_replay_restart_and_unregister(
-    client: TestClient[Any, Any], ctx: zmq.asyncio.Context
+    client: TestClient[Any, Any], ctx: zmq.asyncio.Context, caplog: pytest.LogCaptureFixture
 ) -> None:
     pub = Publisher(ctx, replay=True)
     conductor = client.app[CONDUCTOR]
@@ -202,8 +203,15 @@ async def test_gap_replay_restart_and_unregister(
         await eventually_query(client, q(), "vllm-0", 0)
         await pub.publish(batch([engine_stored(0, 2)]))
         await eventually_query(client, q(), "vllm-0", 8)
-        doc = await post(client, "/unregister", {"instance_id": "vllm-0", "dp_rank": 0})
+        with caplog.at_level(logging.WARNING):
+            doc = await post(
+                client,
+                "/unregister",
+                {"instance_id": "vllm-0", "dp_rank": 0, "type": "vllm", "modelname": "other"},
+            )
         assert doc == {"status": "unregistered successfully", "removed_instances": [key]}
+        assert "modelname 'other' does not match the registration's 'deepseek'" in caplog.text
+        assert "type 'vllm'" not in caplog.text  # the type is matched case-insensitively
         assert conductor.index.blocks_per_medium() == {}
         assert key not in conductor.subscriber.subscriptions()
         assert (await hits(client, q())) == {"default": {}}

@@ -238,3 +238,42 @@ async def test_batches_prepared_in_a_worker_process_keep_their_order(
         await sub.stop()
         await preparer.close()
         await pub.close()
+
+
+async def test_a_duplicate_window_tells_duplicates_from_restarts(
+    ctx: zmq.asyncio.Context,
+) -> None:
+    """With duplicate_window, a batch seen again is dropped (the pod kept); a sequence that
+    goes back to 0 is still a restart; and the replay socket is the one replay_address
+    names, not the publisher's port + offset."""
+    pub = Publisher(ctx, replay=True)
+    sink = Sink()
+    asked: list[tuple[str, str]] = []
+
+    def nowhere(pod_name: str, endpoint: str) -> str | None:
+        asked.append((pod_name, endpoint))
+        return None
+
+    sub = KVEventsSubscriber(
+        SubscriberOptions(duplicate_window=8), Pool([pod("a", pub.endpoint)]), sink.apply,
+        sink.forget, replay_address=nowhere,
+    )  # fmt: skip
+    await sub.start()
+    try:
+        await until_live(pub, sub.received, "a")
+        await pub.publish(ev(1))
+        await pub.publish(ev(2), seq=pub.seq - 1)  # the same sequence number again
+        await pub.publish(ev(3))
+        await eventually(lambda: 3 in sink.tokens())
+        assert sink.tokens() == [1, 3] and sink.forgotten == []
+        assert sub.stats.duplicate_batches == 1 and sub.stats.publisher_restarts == 0
+        await pub.publish(ev(4), send=False)
+        await pub.publish(ev(5))
+        await eventually(lambda: 5 in sink.tokens())
+        assert asked == [("a", pub.endpoint)] and pub.replay_requests == []
+        await pub.publish(ev(6), seq=0)
+        await eventually(lambda: 6 in sink.tokens())
+        assert sink.forgotten == ["a"] and sub.stats.publisher_restarts == 1
+    finally:
+        await sub.stop()
+        await pub.close()
