@@ -343,6 +343,11 @@ class ConductorIndex:
                 out[medium] = out.get(medium, 0) + len(d)
         return out
 
+    def sources_of(self, ns: Namespace) -> set[Source]:
+        """The (backend, DP rank) pairs that hold or held blocks of `ns`."""
+        space = self.spaces.get(ns)
+        return set(space.bits) if space else set()
+
     def has_engine_map(self, publisher: str) -> bool:
         """Whether `publisher` sent token ids with its own hashes (its removals name them)."""
         return publisher in self._engine

@@ -13,9 +13,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 #: Publisher types whose wire format this conductor reads (lower-cased -> canonical).
-#: SGLang's publisher sends vLLM's msgpack batches; Standard is conductor.standard.
-PUBLISHER_TYPES = {"vllm": "vLLM", "sglang": "SGLang", "standard": "Standard"}
+#: SGLang's publisher sends vLLM's msgpack batches; Standard is conductor.standard, Mooncake
+#: conductor.mooncake.
+PUBLISHER_TYPES = {"vllm": "vLLM", "sglang": "SGLang", "standard": "Standard",
+                   "mooncake": "Mooncake"}  # fmt: skip
 STANDARD = "Standard"
+MOONCAKE = "Mooncake"
 DEFAULT_TENANT = "default"
 
 

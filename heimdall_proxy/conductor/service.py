@@ -10,13 +10,26 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from heimdall_proxy.conductor.api import Query, Unregister
 from heimdall_proxy.conductor.hashing import DEFAULT_HASH_SEED, seq_hashes
 from heimdall_proxy.conductor.index import ConductorIndex, InstanceHit
-from heimdall_proxy.conductor.model import STANDARD, Cleared, Registration, Removed, Stored
+from heimdall_proxy.conductor.model import (
+    MOONCAKE,
+    STANDARD,
+    Cleared,
+    Registration,
+    Removed,
+    Stored,
+)
+from heimdall_proxy.conductor.mooncake import (
+    MooncakeBatch,
+    MooncakeState,
+    decode_mooncake,
+    from_mooncake,
+)
 from heimdall_proxy.conductor.normalise import from_vllm
 from heimdall_proxy.conductor.standard import (
     DUPLICATE,
@@ -29,7 +42,7 @@ from heimdall_proxy.conductor.standard import (
 from heimdall_proxy.framework.types import Endpoint
 from heimdall_proxy.kvcache.events import EventBatch, EventDecodeError
 from heimdall_proxy.kvcache.index.stats import KVCacheStats
-from heimdall_proxy.kvcache.subscriber import KVEventsSubscriber, SubscriberOptions
+from heimdall_proxy.kvcache.subscriber import KVEventsSubscriber, Prepare, SubscriberOptions
 
 log = logging.getLogger(__name__)
 
@@ -85,13 +98,19 @@ class Conductor:
         )
         #: vLLM's (and SGLang's) publishers; standardized ones have their own decoder
         self.subscriber = KVEventsSubscriber(
-            sub_options, _Publishers(self, False), self.apply, self.forget, self.stats,
-            replay_address=self._replay_of,
+            sub_options, _Publishers(self, ("vLLM", "SGLang")), self.apply, self.forget,
+            self.stats, replay_address=self._replay_of,
         )  # fmt: skip
         self.standard_subscriber = KVEventsSubscriber(
-            sub_options, _Publishers(self, True), self.apply, self.forget, self.stats,
-            prepare=_decode_standard, replay_address=self._replay_of,
+            sub_options, _Publishers(self, (STANDARD,)), self.apply, self.forget, self.stats,
+            prepare=_decoder(decode_standard), replay_address=self._replay_of,
         )  # fmt: skip
+        self.mooncake_subscriber = KVEventsSubscriber(
+            sub_options, _Publishers(self, (MOONCAKE,)), self.apply, self.forget, self.stats,
+            prepare=_decoder(decode_mooncake), replay_address=self._replay_of,
+        )  # fmt: skip
+        #: per Mooncake publisher, its keys' blocks and media
+        self._mooncake: dict[str, MooncakeState] = {}
 
     def _replay_of(self, key: str, endpoint: str) -> str | None:
         reg = self.registrations.get(key)
@@ -99,17 +118,20 @@ class Conductor:
 
     # ---- lifecycle -------------------------------------------------------------------------
 
+    def _subscribers(self) -> tuple[KVEventsSubscriber, ...]:
+        return (self.subscriber, self.standard_subscriber, self.mooncake_subscriber)
+
     async def start(self) -> None:
-        await self.subscriber.start()
-        await self.standard_subscriber.start()
+        for sub in self._subscribers():
+            await sub.start()
 
     async def stop(self) -> None:
-        await self.subscriber.stop()
-        await self.standard_subscriber.stop()
+        for sub in self._subscribers():
+            await sub.stop()
 
     def _reconcile(self) -> None:
-        self.subscriber.reconcile()
-        self.standard_subscriber.reconcile()
+        for sub in self._subscribers():
+            sub.reconcile()
 
     # ---- registration ----------------------------------------------------------------------
 
@@ -162,6 +184,7 @@ class Conductor:
     def _drop(self, reg: Registration) -> None:
         self.index.drop_source(reg.tenant_id, (reg.instance_id, reg.dp_rank), reg.key)
         self.order.forget(reg.key)
+        self._mooncake.pop(reg.key, None)
 
     # ---- events ----------------------------------------------------------------------------
 
@@ -172,6 +195,14 @@ class Conductor:
             return  # unregistered while the batch was queued
         if isinstance(batch, StandardBatch):
             self._apply_standard(key, reg, batch)
+            return
+        if isinstance(batch, MooncakeBatch):
+            state = self._mooncake.setdefault(key, MooncakeState())
+            events, invalid = from_mooncake(reg, batch.raw, state)
+            self.stats.invalid_events += invalid
+            if batch.ts > 0:
+                self.lag[key] = max(0.0, time.time() - batch.ts)
+            self.apply_events(key, events)
             return
         if batch.ts > 0:
             self.lag[key] = max(0.0, time.time() - batch.ts)
@@ -237,16 +268,20 @@ class Conductor:
 
     def instances(self, query: Query) -> list[tuple[str, list[int]]]:
         """(instance, its registered DP ranks) in the query's scope: registered under its
-        tenant for its model and block size, or the one instance it names."""
+        tenant for its model and block size (or holding blocks of that namespace), or the
+        one instance it names."""
         ns = query.namespace
+        holding = self.index.sources_of(ns)  # a store's events may name other models
         ranks: dict[str, list[int]] = {}
         for reg in self.registrations.values():
             if reg.tenant_id != ns.tenant:
                 continue
             if query.instance_id is not None and reg.instance_id != query.instance_id:
                 continue
-            if query.instance_id is None and (
-                reg.model != ns.model or reg.block_size != ns.block_size
+            if (
+                query.instance_id is None
+                and (reg.model != ns.model or reg.block_size != ns.block_size)
+                and (reg.instance_id, reg.dp_rank) not in holding
             ):
                 continue
             ranks.setdefault(reg.instance_id, []).append(reg.dp_rank)
@@ -267,13 +302,13 @@ class Conductor:
 class _Publishers:
     """One subscriber's endpoint source: the registered publishers of its wire format."""
 
-    def __init__(self, conductor: Conductor, standard: bool) -> None:
+    def __init__(self, conductor: Conductor, types: tuple[str, ...]) -> None:
         self._conductor = conductor
-        self._standard = standard
+        self._types = types
 
     def _mine(self, key: str) -> bool:
         reg = self._conductor.registrations.get(key)
-        return reg is not None and (reg.type == STANDARD) == self._standard
+        return reg is not None and reg.type in self._types
 
     def endpoints(self) -> list[Endpoint]:
         return [e for k, e in self._conductor._endpoints.items() if self._mine(k)]
@@ -282,11 +317,17 @@ class _Publishers:
         return self._conductor._endpoints.get(name) if self._mine(name) else None
 
 
-async def _decode_standard(payloads: list[bytes]) -> list[EventBatch | str]:
-    out: list[EventBatch | str] = []
-    for payload in payloads:
-        try:
-            out.append(decode_standard(payload))
-        except EventDecodeError as exc:
-            out.append(str(exc))
-    return out
+def _decoder(decode: Callable[[bytes], EventBatch]) -> Prepare:
+    """A subscriber's Prepare from a one-message decoder (an undecodable message becomes
+    its error message)."""
+
+    async def prepare(payloads: list[bytes]) -> list[EventBatch | str]:
+        out: list[EventBatch | str] = []
+        for payload in payloads:
+            try:
+                out.append(decode(payload))
+            except EventDecodeError as exc:
+                out.append(str(exc))
+        return out
+
+    return prepare

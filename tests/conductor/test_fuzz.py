@@ -17,6 +17,7 @@ from heimdall_proxy.conductor.api import (
     parse_unregister,
 )
 from heimdall_proxy.conductor.model import Registration
+from heimdall_proxy.conductor.mooncake import MooncakeState, from_mooncake
 from heimdall_proxy.conductor.standard import decode_standard, to_event
 from heimdall_proxy.kvcache.events import EventDecodeError
 from tests.fuzz.test_fuzz_inputs import FUZZ, json_values
@@ -69,3 +70,18 @@ def test_any_message_is_a_batch_or_a_decode_error(payload: bytes) -> None:
     except EventDecodeError:
         return
     assert all(isinstance(e, dict) for e in batch.raw)
+
+
+@FUZZ
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["BlockStoreEvent", "BlockUpdateEvent", "RemoveAllEvent", "X"]),
+            st.lists(values, max_size=8),
+        ).map(lambda t: [t[0], *t[1]]),
+        max_size=6,
+    )
+)
+def test_any_mooncake_events_normalise_without_raising(raw: list[list[Any]]) -> None:
+    events, invalid = from_mooncake(REG, raw, MooncakeState())
+    assert invalid >= 0 and all(e.stream.backend_id == "i" for e in events)
