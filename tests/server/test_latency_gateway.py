@@ -97,3 +97,61 @@ async def test_sheddable_request_refused_when_no_pod_meets_its_slo(
             assert r.status == 200
             await r.read()
             r.release()
+
+
+async def test_streaming_mode_trains_ttft_and_tpot(
+    start_pod: PodFactory, start_gateway: GatewayFactory
+) -> None:
+    epp = {
+        "plugins": [
+            {
+                "type": "predicted-latency-producer",
+                "parameters": {"streamingMode": True, "minSamples": 4},
+            },
+            {"type": "latency-scorer"},
+        ]
+    }
+    pods = [await start_pod(), await start_pod()]
+    gw = await start_gateway(make_config(pods, epp))
+    async with aiohttp.ClientSession() as http:
+        for _ in range(6):
+            async with http.post(f"{gw.url}/v1/completions", json=STREAM) as r:
+                assert r.status == 200
+                await r.read()
+        async with http.post(f"{gw.url}/v1/completions", json=BODY) as r:  # not streamed
+            await r.read()
+    predictor = gw.gateway.plugins.plugins["predicted-latency-producer"].predictor  # type: ignore[attr-defined]
+    predictor.ttft.flush()
+    predictor.tpot.flush()
+    assert predictor.ttft.samples == 6 and predictor.tpot.samples == 6
+    labels = {"model_name": "sim-model", "target_model_name": "sim-model"}
+    assert gw.metric("inference_objective_request_tpot_seconds_gauge", labels)
+    assert gw.metric("inference_objective_request_ttft_seconds_gauge", labels)
+
+
+async def test_predicted_latency_scorer_alone_schedules_and_learns(
+    start_pod: PodFactory, start_gateway: GatewayFactory
+) -> None:
+    epp = {
+        "plugins": [
+            {"type": "prefix-cache-scorer"},
+            {"type": "predicted-latency-scorer", "parameters": {"minSamples": 4}},
+        ],
+        "schedulingProfiles": [
+            {"name": "default", "plugins": [{"pluginRef": "predicted-latency-scorer"}]}
+        ],
+    }
+    pods = [await start_pod(), await start_pod()]
+    gw = await start_gateway(make_config(pods, epp))
+    slo = {"x-slo-ttft-ms": "500", "x-slo-tpot-ms": "50"}
+    async with aiohttp.ClientSession() as http:
+        for i in range(12):
+            async with http.post(
+                f"{gw.url}/v1/completions", json=STREAM, headers=slo if i % 2 else {}
+            ) as r:
+                assert r.status == 200
+                await r.read()
+    plugin = gw.gateway.plugins.plugins["predicted-latency-scorer"]
+    assert plugin.predictor.ttft.samples >= 8  # type: ignore[attr-defined]
+    labels = {"model_name": "sim-model", "target_model_name": "sim-model"}
+    assert gw.metric("inference_objective_request_ttft_slo_threshold_seconds", labels) == 0.5
