@@ -18,6 +18,7 @@ _P = "inference_objective_request_"
 _LABELS = ("model_name", "target_model_name")
 _LATENCY = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 _TPOT = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
+_ERROR = (0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 2.0, 5.0)
 _DURATION = (1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 0.01, 0.05)
 
 
@@ -29,12 +30,14 @@ class LatencyMetrics:
         "predicted_ttft_gauge",
         "tpot_duration",
         "tpot_duration_gauge",
+        "tpot_error",
         "tpot_gauge",
         "tpot_slo",
         "tpot_violation",
         "tpot_violation_total",
         "ttft_duration",
         "ttft_duration_gauge",
+        "ttft_error",
         "ttft_gauge",
         "ttft_slo",
         "ttft_violation",
@@ -80,6 +83,21 @@ class LatencyMetrics:
         self.tpot_violation_total = g("tpot_slo_violation_total", "TPOT SLO violations.")
         self.ttft_slo = g("ttft_slo_threshold_seconds", "TTFT SLO of the last request with one.")
         self.tpot_slo = g("tpot_slo_threshold_seconds", "TPOT SLO of the last request with one.")
+
+        # ours, not seed 004's: |predicted - actual| / actual of the chosen pod, so the
+        # predictor's mean absolute percentage error is the histogram's sum / count
+        self.ttft_error = HistogramFamily(
+            "heimdall_latency_ttft_prediction_error_ratio",
+            "Absolute error of the chosen pod's predicted TTFT, relative to the actual one.",
+            _LABELS,
+            buckets=_ERROR,
+        )
+        self.tpot_error = HistogramFamily(
+            "heimdall_latency_tpot_prediction_error_ratio",
+            "Absolute error of the chosen pod's predicted TPOT, relative to the actual one.",
+            _LABELS,
+            buckets=_ERROR,
+        )
 
     def collect(self) -> Iterator[Metric]:
         for name in self.__slots__:

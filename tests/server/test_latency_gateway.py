@@ -155,3 +155,5 @@ async def test_predicted_latency_scorer_alone_schedules_and_learns(
     assert plugin.predictor.ttft.samples >= 8  # type: ignore[attr-defined]
     labels = {"model_name": "sim-model", "target_model_name": "sim-model"}
     assert gw.metric("inference_objective_request_ttft_slo_threshold_seconds", labels) == 0.5
+    # requests after the first training batch were predicted, and their error recorded
+    assert gw.metric("heimdall_latency_ttft_prediction_error_ratio_count", labels)

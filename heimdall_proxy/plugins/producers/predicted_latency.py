@@ -67,6 +67,8 @@ class _Attempt:
     start: float
     ttft_slo: float | None
     tpot_slo: float | None
+    predicted_ttft: float | None = None
+    predicted_tpot: float | None = None
     first_at: float | None = None
     last_at: float = 0.0
     later_events: int = 0
@@ -174,13 +176,14 @@ class PredictedLatencyProducer(BasePlugin[PredictedLatencyProducerParams]):
         row = preds.features.get(pod) if preds is not None else None
         prompt = row[3] * 1000.0 if row is not None else 0.0
         self.inflight.add(pod, key, prompt)
-        self._attempts[key] = _Attempt(
+        att = _Attempt(
             pod,
             row,
             time.monotonic(),
             preds.ttft_slo if preds is not None else None,
             preds.tpot_slo if preds is not None else None,
         )
+        self._attempts[key] = att
         if preds is None:
             return
         labels = (ctx.request.model, ctx.request.model)
@@ -191,6 +194,7 @@ class PredictedLatencyProducer(BasePlugin[PredictedLatencyProducerParams]):
             m.tpot_slo.labels(*labels).set(preds.tpot_slo)
         pred = preds.pods.get(pod)
         if pred is not None:
+            att.predicted_ttft, att.predicted_tpot = pred.ttft, pred.tpot
             m.predicted_ttft.labels(*labels).observe(pred.ttft)
             m.predicted_ttft_gauge.labels(*labels).set(pred.ttft)
             if pred.tpot is not None:
@@ -228,6 +232,8 @@ class PredictedLatencyProducer(BasePlugin[PredictedLatencyProducerParams]):
             tpot = (att.last_at - att.first_at) / att.later_events if att.later_events else None
         if ttft is not None:
             m.ttft_gauge.labels(*labels).set(ttft)
+            if att.predicted_ttft is not None and ttft > 0.0:
+                m.ttft_error.labels(*labels).observe(abs(att.predicted_ttft - ttft) / ttft)
             if att.row is not None:
                 self.predictor.ttft.observe(att.pod, att.row, ttft)
             if att.ttft_slo is not None:
@@ -237,6 +243,8 @@ class PredictedLatencyProducer(BasePlugin[PredictedLatencyProducerParams]):
                     m.ttft_violation_total.labels(*labels).inc()
         if tpot is not None:
             m.tpot_gauge.labels(*labels).set(tpot)
+            if att.predicted_tpot is not None and tpot > 0.0:
+                m.tpot_error.labels(*labels).observe(abs(att.predicted_tpot - tpot) / tpot)
             if att.row is not None:
                 self.predictor.tpot.observe(att.pod, att.row, tpot)
             if att.tpot_slo is not None:
