@@ -106,6 +106,16 @@ class OnlineLatencyModel:
         if len(self._pending_y) >= self.batch_size:
             self.flush()
 
+    def raise_factor(self, pod: str, elapsed: float, base: float) -> None:
+        """A censored observation: a request on `pod` whose shared prediction was `base` has
+        been running for `elapsed` seconds and is not done, so the pod's factor is at least
+        elapsed / base. Without it a slow pod looks fast until its first slow answer
+        returns, and gets a full share of the traffic meanwhile."""
+        if base > 0.0 and elapsed > base:
+            floor = min(elapsed / base, 20.0)
+            if floor > self.factors.get(pod, 1.0):
+                self.factors[pod] = floor
+
     def flush(self) -> None:
         """Train on the buffered observations (one SGD pass) and publish the coefficients."""
         if not self._pending_y:

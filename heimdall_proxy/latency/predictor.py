@@ -56,7 +56,7 @@ class LatencyPredictor:
 
     __slots__ = ("tpot", "ttft")
 
-    def __init__(self, *, min_samples: int = 16, batch_size: int = 8) -> None:
+    def __init__(self, *, min_samples: int = 8, batch_size: int = 8) -> None:
         n = len(FEATURES)
         self.ttft = OnlineLatencyModel(n, min_samples=min_samples, batch_size=batch_size)
         self.tpot = OnlineLatencyModel(n, min_samples=min_samples, batch_size=batch_size)

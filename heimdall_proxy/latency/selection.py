@@ -1,10 +1,12 @@
 """Scores from predictions, shared by latency-scorer and predicted-latency-scorer.
 
-Without SLOs a pod scores best latency / its latency, in (0, 1]: the fastest pod 1, a pod
-predicted four times slower 0.25, so a weighted-random picker sends it a quarter of the
-share (load still spreads; a max-score picker takes the fastest). With SLOs, pods predicted
-to meet them score in [0.5, 1] and the others in [0, 0.5), so any pod that meets the SLO
-outranks every one that does not."""
+Without SLOs a pod scores (best latency / its latency) squared, in (0, 1]: the fastest pod 1,
+a pod predicted twice as slow 0.25, four times as slow 1/16. Squared, because a
+weighted-random picker that sent a pod predicted four times slower a quarter of the share
+would put the tail of every request mix on it; load still spreads over pods predicted alike,
+and as the fast pods fill up their predictions rise and the share evens out. With SLOs,
+pods predicted to meet them score in [0.5, 1] and the others in [0, 0.5), so any pod that
+meets the SLO outranks every one that does not."""
 
 from __future__ import annotations
 
@@ -51,7 +53,7 @@ def latency_scores(
         if not known:
             return out
         best = min(known)
-        return {n: best / v for n, v in lat.items() if v is not None and v > 0.0}
+        return {n: (best / v) ** 2 for n, v in lat.items() if v is not None and v > 0.0}
     for e in endpoints:
         p = preds.pods.get(e.name)
         if p is None:
@@ -71,16 +73,21 @@ def composite_scores(
     kv_weight: float = 1.0,
     queue_weight: float = 1.0,
     prefix_weight: float = 1.0,
+    inflight: dict[str, int] | None = None,
 ) -> dict[str, float]:
     """The fallback without predictions: a weighted mean of free KV cache, a short queue
-    (relative to the longest among the candidates) and the prefix-cache match."""
+    (relative to the longest among the candidates) and the prefix-cache match. The queue is
+    the scraped one plus what this gateway has in flight there (`inflight`), which a scrape
+    shows late and which grows on a slow pod before its queue does."""
     total = kv_weight + queue_weight + prefix_weight
     if total <= 0.0:
         return {e.name: 0.0 for e in endpoints}
-    longest = max((e.metrics.waiting for e in endpoints), default=0)
+    inflight = inflight or {}
+    queues = {e.name: e.metrics.waiting + inflight.get(e.name, 0) for e in endpoints}
+    longest = max(queues.values(), default=0)
     out: dict[str, float] = {}
     for e in endpoints:
-        queue = 1.0 - e.metrics.waiting / longest if longest > 0 else 1.0
+        queue = 1.0 - queues[e.name] / longest if longest > 0 else 1.0
         kv = 1.0 - min(max(e.metrics.kv_cache_usage, 0.0), 1.0)
         prefix = prefix_ratio.get(e.name, 0.0)
         out[e.name] = (kv_weight * kv + queue_weight * queue + prefix_weight * prefix) / total

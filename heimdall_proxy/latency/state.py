@@ -61,6 +61,8 @@ class LatencyPredictions:
     pods: dict[str, PodPrediction] = field(default_factory=dict)
     #: Prefix-cache match ratio by pod, in [0, 1], whether or not there are predictions.
     prefix: dict[str, float] = field(default_factory=dict)
+    #: Requests this gateway has in flight on each pod, whether or not there are predictions.
+    inflight: dict[str, int] = field(default_factory=dict)
     #: Feature rows by pod, kept so the training hooks learn from what was predicted on.
     features: dict[str, list[float]] = field(default_factory=dict)
 

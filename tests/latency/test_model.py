@@ -41,3 +41,14 @@ def test_ignores_non_positive_and_non_finite_observations() -> None:
     assert model.samples == 0 and not model.ready
     model.observe("a", [1.0], 0.5)
     assert model.samples == 1 and model.ready
+
+
+def test_an_unanswered_request_raises_its_pods_factor() -> None:
+    model = OnlineLatencyModel(1, min_samples=1, batch_size=1)
+    model.observe("a", [1.0], 0.5)
+    model.raise_factor("a", elapsed=0.4, base=0.5)  # not late yet: nothing learned
+    assert model.factors.get("a", 1.0) == 1.0
+    model.raise_factor("a", elapsed=2.0, base=0.5)
+    assert model.factors["a"] == 4.0
+    model.raise_factor("a", elapsed=1.0, base=0.5)  # a floor, never lowered by it
+    assert model.factors["a"] == 4.0

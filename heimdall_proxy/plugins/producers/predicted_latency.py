@@ -53,11 +53,15 @@ class PredictedLatencyProducerParams(PluginParams):
     prefix_plugin_type: str = "prefix-cache-scorer"
     prefix_plugin_name: str = "prefix-cache-scorer"
     #: Observations before predictions are made (until then readers use their fallback).
-    min_samples: int = Field(default=16, ge=1)
+    min_samples: int = Field(default=8, ge=1)
     #: Token estimate for requests that were not tokenized (tokens per character).
     char_to_token_multiplier: float = Field(default=0.25, gt=0.0)
     #: A request in flight longer than this stops counting in the in-flight features.
     request_timeout: Duration = Field(default=600.0, alias="contextTTL")
+    #: Streaming mode: TPOT samples per stream, taken after 2, 4, 8, ... tokens (the mean
+    #: so far) and at its end, so a slow pod's TPOT is known a few tokens into its first
+    #: stream instead of at its end.
+    max_tpot_samples: int = Field(default=5, ge=1, alias="maxTPOTSamples")
 
 
 @dataclass(slots=True)
@@ -69,9 +73,14 @@ class _Attempt:
     tpot_slo: float | None
     predicted_ttft: float | None = None
     predicted_tpot: float | None = None
+    #: the shared (factor-free) TTFT prediction it was scheduled with
+    base_ttft: float | None = None
     first_at: float | None = None
     last_at: float = 0.0
     later_events: int = 0
+    #: streaming mode: TPOT samples taken so far, and the event count of the next one
+    tpot_samples: int = 0
+    next_sample: int = 2
 
 
 def output_tokens(request: InferenceRequest) -> int:
@@ -103,6 +112,9 @@ class PredictedLatencyProducer(BasePlugin[PredictedLatencyProducerParams]):
         self.inflight = InFlight(params.request_timeout)
         self.metrics = LatencyMetrics()
         self._attempts: dict[str, _Attempt] = {}
+        self._max_tpot_samples = params.max_tpot_samples
+        #: per pod, its attempts in start order (the oldest first)
+        self._pending: dict[str, dict[str, _Attempt]] = {}
 
     @property
     def streaming_mode(self) -> bool:
@@ -134,11 +146,13 @@ class PredictedLatencyProducer(BasePlugin[PredictedLatencyProducerParams]):
         )
         self.inflight.expire()
         inflight = self.inflight
+        self._censored(endpoints)
         names = [e.name for e in endpoints]
         rows = []
         for e in endpoints:
             ratio = info.ratio(e.name) if info is not None else 0.0
             preds.prefix[e.name] = ratio
+            preds.inflight[e.name] = inflight.count(e.name)
             uncached = info.uncached_tokens(e.name) if info is not None else prompt
             row = features(e, prompt, uncached, inflight.count(e.name), inflight.total(e.name), out)
             preds.features[e.name] = row
@@ -157,7 +171,7 @@ class PredictedLatencyProducer(BasePlugin[PredictedLatencyProducerParams]):
                     if tpot_slo is not None and tp is not None
                     else None,
                     prefix_ratio=preds.prefix[n],
-                    inflight=inflight.count(n),
+                    inflight=preds.inflight[n],
                 )
             dt = time.perf_counter() - t0
             labels = (request.model, request.model)
@@ -168,6 +182,19 @@ class PredictedLatencyProducer(BasePlugin[PredictedLatencyProducerParams]):
                 self.metrics.tpot_duration_gauge.labels(*labels).set(dt)
         state[PREDICTIONS_KEY] = preds
         return preds
+
+    def _censored(self, endpoints: list[Endpoint]) -> None:
+        """Raise the TTFT factor of a pod whose oldest unanswered request (no first chunk in
+        streaming mode, no end otherwise) has outlived its prediction."""
+        now = time.monotonic()
+        model = self.predictor.ttft
+        for e in endpoints:
+            pending = self._pending.get(e.name)
+            if not pending:
+                continue
+            oldest = next(iter(pending.values()))
+            if oldest.base_ttft is not None and oldest.first_at is None:
+                model.raise_factor(e.name, now - oldest.start, oldest.base_ttft)
 
     async def pre_request(self, ctx: RequestContext) -> None:
         preds = read_predictions(ctx.state)
@@ -184,6 +211,7 @@ class PredictedLatencyProducer(BasePlugin[PredictedLatencyProducerParams]):
             preds.tpot_slo if preds is not None else None,
         )
         self._attempts[key] = att
+        self._pending.setdefault(pod, {})[key] = att
         if preds is None:
             return
         labels = (ctx.request.model, ctx.request.model)
@@ -195,6 +223,7 @@ class PredictedLatencyProducer(BasePlugin[PredictedLatencyProducerParams]):
         pred = preds.pods.get(pod)
         if pred is not None:
             att.predicted_ttft, att.predicted_tpot = pred.ttft, pred.tpot
+            att.base_ttft = pred.ttft / self.predictor.ttft.factors.get(pod, 1.0)
             m.predicted_ttft.labels(*labels).observe(pred.ttft)
             m.predicted_ttft_gauge.labels(*labels).set(pred.ttft)
             if pred.tpot is not None:
@@ -211,12 +240,26 @@ class PredictedLatencyProducer(BasePlugin[PredictedLatencyProducerParams]):
         else:
             # one SSE event per token, unless the server coalesced several into a chunk
             att.later_events += max(1, chunk.count(b"data: {"))
+            if (
+                self.params.streaming_mode
+                and att.later_events >= att.next_sample
+                and att.tpot_samples < self._max_tpot_samples - 1
+                and att.row is not None
+            ):
+                att.tpot_samples += 1
+                att.next_sample *= 2
+                self.predictor.tpot.observe(
+                    att.pod, att.row, (now - att.first_at) / att.later_events
+                )
         att.last_at = now
 
     async def response_complete(self, ctx: RequestContext) -> None:
         key = attempt_key(ctx)
         att = self._attempts.pop(key, None)
         self.inflight.remove(ctx.target.name, key)
+        pending = self._pending.get(ctx.target.name)
+        if pending is not None:
+            pending.pop(key, None)
         if att is None or ctx.error is not None or not (ctx.status or 0) < 300:
             return
         now = time.monotonic()

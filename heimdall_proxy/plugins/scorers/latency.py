@@ -57,6 +57,7 @@ class LatencyScorer(BasePlugin[LatencyScorerParams]):
             )
             if scores:
                 return scores
+        inflight = preds.inflight if preds is not None else None
         if preds is not None:
             prefix = preds.prefix
         else:
@@ -68,4 +69,5 @@ class LatencyScorer(BasePlugin[LatencyScorerParams]):
             p.composite_kv_weight,
             p.composite_queue_weight,
             p.composite_prefix_weight,
+            inflight,
         )

@@ -71,16 +71,15 @@ class PredictedLatencyScorer(PredictedLatencyProducer):
     ) -> None:
         super().__init__(name, params, handle)
         self._rng = random.Random()
-        fields = params.model_fields_set
-        for unhonoured in ("sampling_mean", "max_sampled_tokens"):
-            if unhonoured in fields:
-                log.warning(
-                    "plugin %r (type %r): parameter %r is accepted but not honoured: TPOT is "
-                    "trained once per stream, on its mean time per token",
-                    name,
-                    self.type,
-                    type(params).model_fields[unhonoured].alias,
-                )
+        # GIE's maxSampledTokens: TPOT samples per stream (ours: after 2, 4, 8, ... tokens)
+        self._max_tpot_samples = params.max_sampled_tokens
+        if "sampling_mean" in params.model_fields_set:
+            log.warning(
+                "plugin %r (type %r): parameter 'samplingMean' is accepted but not honoured: "
+                "TPOT is sampled after 2, 4, 8, ... tokens (up to maxSampledTokens samples)",
+                name,
+                self.type,
+            )
 
     def _gate(self, cands: list[Endpoint], preds: LatencyPredictions, tau: float) -> list[Endpoint]:
         if tau <= 0.0:
@@ -110,6 +109,7 @@ class PredictedLatencyScorer(PredictedLatencyProducer):
                 p.composite_kv_weight,
                 p.composite_queue_weight,
                 p.composite_prefix_weight,
+                preds.inflight,
             )
             best = max(endpoints, key=lambda e: comp.get(e.name, 0.0))
             return {best.name: 1.0}

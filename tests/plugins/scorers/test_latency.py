@@ -54,10 +54,10 @@ def test_extension_points(kind: str, points: list[str]) -> None:
     assert extension_points(build(kind)) == points
 
 
-def test_without_slo_the_fastest_pod_scores_one_and_others_in_proportion() -> None:
+def test_without_slo_the_fastest_pod_scores_one_and_others_by_squared_ratio() -> None:
     state = CycleState({PREDICTIONS_KEY: preds(a=0.1, b=0.4)})
     scores = build("latency-scorer").score(state, req(), [ep("a"), ep("b")])  # type: ignore[attr-defined]
-    assert scores == pytest.approx({"a": 1.0, "b": 0.25})
+    assert scores == pytest.approx({"a": 1.0, "b": 0.0625})  # (0.1 / 0.4) squared
 
 
 @pytest.mark.parametrize(("strategy", "best"), [("least", "b"), ("most", "a")])
@@ -106,3 +106,12 @@ def test_predicted_latency_scorer_picks_a_pod_meeting_the_slo() -> None:
     state = CycleState({PREDICTIONS_KEY: preds(1.0, a=2.0, b=0.5, c=3.0)})
     for _ in range(20):
         assert scorer.score(state, req(), [ep("a"), ep("b"), ep("c")]) == {"b": 1.0}  # type: ignore[attr-defined]
+
+
+def test_composite_fallback_counts_the_gateways_in_flight_requests() -> None:
+    """Before the model is trained a slow pod shows up as requests that do not finish."""
+    p = preds()
+    p.inflight = {"slow": 6, "fast": 1}
+    state = CycleState({PREDICTIONS_KEY: p})
+    scores = build("latency-scorer").score(state, req(), [ep("slow"), ep("fast")])  # type: ignore[attr-defined]
+    assert scores["fast"] > scores["slow"]
