@@ -73,6 +73,13 @@ class PredictedLatencyScorer(PredictedLatencyProducer):
         self._rng = random.Random()
         # GIE's maxSampledTokens: TPOT samples per stream (ours: after 2, 4, 8, ... tokens)
         self._max_tpot_samples = params.max_sampled_tokens
+        if "max_tpot_samples" in params.model_fields_set:
+            log.warning(
+                "plugin %r (type %r): parameter 'maxTPOTSamples' is not honoured here; "
+                "maxSampledTokens sets the TPOT samples per stream",
+                name,
+                self.type,
+            )
         if "sampling_mean" in params.model_fields_set:
             log.warning(
                 "plugin %r (type %r): parameter 'samplingMean' is accepted but not honoured: "

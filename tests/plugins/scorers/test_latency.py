@@ -115,3 +115,12 @@ def test_composite_fallback_counts_the_gateways_in_flight_requests() -> None:
     state = CycleState({PREDICTIONS_KEY: p})
     scores = build("latency-scorer").score(state, req(), [ep("slow"), ep("fast")])  # type: ignore[attr-defined]
     assert scores["fast"] > scores["slow"]
+
+
+def test_predicted_latency_scorer_takes_tpot_samples_from_max_sampled_tokens(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with caplog.at_level(logging.WARNING):
+        scorer = build("predicted-latency-scorer", maxSampledTokens=3, maxTPOTSamples=9)
+    assert scorer._max_tpot_samples == 3  # type: ignore[attr-defined]
+    assert "maxTPOTSamples" in caplog.text
