@@ -31,3 +31,15 @@ def test_admits_otherwise() -> None:
     idle = preds(0.5, a=2.0, b=0.9)
     idle.pods["b"].inflight = 0
     assert adm.admit_request(CycleState({PREDICTIONS_KEY: idle}), shed, pods) is None  # type: ignore[attr-defined]
+
+
+def test_slo_factor_sheds_sooner() -> None:
+    """A sheddable request must leave headroom: with sloFactor 0.5 a pod predicted at 0.4 s
+    meets a 0.5 s SLO but not half of it."""
+    shed = req()
+    shed.priority = -1
+    state = CycleState({PREDICTIONS_KEY: preds(0.5, a=2.0, b=0.4)})
+    pods = [ep("a"), ep("b")]
+    assert build("latency-slo-admitter").admit_request(state, shed, pods) is None  # type: ignore[attr-defined]
+    why = build("latency-slo-admitter", sloFactor=0.5).admit_request(state, shed, pods)  # type: ignore[attr-defined]
+    assert why is not None and "x-slo-ttft-ms 500 ms x 0.5" in why
