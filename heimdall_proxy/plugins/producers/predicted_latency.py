@@ -150,12 +150,17 @@ class PredictedLatencyProducer(BasePlugin[PredictedLatencyProducerParams]):
         names = [e.name for e in endpoints]
         rows = []
         for e in endpoints:
-            ratio = info.ratio(e.name) if info is not None else 0.0
-            preds.prefix[e.name] = ratio
-            preds.inflight[e.name] = inflight.count(e.name)
-            uncached = info.uncached_tokens(e.name) if info is not None else prompt
-            row = features(e, prompt, uncached, inflight.count(e.name), inflight.total(e.name), out)
-            preds.features[e.name] = row
+            n = e.name
+            count = inflight.count(n)
+            preds.inflight[n] = count
+            if info is not None:
+                preds.prefix[n] = info.ratio(n)
+                uncached = info.uncached_tokens(n)
+            else:
+                preds.prefix[n] = 0.0
+                uncached = prompt
+            row = features(e, prompt, uncached, count, inflight.total(n) if count else 0.0, out)
+            preds.features[n] = row
             rows.append(row)
         ttft, tpot = self.predictor.predict(names, rows)
         if ttft is not None:
