@@ -146,37 +146,35 @@ class PredictedLatencyProducer(BasePlugin[PredictedLatencyProducerParams]):
         )
         self.inflight.expire()
         inflight = self.inflight
-        self._censored(endpoints)
+        self._censored()
         names = [e.name for e in endpoints]
-        rows = []
-        for e in endpoints:
-            n = e.name
-            count = inflight.count(n)
-            preds.inflight[n] = count
-            if info is not None:
-                preds.prefix[n] = info.ratio(n)
-                uncached = info.uncached_tokens(n)
-            else:
-                preds.prefix[n] = 0.0
-                uncached = prompt
-            row = features(e, prompt, uncached, count, inflight.total(n) if count else 0.0, out)
-            preds.features[n] = row
-            rows.append(row)
+        counts = [inflight.count(n) for n in names]
+        if info is not None:
+            ratios = [info.ratio(n) for n in names]
+            uncached = [info.uncached_tokens(n) for n in names]
+        else:
+            ratios = [0.0] * len(names)
+            uncached = [prompt] * len(names)
+        rows = [
+            features(e, prompt, u, c, inflight.total(e.name) if c else 0.0, out)
+            for e, u, c in zip(endpoints, uncached, counts, strict=True)
+        ]
+        preds.inflight = dict(zip(names, counts, strict=True))
+        preds.prefix = dict(zip(names, ratios, strict=True))
+        preds.features = dict(zip(names, rows, strict=True))
         ttft, tpot = self.predictor.predict(names, rows)
         if ttft is not None:
             ttft_slo, tpot_slo = preds.ttft_slo, preds.tpot_slo
-            for i, n in enumerate(names):
-                t = float(ttft[i])
-                tp = float(tpot[i]) if tpot is not None else None
-                preds.pods[n] = PodPrediction(
-                    ttft=t,
-                    tpot=tp,
-                    ttft_headroom=ttft_slo - t if ttft_slo is not None else None,
-                    tpot_headroom=tpot_slo - tp
-                    if tpot_slo is not None and tp is not None
-                    else None,
-                    prefix_ratio=preds.prefix[n],
-                    inflight=preds.inflight[n],
+            tpots: list[float | None] = tpot.tolist() if tpot is not None else [None] * len(names)
+            pods = preds.pods
+            for n, t, tp, r, c in zip(names, ttft.tolist(), tpots, ratios, counts, strict=True):
+                pods[n] = PodPrediction(
+                    t,
+                    tp,
+                    ttft_slo - t if ttft_slo is not None else None,
+                    tpot_slo - tp if tpot_slo is not None and tp is not None else None,
+                    r,
+                    c,
                 )
             dt = time.perf_counter() - t0
             labels = (request.model, request.model)
@@ -188,18 +186,18 @@ class PredictedLatencyProducer(BasePlugin[PredictedLatencyProducerParams]):
         state[PREDICTIONS_KEY] = preds
         return preds
 
-    def _censored(self, endpoints: list[Endpoint]) -> None:
+    def _censored(self) -> None:
         """Raise the TTFT factor of a pod whose oldest unanswered request (no first chunk in
-        streaming mode, no end otherwise) has outlived its prediction."""
+        streaming mode, no end otherwise) has outlived its prediction. Visits only the pods
+        with requests in flight, so an idle fleet costs nothing here."""
         now = time.monotonic()
         model = self.predictor.ttft
-        for e in endpoints:
-            pending = self._pending.get(e.name)
+        for pod, pending in self._pending.items():
             if not pending:
                 continue
             oldest = next(iter(pending.values()))
             if oldest.base_ttft is not None and oldest.first_at is None:
-                model.raise_factor(e.name, now - oldest.start, oldest.base_ttft)
+                model.raise_factor(pod, now - oldest.start, oldest.base_ttft)
 
     async def pre_request(self, ctx: RequestContext) -> None:
         preds = read_predictions(ctx.state)
