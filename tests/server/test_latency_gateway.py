@@ -41,8 +41,8 @@ STREAM = {**BODY, "stream": True}
 async def test_slow_pod_learned_and_avoided(
     start_pod: PodFactory, start_gateway: GatewayFactory
 ) -> None:
-    fast = await start_pod(time_scale=0.1)
-    slow = await start_pod(time_scale=0.4)
+    fast = await start_pod(time_scale=0.25)
+    slow = await start_pod(time_scale=1.0)
     gw = await start_gateway(make_config([fast, slow], EPP))
     served: Counter[str] = Counter()
     async with aiohttp.ClientSession() as http:
@@ -54,9 +54,10 @@ async def test_slow_pod_learned_and_avoided(
                     served[r.headers["x-sim-pod"]] += 1
     producer = gw.gateway.plugins.plugins["predicted-latency-producer"]
     factors = producer.predictor.ttft.factors  # type: ignore[attr-defined]
-    # 4x slower engine steps; the gateway's own few milliseconds make the end-to-end ratio ~3
-    assert factors[slow.name] / factors[fast.name] > 2.0
-    assert served[fast.name] >= 36, served  # of 60; about 45 expected, 30 by chance
+    # 4x slower engine steps; the gateway's own milliseconds (more on a loaded machine)
+    # bring the end-to-end ratio below 4
+    assert factors[slow.name] / factors[fast.name] > 1.8
+    assert served[fast.name] >= 36, served  # of 60; about 50 expected, 30 by chance
     assert gw.metric(
         "inference_objective_request_predicted_ttft_seconds_count",
         {"model_name": "sim-model", "target_model_name": "sim-model"},
