@@ -68,7 +68,9 @@ async def test_sheddable_request_refused_when_no_pod_meets_its_slo(
     start_pod: PodFactory, start_gateway: GatewayFactory
 ) -> None:
     pods = [await start_pod(name="a"), await start_pod(name="b")]
-    gw = await start_gateway(make_config(pods, EPP))
+    # the saturation detector must not shed first: this is about the SLO admitter
+    epp = {**EPP, "saturationDetector": {"queueDepthThreshold": 1000}}
+    gw = await start_gateway(make_config(pods, epp))
     async with aiohttp.ClientSession() as http:
         for _ in range(12):  # train past minSamples
             async with http.post(f"{gw.url}/v1/completions", json=BODY) as r:
@@ -77,7 +79,7 @@ async def test_sheddable_request_refused_when_no_pod_meets_its_slo(
         for p in pods:
             p.pod.hold = hold
         busy = []
-        for _ in range(8):  # keep both pods busy with requests of this gateway
+        for _ in range(16):  # keep both pods busy (all 16 on one pod: p = 2^-15)
             busy.append(asyncio.create_task(http.post(f"{gw.url}/v1/completions", json=STREAM)))
         producer = gw.gateway.plugins.plugins["predicted-latency-producer"]
         inflight = producer.inflight  # type: ignore[attr-defined]
