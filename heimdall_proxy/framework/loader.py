@@ -25,6 +25,7 @@ from heimdall_proxy.framework.defaults import (
 )
 from heimdall_proxy.framework.handle import PluginHandle, PluginLookupError
 from heimdall_proxy.framework.plugins import (
+    Admitter,
     ChecksPeers,
     DataExtractor,
     DataSource,
@@ -85,6 +86,7 @@ class PluginSet:
     skipped: dict[str, str] = field(default_factory=dict)
     prepare_data: list[PrepareData] = field(default_factory=list)
     producers: list[Producer] = field(default_factory=list)
+    admitters: list[Admitter] = field(default_factory=list)
     pre_request: list[PreRequest] = field(default_factory=list)
     response_received: list[ResponseReceived] = field(default_factory=list)
     response_streaming: list[ResponseStreaming] = field(default_factory=list)
@@ -296,6 +298,11 @@ def _build_profile(
                 )
             picker, picker_name = plugin, ref.plugin_ref
             roles += 1
+        if roles == 0 and isinstance(plugin, Producer | Admitter):
+            # llm-d's predicted-latency example lists its producer inside the profile; it is
+            # bound by what it implements, as when listed in `plugins` only.
+            log.debug("%s: a producer or admitter, run once per request, not per profile", where)
+            continue
         if roles == 0:
             points = ", ".join(extension_points(plugin)) or "no scheduling extension point"
             raise ConfigError(
@@ -362,6 +369,8 @@ def _sort_extension_points(pset: PluginSet) -> None:
             pset.prepare_data.append(plugin)
         if isinstance(plugin, Producer):
             pset.producers.append(plugin)
+        if isinstance(plugin, Admitter):
+            pset.admitters.append(plugin)
         if isinstance(plugin, PreRequest):
             pset.pre_request.append(plugin)
         if isinstance(plugin, ResponseReceived):

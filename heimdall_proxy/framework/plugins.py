@@ -135,6 +135,18 @@ class Producer(Protocol):
 
 
 @runtime_checkable
+class Admitter(Protocol):
+    def admit_request(
+        self, state: CycleState, request: InferenceRequest, endpoints: list[Endpoint]
+    ) -> str | None:
+        """Decide, after the producers ran and before scheduling, whether the request may be
+        served at all. Returns None to admit it, or the reason it is refused (the client
+        gets a 429 with that message). Synchronous and pure CPU: it reads what producers
+        left on `state`."""
+        ...
+
+
+@runtime_checkable
 class PreRequest(Protocol):
     async def pre_request(self, ctx: RequestContext) -> None:
         """Called once per attempt after a target is chosen, before the upstream request is
@@ -255,6 +267,7 @@ EXTENSION_POINTS: dict[str, type] = {
     "Picker": Picker,
     "PrepareData": PrepareData,
     "Producer": Producer,
+    "Admitter": Admitter,
     "PreRequest": PreRequest,
     "ResponseReceived": ResponseReceived,
     "ResponseStreaming": ResponseStreaming,

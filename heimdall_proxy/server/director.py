@@ -78,7 +78,7 @@ class Director:
         self.plugins = plugins
         self.metrics = metrics
         self.trust_transfer_params = trust_transfer_params
-        self._has_prepare = bool(plugins.prepare_data or plugins.producers)
+        self._has_prepare = bool(plugins.prepare_data or plugins.producers or plugins.admitters)
 
     async def decide(
         self,
@@ -193,3 +193,13 @@ class Director:
                 await producer.produce(state, ireq, candidates)
             except Exception:
                 log.exception("producer %r failed", getattr(producer, "name", producer))
+        for admitter in self.plugins.admitters:
+            reason = admitter.admit_request(state, ireq, candidates)
+            if reason is not None:
+                raise RequestError(
+                    429,
+                    reason,
+                    type="rate_limit_exceeded",
+                    code="slo_unattainable",
+                    headers={"Retry-After": "1"},
+                )

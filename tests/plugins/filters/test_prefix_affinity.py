@@ -146,3 +146,35 @@ async def test_a_hot_prefix_spreads_over_pods_as_load_grows() -> None:
             await hook.pre_request(c)
     assert picks[0] == picks[1]  # the second copy follows the first
     assert len(set(picks)) > 1  # and the prefix did not pile onto one pod
+
+
+TWO_INSTANCES = """
+plugins:
+- type: prefix-cache-scorer
+- type: prefix-cache-affinity-filter
+  name: strict-affinity
+  parameters: {affinityThreshold: 0.99, maxTTFTPenaltyMs: 1000}
+- type: prefix-cache-affinity-filter
+  name: loose-affinity
+  parameters: {affinityThreshold: 0.8, maxTTFTPenaltyMs: 1000}
+schedulingProfiles:
+- name: default
+  plugins: [{pluginRef: loose-affinity}, {pluginRef: strict-affinity},
+            {pluginRef: prefix-cache-scorer}]
+"""
+
+
+def test_several_named_instances_keep_their_own_threshold() -> None:
+    """As in llm-d's predicted-latency config: a strict (0.99) and a loose (0.8) instance."""
+    pool = EndpointPool(parse_config({"endpoints": [
+        {"name": n, "url": f"http://{n}:80"} for n in ("a", "b", "c")
+    ]}).endpoints)  # fmt: skip
+    cfg = parse_config(yaml.safe_load(TWO_INSTANCES))
+    pset = build_plugins(cfg.epp, load_builtin_plugins(), PluginHandle(pool=pool))
+    strict, loose = pset.plugins["strict-affinity"], pset.plugins["loose-affinity"]
+    assert isinstance(strict, PrefixCacheAffinityFilter)
+    assert isinstance(loose, PrefixCacheAffinityFilter)
+    match = state({"a": 100.0, "b": 90.0})  # a holds all 100 blocks, b 90 of them
+    assert names(strict.filter(match, req(), PODS)) == ["a"]
+    assert names(loose.filter(match, req(), PODS)) == ["a", "b"]
+    assert pset.resolved_profiles[0].filters == ["loose-affinity", "strict-affinity"]

@@ -266,3 +266,19 @@ async def test_queued_requests_for_a_free_pool_pass_a_blocked_one() -> None:
     assert free.waited and not blocked.done()
     blocked.cancel()
     done(fc, first)
+
+
+def test_an_unknown_objective_gets_priority_0_and_one_warning(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    objectives = Objectives(OBJECTIVES)
+    with caplog.at_level("WARNING"):
+        for _ in range(3):
+            r = req("platinum")
+            objectives.classify(r)
+            assert (r.objective, r.priority) == ("platinum", 0)
+        objectives.classify(req(""))
+    assert [m for m in caplog.messages if "platinum" in m] == [
+        "unknown objective 'platinum' in x-gateway-inference-objective: priority 0"
+    ]
+    assert len(caplog.messages) == 1

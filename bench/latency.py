@@ -1,0 +1,285 @@
+"""Latency-predicted scheduling (issue #13) on simulated pods, in three parts.
+
+* ``unequal``: half the pods 4x slower per token (every cost of the simulator's model x4),
+  moderate streamed load. Per target: share of requests on the fast pods, e2e and TTFT p95,
+  and (gateway targets with the producer) the predictor's MAPE read from the gateway's
+  /metrics (heimdall_latency_*_prediction_error_ratio).
+* ``overload``: equal pods, more load than they can serve, half the requests sheddable
+  (objective ``batch``, priority -1) and half not (``interactive``), all with
+  x-slo-ttft-ms / x-slo-tpot-ms. Per target and class: how many were shed (429) and how many
+  of the served ones met both SLOs, as the client measured them.
+* ``cost``: the producer's prediction step in-process for 64 candidate pods (features,
+  numpy product, CycleState), p50/p99 per request, and the training cost per observation.
+
+    python bench/latency.py unequal --targets round_robin config/recommended.yaml \\
+        config/predicted-latency.yaml
+    python bench/latency.py overload --targets config/recommended.yaml \\
+        config/predicted-latency.yaml
+    python bench/latency.py cost --pods 64
+
+Prints a markdown table per part (results JSON under bench/out/latency-*)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import random
+import statistics
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+if __package__ in (None, ""):  # run as `python bench/latency.py`
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench import compare, runner
+from bench.workloads import COMPLETIONS, TimedRequest, Workload, _sampling, words_text
+
+#: Every cost of the simulator's model four times its default: 4x slower per token.
+SLOW4 = ("--step-base", "0.032", "--prefill-cost-per-token", "0.00024",
+         "--decode-cost-per-seq", "0.0006", "--kv-read-cost-per-token", "2.4e-7")  # fmt: skip
+OBJECTIVES = {"interactive": 10, "batch": -1}
+
+
+def poisson_workload(
+    name: str, rate: float, requests: int, seed: int, headers_for: Any = None
+) -> Workload:
+    """Streamed completions arriving as a Poisson process: prompts of 100-800 words (about as
+    many tokens), 16-48 output tokens. `headers_for(rng)` gives (tag, headers) per request."""
+    rng = random.Random(seed)
+    t = 0.0
+    out = []
+    for i in range(requests):
+        t += rng.expovariate(rate)
+        tag, headers = headers_for(rng) if headers_for else ("all", {})
+        body = {"model": "sim-model", "prompt": words_text(rng, rng.randint(100, 800)),
+                **_sampling(rng.randint(16, 48), True)}  # fmt: skip
+        out.append(TimedRequest(f"l{i:04d}", round(t, 4), COMPLETIONS, body, tag, headers))
+    return Workload(name, {"rate": rate, "requests": requests, "seed": seed}, out)
+
+
+def error_ratios(metrics_text: str) -> dict[str, float | None]:
+    m = runner.parse_metrics(metrics_text)
+    out: dict[str, float | None] = {}
+    for kind in ("ttft", "tpot"):
+        count = m.get(f"heimdall_latency_{kind}_prediction_error_ratio_count")
+        total = m.get(f"heimdall_latency_{kind}_prediction_error_ratio_sum")
+        out[kind] = total / count if count and total is not None else None
+    return out
+
+
+def run_target(
+    target: compare.Target, workload: Workload, spec: compare.FleetSpec, out_dir: Path
+) -> tuple[runner.RunResult, dict[str, float | None], list[str]]:
+    """compare.run_target, plus the gateway's /metrics read before it stops."""
+    logs = out_dir / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    with compare.fleet(spec, logs, target.slug, False) as pods:
+        config_path = None
+        if target.kind == "gateway":
+            doc = yaml.safe_load(Path(target.arg).read_text()) or {}
+            doc = compare.gateway_config(doc, pods)
+            doc.setdefault(
+                "objectives", [{"name": k, "priority": v} for k, v in OBJECTIVES.items()]
+            )
+            config_path = out_dir / f"{target.slug}.config.yaml"
+            config_path.write_text(yaml.safe_dump(doc, sort_keys=False))
+        port = compare.free_port()
+        argv = compare.router_command(target, pods, port, config_path, [])
+        proc = compare.Proc(target.slug, argv, logs / f"{target.slug}-router.log").start()
+        errors: dict[str, float | None] = {}
+        try:
+            url = f"http://{compare.HOST}:{port}"
+            compare.wait_until(
+                proc, lambda: compare._router_ready(target, url, len(pods), spec.model), "router"
+            )
+            result = asyncio.run(
+                runner.run_workload(
+                    workload, url, {p.name: p.url for p in pods}, progress=False,
+                    label=target.label,
+                )
+            )  # fmt: skip
+            if target.kind == "gateway":
+                errors = error_ratios(compare.http_get(url + "/metrics")[1])
+        finally:
+            proc.stop()
+    result.save(out_dir / f"{target.slug}.json")
+    return result, errors, argv
+
+
+def _ms(v: float | None) -> str:
+    return "-" if v is None else f"{v * 1000:.0f}"
+
+
+def _pct(v: float | None) -> str:
+    return "-" if v is None else f"{v * 100:.0f}%"
+
+
+def unequal(args: argparse.Namespace) -> list[str]:
+    workload = poisson_workload("latency-unequal", args.rate, args.requests, args.seed)
+    per_pod = [[], [], list(SLOW4), list(SLOW4)]
+    spec = compare.FleetSpec(
+        args.pods, "sim-model", ["--max-num-seqs", str(args.slots)], args.time_scale,
+        args.seed, "off", compare.sim_flags(), per_pod_args=per_pod,
+    )  # fmt: skip
+    fast = {f"pod-{i}" for i in range(args.pods) if not per_pod[i % len(per_pod)]}
+    lines = [
+        "| target | requests on fast pods | e2e p50 (ms) | e2e p95 (ms) | TTFT p95 (ms) "
+        "| errors | TTFT MAPE | TPOT MAPE |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for spec_str in args.targets:
+        target = compare.parse_target(spec_str)
+        result, errors, _ = run_target(target, workload, spec, args.out / "unequal")
+        s = result.summary
+        per = s["requests_per_pod"]
+        share = sum(n for p, n in per.items() if p in fast) / max(1, sum(per.values()))
+        lines.append(
+            f"| {target.label} | {share * 100:.0f}% | {_ms(s['e2e']['p50'])} "
+            f"| {_ms(s['e2e']['p95'])} | {_ms(s['ttft']['p95'])} | {s['errors']} "
+            f"| {_pct(errors.get('ttft'))} | {_pct(errors.get('tpot'))} |"
+        )
+        print(lines[-1], file=sys.stderr)
+    return lines
+
+
+def overload(args: argparse.Namespace) -> list[str]:
+    slo = {"x-slo-ttft-ms": str(args.slo_ttft_ms), "x-slo-tpot-ms": str(args.slo_tpot_ms)}
+
+    def classes(rng: random.Random) -> tuple[str, dict[str, str]]:
+        name = "batch" if rng.random() < args.sheddable_share else "interactive"
+        return name, {**slo, "x-gateway-inference-objective": name}
+
+    workload = poisson_workload(
+        "latency-overload", args.rate, args.requests, args.seed, headers_for=classes
+    )
+    spec = compare.FleetSpec(
+        args.pods, "sim-model", ["--max-num-seqs", str(args.slots)], args.time_scale,
+        args.seed, "off", compare.sim_flags(),
+    )  # fmt: skip
+    lines = [
+        "| target | class | sent | shed (429) | other errors | served within both SLOs "
+        "| TTFT p95 (ms) |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for spec_str in args.targets:
+        target = compare.parse_target(spec_str)
+        result, _, _ = run_target(target, workload, spec, args.out / "overload")
+        for cls in ("interactive", "batch"):
+            rs = [r for r in result.requests if r.tag == cls]
+            shed = sum(1 for r in rs if r.status == 429)
+            ok = [r for r in rs if r.ok]
+            met = 0
+            for r in ok:
+                tpot = None
+                if r.ttft is not None and r.e2e is not None and (r.completion_tokens or 0) > 1:
+                    tpot = (r.e2e - r.ttft) / (r.completion_tokens - 1)  # type: ignore[operator]
+                if (
+                    r.ttft is not None
+                    and r.ttft * 1000 <= args.slo_ttft_ms
+                    and (tpot is None or tpot * 1000 <= args.slo_tpot_ms)
+                ):
+                    met += 1
+            ttfts = [r.ttft for r in ok if r.ttft is not None]
+            p95 = runner.percentile(ttfts, 95)
+            lines.append(
+                f"| {target.label} | {cls} | {len(rs)} | {shed} "
+                f"| {len(rs) - len(ok) - shed} | {met}/{len(ok)} "
+                f"({(met / len(ok) * 100) if ok else 0:.0f}%) | {_ms(p95)} |"
+            )
+            print(lines[-1], file=sys.stderr)
+    return lines
+
+
+def cost(args: argparse.Namespace) -> list[str]:
+    """The producer's predict() for `pods` candidates, on a model trained on synthetic
+    observations (the cost does not depend on what was learned)."""
+    from heimdall_proxy.framework.handle import PluginHandle
+    from heimdall_proxy.framework.types import CycleState, Endpoint, InferenceRequest, Metrics
+    from heimdall_proxy.plugins.producers.predicted_latency import (
+        PredictedLatencyProducer,
+        PredictedLatencyProducerParams,
+    )
+
+    rng = random.Random(args.seed)
+    pods = [
+        Endpoint(f"pod-{i}", f"http://h{i}:80", f"h{i}", 80,
+                 metrics=Metrics(waiting=rng.randint(0, 8), running=rng.randint(0, 32),
+                                 kv_cache_usage=rng.random(), updated_at=1.0))
+        for i in range(args.pods)
+    ]  # fmt: skip
+    producer = PredictedLatencyProducer(
+        "p",
+        PredictedLatencyProducerParams(streamingMode=True),
+        PluginHandle(pool=None),  # type: ignore[arg-type]
+    )
+    t0 = time.perf_counter()
+    n_train = 4000
+    for _ in range(n_train):
+        row = [rng.random() for _ in range(8)]
+        pod = rng.choice(pods).name
+        producer.predictor.ttft.observe(pod, row, 0.05 + sum(row) * 0.1)
+        producer.predictor.tpot.observe(pod, row, 0.01 + sum(row) * 0.002)
+    train = (time.perf_counter() - t0) / (2 * n_train)
+    body = {"model": "m", "prompt": "word " * 500, "max_tokens": 64}
+    headers = {"x-slo-ttft-ms": "500", "x-slo-tpot-ms": "50"}
+    times, walls = [], []
+    for i in range(args.iterations):
+        req = InferenceRequest("completions", "/v1/completions", "m", b"{}", body, headers)
+        state = CycleState()
+        # CPU time of this thread: on a shared machine the wall clock also counts the time
+        # other processes held the core
+        c, w = time.thread_time(), time.perf_counter()
+        producer.predict(state, req, pods)
+        times.append(time.thread_time() - c)
+        walls.append(time.perf_counter() - w)
+        if i % 100 == 0:  # some requests in flight, as in a live gateway
+            producer.inflight.add(rng.choice(pods).name, str(i), 500.0)
+    times.sort()
+    walls.sort()
+    p50 = statistics.median(times)
+    p99 = times[int(len(times) * 0.99)]
+    wall99 = walls[int(len(walls) * 0.99)]
+    return [
+        "| candidates | CPU per request (TTFT+TPOT for all) p50 | p99 | wall p99 "
+        "| training per observation |",
+        "|---|---|---|---|---|",
+        f"| {args.pods} | {p50 * 1e3:.3f} ms | {p99 * 1e3:.3f} ms | {wall99 * 1e3:.3f} ms "
+        f"| {train * 1e3:.3f} ms |",
+    ]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("part", choices=("unequal", "overload", "cost"))
+    parser.add_argument("--targets", nargs="+", default=["config/predicted-latency.yaml"])
+    parser.add_argument("--pods", type=int, default=None)
+    parser.add_argument("--rate", type=float, default=None, help="requests per second")
+    parser.add_argument("--requests", type=int, default=None)
+    parser.add_argument("--slots", type=int, default=8, help="--max-num-seqs of each pod")
+    parser.add_argument("--time-scale", type=float, default=5.0)
+    parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument("--slo-ttft-ms", type=float, default=1500.0)
+    parser.add_argument("--slo-tpot-ms", type=float, default=150.0)
+    parser.add_argument("--sheddable-share", type=float, default=0.5)
+    parser.add_argument("--iterations", type=int, default=5000)
+    parser.add_argument("--out", type=Path, default=compare.BENCH_DIR / "out" / "latency")
+    args = parser.parse_args(argv)
+    defaults = {"unequal": (4, 5.0, 300), "overload": (2, 14.0, 420), "cost": (64, 0.0, 0)}
+    pods, rate, requests = defaults[args.part]
+    args.pods = args.pods or pods
+    args.rate = args.rate or rate
+    args.requests = args.requests or requests
+    with contextlib.suppress(AttributeError):
+        sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]
+    lines = {"unequal": unequal, "overload": overload, "cost": cost}[args.part](args)
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

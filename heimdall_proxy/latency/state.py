@@ -1,0 +1,84 @@
+"""What the latency producer leaves on the CycleState for the filters, scorers and admitters
+that read predictions, and the request's SLOs as its headers give them."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from heimdall_proxy.framework.types import CycleState
+
+#: CycleState key of the LatencyPredictions of the request (one producer per gateway).
+PREDICTIONS_KEY = "heimdall/latency-predictions"
+TTFT_SLO_HEADER = "x-slo-ttft-ms"
+TPOT_SLO_HEADER = "x-slo-tpot-ms"
+
+
+def slo_seconds(headers: Mapping[str, str], name: str) -> float | None:
+    """An SLO header in milliseconds, as seconds; None when absent, unparsable or <= 0."""
+    raw = headers.get(name)
+    if raw is None:
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        return None
+    return value / 1000.0 if value > 0.0 else None
+
+
+@dataclass(slots=True)
+class PodPrediction:
+    """One candidate's predicted latencies (seconds) and load at scheduling time.
+
+    `ttft` is the time to the first token (end-to-end latency when the producer is not in
+    streaming mode); `tpot` is None when no TPOT model is trained. Headrooms are SLO minus
+    prediction, None when the request has no such SLO."""
+
+    ttft: float
+    tpot: float | None
+    ttft_headroom: float | None
+    tpot_headroom: float | None
+    prefix_ratio: float
+    inflight: int
+
+    @property
+    def meets_slo(self) -> bool:
+        """No SLO is predicted to be violated (True when the request has none)."""
+        return (self.ttft_headroom is None or self.ttft_headroom >= 0.0) and (
+            self.tpot_headroom is None or self.tpot_headroom >= 0.0
+        )
+
+
+@dataclass(slots=True)
+class LatencyPredictions:
+    """Predictions for every candidate of one request, or for none (`pods` empty) when the
+    model is not trained yet: readers then fall back to what they do without predictions."""
+
+    ttft_slo: float | None
+    tpot_slo: float | None
+    #: Output tokens the request is expected to produce (for latency without SLOs).
+    output_tokens: int
+    pods: dict[str, PodPrediction] = field(default_factory=dict)
+    #: Prefix-cache match ratio by pod, in [0, 1], whether or not there are predictions.
+    prefix: dict[str, float] = field(default_factory=dict)
+    #: Requests this gateway has in flight on each pod, whether or not there are predictions.
+    inflight: dict[str, int] = field(default_factory=dict)
+    #: Feature rows by pod, kept so the training hooks learn from what was predicted on.
+    features: dict[str, list[float]] = field(default_factory=dict)
+
+    @property
+    def has_slo(self) -> bool:
+        return self.ttft_slo is not None or self.tpot_slo is not None
+
+    def latency(self, pod: str) -> float | None:
+        """Predicted seconds to the end of the answer: TTFT plus TPOT times the expected
+        output (TTFT alone is the end-to-end latency when TPOT is not modelled)."""
+        p = self.pods.get(pod)
+        if p is None:
+            return None
+        return p.ttft + (p.tpot * self.output_tokens if p.tpot is not None else 0.0)
+
+
+def read_predictions(state: CycleState) -> LatencyPredictions | None:
+    found = state.get(PREDICTIONS_KEY)
+    return found if isinstance(found, LatencyPredictions) else None

@@ -1,0 +1,1 @@
+"""Admitters: plugins that may refuse a request after the producers ran, before scheduling."""

@@ -1,0 +1,1 @@
+"""Producers: plugins whose work runs once per request before the profiles (predictions)."""

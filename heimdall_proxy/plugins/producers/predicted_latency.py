@@ -1,0 +1,303 @@
+"""predicted-latency-producer: predicts TTFT and TPOT of the request on every candidate, puts
+them (and the headroom against the request's SLO headers) on the CycleState, and trains the
+predictor from what the gateway then observes of each response.
+
+The model runs in-process (heimdall_proxy/latency): per request it costs one numpy product
+over all candidates, so scoring needs no round trip to a sidecar."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from prometheus_client.core import Metric
+from pydantic import Field
+
+from heimdall_proxy.framework.base import BasePlugin
+from heimdall_proxy.framework.handle import PluginHandle
+from heimdall_proxy.framework.params import Duration, PluginParams
+from heimdall_proxy.framework.prefix import read_prefix_match
+from heimdall_proxy.framework.registry import register
+from heimdall_proxy.framework.types import CycleState, Endpoint, InferenceRequest, RequestContext
+from heimdall_proxy.latency.metrics import LatencyMetrics
+from heimdall_proxy.latency.predictor import LatencyPredictor, features
+from heimdall_proxy.latency.state import (
+    PREDICTIONS_KEY,
+    TPOT_SLO_HEADER,
+    TTFT_SLO_HEADER,
+    LatencyPredictions,
+    PodPrediction,
+    read_predictions,
+    slo_seconds,
+)
+from heimdall_proxy.plugins.scorers.active_request import attempt_key
+from heimdall_proxy.plugins.scorers.inflight import InFlight
+
+log = logging.getLogger(__name__)
+
+PREDICTED_LATENCY_PRODUCER_TYPE = "predicted-latency-producer"
+#: Output tokens assumed when a request sets no max_tokens (vLLM's own default is larger;
+#: this only weighs TPOT against TTFT when ranking pods without SLOs).
+DEFAULT_OUTPUT_TOKENS = 64
+
+
+class PredictedLatencyProducerParams(PluginParams):
+    #: false: train on end-to-end latency (recorded as TTFT; TPOT not trained). true: TTFT
+    #: on the first streamed chunk, TPOT on the chunks after it (streamed responses only).
+    streaming_mode: bool = False
+    #: Multiplies the TPOT SLO of the request before headroom is computed (GIE's knob).
+    slo_buffer_factor: float = Field(default=1.0, gt=0.0)
+    #: The prefix-cache plugin whose match information feeds the prefix features.
+    prefix_plugin_type: str = "prefix-cache-scorer"
+    prefix_plugin_name: str = "prefix-cache-scorer"
+    #: Observations before predictions are made (until then readers use their fallback).
+    min_samples: int = Field(default=8, ge=1)
+    #: Token estimate for requests that were not tokenized (tokens per character).
+    char_to_token_multiplier: float = Field(default=0.25, gt=0.0)
+    #: A request in flight longer than this stops counting in the in-flight features.
+    request_timeout: Duration = Field(default=600.0, alias="contextTTL")
+    #: Streaming mode: TPOT samples per stream, taken after 2, 4, 8, ... tokens (the mean
+    #: so far) and at its end, so a slow pod's TPOT is known a few tokens into its first
+    #: stream instead of at its end.
+    max_tpot_samples: int = Field(default=5, ge=1, alias="maxTPOTSamples")
+
+
+@dataclass(slots=True)
+class _Attempt:
+    pod: str
+    row: list[float] | None
+    start: float
+    ttft_slo: float | None
+    tpot_slo: float | None
+    predicted_ttft: float | None = None
+    predicted_tpot: float | None = None
+    #: the shared (factor-free) TTFT prediction it was scheduled with
+    base_ttft: float | None = None
+    first_at: float | None = None
+    last_at: float = 0.0
+    later_events: int = 0
+    #: streaming mode: TPOT samples taken so far, and the event count of the next one
+    tpot_samples: int = 0
+    next_sample: int = 2
+
+
+def output_tokens(request: InferenceRequest) -> int:
+    data = request.data
+    for key in ("max_tokens", "max_completion_tokens", "max_output_tokens"):
+        value = data.get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return DEFAULT_OUTPUT_TOKENS
+
+
+@register(PREDICTED_LATENCY_PRODUCER_TYPE, PredictedLatencyProducerParams)
+class PredictedLatencyProducer(BasePlugin[PredictedLatencyProducerParams]):
+    """Producer, PreRequest, ResponseStreaming, ResponseComplete, MetricsSource.
+
+    produce: reads each candidate's last scrape, the prefix match left by the prefix plugin
+    (declare it before this one), and this plugin's in-flight ledger; leaves
+    LatencyPredictions under PREDICTIONS_KEY (empty `pods` until `minSamples` responses
+    trained the model). pre_request / response_streaming / response_complete: keep the
+    ledger and train the TTFT (and, in streaming mode, TPOT) model on the chosen pod."""
+
+    type = PREDICTED_LATENCY_PRODUCER_TYPE
+
+    def __init__(
+        self, name: str, params: PredictedLatencyProducerParams, handle: PluginHandle
+    ) -> None:
+        super().__init__(name, params, handle)
+        self.predictor = LatencyPredictor(min_samples=params.min_samples)
+        self.inflight = InFlight(params.request_timeout)
+        self.metrics = LatencyMetrics()
+        self._attempts: dict[str, _Attempt] = {}
+        self._max_tpot_samples = params.max_tpot_samples
+        #: per pod, its attempts in start order (the oldest first)
+        self._pending: dict[str, dict[str, _Attempt]] = {}
+
+    @property
+    def streaming_mode(self) -> bool:
+        return self.params.streaming_mode
+
+    async def produce(
+        self, state: CycleState, request: InferenceRequest, endpoints: list[Endpoint]
+    ) -> None:
+        self.predict(state, request, endpoints)
+
+    def predict(
+        self, state: CycleState, request: InferenceRequest, endpoints: list[Endpoint]
+    ) -> LatencyPredictions:
+        t0 = time.perf_counter()
+        p = self.params
+        info = read_prefix_match(state, p.prefix_plugin_type, p.prefix_plugin_name)
+        if info is not None and info.prompt_tokens:
+            prompt = info.prompt_tokens
+        elif request.token_ids is not None:
+            prompt = len(request.token_ids)
+        else:
+            prompt = int(len(request.prompt_text()) * p.char_to_token_multiplier)
+        out = output_tokens(request)
+        tpot_slo = slo_seconds(request.headers, TPOT_SLO_HEADER)
+        preds = LatencyPredictions(
+            ttft_slo=slo_seconds(request.headers, TTFT_SLO_HEADER),
+            tpot_slo=tpot_slo * p.slo_buffer_factor if tpot_slo is not None else None,
+            output_tokens=out,
+        )
+        self.inflight.expire()
+        inflight = self.inflight
+        self._censored()
+        names = [e.name for e in endpoints]
+        counts = [inflight.count(n) for n in names]
+        if info is not None:
+            ratios = [info.ratio(n) for n in names]
+            uncached = [info.uncached_tokens(n) for n in names]
+        else:
+            ratios = [0.0] * len(names)
+            uncached = [prompt] * len(names)
+        rows = [
+            features(e, prompt, u, c, inflight.total(e.name) if c else 0.0, out)
+            for e, u, c in zip(endpoints, uncached, counts, strict=True)
+        ]
+        preds.inflight = dict(zip(names, counts, strict=True))
+        preds.prefix = dict(zip(names, ratios, strict=True))
+        preds.features = dict(zip(names, rows, strict=True))
+        ttft, tpot = self.predictor.predict(names, rows)
+        if ttft is not None:
+            ttft_slo, tpot_slo = preds.ttft_slo, preds.tpot_slo
+            tpots: list[float | None] = tpot.tolist() if tpot is not None else [None] * len(names)
+            pods = preds.pods
+            for n, t, tp, r, c in zip(names, ttft.tolist(), tpots, ratios, counts, strict=True):
+                pods[n] = PodPrediction(
+                    t,
+                    tp,
+                    ttft_slo - t if ttft_slo is not None else None,
+                    tpot_slo - tp if tpot_slo is not None and tp is not None else None,
+                    r,
+                    c,
+                )
+            dt = time.perf_counter() - t0
+            labels = (request.model, request.model)
+            self.metrics.ttft_duration.labels(*labels).observe(dt)
+            self.metrics.ttft_duration_gauge.labels(*labels).set(dt)
+            if tpot is not None:
+                self.metrics.tpot_duration.labels(*labels).observe(dt)
+                self.metrics.tpot_duration_gauge.labels(*labels).set(dt)
+        state[PREDICTIONS_KEY] = preds
+        return preds
+
+    def _censored(self) -> None:
+        """Raise the TTFT factor of a pod whose oldest unanswered request (no first chunk in
+        streaming mode, no end otherwise) has outlived its prediction. Visits only the pods
+        with requests in flight, so an idle fleet costs nothing here."""
+        now = time.monotonic()
+        model = self.predictor.ttft
+        for pod, pending in self._pending.items():
+            if not pending:
+                continue
+            oldest = next(iter(pending.values()))
+            if oldest.base_ttft is not None and oldest.first_at is None:
+                model.raise_factor(pod, now - oldest.start, oldest.base_ttft)
+
+    async def pre_request(self, ctx: RequestContext) -> None:
+        preds = read_predictions(ctx.state)
+        pod = ctx.target.name
+        key = attempt_key(ctx)
+        row = preds.features.get(pod) if preds is not None else None
+        prompt = row[3] * 1000.0 if row is not None else 0.0
+        self.inflight.add(pod, key, prompt)
+        att = _Attempt(
+            pod,
+            row,
+            time.monotonic(),
+            preds.ttft_slo if preds is not None else None,
+            preds.tpot_slo if preds is not None else None,
+        )
+        self._attempts[key] = att
+        self._pending.setdefault(pod, {})[key] = att
+        if preds is None:
+            return
+        labels = (ctx.request.model, ctx.request.model)
+        m = self.metrics
+        if preds.ttft_slo is not None:
+            m.ttft_slo.labels(*labels).set(preds.ttft_slo)
+        if preds.tpot_slo is not None:
+            m.tpot_slo.labels(*labels).set(preds.tpot_slo)
+        pred = preds.pods.get(pod)
+        if pred is not None:
+            att.predicted_ttft, att.predicted_tpot = pred.ttft, pred.tpot
+            att.base_ttft = pred.ttft / self.predictor.ttft.factors.get(pod, 1.0)
+            m.predicted_ttft.labels(*labels).observe(pred.ttft)
+            m.predicted_ttft_gauge.labels(*labels).set(pred.ttft)
+            if pred.tpot is not None:
+                m.predicted_tpot.labels(*labels).observe(pred.tpot)
+                m.predicted_tpot_gauge.labels(*labels).set(pred.tpot)
+
+    async def response_streaming(self, ctx: RequestContext, chunk: bytes) -> None:
+        att = self._attempts.get(attempt_key(ctx))
+        if att is None:
+            return
+        now = time.monotonic()
+        if att.first_at is None:
+            att.first_at = now
+        else:
+            # one SSE event per token, unless the server coalesced several into a chunk
+            att.later_events += max(1, chunk.count(b"data: {"))
+            if (
+                self.params.streaming_mode
+                and att.later_events >= att.next_sample
+                and att.tpot_samples < self._max_tpot_samples - 1
+                and att.row is not None
+            ):
+                att.tpot_samples += 1
+                att.next_sample *= 2
+                self.predictor.tpot.observe(
+                    att.pod, att.row, (now - att.first_at) / att.later_events
+                )
+        att.last_at = now
+
+    async def response_complete(self, ctx: RequestContext) -> None:
+        key = attempt_key(ctx)
+        att = self._attempts.pop(key, None)
+        self.inflight.remove(ctx.target.name, key)
+        pending = self._pending.get(ctx.target.name)
+        if pending is not None:
+            pending.pop(key, None)
+        if att is None or ctx.error is not None or not (ctx.status or 0) < 300:
+            return
+        now = time.monotonic()
+        labels = (ctx.request.model, ctx.request.model)
+        m = self.metrics
+        if not self.params.streaming_mode:
+            ttft: float | None = now - att.start
+            tpot: float | None = None
+        elif att.first_at is None:
+            return  # not streamed: neither TTFT nor TPOT can be told apart
+        else:
+            ttft = att.first_at - att.start
+            tpot = (att.last_at - att.first_at) / att.later_events if att.later_events else None
+        if ttft is not None:
+            m.ttft_gauge.labels(*labels).set(ttft)
+            if att.predicted_ttft is not None and ttft > 0.0:
+                m.ttft_error.labels(*labels).observe(abs(att.predicted_ttft - ttft) / ttft)
+            if att.row is not None:
+                self.predictor.ttft.observe(att.pod, att.row, ttft)
+            if att.ttft_slo is not None:
+                missed = ttft > att.ttft_slo
+                m.ttft_violation.labels(*labels).set(1.0 if missed else 0.0)
+                if missed:
+                    m.ttft_violation_total.labels(*labels).inc()
+        if tpot is not None:
+            m.tpot_gauge.labels(*labels).set(tpot)
+            if att.predicted_tpot is not None and tpot > 0.0:
+                m.tpot_error.labels(*labels).observe(abs(att.predicted_tpot - tpot) / tpot)
+            if att.row is not None:
+                self.predictor.tpot.observe(att.pod, att.row, tpot)
+            if att.tpot_slo is not None:
+                missed = tpot > att.tpot_slo
+                m.tpot_violation.labels(*labels).set(1.0 if missed else 0.0)
+                if missed:
+                    m.tpot_violation_total.labels(*labels).inc()
+
+    def collect_metrics(self) -> Iterable[Metric]:
+        return self.metrics.collect()

@@ -1,0 +1,144 @@
+"""predicted-latency-scorer: seed 000's (and GIE's) all-in-one latency plugin. It predicts
+like predicted-latency-producer (it is one, with GIE's streaming default) and then chooses
+the pod itself, as GIE's scorer does: score 1 for the chosen pod, 0 for the others.
+
+The choice, in GIE's order: an affinity gate over every candidate (`affinityGateTauGlobal`,
+skipped with probability `epsilonExploreSticky`); without SLOs, weighted random by
+predicted latency; with SLOs, the positive tier (pods predicted to meet them) except with
+probability `epsilonExploreNeg`, then the affinity gate `affinityGateTau` within the tier,
+then weighted random by blended headroom (`headroomTTFTWeight`/`headroomTPOTWeight`, by
+`headroomSelectionStrategy`) or, in the negative tier, by blended deficit
+(`negHeadroomTTFTWeight`/`negHeadroomTPOTWeight`), idle pods first. Without predictions it
+picks by the composite of KV cache, queue and prefix (`composite*Weight`)."""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections.abc import Mapping, Sequence
+from typing import Literal
+
+from pydantic import Field
+
+from heimdall_proxy.framework.handle import PluginHandle
+from heimdall_proxy.framework.params import Duration
+from heimdall_proxy.framework.registry import register
+from heimdall_proxy.framework.types import CycleState, Endpoint, InferenceRequest
+from heimdall_proxy.latency.selection import composite_scores, latency_scores
+from heimdall_proxy.latency.state import LatencyPredictions, read_predictions
+from heimdall_proxy.plugins.producers.predicted_latency import (
+    PredictedLatencyProducer,
+    PredictedLatencyProducerParams,
+)
+
+log = logging.getLogger(__name__)
+
+PREDICTED_LATENCY_SCORER_TYPE = "predicted-latency-scorer"
+
+
+class PredictedLatencyScorerParams(PredictedLatencyProducerParams):
+    """GIE's parameters and defaults (pkg/epp/framework/plugins/scheduling/scorer/
+    predictedlatency/scorer.go), plus the producer's own."""
+
+    sampling_mean: float = Field(default=1000.0, gt=0.0)
+    max_sampled_tokens: int = Field(default=5, gt=0)
+    neg_headroom_ttft_weight: float = Field(default=0.8, ge=0.0, alias="negHeadroomTTFTWeight")
+    neg_headroom_tpot_weight: float = Field(default=0.2, ge=0.0, alias="negHeadroomTPOTWeight")
+    headroom_ttft_weight: float = Field(default=0.8, ge=0.0, alias="headroomTTFTWeight")
+    headroom_tpot_weight: float = Field(default=0.2, ge=0.0, alias="headroomTPOTWeight")
+    headroom_selection_strategy: Literal["least", "most"] = "least"
+    composite_kv_weight: float = Field(default=1.0, ge=0.0, alias="compositeKVWeight")
+    composite_queue_weight: float = Field(default=1.0, ge=0.0)
+    composite_prefix_weight: float = Field(default=1.0, ge=0.0)
+    epsilon_explore_sticky: float = Field(default=0.01, ge=0.0, le=1.0)
+    epsilon_explore_neg: float = Field(default=0.01, ge=0.0, le=1.0)
+    affinity_gate_tau: float = Field(default=0.80, ge=0.0, le=1.0)
+    affinity_gate_tau_global: float = Field(default=0.99, ge=0.0, le=1.0)
+    request_timeout: Duration = Field(default=300.0, alias="contextTTL")
+    selection_mode: Literal["linear"] = "linear"
+    streaming_mode: bool = True
+
+
+@register(PREDICTED_LATENCY_SCORER_TYPE, PredictedLatencyScorerParams)
+class PredictedLatencyScorer(PredictedLatencyProducer):
+    """Producer, Scorer, PreRequest, ResponseStreaming, ResponseComplete, MetricsSource."""
+
+    type = PREDICTED_LATENCY_SCORER_TYPE
+    params: PredictedLatencyScorerParams
+
+    def __init__(
+        self, name: str, params: PredictedLatencyScorerParams, handle: PluginHandle
+    ) -> None:
+        super().__init__(name, params, handle)
+        self._rng = random.Random()
+        # GIE's maxSampledTokens: TPOT samples per stream (ours: after 2, 4, 8, ... tokens)
+        self._max_tpot_samples = params.max_sampled_tokens
+        if "max_tpot_samples" in params.model_fields_set:
+            log.warning(
+                "plugin %r (type %r): parameter 'maxTPOTSamples' is not honoured here; "
+                "maxSampledTokens sets the TPOT samples per stream",
+                name,
+                self.type,
+            )
+        if "sampling_mean" in params.model_fields_set:
+            log.warning(
+                "plugin %r (type %r): parameter 'samplingMean' is accepted but not honoured: "
+                "TPOT is sampled after 2, 4, 8, ... tokens (up to maxSampledTokens samples)",
+                name,
+                self.type,
+            )
+
+    def _gate(self, cands: list[Endpoint], preds: LatencyPredictions, tau: float) -> list[Endpoint]:
+        if tau <= 0.0:
+            return cands
+        sticky = [e for e in cands if preds.prefix.get(e.name, 0.0) >= tau]
+        if not sticky or self._rng.random() < self.params.epsilon_explore_sticky:
+            return cands
+        return sticky
+
+    def _draw(self, cands: Sequence[Endpoint], weights: Mapping[str, float]) -> Endpoint:
+        w = [max(weights.get(e.name, 0.0), 0.0) + 1e-3 for e in cands]
+        return self._rng.choices(list(cands), weights=w, k=1)[0]
+
+    def score(
+        self, state: CycleState, request: InferenceRequest, endpoints: list[Endpoint]
+    ) -> Mapping[str, float]:
+        if not endpoints:
+            return {}
+        p = self.params
+        preds = read_predictions(state)
+        if preds is None:  # not produced by this plugin in this cycle (a fallback cycle)
+            preds = self.predict(state, request, endpoints)
+        if not preds.pods:
+            comp = composite_scores(
+                endpoints,
+                preds.prefix,
+                p.composite_kv_weight,
+                p.composite_queue_weight,
+                p.composite_prefix_weight,
+                preds.inflight,
+            )
+            best = max(endpoints, key=lambda e: comp.get(e.name, 0.0))
+            return {best.name: 1.0}
+        cands = self._gate(list(endpoints), preds, p.affinity_gate_tau_global)
+        if not preds.has_slo:
+            return {self._draw(cands, latency_scores(preds, cands)).name: 1.0}
+        positive = [e for e in cands if preds.pods[e.name].meets_slo]
+        negative = [e for e in cands if not preds.pods[e.name].meets_slo]
+        if positive and (not negative or self._rng.random() >= p.epsilon_explore_neg):
+            tier = self._gate(positive, preds, p.affinity_gate_tau)
+            weights = latency_scores(
+                preds,
+                tier,
+                p.headroom_selection_strategy,
+                p.headroom_ttft_weight,
+                p.headroom_tpot_weight,
+            )
+        else:
+            idle = [e for e in negative if preds.pods[e.name].inflight == 0]
+            tier = self._gate(idle or negative, preds, p.affinity_gate_tau)
+            ttft_w, tpot_w = p.neg_headroom_ttft_weight, p.neg_headroom_tpot_weight
+            if not p.streaming_mode:
+                ttft_w, tpot_w = 1.0, 0.0
+            weights = latency_scores(preds, tier, "least", ttft_w, tpot_w)
+        return {self._draw(tier, weights).name: 1.0}

@@ -1,0 +1,54 @@
+"""The online latency model learns a load-dependent latency and tells a slow pod from a fast
+one from observations alone (scikit-learn's SGD underneath, nothing mocked)."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+
+from heimdall_proxy.latency.model import OnlineLatencyModel
+
+
+def _truth(x: list[float], slow: bool) -> float:
+    base = 0.02 + 0.05 * x[0] + 0.03 * x[1]
+    return base * (4.0 if slow else 1.0)
+
+
+def test_learns_load_and_a_per_pod_speed_factor() -> None:
+    rng = random.Random(7)
+    model = OnlineLatencyModel(2, min_samples=16)
+    assert not model.ready
+    for _ in range(3000):
+        pod = rng.choice(["fast", "slow"])
+        x = [rng.uniform(0, 2), rng.uniform(0, 2)]
+        model.observe(pod, x, _truth(x, pod == "slow") * rng.uniform(0.95, 1.05))
+    assert model.ready
+    errors = []
+    for _ in range(200):
+        x = [rng.uniform(0, 2), rng.uniform(0, 2)]
+        got = model.predict(["fast", "slow"], np.asarray([x, x]))
+        for value, slow in zip(got, (False, True), strict=True):
+            errors.append(abs(value - _truth(x, slow)) / _truth(x, slow))
+    assert sum(errors) / len(errors) < 0.15
+    assert 3.0 < model.factors["slow"] / model.factors["fast"] < 5.0
+
+
+def test_ignores_non_positive_and_non_finite_observations() -> None:
+    model = OnlineLatencyModel(1, min_samples=1, batch_size=1)
+    model.observe("a", [1.0], 0.0)
+    model.observe("a", [1.0], float("nan"))
+    assert model.samples == 0 and not model.ready
+    model.observe("a", [1.0], 0.5)
+    assert model.samples == 1 and model.ready
+
+
+def test_an_unanswered_request_raises_its_pods_factor() -> None:
+    model = OnlineLatencyModel(1, min_samples=1, batch_size=1)
+    model.observe("a", [1.0], 0.5)
+    model.raise_factor("a", elapsed=0.4, base=0.5)  # not late yet: nothing learned
+    assert model.factors.get("a", 1.0) == 1.0
+    model.raise_factor("a", elapsed=2.0, base=0.5)
+    assert model.factors["a"] == 4.0
+    model.raise_factor("a", elapsed=1.0, base=0.5)  # a floor, never lowered by it
+    assert model.factors["a"] == 4.0
