@@ -202,13 +202,19 @@ def decode_event(raw: Any) -> KVEvent | None:
     return None
 
 
-def decode_batch(payload: bytes) -> EventBatch:
-    """A msgpack payload -> EventBatch. Raises EventDecodeError."""
+def unpack(payload: bytes) -> Any:
+    """A message's msgpack payload as Python values (maps with any keys). Raises
+    EventDecodeError."""
     try:
-        raw = msgpack.unpackb(payload, raw=False, strict_map_key=False)
+        return msgpack.unpackb(payload, raw=False, strict_map_key=False)
     except (msgpack.UnpackException, ValueError, TypeError) as exc:
         # TypeError: a map whose key is a list or map (unhashable), which msgpack allows
         raise EventDecodeError(f"not msgpack: {exc}") from exc
+
+
+def decode_batch(payload: bytes) -> EventBatch:
+    """A msgpack payload -> EventBatch. Raises EventDecodeError."""
+    raw = unpack(payload)
     if type(raw) is dict:
         ts, events, rank = raw.get("ts"), raw.get("events"), raw.get("data_parallel_rank")
     elif type(raw) is list and len(raw) >= 2:
