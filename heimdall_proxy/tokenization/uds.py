@@ -720,13 +720,9 @@ def load_models(specs: list[str]) -> dict[str, LocalTokenizer]:
     """`[NAME=]MODEL` specs -> tokenizers; MODEL is a directory or tokenizer.json, or a model
     name found in the local caches or on the Hub. NAME defaults to MODEL. Raises
     TokenizerNotFoundError."""
-    out: dict[str, LocalTokenizer] = {}
-    for spec in specs:
-        name, sep, model = spec.partition("=")
-        if not sep:
-            name = model = spec
-        out[name] = load_model(model)
-    return out
+    from heimdall_proxy.tokenization.resolve import model_spec
+
+    return {name: load_model(model) for name, model in map(model_spec, specs)}
 
 
 def load_model(model: str) -> LocalTokenizer:
