@@ -40,7 +40,7 @@ from heimdall_proxy.conductor.standard import (
     to_event,
 )
 from heimdall_proxy.framework.types import Endpoint
-from heimdall_proxy.kvcache.events import EventBatch, EventDecodeError
+from heimdall_proxy.kvcache.events import EventBatch, decode_payload
 from heimdall_proxy.kvcache.index.stats import KVCacheStats
 from heimdall_proxy.kvcache.subscriber import KVEventsSubscriber, Prepare, SubscriberOptions
 
@@ -196,17 +196,15 @@ class Conductor:
         if isinstance(batch, StandardBatch):
             self._apply_standard(key, reg, batch)
             return
+        if batch.ts > 0:
+            self.lag[key] = max(0.0, time.time() - batch.ts)
         if isinstance(batch, MooncakeBatch):
             state = self._mooncake.setdefault(key, MooncakeState())
             events, invalid = from_mooncake(reg, batch.raw, state)
             self.stats.invalid_events += invalid
-            if batch.ts > 0:
-                self.lag[key] = max(0.0, time.time() - batch.ts)
             self.apply_events(key, events)
-            return
-        if batch.ts > 0:
-            self.lag[key] = max(0.0, time.time() - batch.ts)
-        self.apply_events(key, from_vllm(reg, batch))
+        else:
+            self.apply_events(key, from_vllm(reg, batch))
 
     def _apply_standard(self, key: str, reg: Registration, batch: StandardBatch) -> None:
         events = []
@@ -319,15 +317,9 @@ class _Publishers:
 
 def _decoder(decode: Callable[[bytes], EventBatch]) -> Prepare:
     """A subscriber's Prepare from a one-message decoder (an undecodable message becomes
-    its error message)."""
+    its error message, as kvcache.events.decode_payload makes it)."""
 
     async def prepare(payloads: list[bytes]) -> list[EventBatch | str]:
-        out: list[EventBatch | str] = []
-        for payload in payloads:
-            try:
-                out.append(decode(payload))
-            except EventDecodeError as exc:
-                out.append(str(exc))
-        return out
+        return [decode_payload(payload, decode) for payload in payloads]
 
     return prepare

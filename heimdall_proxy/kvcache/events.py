@@ -26,7 +26,7 @@ integer of their last 8 bytes, as vLLM itself converts them, so every engine has
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -240,10 +240,13 @@ def decode_batch(payload: bytes) -> EventBatch:
     )
 
 
-def decode_payload(payload: bytes) -> EventBatch | str:
-    """decode_batch, with an undecodable payload returned as its error message."""
+def decode_payload(
+    payload: bytes, decode: Callable[[bytes], EventBatch] = decode_batch
+) -> EventBatch | str:
+    """`decode` (vLLM's decode_batch unless another wire format's decoder is given), with an
+    undecodable payload returned as its error message."""
     try:
-        return decode_batch(payload)
+        return decode(payload)
     except EventDecodeError as exc:
         return str(exc)
 
