@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
+
+from aiohttp.test_utils import TestClient
 
 from heimdall_proxy.framework.types import Endpoint, Metrics
 
@@ -26,3 +29,39 @@ def ep(
         labels=labels or {},
         metrics=Metrics(**metrics),
     )
+
+
+# ---- the conductor's HTTP API (tests/conductor) ------------------------------------------
+
+#: The conductor tests' block size and prompt (8 blocks), asked for as model "deepseek".
+BS = 4
+TOKENS = list(range(100, 132))
+
+
+def q(tokens: list[int] = TOKENS, **extra: Any) -> dict[str, Any]:
+    """A /query body for `tokens` of model "deepseek" in blocks of BS."""
+    return {"model": "deepseek", "token_ids": tokens, "block_size": BS, **extra}
+
+
+async def post(client: TestClient[Any, Any], path: str, body: Any, status: int = 200) -> Any:
+    """POST `body` as JSON; the answer's JSON, asserting its status."""
+    resp = await client.post(path, json=body)
+    doc = await resp.json()
+    assert resp.status == status, doc
+    return doc
+
+
+async def hits(client: TestClient[Any, Any], body: dict[str, Any], path: str = "/query") -> Any:
+    return await post(client, path, body)
+
+
+async def eventually_query(
+    client: TestClient[Any, Any], body: dict[str, Any], instance: str, tokens: int
+) -> None:
+    """Query until `instance` matches `tokens` (events arrive asynchronously)."""
+    for _ in range(250):
+        doc = await hits(client, body)
+        if doc[body.get("tenant_id", "default")].get(instance, {}).get("longest_matched") == tokens:
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"{instance} never matched {tokens} tokens: {doc}")

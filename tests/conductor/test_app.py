@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
@@ -19,18 +18,9 @@ from heimdall_proxy.conductor.app import CONDUCTOR, create_app
 from heimdall_proxy.conductor.hashing import seq_hashes
 from heimdall_proxy.conductor.service import ServiceOptions
 from tests.conductor.test_hashing import plain_seq_hashes
-from tests.conductor.test_index import TOKENS
 from tests.conftest import eventually
+from tests.helpers import BS, TOKENS, eventually_query, hits, post, q
 from tests.kvcache.vllm_wire import Publisher, batch, cleared, removed, stored, until_live
-
-BS = 4
-
-
-@pytest.fixture
-async def ctx() -> AsyncIterator[zmq.asyncio.Context]:
-    c = zmq.asyncio.Context()
-    yield c
-    c.destroy(linger=0)
 
 
 @pytest.fixture
@@ -54,13 +44,6 @@ def reg(pub: Publisher, instance: str = "vllm-0", **extra: Any) -> dict[str, Any
     return body
 
 
-async def post(client: TestClient[Any, Any], path: str, body: Any, status: int = 200) -> Any:
-    resp = await client.post(path, json=body)
-    doc = await resp.json()
-    assert resp.status == status, doc
-    return doc
-
-
 async def register(client: TestClient[Any, Any], pub: Publisher, **kw: Any) -> str:
     doc = await post(client, "/register", reg(pub, **kw))
     instance = kw.get("instance", "vllm-0")
@@ -68,10 +51,6 @@ async def register(client: TestClient[Any, Any], pub: Publisher, **kw: Any) -> s
     key = f"{instance}|{kw.get('tenant_id', 'default')}|{kw.get('dp_rank', 0)}"
     await until_live(pub, client.app[CONDUCTOR].subscriber.received, key)
     return key
-
-
-def q(tokens: list[int] = TOKENS, **extra: Any) -> dict[str, Any]:
-    return {"model": "deepseek", "token_ids": tokens, "block_size": BS, **extra}
 
 
 def engine_stored(start: int, n: int, parent: int | None = None, **kw: Any) -> dict[str, Any]:
@@ -83,10 +62,6 @@ def engine_stored(start: int, n: int, parent: int | None = None, **kw: Any) -> d
         block_size=BS,
         **kw,
     )
-
-
-async def hits(client: TestClient[Any, Any], body: dict[str, Any], path: str = "/query") -> Any:
-    return await post(client, path, body)
 
 
 async def test_register_query_and_hash_query(
@@ -126,18 +101,6 @@ async def test_register_query_and_hash_query(
         await eventually_query(client, q(), "vllm-0", 4)
     finally:
         await pub.close()
-
-
-async def eventually_query(
-    client: TestClient[Any, Any], body: dict[str, Any], instance: str, tokens: int
-) -> None:
-    """Query until `instance` matches `tokens` (events arrive asynchronously)."""
-    for _ in range(250):
-        doc = await hits(client, body)
-        if doc[body.get("tenant_id", "default")].get(instance, {}).get("longest_matched") == tokens:
-            return
-        await asyncio.sleep(0.02)
-    raise AssertionError(f"{instance} never matched {tokens} tokens: {doc}")
 
 
 async def test_dp_ranks_tenants_salts_and_lora(

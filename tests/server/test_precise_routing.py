@@ -40,13 +40,6 @@ async def redis_prefix() -> AsyncIterator[str]:
         yield prefix
 
 
-@pytest.fixture
-async def zctx() -> AsyncIterator[zmq.asyncio.Context]:
-    c = zmq.asyncio.Context()
-    yield c
-    c.destroy(linger=0)
-
-
 def precise_epp(model_dir: Path, block_size: int = BS, **extra: Any) -> dict[str, Any]:
     params: dict[str, Any] = {
         "tokenProcessorConfig": {"blockSize": block_size},
@@ -111,10 +104,10 @@ async def applied(gw: RunningGateway, check: Callable[[dict[str, int]], bool]) -
 @pytest.mark.parametrize("shape", ["map", "array"])
 async def test_kv_events_move_the_routing(
     start_pod: PodFactory, start_gateway: GatewayFactory, model_dir: Path,
-    zctx: zmq.asyncio.Context, shape: str,
+    ctx: zmq.asyncio.Context, shape: str,
 ) -> None:  # fmt: skip
     pods = [await start_pod() for _ in range(3)]
-    pubs = [Publisher(zctx, replay=False, topic=f"kv@{p.name}@sim-model") for p in pods]
+    pubs = [Publisher(ctx, replay=False, topic=f"kv@{p.name}@sim-model") for p in pods]
     try:
         gw = await start_gateway(config(pods, [p.endpoint for p in pubs], precise_epp(model_dir)))
         sc = scorer_of(gw)
@@ -181,10 +174,10 @@ async def test_speculative_indexing_routes_a_repeat_before_its_events(
 
 async def test_replicas_sharing_a_redis_index_route_alike(
     start_pod: PodFactory, start_gateway: GatewayFactory, model_dir: Path,
-    zctx: zmq.asyncio.Context, redis_prefix: str,
+    ctx: zmq.asyncio.Context, redis_prefix: str,
 ) -> None:  # fmt: skip
     pods = [await start_pod() for _ in range(3)]
-    pubs = [Publisher(zctx, replay=False, topic=f"kv@{p.name}@sim-model") for p in pods]
+    pubs = [Publisher(ctx, replay=False, topic=f"kv@{p.name}@sim-model") for p in pods]
     index = {
         "kvBlockIndexConfig": {"redisConfig": {"address": REDIS_URL, "keyPrefix": redis_prefix}}
     }
@@ -309,10 +302,10 @@ def scraped(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
 @pytest.mark.parametrize("enabled", [True, False])
 async def test_enable_metrics_exports_the_index_families(
     start_pod: PodFactory, start_gateway: GatewayFactory, model_dir: Path,
-    zctx: zmq.asyncio.Context, enabled: bool,
+    ctx: zmq.asyncio.Context, enabled: bool,
 ) -> None:  # fmt: skip
     pods = [await start_pod() for _ in range(2)]
-    pubs = [Publisher(zctx, replay=False, topic=f"kv@{p.name}@sim-model") for p in pods]
+    pubs = [Publisher(ctx, replay=False, topic=f"kv@{p.name}@sim-model") for p in pods]
     try:
         epp = precise_epp(
             model_dir, indexerConfig={"kvBlockIndexConfig": {"enableMetrics": enabled}}
