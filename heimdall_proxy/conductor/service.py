@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from heimdall_proxy.conductor.api import Query, Unregister
-from heimdall_proxy.conductor.hashing import DEFAULT_HASH_SEED, seq_hashes
+from heimdall_proxy.conductor.hashing import seq_hashes
 from heimdall_proxy.conductor.index import ConductorIndex, InstanceHit
 from heimdall_proxy.conductor.model import (
     MOONCAKE,
@@ -41,6 +41,7 @@ from heimdall_proxy.conductor.standard import (
 )
 from heimdall_proxy.framework.types import Endpoint
 from heimdall_proxy.kvcache.events import EventBatch, decode_payload
+from heimdall_proxy.kvcache.hashing import STANDARD_HASH_SEED
 from heimdall_proxy.kvcache.index.stats import KVCacheStats
 from heimdall_proxy.kvcache.subscriber import KVEventsSubscriber, Prepare, SubscriberOptions
 
@@ -49,7 +50,7 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True, slots=True)
 class ServiceOptions:
-    hash_seed: int = DEFAULT_HASH_SEED
+    hash_seed: int = STANDARD_HASH_SEED
     #: token ids a /query may send, hashes a /query_by_hash may send
     max_query_tokens: int = 1 << 20
     max_query_blocks: int = 1 << 16

@@ -9,7 +9,8 @@ import struct
 import pytest
 import xxhash
 
-from heimdall_proxy.conductor.hashing import DEFAULT_HASH_SEED, seq_hashes
+from heimdall_proxy.conductor.hashing import seq_hashes
+from heimdall_proxy.kvcache.hashing import STANDARD_HASH_SEED
 
 
 def plain_seq_hashes(tokens: list[int], block_size: int, seed: int) -> list[int]:
@@ -48,7 +49,7 @@ def test_the_xxh3_primitive_matches_the_reference_vector() -> None:
 
 
 def test_the_default_seed_is_the_standards() -> None:
-    assert DEFAULT_HASH_SEED == 1337
+    assert STANDARD_HASH_SEED == 1337
 
 
 @pytest.mark.parametrize(("tokens", "block_size", "seed", "expected"), VECTORS)
