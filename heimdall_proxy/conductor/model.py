@@ -22,6 +22,21 @@ MOONCAKE = "Mooncake"
 DEFAULT_TENANT = "default"
 
 
+def publisher_key(instance_id: str, tenant_id: str, dp_rank: int) -> str:
+    """A subscription's identity, `instance|tenant|dp_rank` (as /unregister answers)."""
+    return f"{instance_id}|{tenant_id}|{dp_rank}"
+
+
+def lora_identity(lora_name: str | None, lora_id: int | None) -> str | None:
+    """The LoRA part of a namespace: the adapter's name, or for an adapter known only by
+    vLLM's number (deprecated `lora_id`) `id:<n>`; None when neither is given."""
+    if lora_name:
+        return lora_name
+    if lora_id is not None:
+        return f"id:{lora_id}"
+    return None
+
+
 @dataclass(frozen=True, slots=True)
 class Namespace:
     """Blocks are only comparable within one namespace."""
@@ -52,8 +67,8 @@ class Registration:
 
     @property
     def key(self) -> str:
-        """The subscription's identity, `instance|tenant|dp_rank` (as /unregister answers)."""
-        return f"{self.instance_id}|{self.tenant_id}|{self.dp_rank}"
+        """The subscription's identity (`publisher_key`)."""
+        return publisher_key(self.instance_id, self.tenant_id, self.dp_rank)
 
     def namespace(self, lora: str | None = None, salt: str | None = None) -> Namespace:
         """The namespace of this publisher's blocks; `lora`: the adapter an event names,

@@ -16,6 +16,7 @@ from aiohttp.test_utils import TestClient
 
 from heimdall_proxy.conductor.app import CONDUCTOR, create_app
 from heimdall_proxy.conductor.hashing import seq_hashes
+from heimdall_proxy.conductor.model import publisher_key
 from heimdall_proxy.conductor.service import ServiceOptions
 from tests.conductor.test_hashing import plain_seq_hashes
 from tests.conftest import eventually
@@ -48,7 +49,7 @@ async def register(client: TestClient[Any, Any], pub: Publisher, **kw: Any) -> s
     doc = await post(client, "/register", reg(pub, **kw))
     instance = kw.get("instance", "vllm-0")
     assert doc == {"status": "registered successfully", "instance_id": instance}
-    key = f"{instance}|{kw.get('tenant_id', 'default')}|{kw.get('dp_rank', 0)}"
+    key = publisher_key(instance, kw.get("tenant_id", "default"), kw.get("dp_rank", 0))
     await until_live(pub, client.app[CONDUCTOR].subscriber.received, key)
     return key
 
