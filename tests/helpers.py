@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import struct
 from typing import Any
 
+import xxhash
 from aiohttp.test_utils import TestClient
 
 from heimdall_proxy.framework.types import Endpoint, Metrics
@@ -29,6 +31,30 @@ def ep(
         labels=labels or {},
         metrics=Metrics(**metrics),
     )
+
+
+# ---- block hashes -------------------------------------------------------------------------
+
+
+def reference_seq_hashes(
+    tokens: list[int], bs: int, seed: int, parent: int | None = None
+) -> list[int]:
+    """The standard's rolling hash transcribed plainly (one struct.pack per token, one loop
+    step per block), to check kvcache.hashing's optimised code against:
+    seq[i] = XXH3(seq[i-1]_le || local[i]_le, S); seq[0] = local[0] at the root."""
+    out = []
+    prev = parent
+    for i in range(len(tokens) // bs):
+        chunk = b"".join(struct.pack("<I", t) for t in tokens[i * bs : (i + 1) * bs])
+        local = xxhash.xxh3_64_intdigest(chunk, seed)
+        if prev is None:
+            prev = local
+        else:
+            prev = xxhash.xxh3_64_intdigest(
+                struct.pack("<Q", prev) + struct.pack("<Q", local), seed
+            )
+        out.append(prev)
+    return out
 
 
 # ---- the conductor's HTTP API (tests/conductor) ------------------------------------------

@@ -18,9 +18,8 @@ from heimdall_proxy.conductor.app import CONDUCTOR, create_app
 from heimdall_proxy.conductor.hashing import seq_hashes
 from heimdall_proxy.conductor.model import publisher_key
 from heimdall_proxy.conductor.service import ServiceOptions
-from tests.conductor.test_hashing import plain_seq_hashes
 from tests.conftest import eventually
-from tests.helpers import BS, TOKENS, eventually_query, hits, post, q
+from tests.helpers import BS, TOKENS, eventually_query, hits, post, q, reference_seq_hashes
 from tests.kvcache.vllm_wire import Publisher, batch, cleared, removed, stored, until_live
 
 
@@ -83,7 +82,7 @@ async def test_register_query_and_hash_query(
         }
         by_hash = await hits(
             client,
-            {"model": "deepseek", "seq_hashes": plain_seq_hashes(TOKENS, BS, 1337)[:4],
+            {"model": "deepseek", "seq_hashes": reference_seq_hashes(TOKENS, BS, 1337)[:4],
              "block_size": BS},
             "/query_by_hash",
         )  # fmt: skip
@@ -428,6 +427,8 @@ async def test_a_requests_cache_salt_from_vllms_extra_keys(
         await pub.publish(batch([first, engine_stored(2, 2, parent=1001)]))
         await pub.publish(batch([stored([1000, 1001], [], block_size=BS, medium="CPU")]))
         await eventually_query(client, q(cache_salt="tenant-a"), "vllm-0", 16)
+        # the GPU run is whole after the first batch: wait for the offloading one as well
+        await eventually(lambda: client.app[CONDUCTOR].events.stored == 3)
         doc = (await hits(client, q(cache_salt="tenant-a")))["default"]["vllm-0"]
         assert (doc["GPU"], doc["CPU"]) == (16, 8)
         assert (await hits(client, q()))["default"]["vllm-0"]["longest_matched"] == 0
