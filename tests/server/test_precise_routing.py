@@ -101,6 +101,25 @@ async def applied(gw: RunningGateway, check: Callable[[dict[str, int]], bool]) -
     await eventually(lambda: check(scorer_of(gw).stats.as_dict()))
 
 
+async def warm(
+    http: aiohttp.ClientSession, pod: RunningPod, body: dict[str, Any], seen: Callable[[], bool]
+) -> None:
+    """Send `body` to `pod` until `seen()` says its KV events arrived. ZMQ subscriptions take
+    a moment to be live (a PUB drops what it sends before the SUB joined), so the pod's prefix
+    cache is cleared before each retry: the retry really stores (and announces) the blocks
+    again."""
+    for attempt in range(50):
+        if attempt:
+            async with http.post(f"{pod.url}/reset_prefix_cache") as r:
+                assert r.status == 200
+        async with http.post(f"{pod.url}/v1/completions", json=body) as r:
+            assert r.status == 200
+        with contextlib.suppress(AssertionError):
+            await eventually(seen, within=0.5)
+            return
+    raise AssertionError("the simulated pod's KV events never arrived")
+
+
 @pytest.mark.parametrize("shape", ["map", "array"])
 async def test_kv_events_move_the_routing(
     start_pod: PodFactory, start_gateway: GatewayFactory, model_dir: Path,
@@ -222,21 +241,8 @@ async def test_the_simulated_pods_own_events_bring_a_prompt_back(
     await eventually(lambda: len(sc.ingest.subscriber.subscriptions()) == 3)
     prompt = list(range(5000, 5000 + 16 * 8))  # 8 blocks of token ids
     async with aiohttp.ClientSession() as http:
-        # ZMQ subscriptions take a moment to be live (a PUB drops what it sends before the
-        # SUB joined): warm pod-2 until its events are seen, clearing its prefix cache before
-        # each retry so the retry really stores (and announces) the blocks again
-        for attempt in range(50):
-            if attempt:
-                async with http.post(f"{pods[2].url}/reset_prefix_cache") as r:
-                    assert r.status == 200
-            body = {"model": "sim-model", "prompt": prompt, "max_tokens": 1}
-            async with http.post(f"{pods[2].url}/v1/completions", json=body) as r:
-                assert r.status == 200
-            with contextlib.suppress(AssertionError):
-                await eventually(lambda: sc.stats.stored_blocks >= 8, within=0.5)
-                break
-        else:
-            raise AssertionError("the simulated pod's KV events never arrived")
+        body = {"model": "sim-model", "prompt": prompt, "max_tokens": 1}
+        await warm(http, pods[2], body, lambda: sc.stats.stored_blocks >= 8)
         for _ in range(3):
             assert await served_by(http, gw, prompt) == pods[2].name
         assert await served_by(http, gw, list(range(1, 129))) == pods[0].name  # cold: a tie
@@ -254,19 +260,9 @@ async def test_a_cache_salt_is_scored_only_against_blocks_of_the_same_salt(
     sc = scorer_of(gw)
     await eventually(lambda: len(sc.ingest.subscriber.subscriptions()) == 3)
     prompt = list(range(7000, 7000 + 16 * 8))
-    warm = {"model": "sim-model", "prompt": prompt, "max_tokens": 20, "cache_salt": "tenant-a"}
+    salted = {"model": "sim-model", "prompt": prompt, "max_tokens": 20, "cache_salt": "tenant-a"}
     async with aiohttp.ClientSession() as http:
-        for attempt in range(50):  # until pod-2's events are seen (see the test above)
-            if attempt:
-                async with http.post(f"{pods[2].url}/reset_prefix_cache") as r:
-                    assert r.status == 200
-            async with http.post(f"{pods[2].url}/v1/completions", json=warm) as r:
-                assert r.status == 200
-            with contextlib.suppress(AssertionError):
-                await eventually(lambda: sc.stats.stored_blocks >= 8, within=0.5)
-                break
-        else:
-            raise AssertionError("the simulated pod's KV events never arrived")
+        await warm(http, pods[2], salted, lambda: sc.stats.stored_blocks >= 8)
 
         async def pod_for(salt: str | None) -> tuple[str, int]:
             body: dict[str, Any] = {"model": "sim-model", "prompt": prompt, "max_tokens": 1}
