@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import shutil
 import struct
+from pathlib import Path
 from typing import Any
 
 import xxhash
@@ -31,6 +33,26 @@ def ep(
         labels=labels or {},
         metrics=Metrics(**metrics),
     )
+
+
+# ---- the Hugging Face Hub client's cache ----------------------------------------------------
+
+#: The snapshot commit hub_cache files its copies under.
+COMMIT = "0123456789abcdef0123456789abcdef01234567"
+
+
+def hub_cache(
+    root: Path, repo: str, tokenizer: Path, revision: str = "main", name: str = "tokenizer.json"
+) -> Path:
+    """The Hub client's cache layout for one file of `repo` at `revision`: `tokenizer`
+    copied in as `name`; the copy's path."""
+    base = root / ("models--" + repo.replace("/", "--"))
+    snap = base / "snapshots" / COMMIT
+    snap.mkdir(parents=True)
+    (base / "refs").mkdir()
+    (base / "refs" / revision).write_text(COMMIT)
+    shutil.copy(tokenizer, snap / name)
+    return snap / name
 
 
 # ---- block hashes -------------------------------------------------------------------------
