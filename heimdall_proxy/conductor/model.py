@@ -12,13 +12,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-#: Publisher types whose wire format this conductor reads (lower-cased -> canonical).
-#: SGLang's publisher sends vLLM's msgpack batches; Standard is conductor.standard, Mooncake
+#: Publisher types whose wire format this conductor reads, canonically spelt. SGLang's
+#: publisher sends vLLM's msgpack batches; Standard is conductor.standard, Mooncake
 #: conductor.mooncake.
-PUBLISHER_TYPES = {"vllm": "vLLM", "sglang": "SGLang", "standard": "Standard",
-                   "mooncake": "Mooncake"}  # fmt: skip
-STANDARD = "Standard"
-MOONCAKE = "Mooncake"
+VLLM, SGLANG, STANDARD, MOONCAKE = "vLLM", "SGLang", "Standard", "Mooncake"
+#: lower-cased -> canonical (a registration's `type` is matched without case)
+PUBLISHER_TYPES = {t.lower(): t for t in (VLLM, SGLANG, STANDARD, MOONCAKE)}
 DEFAULT_TENANT = "default"
 
 

@@ -18,7 +18,9 @@ from heimdall_proxy.conductor.hashing import seq_hashes
 from heimdall_proxy.conductor.index import ConductorIndex, InstanceHit
 from heimdall_proxy.conductor.model import (
     MOONCAKE,
+    SGLANG,
     STANDARD,
+    VLLM,
     Cleared,
     Registration,
     Removed,
@@ -99,7 +101,7 @@ class Conductor:
         )
         #: vLLM's (and SGLang's) publishers; standardized ones have their own decoder
         self.subscriber = KVEventsSubscriber(
-            sub_options, _Publishers(self, ("vLLM", "SGLang")), self.apply, self.forget,
+            sub_options, _Publishers(self, (VLLM, SGLANG)), self.apply, self.forget,
             self.stats, replay_address=self._replay_of,
         )  # fmt: skip
         self.standard_subscriber = KVEventsSubscriber(
