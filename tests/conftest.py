@@ -8,11 +8,12 @@ import os
 # No test reaches the Hugging Face Hub (this machine has no network): its client reads the
 # caches only. Set before anything imports huggingface_hub, which reads it once.
 os.environ["HF_HUB_OFFLINE"] = "1"
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
+import zmq.asyncio
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
@@ -108,3 +109,11 @@ async def eventually(check: Callable[[], bool], within: float = 5.0) -> None:
         if asyncio.get_running_loop().time() > deadline:
             raise AssertionError("condition not met in time")
         await asyncio.sleep(0.01)
+
+
+@pytest.fixture
+async def ctx() -> AsyncIterator[zmq.asyncio.Context]:
+    """A ZMQ context for test publishers and subscribers, destroyed without lingering."""
+    c = zmq.asyncio.Context()
+    yield c
+    c.destroy(linger=0)

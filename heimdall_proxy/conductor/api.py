@@ -15,6 +15,8 @@ from heimdall_proxy.conductor.model import (
     PUBLISHER_TYPES,
     Namespace,
     Registration,
+    lora_identity,
+    publisher_key,
 )
 
 U32 = 1 << 32
@@ -159,7 +161,7 @@ class Unregister:
 
     @property
     def key(self) -> str:
-        return f"{self.instance_id}|{self.tenant_id}|{self.dp_rank}"
+        return publisher_key(self.instance_id, self.tenant_id, self.dp_rank)
 
 
 def parse_unregister(body: Mapping[str, Any]) -> Unregister:
@@ -200,7 +202,7 @@ def parse_query(body: Mapping[str, Any], by_hash: bool, max_tokens: int, max_blo
         raise ApiError(
             400, "give either 'lora_name' or the deprecated 'lora_id', not both", "invalid_field"
         )
-    lora = lora_name or ("" if lora_id is None else f"id:{lora_id}")
+    lora = lora_identity(lora_name, lora_id) or ""
     block_size = _int(body, "block_size", required=True, minimum=1)
     assert block_size is not None
     if by_hash:

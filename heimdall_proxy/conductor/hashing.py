@@ -14,16 +14,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from heimdall_proxy.kvcache.hashing import block_keys
-
-#: The standard's default seed (Dynamo's value).
-DEFAULT_HASH_SEED = 1337
+from heimdall_proxy.kvcache.hashing import STANDARD_HASH_SEED, block_keys
 
 
 def seq_hashes(
     tokens: Sequence[int],
     block_size: int,
-    seed: int = DEFAULT_HASH_SEED,
+    seed: int = STANDARD_HASH_SEED,
     parent: int | None = None,
 ) -> list[int]:
     """The rolling sequence hashes of the full blocks of `tokens`, chained on `parent` (the

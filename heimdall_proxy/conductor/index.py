@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from itertools import islice, repeat
+from itertools import repeat
 from operator import or_
 
 from heimdall_proxy.conductor.model import Cleared, Namespace, Removed, Stored, Stream
@@ -24,6 +24,7 @@ from heimdall_proxy.kvcache.index.keys import (
     EngineEntry,
     engine_entries,
     event_keys,
+    evict_oldest,
     flatten_keys,
     parent_of,
 )
@@ -108,11 +109,7 @@ class ConductorIndex:
                 m = get(key, 0)
                 if not m & bit:
                     d[key] = m | bit
-        if len(d) > self.max_keys:
-            n = len(d) - self.max_keys + self.max_keys // 64
-            for key in list(islice(d, n)):
-                del d[key]
-            self.stats.evicted_keys += n
+        self.stats.evicted_keys += evict_oldest(d, self.max_keys)
 
     @staticmethod
     def _unset(d: dict[int, int], bit: int, keys: Iterable[int]) -> int:
@@ -194,9 +191,7 @@ class ConductorIndex:
                     return 0
                 keys, per = computed
                 emap.update(engine_entries(hashes, keys, per))
-                if len(emap) > self.max_keys:
-                    for h in list(islice(emap, len(emap) - self.max_keys + self.max_keys // 64)):
-                        del emap[h]
+                evict_oldest(emap, self.max_keys)
         self._set(d, bit, keys)
         self.stats.stored_blocks += len(keys)
         return len(keys)

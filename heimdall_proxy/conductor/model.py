@@ -12,14 +12,28 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-#: Publisher types whose wire format this conductor reads (lower-cased -> canonical).
-#: SGLang's publisher sends vLLM's msgpack batches; Standard is conductor.standard, Mooncake
+#: Publisher types whose wire format this conductor reads, canonically spelt. SGLang's
+#: publisher sends vLLM's msgpack batches; Standard is conductor.standard, Mooncake
 #: conductor.mooncake.
-PUBLISHER_TYPES = {"vllm": "vLLM", "sglang": "SGLang", "standard": "Standard",
-                   "mooncake": "Mooncake"}  # fmt: skip
-STANDARD = "Standard"
-MOONCAKE = "Mooncake"
+VLLM, SGLANG, STANDARD, MOONCAKE = "vLLM", "SGLang", "Standard", "Mooncake"
+#: lower-cased -> canonical (a registration's `type` is matched without case)
+PUBLISHER_TYPES = {t.lower(): t for t in (VLLM, SGLANG, STANDARD, MOONCAKE)}
 DEFAULT_TENANT = "default"
+
+
+def publisher_key(instance_id: str, tenant_id: str, dp_rank: int) -> str:
+    """A subscription's identity, `instance|tenant|dp_rank` (as /unregister answers)."""
+    return f"{instance_id}|{tenant_id}|{dp_rank}"
+
+
+def lora_identity(lora_name: str | None, lora_id: int | None) -> str | None:
+    """The LoRA part of a namespace: the adapter's name, or for an adapter known only by
+    vLLM's number (deprecated `lora_id`) `id:<n>`; None when neither is given."""
+    if lora_name:
+        return lora_name
+    if lora_id is not None:
+        return f"id:{lora_id}"
+    return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,8 +66,8 @@ class Registration:
 
     @property
     def key(self) -> str:
-        """The subscription's identity, `instance|tenant|dp_rank` (as /unregister answers)."""
-        return f"{self.instance_id}|{self.tenant_id}|{self.dp_rank}"
+        """The subscription's identity (`publisher_key`)."""
+        return publisher_key(self.instance_id, self.tenant_id, self.dp_rank)
 
     def namespace(self, lora: str | None = None, salt: str | None = None) -> Namespace:
         """The namespace of this publisher's blocks; `lora`: the adapter an event names,

@@ -28,7 +28,6 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-import msgpack
 import xxhash
 
 from heimdall_proxy.conductor.model import (
@@ -41,7 +40,7 @@ from heimdall_proxy.conductor.model import (
     Stream,
     medium_name,
 )
-from heimdall_proxy.kvcache.events import EventBatch, EventDecodeError
+from heimdall_proxy.kvcache.events import EventBatch, EventDecodeError, unpack
 
 #: Mooncake replica types -> tracked media
 REPLICA_MEDIA = {"memory": "cpu", "disk": "disk", "local_disk": "disk"}
@@ -56,10 +55,7 @@ class MooncakeBatch(EventBatch):
 
 def decode_mooncake(payload: bytes) -> MooncakeBatch:
     """One message -> its events. Raises EventDecodeError."""
-    try:
-        doc = msgpack.unpackb(payload, raw=False, strict_map_key=False)
-    except (msgpack.UnpackException, ValueError, TypeError) as exc:
-        raise EventDecodeError(f"not msgpack: {exc}") from exc
+    doc = unpack(payload)
     if not isinstance(doc, list) or len(doc) < 2 or not isinstance(doc[1], list):
         raise EventDecodeError("a Mooncake batch is [ts, [events]]")
     ts = doc[0] if isinstance(doc[0], int | float) and not isinstance(doc[0], bool) else 0.0

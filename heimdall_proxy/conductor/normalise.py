@@ -21,19 +21,10 @@ from heimdall_proxy.conductor.model import (
     Removed,
     Stored,
     Stream,
+    lora_identity,
     medium_name,
 )
 from heimdall_proxy.kvcache.events import AllBlocksCleared, BlockRemoved, BlockStored, EventBatch
-
-
-def lora_identity(lora_name: str | None, lora_id: int | None) -> str | None:
-    """The LoRA part of a namespace: the adapter's name, or for an adapter known only by
-    vLLM's number (deprecated `lora_id`) `id:<n>`; None when neither is given."""
-    if lora_name:
-        return lora_name
-    if lora_id is not None:
-        return f"id:{lora_id}"
-    return None
 
 
 def from_vllm(reg: Registration, batch: EventBatch, event_id: int = 0) -> list[Event]:

@@ -14,11 +14,13 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from heimdall_proxy.conductor.api import Query, Unregister
-from heimdall_proxy.conductor.hashing import DEFAULT_HASH_SEED, seq_hashes
+from heimdall_proxy.conductor.hashing import seq_hashes
 from heimdall_proxy.conductor.index import ConductorIndex, InstanceHit
 from heimdall_proxy.conductor.model import (
     MOONCAKE,
+    SGLANG,
     STANDARD,
+    VLLM,
     Cleared,
     Registration,
     Removed,
@@ -40,7 +42,8 @@ from heimdall_proxy.conductor.standard import (
     to_event,
 )
 from heimdall_proxy.framework.types import Endpoint
-from heimdall_proxy.kvcache.events import EventBatch, EventDecodeError
+from heimdall_proxy.kvcache.events import EventBatch, decode_payload
+from heimdall_proxy.kvcache.hashing import STANDARD_HASH_SEED
 from heimdall_proxy.kvcache.index.stats import KVCacheStats
 from heimdall_proxy.kvcache.subscriber import KVEventsSubscriber, Prepare, SubscriberOptions
 
@@ -49,7 +52,7 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True, slots=True)
 class ServiceOptions:
-    hash_seed: int = DEFAULT_HASH_SEED
+    hash_seed: int = STANDARD_HASH_SEED
     #: token ids a /query may send, hashes a /query_by_hash may send
     max_query_tokens: int = 1 << 20
     max_query_blocks: int = 1 << 16
@@ -98,7 +101,7 @@ class Conductor:
         )
         #: vLLM's (and SGLang's) publishers; standardized ones have their own decoder
         self.subscriber = KVEventsSubscriber(
-            sub_options, _Publishers(self, ("vLLM", "SGLang")), self.apply, self.forget,
+            sub_options, _Publishers(self, (VLLM, SGLANG)), self.apply, self.forget,
             self.stats, replay_address=self._replay_of,
         )  # fmt: skip
         self.standard_subscriber = KVEventsSubscriber(
@@ -196,17 +199,15 @@ class Conductor:
         if isinstance(batch, StandardBatch):
             self._apply_standard(key, reg, batch)
             return
+        if batch.ts > 0:
+            self.lag[key] = max(0.0, time.time() - batch.ts)
         if isinstance(batch, MooncakeBatch):
             state = self._mooncake.setdefault(key, MooncakeState())
             events, invalid = from_mooncake(reg, batch.raw, state)
             self.stats.invalid_events += invalid
-            if batch.ts > 0:
-                self.lag[key] = max(0.0, time.time() - batch.ts)
             self.apply_events(key, events)
-            return
-        if batch.ts > 0:
-            self.lag[key] = max(0.0, time.time() - batch.ts)
-        self.apply_events(key, from_vllm(reg, batch))
+        else:
+            self.apply_events(key, from_vllm(reg, batch))
 
     def _apply_standard(self, key: str, reg: Registration, batch: StandardBatch) -> None:
         events = []
@@ -319,15 +320,9 @@ class _Publishers:
 
 def _decoder(decode: Callable[[bytes], EventBatch]) -> Prepare:
     """A subscriber's Prepare from a one-message decoder (an undecodable message becomes
-    its error message)."""
+    its error message, as kvcache.events.decode_payload makes it)."""
 
     async def prepare(payloads: list[bytes]) -> list[EventBatch | str]:
-        out: list[EventBatch | str] = []
-        for payload in payloads:
-            try:
-                out.append(decode(payload))
-            except EventDecodeError as exc:
-                out.append(str(exc))
-        return out
+        return [decode_payload(payload, decode) for payload in payloads]
 
     return prepare

@@ -25,7 +25,6 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic.alias_generators import to_camel
 
 from heimdall_proxy.conductor.api import ApiError, as_object, parse_register
-from heimdall_proxy.conductor.hashing import DEFAULT_HASH_SEED
 from heimdall_proxy.conductor.model import Registration
 from heimdall_proxy.conductor.service import ServiceOptions
 from heimdall_proxy.framework.params import Duration
@@ -35,28 +34,28 @@ class ConductorConfigError(ValueError):
     """A config file that cannot be used; the message names the file and the field."""
 
 
+#: The service's own defaults, so the file's defaults are stated once (in ServiceOptions).
+_DEFAULTS = ServiceOptions()
+
+
 class ConductorConfig(BaseModel):
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
 
-    hash_seed: int = Field(default=DEFAULT_HASH_SEED, ge=0, lt=1 << 64)
-    max_query_tokens: int = Field(default=1 << 20, gt=0)
-    max_query_blocks: int = Field(default=1 << 16, gt=0)
-    max_instances: int = Field(default=256, gt=0)
-    max_blocks_per_medium: int = Field(default=50_000_000, gt=0)
-    replay_timeout: Duration = 1.0
-    duplicate_window: int = Field(default=1024, ge=0)
+    hash_seed: int = Field(default=_DEFAULTS.hash_seed, ge=0, lt=1 << 64)
+    max_query_tokens: int = Field(default=_DEFAULTS.max_query_tokens, gt=0)
+    max_query_blocks: int = Field(default=_DEFAULTS.max_query_blocks, gt=0)
+    max_instances: int = Field(default=_DEFAULTS.max_instances, gt=0)
+    max_blocks_per_medium: int = Field(default=_DEFAULTS.max_blocks_per_medium, gt=0)
+    replay_timeout: Duration = _DEFAULTS.replay_timeout
+    duplicate_window: int = Field(default=_DEFAULTS.duplicate_window, ge=0)
     publishers: list[dict[str, Any]] = Field(default_factory=list)
 
     def options(self, hash_seed: int | None = None) -> ServiceOptions:
-        return ServiceOptions(
-            hash_seed=self.hash_seed if hash_seed is None else hash_seed,
-            max_query_tokens=self.max_query_tokens,
-            max_query_blocks=self.max_query_blocks,
-            max_instances=self.max_instances,
-            max_blocks_per_medium=self.max_blocks_per_medium,
-            replay_timeout=self.replay_timeout,
-            duplicate_window=self.duplicate_window,
-        )
+        """The service's options from this file; `hash_seed` (the --hash-seed flag) wins."""
+        values = self.model_dump(exclude={"publishers"})
+        if hash_seed is not None:
+            values["hash_seed"] = hash_seed
+        return ServiceOptions(**values)
 
     def registrations(self) -> list[Registration]:
         out = []

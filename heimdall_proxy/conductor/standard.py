@@ -23,8 +23,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import msgpack
-
 from heimdall_proxy.conductor.model import (
     Cleared,
     Event,
@@ -35,7 +33,7 @@ from heimdall_proxy.conductor.model import (
     Stream,
     medium_name,
 )
-from heimdall_proxy.kvcache.events import EventBatch, EventDecodeError
+from heimdall_proxy.kvcache.events import EventBatch, EventDecodeError, unpack
 
 _U64 = 1 << 64
 
@@ -50,10 +48,7 @@ class StandardBatch(EventBatch):
 
 def decode_standard(payload: bytes) -> StandardBatch:
     """One message -> its event maps. Raises EventDecodeError."""
-    try:
-        doc = msgpack.unpackb(payload, raw=False, strict_map_key=False)
-    except (msgpack.UnpackException, ValueError, TypeError) as exc:
-        raise EventDecodeError(f"not msgpack: {exc}") from exc
+    doc = unpack(payload)
     if isinstance(doc, dict):
         doc = doc.get("events")
     if not isinstance(doc, list) or not all(isinstance(e, dict) for e in doc):

@@ -26,7 +26,7 @@ integer of their last 8 bytes, as vLLM itself converts them, so every engine has
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -202,13 +202,19 @@ def decode_event(raw: Any) -> KVEvent | None:
     return None
 
 
-def decode_batch(payload: bytes) -> EventBatch:
-    """A msgpack payload -> EventBatch. Raises EventDecodeError."""
+def unpack(payload: bytes) -> Any:
+    """A message's msgpack payload as Python values (maps with any keys). Raises
+    EventDecodeError."""
     try:
-        raw = msgpack.unpackb(payload, raw=False, strict_map_key=False)
+        return msgpack.unpackb(payload, raw=False, strict_map_key=False)
     except (msgpack.UnpackException, ValueError, TypeError) as exc:
         # TypeError: a map whose key is a list or map (unhashable), which msgpack allows
         raise EventDecodeError(f"not msgpack: {exc}") from exc
+
+
+def decode_batch(payload: bytes) -> EventBatch:
+    """A msgpack payload -> EventBatch. Raises EventDecodeError."""
+    raw = unpack(payload)
     if type(raw) is dict:
         ts, events, rank = raw.get("ts"), raw.get("events"), raw.get("data_parallel_rank")
     elif type(raw) is list and len(raw) >= 2:
@@ -234,10 +240,13 @@ def decode_batch(payload: bytes) -> EventBatch:
     )
 
 
-def decode_payload(payload: bytes) -> EventBatch | str:
-    """decode_batch, with an undecodable payload returned as its error message."""
+def decode_payload(
+    payload: bytes, decode: Callable[[bytes], EventBatch] = decode_batch
+) -> EventBatch | str:
+    """`decode` (vLLM's decode_batch unless another wire format's decoder is given), with an
+    undecodable payload returned as its error message."""
     try:
-        return decode_batch(payload)
+        return decode(payload)
     except EventDecodeError as exc:
         return str(exc)
 

@@ -43,6 +43,11 @@ _BIG_ENDIAN = sys.byteorder == "big"
 _U32 = "I" if array("I").itemsize == 4 else "L"
 
 
+#: The seed of the standardized KV-events hash (Dynamo's value), one for every namespace: a
+#: KV cache indexer's keys (conductor.hashing) and the scorer's conductorConfig default.
+STANDARD_HASH_SEED = 1337
+
+
 def namespace_seed(model: str, salt: str | None = None) -> int:
     """The XXH3 seed S of a (model or adapter, cache_salt) namespace: XXH3_64 of
     `model` NUL `salt`, with seed 0. Every gateway replica derives the same seed, so replicas

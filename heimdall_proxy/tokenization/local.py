@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import json
 import re
+from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
@@ -122,7 +123,34 @@ def _pick_template(value: Any) -> str | None:
     return None
 
 
-class LocalTokenizer:
+class OpenAIRequestTokenizer(ABC):
+    """The routes of an OpenAI request body, shared by every in-process tokenizer: chat and
+    responses go to `tokenize_chat`, a completion's text prompt to `encode` (special tokens
+    added unless the body says `add_special_tokens: false`), already tokenized prompts as
+    they are."""
+
+    @abstractmethod
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """The token ids of `text`."""
+
+    @abstractmethod
+    def tokenize_chat(self, data: Mapping[str, Any], messages: Any) -> list[int]:
+        """The prompt ids of a conversation; ValueError for messages it cannot take."""
+
+    def tokenize_request(self, api: str, data: Mapping[str, Any]) -> list[int]:
+        """The prompt token ids vLLM would compute for an OpenAI request body."""
+        if api == "chat":
+            return self.tokenize_chat(data, data.get("messages"))
+        if api == "responses":
+            return self.tokenize_chat(data, responses_messages(data))
+        prompt = completion_prompt(data)
+        if isinstance(prompt, list):
+            return prompt
+        add_special = data.get("add_special_tokens", True)
+        return self.encode(prompt, add_special_tokens=add_special is not False)
+
+
+class LocalTokenizer(OpenAIRequestTokenizer):
     """A tokenizer.json plus, from the same directory, its tokenizer_config.json (special
     tokens, chat template) or chat_template.jinja. Thread-safe for encoding (the Rust
     tokenizer is), so one instance serves a pool of worker threads."""
@@ -262,18 +290,6 @@ class LocalTokenizer:
         return out
 
     # ---- OpenAI requests -----------------------------------------------------------------
-
-    def tokenize_request(self, api: str, data: Mapping[str, Any]) -> list[int]:
-        """The prompt token ids vLLM would compute for an OpenAI request body."""
-        if api == "chat":
-            return self.tokenize_chat(data, data.get("messages"))
-        if api == "responses":
-            return self.tokenize_chat(data, responses_messages(data))
-        prompt = completion_prompt(data)
-        if isinstance(prompt, list):
-            return prompt
-        add_special = data.get("add_special_tokens", True)
-        return self.encode(prompt, add_special_tokens=add_special is not False)
 
     def tokenize_chat(self, data: Mapping[str, Any], messages: Any) -> list[int]:
         if not isinstance(messages, list) or not all(isinstance(m, Mapping) for m in messages):

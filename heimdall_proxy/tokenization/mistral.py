@@ -18,8 +18,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from heimdall_proxy.tokenization.local import completion_prompt, responses_messages
-from heimdall_proxy.tokenization.resolve import HFCacheSearch
+from heimdall_proxy.tokenization.local import OpenAIRequestTokenizer
+from heimdall_proxy.tokenization.resolve import HFCacheSearch, model_spec
 
 #: The tokenizer file of a Mistral model in the tekken format (preferred, as vLLM does).
 TEKKEN_FILE = "tekken.json"
@@ -67,10 +67,7 @@ def load_mistral_models(specs: list[str]) -> dict[str, MistralRequestTokenizer]:
     """`[NAME=]MODEL` specs (`tokenizer-server --mistral-model`) -> tokenizers; MODEL is a
     directory or a tokenizer file. Raises FileNotFoundError, ImportError."""
     out: dict[str, MistralRequestTokenizer] = {}
-    for spec in specs:
-        name, sep, model = spec.partition("=")
-        if not sep:
-            name = model = spec
+    for name, model in map(model_spec, specs):
         found = mistral_file(Path(model).expanduser())
         if found is None:
             raise FileNotFoundError(f"{model}: no tekken.json or tokenizer.model.v* there")
@@ -92,7 +89,7 @@ def _library() -> Any:
     return ChatCompletionRequest, ValidationMode, MistralTokenizer
 
 
-class MistralRequestTokenizer:
+class MistralRequestTokenizer(OpenAIRequestTokenizer):
     """Tokenizes OpenAI request bodies as vLLM's mistral tokenizer mode does (see the module
     docstring). Thread-safe for concurrent reads, as LocalTokenizer."""
 
@@ -119,14 +116,3 @@ class MistralRequestTokenizer:
             continue_final_message=data.get("continue_final_message") is True,
         )
         return list(self._tokenizer.encode_chat_completion(request).tokens)
-
-    def tokenize_request(self, api: str, data: Mapping[str, Any]) -> list[int]:
-        """The prompt token ids vLLM (tokenizer mode mistral) computes for an OpenAI body."""
-        if api == "chat":
-            return self.tokenize_chat(data, data.get("messages"))
-        if api == "responses":
-            return self.tokenize_chat(data, responses_messages(data))
-        prompt = completion_prompt(data)
-        if isinstance(prompt, list):
-            return prompt
-        return self.encode(prompt, add_special_tokens=data.get("add_special_tokens") is not False)

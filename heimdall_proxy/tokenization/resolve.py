@@ -13,6 +13,13 @@ from pathlib import Path
 TOKENIZER_FILE = "tokenizer.json"
 
 
+def model_spec(spec: str) -> tuple[str, str]:
+    """A `[NAME=]MODEL` spec (tokenizer-server's --model, --mistral-model) as (NAME, MODEL);
+    NAME defaults to MODEL."""
+    name, sep, model = spec.partition("=")
+    return (name, model) if sep else (spec, spec)
+
+
 class TokenizerNotFoundError(LookupError):
     """No tokenizer file for a model in any of the places searched; the message lists them."""
 

@@ -209,6 +209,23 @@ def from_chat_message(message: pb.ChatMessage) -> dict[str, Any]:
     return out
 
 
+class WarnOnce:
+    """Logs a warning the first time each kind of thing (`what`) happens, after a fixed
+    prefix. Called from worker threads too: a set add is atomic enough, and a rare second
+    warning is harmless."""
+
+    __slots__ = ("_prefix", "_seen")
+
+    def __init__(self, prefix: str) -> None:
+        self._prefix = prefix
+        self._seen: set[str] = set()
+
+    def __call__(self, what: str, message: str) -> None:
+        if what not in self._seen:
+            self._seen.add(what)
+            log.warning("%s: %s", self._prefix, message)
+
+
 # ---- client ------------------------------------------------------------------------------
 
 #: Keys of an OpenAI chat message the protocol's ChatMessage carries.
@@ -267,12 +284,7 @@ class UDSTokenizerClient:
         self._stub: Any = None
         self._initialized = False
         self._init: asyncio.Task[None] | None = None
-        self._warned: set[str] = set()
-
-    def _warn_once(self, what: str, message: str) -> None:
-        if what not in self._warned:
-            self._warned.add(what)
-            log.warning("tokenizer service at %s, model %r: %s", self.address, self.model, message)
+        self._warn_once = WarnOnce(f"tokenizer service at {address}, model {model!r}")
 
     def _service(self) -> Any:
         if self._stub is None:
@@ -671,14 +683,8 @@ class TokenizerServer:
         self._loading = threading.Lock()
         #: By model name, the settings its last InitializeTokenizer asked for.
         self.defaults: dict[str, ModelDefaults] = {}
-        self._warned: set[str] = set()
-
-    def warn_once(self, what: str, message: str) -> None:
-        """Log `message` the first time `what` happens (worker threads: a set add is
-        atomic enough, a rare second warning is harmless)."""
-        if what not in self._warned:
-            self._warned.add(what)
-            log.warning("tokenizer server: %s", message)
+        #: Warnings about what the protocol cannot carry, once per kind.
+        self.warn_once = WarnOnce("tokenizer server")
 
     def tokenizer(self, model: str) -> ServedTokenizer:
         """The tokenizer for `model` (loaded through `loader` if need be). Raises
@@ -720,13 +726,9 @@ def load_models(specs: list[str]) -> dict[str, LocalTokenizer]:
     """`[NAME=]MODEL` specs -> tokenizers; MODEL is a directory or tokenizer.json, or a model
     name found in the local caches or on the Hub. NAME defaults to MODEL. Raises
     TokenizerNotFoundError."""
-    out: dict[str, LocalTokenizer] = {}
-    for spec in specs:
-        name, sep, model = spec.partition("=")
-        if not sep:
-            name = model = spec
-        out[name] = load_model(model)
-    return out
+    from heimdall_proxy.tokenization.resolve import model_spec
+
+    return {name: load_model(model) for name, model in map(model_spec, specs)}
 
 
 def load_model(model: str) -> LocalTokenizer:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
@@ -17,20 +16,11 @@ from aiohttp.test_utils import TestClient
 
 from heimdall_proxy.conductor.app import CONDUCTOR, create_app
 from heimdall_proxy.conductor.hashing import seq_hashes
+from heimdall_proxy.conductor.model import publisher_key
 from heimdall_proxy.conductor.service import ServiceOptions
-from tests.conductor.test_hashing import plain_seq_hashes
-from tests.conductor.test_index import TOKENS
 from tests.conftest import eventually
+from tests.helpers import BS, TOKENS, eventually_query, hits, post, q, reference_seq_hashes
 from tests.kvcache.vllm_wire import Publisher, batch, cleared, removed, stored, until_live
-
-BS = 4
-
-
-@pytest.fixture
-async def ctx() -> AsyncIterator[zmq.asyncio.Context]:
-    c = zmq.asyncio.Context()
-    yield c
-    c.destroy(linger=0)
 
 
 @pytest.fixture
@@ -54,24 +44,13 @@ def reg(pub: Publisher, instance: str = "vllm-0", **extra: Any) -> dict[str, Any
     return body
 
 
-async def post(client: TestClient[Any, Any], path: str, body: Any, status: int = 200) -> Any:
-    resp = await client.post(path, json=body)
-    doc = await resp.json()
-    assert resp.status == status, doc
-    return doc
-
-
 async def register(client: TestClient[Any, Any], pub: Publisher, **kw: Any) -> str:
     doc = await post(client, "/register", reg(pub, **kw))
     instance = kw.get("instance", "vllm-0")
     assert doc == {"status": "registered successfully", "instance_id": instance}
-    key = f"{instance}|{kw.get('tenant_id', 'default')}|{kw.get('dp_rank', 0)}"
+    key = publisher_key(instance, kw.get("tenant_id", "default"), kw.get("dp_rank", 0))
     await until_live(pub, client.app[CONDUCTOR].subscriber.received, key)
     return key
-
-
-def q(tokens: list[int] = TOKENS, **extra: Any) -> dict[str, Any]:
-    return {"model": "deepseek", "token_ids": tokens, "block_size": BS, **extra}
 
 
 def engine_stored(start: int, n: int, parent: int | None = None, **kw: Any) -> dict[str, Any]:
@@ -83,10 +62,6 @@ def engine_stored(start: int, n: int, parent: int | None = None, **kw: Any) -> d
         block_size=BS,
         **kw,
     )
-
-
-async def hits(client: TestClient[Any, Any], body: dict[str, Any], path: str = "/query") -> Any:
-    return await post(client, path, body)
 
 
 async def test_register_query_and_hash_query(
@@ -107,7 +82,7 @@ async def test_register_query_and_hash_query(
         }
         by_hash = await hits(
             client,
-            {"model": "deepseek", "seq_hashes": plain_seq_hashes(TOKENS, BS, 1337)[:4],
+            {"model": "deepseek", "seq_hashes": reference_seq_hashes(TOKENS, BS, 1337)[:4],
              "block_size": BS},
             "/query_by_hash",
         )  # fmt: skip
@@ -126,18 +101,6 @@ async def test_register_query_and_hash_query(
         await eventually_query(client, q(), "vllm-0", 4)
     finally:
         await pub.close()
-
-
-async def eventually_query(
-    client: TestClient[Any, Any], body: dict[str, Any], instance: str, tokens: int
-) -> None:
-    """Query until `instance` matches `tokens` (events arrive asynchronously)."""
-    for _ in range(250):
-        doc = await hits(client, body)
-        if doc[body.get("tenant_id", "default")].get(instance, {}).get("longest_matched") == tokens:
-            return
-        await asyncio.sleep(0.02)
-    raise AssertionError(f"{instance} never matched {tokens} tokens: {doc}")
 
 
 async def test_dp_ranks_tenants_salts_and_lora(
@@ -464,6 +427,8 @@ async def test_a_requests_cache_salt_from_vllms_extra_keys(
         await pub.publish(batch([first, engine_stored(2, 2, parent=1001)]))
         await pub.publish(batch([stored([1000, 1001], [], block_size=BS, medium="CPU")]))
         await eventually_query(client, q(cache_salt="tenant-a"), "vllm-0", 16)
+        # the GPU run is whole after the first batch: wait for the offloading one as well
+        await eventually(lambda: client.app[CONDUCTOR].events.stored == 3)
         doc = (await hits(client, q(cache_salt="tenant-a")))["default"]["vllm-0"]
         assert (doc["GPU"], doc["CPU"]) == (16, 8)
         assert (await hits(client, q()))["default"]["vllm-0"]["longest_matched"] == 0

@@ -1,37 +1,17 @@
-"""The standardized hash: vectors from a deliberately plain implementation written here
-(one struct.pack per token, one loop step per block), pinned as literals, so a change to the
+"""The standardized hash: vectors from a deliberately plain implementation
+(tests.helpers.reference_seq_hashes), pinned as literals, so a change to the
 optimised code in kvcache.hashing, to the seed or to the byte layout fails."""
 
 from __future__ import annotations
 
-import struct
-
 import pytest
 import xxhash
 
-from heimdall_proxy.conductor.hashing import DEFAULT_HASH_SEED, seq_hashes
+from heimdall_proxy.conductor.hashing import seq_hashes
+from heimdall_proxy.kvcache.hashing import STANDARD_HASH_SEED
+from tests.helpers import reference_seq_hashes
 
-
-def plain_seq_hashes(tokens: list[int], block_size: int, seed: int) -> list[int]:
-    out: list[int] = []
-    previous = None
-    for start in range(0, len(tokens) - block_size + 1, block_size):
-        data = b""
-        for token in tokens[start : start + block_size]:
-            data += struct.pack("<I", token)
-        local = xxhash.xxh3_64_intdigest(data, seed)
-        if previous is None:
-            current = local
-        else:
-            current = xxhash.xxh3_64_intdigest(
-                struct.pack("<Q", previous) + struct.pack("<Q", local), seed
-            )
-        out.append(current)
-        previous = current
-    return out
-
-
-#: (tokens, block_size, seed) -> hashes, produced by plain_seq_hashes.
+#: (tokens, block_size, seed) -> hashes, produced by reference_seq_hashes.
 VECTORS = [
     (list(range(1, 65)), 16, 1337,
      [16863443419780771464, 12466389667045779788, 960926348267535642, 4923844688253642376]),
@@ -48,12 +28,12 @@ def test_the_xxh3_primitive_matches_the_reference_vector() -> None:
 
 
 def test_the_default_seed_is_the_standards() -> None:
-    assert DEFAULT_HASH_SEED == 1337
+    assert STANDARD_HASH_SEED == 1337
 
 
 @pytest.mark.parametrize(("tokens", "block_size", "seed", "expected"), VECTORS)
 def test_vectors(tokens: list[int], block_size: int, seed: int, expected: list[int]) -> None:
-    assert plain_seq_hashes(tokens, block_size, seed) == expected
+    assert reference_seq_hashes(tokens, block_size, seed) == expected
     assert seq_hashes(tokens, block_size, seed) == expected
 
 

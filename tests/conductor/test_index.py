@@ -6,9 +6,9 @@ from __future__ import annotations
 from heimdall_proxy.conductor.hashing import seq_hashes
 from heimdall_proxy.conductor.index import ConductorIndex
 from heimdall_proxy.conductor.model import Cleared, Namespace, Removed, Stored, Stream
+from tests.helpers import TOKENS
 
 NS = Namespace("m", 4, "", "", "default")
-TOKENS = list(range(100, 132))  # 8 blocks of 4
 KEYS = seq_hashes(TOKENS, 4)
 
 

@@ -3,37 +3,18 @@ replicas per medium, updates that copy or drop replicas, RemoveAllEvent, malform
 
 from __future__ import annotations
 
-import asyncio
 import time
-from collections.abc import AsyncIterator
 from typing import Any
 
 import msgpack
-import pytest
 import zmq
 import zmq.asyncio
 from aiohttp.test_utils import TestClient
 
-from heimdall_proxy.conductor.app import CONDUCTOR, create_app
-from tests.conductor.test_app import eventually_query, hits, post, q
-from tests.conductor.test_index import TOKENS
+from heimdall_proxy.conductor.app import CONDUCTOR
 from tests.conftest import eventually
-from tests.kvcache.vllm_wire import Publisher
-
-BS = 4
-
-
-@pytest.fixture
-async def ctx() -> AsyncIterator[zmq.asyncio.Context]:
-    c = zmq.asyncio.Context()
-    yield c
-    c.destroy(linger=0)
-
-
-@pytest.fixture
-async def client(aiohttp_client: Any) -> TestClient[Any, Any]:
-    out: TestClient[Any, Any] = await aiohttp_client(create_app())
-    return out
+from tests.helpers import BS, TOKENS, eventually_query, hits, post, q
+from tests.kvcache.vllm_wire import Publisher, until_live
 
 
 def store(i: int, replicas: list[list[str]], model: str = "") -> list[Any]:
@@ -61,11 +42,8 @@ async def test_mooncake_store_events(
                 "type": "Mooncake", "modelname": "deepseek", "instance_id": "vllm-0",
                 "block_size": BS, "dp_rank": 0}  # fmt: skip
         await post(client, "/register", body)
-        for _ in range(250):  # ZMQ's slow joiner
-            if conductor.mooncake_subscriber.received.get("vllm-0|default|0"):
-                break
-            await send(pub)
-            await asyncio.sleep(0.02)
+        received = conductor.mooncake_subscriber.received
+        await until_live(pub, received, "vllm-0|default|0", empty=msgpack.packb([time.time(), []]))
         await send(pub, store(0, [MEM, DISK]), store(1, [MEM, DISK]), store(2, [MEM]),
                    ["BlockStoreEvent", "key_x"])  # fmt: skip
         await eventually_query(client, q(), "vllm-0", 12)

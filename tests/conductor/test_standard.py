@@ -4,37 +4,20 @@ stream that starts over restarted), engines with their own hashes, malformed eve
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import Any
 
 import msgpack
-import pytest
 import zmq
 import zmq.asyncio
 from aiohttp.test_utils import TestClient
 
-from heimdall_proxy.conductor.app import CONDUCTOR, create_app
+from heimdall_proxy.conductor.app import CONDUCTOR
 from heimdall_proxy.conductor.hashing import seq_hashes
-from tests.conductor.test_app import eventually_query, hits, post, q
-from tests.conductor.test_index import TOKENS
 from tests.conftest import eventually
-from tests.kvcache.vllm_wire import Publisher
+from tests.helpers import BS, TOKENS, eventually_query, hits, post, q
+from tests.kvcache.vllm_wire import Publisher, until_live
 
-BS = 4
 KEYS = seq_hashes(TOKENS, BS)
-
-
-@pytest.fixture
-async def ctx() -> AsyncIterator[zmq.asyncio.Context]:
-    c = zmq.asyncio.Context()
-    yield c
-    c.destroy(linger=0)
-
-
-@pytest.fixture
-async def client(aiohttp_client: Any) -> TestClient[Any, Any]:
-    out: TestClient[Any, Any] = await aiohttp_client(create_app())
-    return out
 
 
 def ev(event_id: int, kind: str = "stored", **fields: Any) -> dict[str, Any]:
@@ -52,12 +35,7 @@ async def live(client: TestClient[Any, Any], pub: Publisher) -> None:
             "block_size": BS, "dp_rank": 0}  # fmt: skip
     await post(client, "/register", body)
     received = client.app[CONDUCTOR].standard_subscriber.received
-    for _ in range(250):  # ZMQ's slow joiner: empty messages until one arrives
-        if received.get("vllm-0|default|0"):
-            return
-        await send(pub)
-        await __import__("asyncio").sleep(0.02)
-    raise AssertionError("never live")
+    await until_live(pub, received, "vllm-0|default|0", empty=msgpack.packb([]))
 
 
 async def test_standardized_events(client: TestClient[Any, Any], ctx: zmq.asyncio.Context) -> None:

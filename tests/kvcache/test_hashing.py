@@ -14,29 +14,13 @@ from heimdall_proxy.kvcache.hashing import (
     text_block_keys,
     tokens_to_bytes,
 )
-
-
-def reference(tokens: list[int], bs: int, seed: int, parent: int | None = None) -> list[int]:
-    """seq[i] = XXH3(seq[i-1]_le || local[i]_le, S); seq[0] = local[0] at the root."""
-    out = []
-    prev = parent
-    for i in range(len(tokens) // bs):
-        chunk = b"".join(struct.pack("<I", t) for t in tokens[i * bs : (i + 1) * bs])
-        local = xxhash.xxh3_64_intdigest(chunk, seed)
-        if prev is None:
-            prev = local
-        else:
-            prev = xxhash.xxh3_64_intdigest(
-                struct.pack("<Q", prev) + struct.pack("<Q", local), seed
-            )
-        out.append(prev)
-    return out
+from tests.helpers import reference_seq_hashes
 
 
 def test_matches_the_standard_and_ignores_a_partial_block() -> None:
     tokens = list(range(1000, 1000 + 50))
     seed = namespace_seed("m")
-    assert block_keys(tokens, 16, seed) == reference(tokens, 16, seed)
+    assert block_keys(tokens, 16, seed) == reference_seq_hashes(tokens, 16, seed)
     assert len(block_keys(tokens, 16, seed)) == 3
     assert block_keys(tokens[:15], 16, seed) == []
 

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import msgpack
@@ -88,13 +87,6 @@ async def test_the_captured_stream_replays_without_orphans(block_size: int) -> N
                 break
             run += per
         assert index.match(keys, ["vllm-0"]).get("vllm-0", 0.0) >= run
-
-
-@pytest.fixture
-async def ctx() -> AsyncIterator[zmq.asyncio.Context]:
-    c = zmq.asyncio.Context()
-    yield c
-    c.destroy(linger=0)
 
 
 async def test_the_captured_stream_through_a_subscriber(ctx: zmq.asyncio.Context) -> None:

@@ -4,7 +4,6 @@ a bound socket named by topic, pods joining and leaving."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -55,13 +54,6 @@ class Sink:
         return [
             e.token_ids[0] for _, b in self.batches for e in b.events if isinstance(e, BlockStored)
         ]
-
-
-@pytest.fixture
-async def ctx() -> AsyncIterator[zmq.asyncio.Context]:
-    c = zmq.asyncio.Context()
-    yield c
-    c.destroy(linger=0)
 
 
 async def follow(pool: Pool, sink: Sink, **opts: Any) -> KVEventsSubscriber:

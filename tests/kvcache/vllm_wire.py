@@ -144,8 +144,11 @@ class Publisher:
             self.router.close(0)
 
 
-async def until_live(pub: Publisher, received: Any, pod: str, within: float = 5.0) -> None:
-    """Publish empty batches until the subscriber has received one (ZMQ's slow joiner)."""
+async def until_live(
+    pub: Publisher, received: Any, pod: str, within: float = 5.0, empty: bytes | None = None
+) -> None:
+    """Publish empty batches (vLLM's, or `empty` in another wire format) until the subscriber
+    has received one (ZMQ's slow joiner)."""
     import asyncio
 
     loop = asyncio.get_running_loop()
@@ -153,5 +156,5 @@ async def until_live(pub: Publisher, received: Any, pod: str, within: float = 5.
     while not received.get(pod):
         if loop.time() > deadline:
             raise AssertionError(f"no KV events of {pod} received")
-        await pub.publish(batch([]))
+        await pub.publish(batch([]) if empty is None else empty)
         await asyncio.sleep(0.02)

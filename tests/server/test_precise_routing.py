@@ -40,13 +40,6 @@ async def redis_prefix() -> AsyncIterator[str]:
         yield prefix
 
 
-@pytest.fixture
-async def zctx() -> AsyncIterator[zmq.asyncio.Context]:
-    c = zmq.asyncio.Context()
-    yield c
-    c.destroy(linger=0)
-
-
 def precise_epp(model_dir: Path, block_size: int = BS, **extra: Any) -> dict[str, Any]:
     params: dict[str, Any] = {
         "tokenProcessorConfig": {"blockSize": block_size},
@@ -108,13 +101,32 @@ async def applied(gw: RunningGateway, check: Callable[[dict[str, int]], bool]) -
     await eventually(lambda: check(scorer_of(gw).stats.as_dict()))
 
 
+async def warm(
+    http: aiohttp.ClientSession, pod: RunningPod, body: dict[str, Any], seen: Callable[[], bool]
+) -> None:
+    """Send `body` to `pod` until `seen()` says its KV events arrived. ZMQ subscriptions take
+    a moment to be live (a PUB drops what it sends before the SUB joined), so the pod's prefix
+    cache is cleared before each retry: the retry really stores (and announces) the blocks
+    again."""
+    for attempt in range(50):
+        if attempt:
+            async with http.post(f"{pod.url}/reset_prefix_cache") as r:
+                assert r.status == 200
+        async with http.post(f"{pod.url}/v1/completions", json=body) as r:
+            assert r.status == 200
+        with contextlib.suppress(AssertionError):
+            await eventually(seen, within=0.5)
+            return
+    raise AssertionError("the simulated pod's KV events never arrived")
+
+
 @pytest.mark.parametrize("shape", ["map", "array"])
 async def test_kv_events_move_the_routing(
     start_pod: PodFactory, start_gateway: GatewayFactory, model_dir: Path,
-    zctx: zmq.asyncio.Context, shape: str,
+    ctx: zmq.asyncio.Context, shape: str,
 ) -> None:  # fmt: skip
     pods = [await start_pod() for _ in range(3)]
-    pubs = [Publisher(zctx, replay=False, topic=f"kv@{p.name}@sim-model") for p in pods]
+    pubs = [Publisher(ctx, replay=False, topic=f"kv@{p.name}@sim-model") for p in pods]
     try:
         gw = await start_gateway(config(pods, [p.endpoint for p in pubs], precise_epp(model_dir)))
         sc = scorer_of(gw)
@@ -181,10 +193,10 @@ async def test_speculative_indexing_routes_a_repeat_before_its_events(
 
 async def test_replicas_sharing_a_redis_index_route_alike(
     start_pod: PodFactory, start_gateway: GatewayFactory, model_dir: Path,
-    zctx: zmq.asyncio.Context, redis_prefix: str,
+    ctx: zmq.asyncio.Context, redis_prefix: str,
 ) -> None:  # fmt: skip
     pods = [await start_pod() for _ in range(3)]
-    pubs = [Publisher(zctx, replay=False, topic=f"kv@{p.name}@sim-model") for p in pods]
+    pubs = [Publisher(ctx, replay=False, topic=f"kv@{p.name}@sim-model") for p in pods]
     index = {
         "kvBlockIndexConfig": {"redisConfig": {"address": REDIS_URL, "keyPrefix": redis_prefix}}
     }
@@ -229,21 +241,8 @@ async def test_the_simulated_pods_own_events_bring_a_prompt_back(
     await eventually(lambda: len(sc.ingest.subscriber.subscriptions()) == 3)
     prompt = list(range(5000, 5000 + 16 * 8))  # 8 blocks of token ids
     async with aiohttp.ClientSession() as http:
-        # ZMQ subscriptions take a moment to be live (a PUB drops what it sends before the
-        # SUB joined): warm pod-2 until its events are seen, clearing its prefix cache before
-        # each retry so the retry really stores (and announces) the blocks again
-        for attempt in range(50):
-            if attempt:
-                async with http.post(f"{pods[2].url}/reset_prefix_cache") as r:
-                    assert r.status == 200
-            body = {"model": "sim-model", "prompt": prompt, "max_tokens": 1}
-            async with http.post(f"{pods[2].url}/v1/completions", json=body) as r:
-                assert r.status == 200
-            with contextlib.suppress(AssertionError):
-                await eventually(lambda: sc.stats.stored_blocks >= 8, within=0.5)
-                break
-        else:
-            raise AssertionError("the simulated pod's KV events never arrived")
+        body = {"model": "sim-model", "prompt": prompt, "max_tokens": 1}
+        await warm(http, pods[2], body, lambda: sc.stats.stored_blocks >= 8)
         for _ in range(3):
             assert await served_by(http, gw, prompt) == pods[2].name
         assert await served_by(http, gw, list(range(1, 129))) == pods[0].name  # cold: a tie
@@ -261,19 +260,9 @@ async def test_a_cache_salt_is_scored_only_against_blocks_of_the_same_salt(
     sc = scorer_of(gw)
     await eventually(lambda: len(sc.ingest.subscriber.subscriptions()) == 3)
     prompt = list(range(7000, 7000 + 16 * 8))
-    warm = {"model": "sim-model", "prompt": prompt, "max_tokens": 20, "cache_salt": "tenant-a"}
+    salted = {"model": "sim-model", "prompt": prompt, "max_tokens": 20, "cache_salt": "tenant-a"}
     async with aiohttp.ClientSession() as http:
-        for attempt in range(50):  # until pod-2's events are seen (see the test above)
-            if attempt:
-                async with http.post(f"{pods[2].url}/reset_prefix_cache") as r:
-                    assert r.status == 200
-            async with http.post(f"{pods[2].url}/v1/completions", json=warm) as r:
-                assert r.status == 200
-            with contextlib.suppress(AssertionError):
-                await eventually(lambda: sc.stats.stored_blocks >= 8, within=0.5)
-                break
-        else:
-            raise AssertionError("the simulated pod's KV events never arrived")
+        await warm(http, pods[2], salted, lambda: sc.stats.stored_blocks >= 8)
 
         async def pod_for(salt: str | None) -> tuple[str, int]:
             body: dict[str, Any] = {"model": "sim-model", "prompt": prompt, "max_tokens": 1}
@@ -309,10 +298,10 @@ def scraped(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
 @pytest.mark.parametrize("enabled", [True, False])
 async def test_enable_metrics_exports_the_index_families(
     start_pod: PodFactory, start_gateway: GatewayFactory, model_dir: Path,
-    zctx: zmq.asyncio.Context, enabled: bool,
+    ctx: zmq.asyncio.Context, enabled: bool,
 ) -> None:  # fmt: skip
     pods = [await start_pod() for _ in range(2)]
-    pubs = [Publisher(zctx, replay=False, topic=f"kv@{p.name}@sim-model") for p in pods]
+    pubs = [Publisher(ctx, replay=False, topic=f"kv@{p.name}@sim-model") for p in pods]
     try:
         epp = precise_epp(
             model_dir, indexerConfig={"kvBlockIndexConfig": {"enableMetrics": enabled}}

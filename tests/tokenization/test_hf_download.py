@@ -3,7 +3,6 @@ tested offline (HF_HUB_OFFLINE=1, set by tests/conftest.py) against a prepared c
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import pytest
@@ -14,19 +13,7 @@ from heimdall_proxy.tokenization.resolve import (
     download_tokenizer,
     find_tokenizer,
 )
-
-COMMIT = "0123456789abcdef0123456789abcdef01234567"
-
-
-def hub_cache(root: Path, repo: str, tokenizer: Path, revision: str = "main") -> Path:
-    """The Hub client's cache layout for one file of `repo` at `revision`."""
-    base = root / ("models--" + repo.replace("/", "--"))
-    snap = base / "snapshots" / COMMIT
-    snap.mkdir(parents=True)
-    (base / "refs").mkdir()
-    (base / "refs" / revision).write_text(COMMIT)
-    shutil.copy(tokenizer, snap / "tokenizer.json")
-    return snap / "tokenizer.json"
+from tests.helpers import COMMIT, hub_cache
 
 
 @pytest.fixture

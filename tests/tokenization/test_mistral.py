@@ -24,6 +24,7 @@ from heimdall_proxy.framework.loader import build_plugins
 from heimdall_proxy.plugins.scorers.precise_prefix_cache import PrecisePrefixCacheScorer
 from heimdall_proxy.tokenization.mistral import MistralRequestTokenizer, mistral_file
 from heimdall_proxy.tokenization.uds import TokenizerServiceError, UDSTokenizerClient
+from tests.helpers import hub_cache
 
 DATA = Path(mistral_common.__file__).parent / "data"
 TEKKEN = DATA / "tekken_240911.json"  # a tekken tokenizer (v3), as Mistral models ship
@@ -91,11 +92,7 @@ def build(pool: dict[str, Any]) -> Any:
 async def test_the_precise_scorer_reads_a_mistral_model_from_a_prepared_hub_cache(
     tmp_path: Path, tekken: MistralRequestTokenizer
 ) -> None:
-    snap = tmp_path / "cache" / "models--mistralai--Tiny" / "snapshots" / ("0" * 40)
-    snap.mkdir(parents=True)
-    (snap.parent.parent / "refs").mkdir()
-    (snap.parent.parent / "refs" / "main").write_text("0" * 40)
-    shutil.copy(TEKKEN, snap / "tekken.json")
+    hub_cache(tmp_path / "cache", "mistralai/Tiny", TEKKEN, name="tekken.json")
     plugins = build(
         {
             "modelName": "mistralai/Tiny",
@@ -116,11 +113,7 @@ async def test_the_precise_scorer_reads_a_mistral_model_from_a_prepared_hub_cach
 async def test_a_sentencepiece_only_repository_is_read_from_the_hub_cache(tmp_path: Path) -> None:
     """Mistral-7B-Instruct-v0.3 ships tokenizer.model.v3 and no tekken.json: the Hub's client
     (offline here) finds it among the repository's Mistral tokenizer files."""
-    snap = tmp_path / "cache" / "models--mistralai--Spm" / "snapshots" / ("1" * 40)
-    snap.mkdir(parents=True)
-    (snap.parent.parent / "refs").mkdir()
-    (snap.parent.parent / "refs" / "main").write_text("1" * 40)
-    shutil.copy(SPM, snap / "tokenizer.model.v3")
+    hub_cache(tmp_path / "cache", "mistralai/Spm", SPM, name="tokenizer.model.v3")
     plugins = build(
         {
             "modelName": "mistralai/Spm",

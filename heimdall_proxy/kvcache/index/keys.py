@@ -9,6 +9,8 @@ the chain and is dropped (counted as an orphan)."""
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from itertools import islice
+from typing import Any
 
 from heimdall_proxy.kvcache.hashing import chain_keys, local_hashes
 from heimdall_proxy.kvcache.index.base import StoredBlocks
@@ -93,3 +95,15 @@ def new_keys(
 def parent_of(entry: EngineEntry) -> int:
     """The key a child block chains on: the last of its parent engine block's keys."""
     return entry if isinstance(entry, int) else entry[-1]
+
+
+def evict_oldest(d: dict[int, Any], max_keys: int) -> int:
+    """Delete the oldest-written entries of `d` beyond `max_keys`, and 1/64th of `max_keys`
+    more, so a full map evicts once per 1/64th rather than on every write; the number
+    deleted (none when `d` is within bounds)."""
+    if len(d) <= max_keys:
+        return 0
+    n = len(d) - max_keys + max(1, max_keys // 64)
+    for key in list(islice(d, n)):
+        del d[key]
+    return n

@@ -12,6 +12,7 @@ from heimdall_proxy.kvcache.index.base import StoredBlocks
 from heimdall_proxy.kvcache.index.keys import (
     EngineEntry,
     engine_entries,
+    evict_oldest,
     flatten_keys,
     new_keys,
     parent_of,
@@ -90,12 +91,6 @@ class InMemoryIndex:
                 self._medium_slot[medium] = slot
         return slot
 
-    def _evict(self, d: dict[int, int]) -> None:
-        n = len(d) - self.max_keys + max(1, self.max_keys // 64)
-        for key in list(islice(d, n)):
-            del d[key]
-        self.stats.evicted_keys += n
-
     def _set(self, slot: int, bit: int, keys: Sequence[int]) -> None:
         d = self._tiers[slot]
         if d.keys().isdisjoint(keys):
@@ -113,8 +108,7 @@ class InMemoryIndex:
                         m &= m - 1
                     del d[key]  # written again: to the young end of the eviction order
                 d[key] = m | bit
-        if len(d) > self.max_keys:
-            self._evict(d)
+        self.stats.evicted_keys += evict_oldest(d, self.max_keys)
 
     def _unset(self, slot: int, bit: int, keys: Sequence[int]) -> None:
         d = self._tiers[slot]

@@ -26,7 +26,7 @@ from heimdall_proxy.framework.types import (
     InferenceRequest,
     RequestContext,
 )
-from heimdall_proxy.kvcache.hashing import LazyBlockKeys, salt_root
+from heimdall_proxy.kvcache.hashing import STANDARD_HASH_SEED, LazyBlockKeys, salt_root
 from heimdall_proxy.kvcache.index import (
     CostAwareMemoryIndex,
     InMemoryIndex,
@@ -116,7 +116,7 @@ class ConductorConfig(PluginParams):
     following the pods' events here."""
 
     url: str = Field(min_length=1)
-    hash_seed: int = Field(default=1337, ge=0, lt=1 << 64)
+    hash_seed: int = Field(default=STANDARD_HASH_SEED, ge=0, lt=1 << 64)
     tenant_id: str = "default"
     cache_salt: str = ""
     timeout: Duration = 0.5

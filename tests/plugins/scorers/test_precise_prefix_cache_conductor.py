@@ -34,13 +34,6 @@ def model_dir(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-async def ctx() -> Any:
-    c = zmq.asyncio.Context()
-    yield c
-    c.destroy(linger=0)
-
-
-@pytest.fixture
 async def conductor(aiohttp_client: Any) -> TestClient[Any, Any]:
     out: TestClient[Any, Any] = await aiohttp_client(create_app())
     return out
