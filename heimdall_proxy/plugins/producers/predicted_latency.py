@@ -32,6 +32,7 @@ from heimdall_proxy.latency.state import (
     read_predictions,
     slo_seconds,
 )
+from heimdall_proxy.loopmetrics import GaugeFamily, HistogramFamily
 from heimdall_proxy.plugins.scorers.active_request import attempt_key
 from heimdall_proxy.plugins.scorers.inflight import InFlight
 
@@ -90,6 +91,26 @@ def output_tokens(request: InferenceRequest) -> int:
         if isinstance(value, int) and not isinstance(value, bool) and value > 0:
             return value
     return DEFAULT_OUTPUT_TOKENS
+
+
+def _record(
+    actual: float,
+    predicted: float | None,
+    slo: float | None,
+    labels: tuple[str, str],
+    families: tuple[GaugeFamily, HistogramFamily, GaugeFamily, GaugeFamily],
+) -> None:
+    """Export one observed latency (TTFT or TPOT, the same families for each): the last value,
+    the prediction's relative error, and whether it missed its SLO."""
+    gauge, error, violation, violation_total = families
+    gauge.labels(*labels).set(actual)
+    if predicted is not None and actual > 0.0:
+        error.labels(*labels).observe(abs(predicted - actual) / actual)
+    if slo is not None:
+        missed = actual > slo
+        violation.labels(*labels).set(1.0 if missed else 0.0)
+        if missed:
+            violation_total.labels(*labels).inc()
 
 
 @register(PREDICTED_LATENCY_PRODUCER_TYPE, PredictedLatencyProducerParams)
@@ -277,27 +298,25 @@ class PredictedLatencyProducer(BasePlugin[PredictedLatencyProducerParams]):
             ttft = att.first_at - att.start
             tpot = (att.last_at - att.first_at) / att.later_events if att.later_events else None
         if ttft is not None:
-            m.ttft_gauge.labels(*labels).set(ttft)
-            if att.predicted_ttft is not None and ttft > 0.0:
-                m.ttft_error.labels(*labels).observe(abs(att.predicted_ttft - ttft) / ttft)
+            _record(
+                ttft,
+                att.predicted_ttft,
+                att.ttft_slo,
+                labels,
+                (m.ttft_gauge, m.ttft_error, m.ttft_violation, m.ttft_violation_total),
+            )
             if att.row is not None:
                 self.predictor.ttft.observe(att.pod, att.row, ttft)
-            if att.ttft_slo is not None:
-                missed = ttft > att.ttft_slo
-                m.ttft_violation.labels(*labels).set(1.0 if missed else 0.0)
-                if missed:
-                    m.ttft_violation_total.labels(*labels).inc()
         if tpot is not None:
-            m.tpot_gauge.labels(*labels).set(tpot)
-            if att.predicted_tpot is not None and tpot > 0.0:
-                m.tpot_error.labels(*labels).observe(abs(att.predicted_tpot - tpot) / tpot)
+            _record(
+                tpot,
+                att.predicted_tpot,
+                att.tpot_slo,
+                labels,
+                (m.tpot_gauge, m.tpot_error, m.tpot_violation, m.tpot_violation_total),
+            )
             if att.row is not None:
                 self.predictor.tpot.observe(att.pod, att.row, tpot)
-            if att.tpot_slo is not None:
-                missed = tpot > att.tpot_slo
-                m.tpot_violation.labels(*labels).set(1.0 if missed else 0.0)
-                if missed:
-                    m.tpot_violation_total.labels(*labels).inc()
 
     def collect_metrics(self) -> Iterable[Metric]:
         return self.metrics.collect()
