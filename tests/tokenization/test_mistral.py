@@ -89,19 +89,28 @@ def build(pool: dict[str, Any]) -> Any:
     return build_plugins(cfg.epp, load_builtin_plugins(), PluginHandle(EndpointPool([])))
 
 
-async def test_the_precise_scorer_reads_a_mistral_model_from_a_prepared_hub_cache(
-    tmp_path: Path, tekken: MistralRequestTokenizer
-) -> None:
-    hub_cache(tmp_path / "cache", "mistralai/Tiny", TEKKEN, name="tekken.json")
+def scorer_from_hub_cache(
+    tmp_path: Path, repo: str, data: Path, name: str
+) -> PrecisePrefixCacheScorer:
+    """A precise scorer in mistral mode whose only tokenizer file is `name` of `repo` in a
+    prepared Hugging Face cache (no local discovery, the Hub offline)."""
+    hub_cache(tmp_path / "cache", repo, data, name=name)
     plugins = build(
         {
-            "modelName": "mistralai/Tiny",
+            "modelName": repo,
             "hf": {"tokenizerMode": "mistral", "tokenizersCacheDir": str(tmp_path / "cache")},
             "local": {"autoDiscoveryDir": str(tmp_path / "none")},
         }
     )
     scorer = plugins.plugins["precise-prefix-cache-scorer"]
     assert isinstance(scorer, PrecisePrefixCacheScorer)
+    return scorer
+
+
+async def test_the_precise_scorer_reads_a_mistral_model_from_a_prepared_hub_cache(
+    tmp_path: Path, tekken: MistralRequestTokenizer
+) -> None:
+    scorer = scorer_from_hub_cache(tmp_path, "mistralai/Tiny", TEKKEN, "tekken.json")
     try:
         assert await scorer.tokenizer.tokenize("chat", CHAT) == tekken.tokenize_request(
             "chat", CHAT
@@ -113,15 +122,7 @@ async def test_the_precise_scorer_reads_a_mistral_model_from_a_prepared_hub_cach
 async def test_a_sentencepiece_only_repository_is_read_from_the_hub_cache(tmp_path: Path) -> None:
     """Mistral-7B-Instruct-v0.3 ships tokenizer.model.v3 and no tekken.json: the Hub's client
     (offline here) finds it among the repository's Mistral tokenizer files."""
-    hub_cache(tmp_path / "cache", "mistralai/Spm", SPM, name="tokenizer.model.v3")
-    plugins = build(
-        {
-            "modelName": "mistralai/Spm",
-            "hf": {"tokenizerMode": "mistral", "tokenizersCacheDir": str(tmp_path / "cache")},
-            "local": {"autoDiscoveryDir": str(tmp_path / "none")},
-        }
-    )
-    scorer = plugins.plugins["precise-prefix-cache-scorer"]
+    scorer = scorer_from_hub_cache(tmp_path, "mistralai/Spm", SPM, "tokenizer.model.v3")
     try:
         expected = MistralRequestTokenizer(SPM).tokenize_request("chat", CHAT)
         assert await scorer.tokenizer.tokenize("chat", CHAT) == expected
