@@ -11,6 +11,7 @@ from pydantic import Field
 from heimdall_proxy.framework.base import BasePlugin
 from heimdall_proxy.framework.handle import PluginHandle
 from heimdall_proxy.framework.params import Duration, PluginParams
+from heimdall_proxy.framework.prefix import read_prefix_match
 from heimdall_proxy.framework.registry import register
 from heimdall_proxy.framework.types import (
     CycleState,
@@ -35,6 +36,11 @@ class OutstandingWorkParams(PluginParams):
     default_output_tokens: int = Field(default=256, ge=1)
     char_to_token_multiplier: float = Field(default=0.25, gt=0.0)
     request_timeout: Duration = 600.0
+    #: The prefix-cache plugin whose match information says how much of a prompt the chosen
+    #: pod already holds; only the rest is prefill work. Absent from the cycle (no such
+    #: plugin in the profile), every prompt token counts.
+    prefix_plugin_type: str = "prefix-cache-scorer"
+    prefix_plugin_name: str = "prefix-cache-scorer"
 
 
 def output_limit(data: Mapping[str, Any], default: int) -> int:
@@ -61,8 +67,9 @@ class _Work:
 @register(OUTSTANDING_WORK_SCORER_TYPE, OutstandingWorkParams)
 class OutstandingWorkScorer(BasePlugin[OutstandingWorkParams]):
     """Tracks, per pod, the work of every request this gateway has in flight there, in
-    decode-token units: `prefillTokenWeight * prompt tokens` until the first response byte
-    arrives (prefill done), plus the output tokens still to come (the request's
+    decode-token units: `prefillTokenWeight * prompt tokens` (those the pod does not already
+    hold, by `prefixPluginType`/`prefixPluginName`'s match when it ran) until the first
+    response byte arrives (prefill done), plus the output tokens still to come (the request's
     max_tokens / max_completion_tokens / max_output_tokens, times n, else
     `defaultOutputTokens`), counted down by one per streamed SSE event. Prompt tokens are the
     tokenizer's when one ran, else characters * charToTokenMultiplier.
@@ -81,14 +88,25 @@ class OutstandingWorkScorer(BasePlugin[OutstandingWorkParams]):
         self._work: dict[str, _Work] = {}
         self._p = params
 
-    def estimate(self, request: InferenceRequest) -> tuple[float, float]:
-        """(prefill work, decode work) of a request, in decode-token units."""
+    def estimate(self, request: InferenceRequest, cached_share: float = 0.0) -> tuple[float, float]:
+        """(prefill work, decode work) of a request, in decode-token units, on a pod that
+        already holds `cached_share` of its prompt."""
         if request.token_ids is not None:
             prompt = float(len(request.token_ids))
         else:
             prompt = len(request.prompt_text()) * self._p.char_to_token_multiplier
         decode = float(output_limit(request.data, self._p.default_output_tokens))
-        return prompt * self._p.prefill_token_weight, decode
+        return prompt * (1.0 - cached_share) * self._p.prefill_token_weight, decode
+
+    def _cached_share(self, ctx: RequestContext) -> float:
+        """Share of the prompt the target pod holds, by the prefix plugin's match (0 when it
+        did not run): a cached prefix costs the pod no prefill, and counting it made pods
+        serving a hot prefix look several times busier than they were."""
+        p = self._p
+        info = read_prefix_match(ctx.state, p.prefix_plugin_type, p.prefix_plugin_name)
+        if info is None or info.prompt_tokens <= 0:
+            return 0.0
+        return min(1.0, info.cached_tokens(ctx.target.name) / info.prompt_tokens)
 
     def work(self, pod: str) -> float:
         """Outstanding work on `pod`, in decode-token units."""
@@ -106,7 +124,7 @@ class OutstandingWorkScorer(BasePlugin[OutstandingWorkParams]):
         return {e.name: 1.0 - w / top for e, w in zip(endpoints, loads, strict=True)}
 
     async def pre_request(self, ctx: RequestContext) -> None:
-        prefill, decode = self.estimate(ctx.request)
+        prefill, decode = self.estimate(ctx.request, self._cached_share(ctx))
         key = attempt_key(ctx)
         self._work[key] = _Work(prefill, decode)
         self.inflight.add(ctx.target.name, key, prefill + decode)

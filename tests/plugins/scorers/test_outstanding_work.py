@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from heimdall_proxy.framework.prefix import PrefixCacheMatchInfo, prefix_match_key
 from heimdall_proxy.framework.types import CycleState
 from heimdall_proxy.plugins.scorers.outstanding_work import (
     OutstandingWorkParams,
@@ -51,6 +52,25 @@ async def test_progress_prefill_then_streamed_tokens_then_complete() -> None:
     await scorer.response_complete(c)
     assert scorer.work("p") == 0.0
     assert scorer.score(CycleState(), req(), [pod]) == {"p": 1.0}
+
+
+async def test_a_prompt_the_pod_holds_costs_no_prefill() -> None:
+    # prefix-cache-scorer's match on the cycle: pod "warm" holds 75 of 100 prompt tokens.
+    scorer = make()
+    warm, cold = ep("warm"), ep("cold")
+    key = prefix_match_key("prefix-cache-scorer", "prefix-cache-scorer")
+    info = PrefixCacheMatchInfo(25, 4, 100, {"warm": 3.0})
+    for pod in (warm, cold):
+        c = ctx(completion(100, 10), pod)  # type: ignore[arg-type]
+        c.state[key] = info
+        await scorer.pre_request(c)
+    assert scorer.work("warm") == pytest.approx(0.2 * 25 + 10)
+    assert scorer.work("cold") == pytest.approx(0.2 * 100 + 10)
+    other = make(prefixPluginName="another")  # a match it was not told to read: all prefill
+    c = ctx(completion(100, 10), warm)  # type: ignore[arg-type]
+    c.state[key] = info
+    await other.pre_request(c)
+    assert other.work("warm") == pytest.approx(0.2 * 100 + 10)
 
 
 def test_output_limit() -> None:
