@@ -43,6 +43,13 @@ class PrefixCacheAffinityParams(PluginParams):
     #: default (ours) is two 1600-token prompts at the default throughput: a warm pod keeps
     #: its prefix until it is about two prompts busier than the idlest cold pod.
     max_ttft_penalty_ms: float = Field(default=200.0, ge=0.0, alias="maxTTFTPenaltyMs")
+    #: Release only when the best sticky pod's estimate also exceeds the best other pod's by
+    #: this fraction of the latter. The estimate counts work queued ahead, and its error grows
+    #: with the queue (how long those requests will decode is a guess), so under deep
+    #: saturation a fixed margin releases on noise: every pod is minutes deep, moving saves
+    #: nothing, and each move costs the prefix on a new pod. 0 (the default) keeps the
+    #: absolute margin alone.
+    max_ttft_penalty_ratio: float = Field(default=0.0, ge=0.0, alias="maxTTFTPenaltyRatio")
     #: Prompt tokens one pod prefills per second. Calibrate per model and hardware (as
     #: llm-d's calibration recipe does); the default is ours, about what the simulator and
     #: a mid-size model on one H100 do.
@@ -123,7 +130,8 @@ class PrefixCacheAffinityFilter(BasePlugin[PrefixCacheAffinityParams]):
         best_other = min(
             self.estimated_ttft(e.name, info, prompt) for e in endpoints if e.name not in names
         )
-        if best_sticky > best_other + self._penalty:
+        margin = self._penalty + self.params.max_ttft_penalty_ratio * best_other
+        if best_sticky > best_other + margin:
             return endpoints  # released: the prefix spreads to where the scorers send it
         return sticky
 

@@ -86,6 +86,21 @@ async def test_a_penalty_keeps_the_affinity_longer() -> None:
     assert names(f.filter(state({"a": 100.0}), req(), PODS)) == ["a", "b", "c"]
 
 
+async def test_a_penalty_ratio_holds_the_affinity_when_every_pod_is_deep() -> None:
+    # 0 ms + 50% of the best other pod's estimate: a difference that releases a shallow pod
+    # keeps a deep one, where it is within the noise of what is queued.
+    f = make(maxTTFTPenaltyRatio=0.5)
+    s = state({"a": 100.0})
+    await occupy(f, 0, 2)  # a: 3200 vs b, c: 1600 (idle, prompt to compute): release
+    assert names(f.filter(s, req(), PODS)) == ["a", "b", "c"]
+    for pod in (1, 2):
+        await occupy(f, pod, 8)  # b, c: 12800 + 1600 = 14400
+    await occupy(f, 0, 8)  # a: 16000, 1600 more than b: within 50% of 14400, stay
+    assert names(f.filter(s, req(), PODS)) == ["a"]
+    await occupy(f, 0, 14)  # a: 38400 > 14400 * 1.5: release
+    assert names(f.filter(s, req(), PODS)) == ["a", "b", "c"]
+
+
 async def test_completion_frees_the_pod() -> None:
     f = make()
     c = ctx(req(), PODS[0])
