@@ -22,7 +22,7 @@ from heimdall_proxy.framework.prefix import read_prefix_match
 from heimdall_proxy.framework.registry import register
 from heimdall_proxy.framework.types import CycleState, Endpoint, InferenceRequest, RequestContext
 from heimdall_proxy.latency.metrics import LatencyMetrics
-from heimdall_proxy.latency.predictor import LatencyPredictor, features
+from heimdall_proxy.latency.predictor import FeatureMatrix, LatencyPredictor
 from heimdall_proxy.latency.state import (
     PREDICTIONS_KEY,
     TPOT_SLO_HEADER,
@@ -130,6 +130,8 @@ class PredictedLatencyProducer(BasePlugin[PredictedLatencyProducerParams]):
     ) -> None:
         super().__init__(name, params, handle)
         self.predictor = LatencyPredictor(min_samples=params.min_samples)
+        self._features = FeatureMatrix()
+        self._next_expiry = 0.0
         self.inflight = InFlight(params.request_timeout)
         self.metrics = LatencyMetrics()
         self._attempts: dict[str, _Attempt] = {}
@@ -165,24 +167,26 @@ class PredictedLatencyProducer(BasePlugin[PredictedLatencyProducerParams]):
             tpot_slo=tpot_slo * p.slo_buffer_factor if tpot_slo is not None else None,
             output_tokens=out,
         )
-        self.inflight.expire()
+        now = time.monotonic()
+        if now >= self._next_expiry:  # entries live for minutes: once a second is plenty
+            self.inflight.expire(now)
+            self._next_expiry = now + 1.0
         inflight = self.inflight
-        self._censored()
+        self._censored(now)
         names = [e.name for e in endpoints]
         counts = [inflight.count(n) for n in names]
+        tokens = [inflight.total(n) if c else 0.0 for n, c in zip(names, counts, strict=True)]
+        uncached: list[int] | None = None
         if info is not None:
             ratios = [info.ratio(n) for n in names]
             uncached = [info.uncached_tokens(n) for n in names]
         else:
             ratios = [0.0] * len(names)
-            uncached = [prompt] * len(names)
-        rows = [
-            features(e, prompt, u, c, inflight.total(e.name) if c else 0.0, out)
-            for e, u, c in zip(endpoints, uncached, counts, strict=True)
-        ]
+        rows = self._features.build(endpoints, prompt, uncached, counts, tokens, out)
         preds.inflight = dict(zip(names, counts, strict=True))
         preds.prefix = dict(zip(names, ratios, strict=True))
-        preds.features = dict(zip(names, rows, strict=True))
+        preds.rows = rows
+        preds.row_index = {n: i for i, n in enumerate(names)}
         ttft, tpot = self.predictor.predict(names, rows)
         if ttft is not None:
             ttft_slo, tpot_slo = preds.ttft_slo, preds.tpot_slo
@@ -207,11 +211,10 @@ class PredictedLatencyProducer(BasePlugin[PredictedLatencyProducerParams]):
         state[PREDICTIONS_KEY] = preds
         return preds
 
-    def _censored(self) -> None:
+    def _censored(self, now: float) -> None:
         """Raise the TTFT factor of a pod whose oldest unanswered request (no first chunk in
         streaming mode, no end otherwise) has outlived its prediction. Visits only the pods
         with requests in flight, so an idle fleet costs nothing here."""
-        now = time.monotonic()
         model = self.predictor.ttft
         for pod, pending in self._pending.items():
             if not pending:
@@ -224,7 +227,7 @@ class PredictedLatencyProducer(BasePlugin[PredictedLatencyProducerParams]):
         preds = read_predictions(ctx.state)
         pod = ctx.target.name
         key = attempt_key(ctx)
-        row = preds.features.get(pod) if preds is not None else None
+        row = preds.features_of(pod) if preds is not None else None
         prompt = row[3] * 1000.0 if row is not None else 0.0
         self.inflight.add(pod, key, prompt)
         att = _Attempt(
