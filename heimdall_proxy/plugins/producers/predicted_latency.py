@@ -23,6 +23,7 @@ from heimdall_proxy.framework.registry import register
 from heimdall_proxy.framework.types import CycleState, Endpoint, InferenceRequest, RequestContext
 from heimdall_proxy.latency.metrics import LatencyMetrics
 from heimdall_proxy.latency.predictor import FeatureMatrix, LatencyPredictor
+from heimdall_proxy.latency.sampling import FIRST_SAMPLED_TOKEN, TokenSampler
 from heimdall_proxy.latency.state import (
     PREDICTIONS_KEY,
     TPOT_SLO_HEADER,
@@ -59,10 +60,12 @@ class PredictedLatencyProducerParams(PluginParams):
     char_to_token_multiplier: float = Field(default=0.25, gt=0.0)
     #: A request in flight longer than this stops counting in the in-flight features.
     request_timeout: Duration = Field(default=600.0, alias="contextTTL")
-    #: Streaming mode: TPOT samples per stream, taken after 2, 4, 8, ... tokens (the mean
-    #: so far) and at its end, so a slow pod's TPOT is known a few tokens into its first
-    #: stream instead of at its end.
+    #: Streaming mode: TPOT samples per stream at most, the last one at its end (the
+    #: others at the tokens `samplingMean` chooses; see latency/sampling.py).
     max_tpot_samples: int = Field(default=5, ge=1, alias="maxTPOTSamples")
+    #: Streaming mode: GIE's mean interval, in tokens, between TPOT samples after token 2
+    #: (Poisson-distributed).
+    sampling_mean: float = Field(default=1000.0, gt=0.0)
 
 
 @dataclass(slots=True)
@@ -79,9 +82,9 @@ class _Attempt:
     first_at: float | None = None
     last_at: float = 0.0
     later_events: int = 0
-    #: streaming mode: TPOT samples taken so far, and the event count of the next one
+    #: streaming mode: TPOT samples taken so far, and the token index of the next one
     tpot_samples: int = 0
-    next_sample: int = 2
+    next_sample: int = FIRST_SAMPLED_TOKEN
 
 
 def output_tokens(request: InferenceRequest) -> int:
@@ -136,6 +139,7 @@ class PredictedLatencyProducer(BasePlugin[PredictedLatencyProducerParams]):
         self.metrics = LatencyMetrics()
         self._attempts: dict[str, _Attempt] = {}
         self._max_tpot_samples = params.max_tpot_samples
+        self._sampler = TokenSampler(params.sampling_mean)
         #: per pod, its attempts in start order (the oldest first)
         self._pending: dict[str, dict[str, _Attempt]] = {}
 
@@ -267,14 +271,15 @@ class PredictedLatencyProducer(BasePlugin[PredictedLatencyProducerParams]):
         else:
             # one SSE event per token, unless the server coalesced several into a chunk
             att.later_events += max(1, chunk.count(b"data: {"))
+            token = att.later_events + 1  # the first chunk carried token 1
             if (
                 self.params.streaming_mode
-                and att.later_events >= att.next_sample
+                and token >= att.next_sample
                 and att.tpot_samples < self._max_tpot_samples - 1
                 and att.row is not None
             ):
                 att.tpot_samples += 1
-                att.next_sample *= 2
+                att.next_sample = self._sampler.after(token)
                 self.predictor.tpot.observe(
                     att.pod, att.row, (now - att.first_at) / att.later_events
                 )

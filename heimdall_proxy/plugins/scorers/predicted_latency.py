@@ -40,7 +40,6 @@ class PredictedLatencyScorerParams(PredictedLatencyProducerParams):
     """GIE's parameters and defaults (pkg/epp/framework/plugins/scheduling/scorer/
     predictedlatency/scorer.go), plus the producer's own."""
 
-    sampling_mean: float = Field(default=1000.0, gt=0.0)
     max_sampled_tokens: int = Field(default=5, gt=0)
     neg_headroom_ttft_weight: float = Field(default=0.8, ge=0.0, alias="negHeadroomTTFTWeight")
     neg_headroom_tpot_weight: float = Field(default=0.2, ge=0.0, alias="negHeadroomTPOTWeight")
@@ -71,19 +70,12 @@ class PredictedLatencyScorer(PredictedLatencyProducer):
     ) -> None:
         super().__init__(name, params, handle)
         self._rng = random.Random()
-        # GIE's maxSampledTokens: TPOT samples per stream (ours: after 2, 4, 8, ... tokens)
+        # GIE's maxSampledTokens: TPOT samples per stream, at the tokens samplingMean picks
         self._max_tpot_samples = params.max_sampled_tokens
         if "max_tpot_samples" in params.model_fields_set:
             log.warning(
                 "plugin %r (type %r): parameter 'maxTPOTSamples' is not honoured here; "
                 "maxSampledTokens sets the TPOT samples per stream",
-                name,
-                self.type,
-            )
-        if "sampling_mean" in params.model_fields_set:
-            log.warning(
-                "plugin %r (type %r): parameter 'samplingMean' is accepted but not honoured: "
-                "TPOT is sampled after 2, 4, 8, ... tokens (up to maxSampledTokens samples)",
                 name,
                 self.type,
             )

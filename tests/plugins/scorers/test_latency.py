@@ -93,12 +93,13 @@ def test_predicted_latency_scorer_has_the_reference_defaults() -> None:
     assert p.request_timeout == 300.0 and p.streaming_mode is True
 
 
-def test_predicted_latency_scorer_warns_of_unhonoured_parameters(
+def test_predicted_latency_scorer_honours_sampling_mean(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     with caplog.at_level(logging.WARNING):
-        build("predicted-latency-scorer", samplingMean=10)
-    assert "predicted-latency-scorer" in caplog.text and "samplingMean" in caplog.text
+        scorer = build("predicted-latency-scorer", samplingMean=10)
+    assert scorer._sampler.mean == 10.0  # type: ignore[attr-defined]
+    assert "samplingMean" not in caplog.text
 
 
 def test_predicted_latency_scorer_picks_a_pod_meeting_the_slo() -> None:
