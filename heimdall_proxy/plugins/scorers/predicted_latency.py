@@ -3,13 +3,14 @@ like predicted-latency-producer (it is one, with GIE's streaming default) and th
 the pod itself, as GIE's scorer does: score 1 for the chosen pod, 0 for the others.
 
 The choice, in GIE's order: an affinity gate over every candidate (`affinityGateTauGlobal`,
-skipped with probability `epsilonExploreSticky`); without SLOs, weighted random by
-predicted latency; with SLOs, the positive tier (pods predicted to meet them) except with
+skipped with probability `epsilonExploreSticky`); without SLOs, by predicted latency; with
+SLOs, the positive tier (pods predicted to meet them) except with
 probability `epsilonExploreNeg`, then the affinity gate `affinityGateTau` within the tier,
-then weighted random by blended headroom (`headroomTTFTWeight`/`headroomTPOTWeight`, by
+then by blended headroom (`headroomTTFTWeight`/`headroomTPOTWeight`, by
 `headroomSelectionStrategy`) or, in the negative tier, by blended deficit
-(`negHeadroomTTFTWeight`/`negHeadroomTPOTWeight`), idle pods first. Without predictions it
-picks by the composite of KV cache, queue and prefix (`composite*Weight`)."""
+(`negHeadroomTTFTWeight`/`negHeadroomTPOTWeight`), idle pods first; the weights choose by
+`selectionMode`: a weighted random draw (`linear`) or the heaviest pod (`max`). Without
+predictions it picks by the composite of KV cache, queue and prefix (`composite*Weight`)."""
 
 from __future__ import annotations
 
@@ -54,7 +55,9 @@ class PredictedLatencyScorerParams(PredictedLatencyProducerParams):
     affinity_gate_tau: float = Field(default=0.80, ge=0.0, le=1.0)
     affinity_gate_tau_global: float = Field(default=0.99, ge=0.0, le=1.0)
     request_timeout: Duration = Field(default=300.0, alias="contextTTL")
-    selection_mode: Literal["linear"] = "linear"
+    #: GIE's pod selection: `linear` draws a pod at random in proportion to its weight,
+    #: `max` takes the pod of the largest weight (the first of equals, in candidate order).
+    selection_mode: Literal["linear", "max"] = "linear"
     streaming_mode: bool = True
 
 
@@ -89,7 +92,10 @@ class PredictedLatencyScorer(PredictedLatencyProducer):
         return sticky
 
     def _draw(self, cands: Sequence[Endpoint], weights: Mapping[str, float]) -> Endpoint:
+        """The pod chosen among `cands` by `weights` (selectionMode)."""
         w = [max(weights.get(e.name, 0.0), 0.0) + 1e-3 for e in cands]
+        if self.params.selection_mode == "max":
+            return cands[w.index(max(w))]
         return self._rng.choices(list(cands), weights=w, k=1)[0]
 
     def score(

@@ -125,3 +125,19 @@ def test_predicted_latency_scorer_takes_tpot_samples_from_max_sampled_tokens(
         scorer = build("predicted-latency-scorer", maxSampledTokens=3, maxTPOTSamples=9)
     assert scorer._max_tpot_samples == 3  # type: ignore[attr-defined]
     assert "maxTPOTSamples" in caplog.text
+
+
+def test_predicted_latency_scorer_selection_mode_max_takes_the_heaviest_pod() -> None:
+    """Without SLOs, a pod predicted 1.5x slower keeps 0.44 of the weight: `linear` sends
+    it some requests, `max` never does."""
+    state = CycleState({PREDICTIONS_KEY: preds(a=0.3, b=0.2)})
+    pods = [ep("a"), ep("b")]
+    for mode, want_a in (("max", False), ("linear", True)):
+        scorer = build("predicted-latency-scorer", selectionMode=mode)
+        chosen = {next(iter(scorer.score(state, req(), pods))) for _ in range(200)}  # type: ignore[attr-defined]
+        assert ("a" in chosen) is want_a and "b" in chosen
+
+
+def test_predicted_latency_scorer_refuses_an_unknown_selection_mode() -> None:
+    with pytest.raises(Exception, match="selectionMode"):
+        build("predicted-latency-scorer", selectionMode="softmax")
