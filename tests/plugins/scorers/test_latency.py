@@ -141,3 +141,27 @@ def test_predicted_latency_scorer_selection_mode_max_takes_the_heaviest_pod() ->
 def test_predicted_latency_scorer_refuses_an_unknown_selection_mode() -> None:
     with pytest.raises(Exception, match="selectionMode"):
         build("predicted-latency-scorer", selectionMode="softmax")
+
+
+@pytest.mark.parametrize(
+    ("strategy", "slo", "want"),
+    [
+        ("least", None, "busy"),  # without SLOs: the lowest predicted latency
+        ("composite-only", None, "idle"),  # the composite alone: free KV cache, short queue
+        ("composite-most", 1.0, "idle"),
+        ("composite-least", 1.0, "busy"),  # the positive tier's composite, inverted
+    ],
+)
+def test_predicted_latency_scorer_composite_strategies(
+    strategy: str, slo: float | None, want: str
+) -> None:
+    # busy is predicted faster (0.1 s against 0.5 s) but has the longer queue and fuller cache
+    state = CycleState({PREDICTIONS_KEY: preds(slo, busy=0.1, idle=0.5)})
+    pods = [ep("busy", waiting=4, kv_cache_usage=0.9), ep("idle", waiting=0, kv_cache_usage=0.1)]
+    scorer = build(
+        "predicted-latency-scorer",
+        headroomSelectionStrategy=strategy,
+        selectionMode="max",
+        epsilonExploreNeg=0.0,
+    )
+    assert scorer.score(state, req(), pods) == {want: 1.0}  # type: ignore[attr-defined]
