@@ -10,12 +10,15 @@
   of the served ones met both SLOs, as the client measured them.
 * ``cost``: the producer's prediction step in-process for 64 candidate pods (features,
   numpy product, CycleState), p50/p99 per request, and the training cost per observation.
+* ``remote``: the producer's step with and without a prediction server speaking GIE's
+  sidecar API (a stand-in with constant answers, in a subprocess on localhost).
 
     python bench/latency.py unequal --targets round_robin config/recommended.yaml \\
         config/predicted-latency.yaml
     python bench/latency.py overload --targets config/recommended.yaml \\
         config/predicted-latency.yaml
     python bench/latency.py cost --pods 64
+    python bench/latency.py remote --pods 64 --iterations 2000
 
 Prints a markdown table per part (results JSON under bench/out/latency-*)."""
 
@@ -253,9 +256,109 @@ def cost(args: argparse.Namespace) -> list[str]:
     ]
 
 
+def remote(args: argparse.Namespace) -> list[str]:
+    """produce() for `pods` candidates with and without a remote prediction server: a
+    stand-in speaking GIE's sidecar API (`POST /predict/bulk/strict`, constant answers) in a
+    subprocess on localhost, so the figure is our client's cost plus the HTTP round trip,
+    not a real model's inference time."""
+    import subprocess
+
+    from heimdall_proxy.framework.handle import PluginHandle
+    from heimdall_proxy.framework.types import CycleState, Endpoint, InferenceRequest, Metrics
+    from heimdall_proxy.plugins.producers.predicted_latency import (
+        PredictedLatencyProducer,
+        PredictedLatencyProducerParams,
+    )
+
+    port = compare.free_port()
+    server = subprocess.Popen(
+        [sys.executable, "-c", _STAND_IN, str(port)], stdout=subprocess.DEVNULL
+    )
+    url = f"http://{compare.HOST}:{port}"
+    deadline = time.monotonic() + 30.0
+    while compare.http_get(url + "/readyz")[0] != 200:
+        if time.monotonic() > deadline or server.poll() is not None:
+            server.kill()
+            raise RuntimeError("the prediction-server stand-in did not start")
+        time.sleep(0.1)
+    rng = random.Random(args.seed)
+    pods = [
+        Endpoint(f"pod-{i}", f"http://h{i}:80", f"h{i}", 80,
+                 metrics=Metrics(waiting=rng.randint(0, 8), running=rng.randint(0, 32),
+                                 kv_cache_usage=rng.random(), updated_at=1.0))
+        for i in range(args.pods)
+    ]  # fmt: skip
+    body = {"model": "m", "prompt": "word " * 500, "max_tokens": 64}
+
+    async def run(params: dict[str, Any]) -> tuple[list[float], list[float]]:
+        producer = PredictedLatencyProducer(
+            "p",
+            PredictedLatencyProducerParams(streamingMode=True, **params),
+            PluginHandle(pool=None),  # type: ignore[arg-type]
+        )
+        for _ in range(64):
+            row = [rng.random() for _ in range(8)]
+            producer.predictor.ttft.observe("pod-0", row, 0.1)
+            producer.predictor.tpot.observe("pod-0", row, 0.01)
+        await producer.start()
+        cpu, wall = [], []
+        try:
+            for _ in range(args.iterations):
+                req = InferenceRequest("completions", "/v1/completions", "m", b"{}", body, {})
+                c, w = time.thread_time(), time.perf_counter()
+                await producer.produce(CycleState(), req, pods)
+                cpu.append(time.thread_time() - c)
+                wall.append(time.perf_counter() - w)
+            if producer.remote is not None:
+                assert producer.remote.available, "the stand-in stopped answering"
+        finally:
+            await producer.stop()
+        return sorted(cpu), sorted(wall)
+
+    lines = [
+        "| predictor | CPU p50 | CPU p99 | wall p50 | wall p99 |",
+        "|---|---|---|---|---|",
+    ]
+    try:
+        for label, params in (
+            ("in-process", {}),
+            ("remote (stand-in on localhost)", {"predictionServerURL": url,
+                                                "predictorTimeout": "1s"}),
+        ):  # fmt: skip
+            cpu, wall = asyncio.run(run(params))
+            p99 = int(len(cpu) * 0.99)
+            lines.append(
+                f"| {label} | {statistics.median(cpu) * 1e3:.3f} ms | {cpu[p99] * 1e3:.3f} ms "
+                f"| {statistics.median(wall) * 1e3:.3f} ms | {wall[p99] * 1e3:.3f} ms |"
+            )
+    finally:
+        server.terminate()
+        server.wait(5)
+    return lines
+
+
+#: GIE's prediction-server API with constant answers, run by `remote` in a subprocess.
+_STAND_IN = """
+import sys
+from aiohttp import web
+async def predict(request):
+    reqs = (await request.json())["requests"]
+    preds = [{"ttft_ms": 200.0, "tpot_ms": 20.0} for _ in reqs]
+    return web.json_response({"predictions": preds, "total_requests": len(reqs),
+                              "successful_predictions": len(reqs), "failed_predictions": 0,
+                              "processing_time_ms": 0.0})
+async def ready(request):
+    return web.json_response({"ready": True})
+app = web.Application()
+app.router.add_post("/predict/bulk/strict", predict)
+app.router.add_get("/readyz", ready)
+web.run_app(app, host="127.0.0.1", port=int(sys.argv[1]), print=None)
+"""
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("part", choices=("unequal", "overload", "cost"))
+    parser.add_argument("part", choices=("unequal", "overload", "cost", "remote"))
     parser.add_argument("--targets", nargs="+", default=["config/predicted-latency.yaml"])
     parser.add_argument("--pods", type=int, default=None)
     parser.add_argument("--rate", type=float, default=None, help="requests per second")
@@ -269,14 +372,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--iterations", type=int, default=5000)
     parser.add_argument("--out", type=Path, default=compare.BENCH_DIR / "out" / "latency")
     args = parser.parse_args(argv)
-    defaults = {"unequal": (4, 5.0, 300), "overload": (2, 14.0, 420), "cost": (64, 0.0, 0)}
+    defaults = {
+        "unequal": (4, 5.0, 300),
+        "overload": (2, 14.0, 420),
+        "cost": (64, 0.0, 0),
+        "remote": (64, 0.0, 0),
+    }
     pods, rate, requests = defaults[args.part]
     args.pods = args.pods or pods
     args.rate = args.rate or rate
     args.requests = args.requests or requests
     with contextlib.suppress(AttributeError):
         sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]
-    lines = {"unequal": unequal, "overload": overload, "cost": cost}[args.part](args)
+    parts = {"unequal": unequal, "overload": overload, "cost": cost, "remote": remote}
+    lines = parts[args.part](args)
     print("\n".join(lines))
     return 0
 

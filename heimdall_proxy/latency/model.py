@@ -33,16 +33,18 @@ class OnlineLatencyModel:
     from its event loop only."""
 
     __slots__ = (
-        "_coef",
-        "_intercept",
         "_pending_x",
         "_pending_y",
         "batch_size",
+        "coef",
         "factor_alpha",
         "factors",
+        "factors_version",
+        "intercept",
         "min_samples",
         "regressor",
         "samples",
+        "version",
     )
 
     def __init__(
@@ -67,8 +69,13 @@ class OnlineLatencyModel:
         self.factor_alpha = factor_alpha
         self.samples = 0
         self.factors: dict[str, float] = {}
-        self._coef = np.zeros(n_features)
-        self._intercept = 0.0
+        #: counts changes of `factors`, for readers that cache arrays derived from them
+        self.factors_version = 0
+        #: the regression's coefficients and intercept as of the last training step, and a
+        #: counter of those steps (readers that cache derived arrays compare it)
+        self.coef = np.zeros(n_features)
+        self.intercept = 0.0
+        self.version = 0
         self._pending_x: list[Sequence[float]] = []
         self._pending_y: list[float] = []
 
@@ -79,7 +86,7 @@ class OnlineLatencyModel:
 
     def base(self, features: np.ndarray) -> np.ndarray:
         """The shared regression over rows of features, floored at MIN_PREDICTION."""
-        out = np.asarray(features @ self._coef + self._intercept, dtype=float)
+        out = np.asarray(features @ self.coef + self.intercept, dtype=float)
         return np.asarray(np.maximum(out, MIN_PREDICTION), dtype=float)
 
     def predict(self, pods: Sequence[str], features: np.ndarray) -> np.ndarray:
@@ -94,13 +101,14 @@ class OnlineLatencyModel:
             return
         factor = self.factors.get(pod, 1.0)
         if self.ready:
-            base = float(self.base(np.asarray([features], dtype=float))[0])
+            base = max(float(np.dot(self.coef, features)) + self.intercept, MIN_PREDICTION)
             ratio = min(max(actual / base, 0.05), 20.0)
             # a geometric mean: a pod twice as slow and one twice as fast weigh alike
             factor = math.exp(
                 (1 - self.factor_alpha) * math.log(factor) + self.factor_alpha * math.log(ratio)
             )
             self.factors[pod] = factor
+            self.factors_version += 1
         self._pending_x.append(features)
         self._pending_y.append(actual / factor)
         if len(self._pending_y) >= self.batch_size:
@@ -115,6 +123,7 @@ class OnlineLatencyModel:
             floor = min(elapsed / base, 20.0)
             if floor > self.factors.get(pod, 1.0):
                 self.factors[pod] = floor
+                self.factors_version += 1
 
     def flush(self) -> None:
         """Train on the buffered observations (one SGD pass) and publish the coefficients."""
@@ -128,5 +137,6 @@ class OnlineLatencyModel:
             warnings.simplefilter("ignore", ConvergenceWarning)
             self.regressor.partial_fit(x, y)
         self.samples += len(y)
-        self._coef = np.asarray(self.regressor.coef_, dtype=float).copy()
-        self._intercept = float(np.asarray(self.regressor.intercept_).ravel()[0])
+        self.coef = np.asarray(self.regressor.coef_, dtype=float).copy()
+        self.intercept = float(np.asarray(self.regressor.intercept_).ravel()[0])
+        self.version += 1

@@ -6,6 +6,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from heimdall_proxy.framework.types import CycleState
 
 #: CycleState key of the LatencyPredictions of the request (one producer per gateway).
@@ -63,8 +65,15 @@ class LatencyPredictions:
     prefix: dict[str, float] = field(default_factory=dict)
     #: Requests this gateway has in flight on each pod, whether or not there are predictions.
     inflight: dict[str, int] = field(default_factory=dict)
-    #: Feature rows by pod, kept so the training hooks learn from what was predicted on.
-    features: dict[str, list[float]] = field(default_factory=dict)
+    #: The candidates' feature rows and each pod's row in it, kept so the training hooks
+    #: learn from what was predicted on.
+    rows: np.ndarray | None = None
+    row_index: dict[str, int] = field(default_factory=dict)
+
+    def features_of(self, pod: str) -> list[float] | None:
+        """The feature row `pod` was predicted from (None when it was not a candidate)."""
+        i = self.row_index.get(pod)
+        return None if i is None or self.rows is None else self.rows[i].tolist()
 
     @property
     def has_slo(self) -> bool:

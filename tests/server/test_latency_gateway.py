@@ -126,8 +126,9 @@ async def test_streaming_mode_trains_ttft_and_tpot(
     predictor = gw.gateway.plugins.plugins["predicted-latency-producer"].predictor  # type: ignore[attr-defined]
     predictor.ttft.flush()
     predictor.tpot.flush()
-    # TTFT once per stream; TPOT after 2, 4 and 8 tokens and at the end (up to 5 per stream)
-    assert predictor.ttft.samples == 6 and 6 < predictor.tpot.samples <= 30
+    # TTFT once per stream; TPOT at token 2 and at the end (samplingMean 1000: no other
+    # token of an 8-token stream is sampled)
+    assert predictor.ttft.samples == 6 and predictor.tpot.samples == 12
     labels = {"model_name": "sim-model", "target_model_name": "sim-model"}
     assert gw.metric("inference_objective_request_tpot_seconds_gauge", labels)
     assert gw.metric("inference_objective_request_ttft_seconds_gauge", labels)
@@ -161,3 +162,23 @@ async def test_predicted_latency_scorer_alone_schedules_and_learns(
     assert gw.metric("inference_objective_request_ttft_slo_threshold_seconds", labels) == 0.5
     # requests after the first training batch were predicted, and their error recorded
     assert gw.metric("heimdall_latency_ttft_prediction_error_ratio_count", labels)
+
+
+async def test_sampling_mean_spaces_the_tpot_samples(
+    start_pod: PodFactory, start_gateway: GatewayFactory
+) -> None:
+    """samplingMean 3: after token 2, a TPOT sample every 3 tokens on average (Poisson
+    intervals), up to maxTPOTSamples a stream."""
+    params = {"streamingMode": True, "minSamples": 4, "samplingMean": 3, "maxTPOTSamples": 100}
+    epp = {"plugins": [{"type": "predicted-latency-producer", "parameters": params}]}
+    gw = await start_gateway(make_config([await start_pod()], epp))
+    async with aiohttp.ClientSession() as http:
+        for _ in range(4):
+            body = {**STREAM, "max_tokens": 40, "ignore_eos": True}
+            async with http.post(f"{gw.url}/v1/completions", json=body) as r:
+                assert r.status == 200
+                await r.read()
+    predictor = gw.gateway.plugins.plugins["predicted-latency-producer"].predictor  # type: ignore[attr-defined]
+    predictor.tpot.flush()
+    # per stream: token 2, about 38 / 3 Poisson-spaced ones, the end: ~14 (2 with the default)
+    assert 4 * 8 <= predictor.tpot.samples <= 4 * 22

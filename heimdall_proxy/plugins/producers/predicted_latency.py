@@ -11,9 +11,10 @@ import logging
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from prometheus_client.core import Metric
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from heimdall_proxy.framework.base import BasePlugin
 from heimdall_proxy.framework.handle import PluginHandle
@@ -22,7 +23,14 @@ from heimdall_proxy.framework.prefix import read_prefix_match
 from heimdall_proxy.framework.registry import register
 from heimdall_proxy.framework.types import CycleState, Endpoint, InferenceRequest, RequestContext
 from heimdall_proxy.latency.metrics import LatencyMetrics
-from heimdall_proxy.latency.predictor import LatencyPredictor, features
+from heimdall_proxy.latency.predictor import FeatureMatrix, LatencyPredictor
+from heimdall_proxy.latency.remote import (
+    PredictorUnavailable,
+    RemotePredictor,
+    prediction_request,
+    training_entry,
+)
+from heimdall_proxy.latency.sampling import FIRST_SAMPLED_TOKEN, TokenSampler
 from heimdall_proxy.latency.state import (
     PREDICTIONS_KEY,
     TPOT_SLO_HEADER,
@@ -59,10 +67,27 @@ class PredictedLatencyProducerParams(PluginParams):
     char_to_token_multiplier: float = Field(default=0.25, gt=0.0)
     #: A request in flight longer than this stops counting in the in-flight features.
     request_timeout: Duration = Field(default=600.0, alias="contextTTL")
-    #: Streaming mode: TPOT samples per stream, taken after 2, 4, 8, ... tokens (the mean
-    #: so far) and at its end, so a slow pod's TPOT is known a few tokens into its first
-    #: stream instead of at its end.
+    #: Streaming mode: TPOT samples per stream at most, the last one at its end (the
+    #: others at the tokens `samplingMean` chooses; see latency/sampling.py).
     max_tpot_samples: int = Field(default=5, ge=1, alias="maxTPOTSamples")
+    #: Streaming mode: GIE's mean interval, in tokens, between TPOT samples after token 2
+    #: (Poisson-distributed).
+    sampling_mean: float = Field(default=1000.0, gt=0.0)
+    #: Ours: GIE's latency-predictor sidecars (the EPP reads PREDICTION_SERVER_URL and
+    #: TRAINING_SERVER_URL). With a prediction server, its predictions replace the
+    #: in-process model's while it answers within `predictorTimeout`; with a training
+    #: server, what the gateway observes is also sent there. The in-process model keeps
+    #: learning either way, so it is warm when the prediction server is down.
+    prediction_server_url: str | None = Field(default=None, alias="predictionServerURL")
+    training_server_url: str | None = Field(default=None, alias="trainingServerURL")
+    predictor_timeout: Duration = Field(default=0.1, gt=0.0, alias="predictorTimeout")
+
+    @field_validator("prediction_server_url", "training_server_url")
+    @classmethod
+    def _http_url(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith(("http://", "https://")):
+            raise ValueError(f"want an http:// or https:// URL, got {value!r}")
+        return value
 
 
 @dataclass(slots=True)
@@ -76,12 +101,14 @@ class _Attempt:
     predicted_tpot: float | None = None
     #: the shared (factor-free) TTFT prediction it was scheduled with
     base_ttft: float | None = None
+    #: the remote predictor's view of the pod when it was chosen (with a training server)
+    remote_request: dict[str, Any] | None = None
     first_at: float | None = None
     last_at: float = 0.0
     later_events: int = 0
-    #: streaming mode: TPOT samples taken so far, and the event count of the next one
+    #: streaming mode: TPOT samples taken so far, and the token index of the next one
     tpot_samples: int = 0
-    next_sample: int = 2
+    next_sample: int = FIRST_SAMPLED_TOKEN
 
 
 def output_tokens(request: InferenceRequest) -> int:
@@ -130,10 +157,20 @@ class PredictedLatencyProducer(BasePlugin[PredictedLatencyProducerParams]):
     ) -> None:
         super().__init__(name, params, handle)
         self.predictor = LatencyPredictor(min_samples=params.min_samples)
+        self._features = FeatureMatrix()
+        self._next_expiry = 0.0
+        self.remote: RemotePredictor | None = None
+        if params.prediction_server_url or params.training_server_url:
+            self.remote = RemotePredictor(
+                params.prediction_server_url,
+                params.training_server_url,
+                timeout=params.predictor_timeout,
+            )
         self.inflight = InFlight(params.request_timeout)
         self.metrics = LatencyMetrics()
         self._attempts: dict[str, _Attempt] = {}
         self._max_tpot_samples = params.max_tpot_samples
+        self._sampler = TokenSampler(params.sampling_mean)
         #: per pod, its attempts in start order (the oldest first)
         self._pending: dict[str, dict[str, _Attempt]] = {}
 
@@ -141,14 +178,64 @@ class PredictedLatencyProducer(BasePlugin[PredictedLatencyProducerParams]):
     def streaming_mode(self) -> bool:
         return self.params.streaming_mode
 
+    async def start(self) -> None:
+        if self.remote is not None:
+            await self.remote.start()
+
+    async def stop(self) -> None:
+        if self.remote is not None:
+            await self.remote.stop()
+
     async def produce(
         self, state: CycleState, request: InferenceRequest, endpoints: list[Endpoint]
     ) -> None:
-        self.predict(state, request, endpoints)
+        remote = self.remote
+        if remote is None or not remote.available:
+            self.predict(state, request, endpoints)
+            return
+        t0 = time.perf_counter()
+        preds = self.predict(state, request, endpoints, record=False)
+        try:
+            got = await remote.predict(self._remote_requests(preds, endpoints))
+        except PredictorUnavailable:
+            got = None
+        if got is not None:
+            self._set_predictions(
+                preds,
+                [e.name for e in endpoints],
+                [t for t, _ in got],
+                [tp for _, tp in got] if self.params.streaming_mode else None,
+            )
+        if preds.pods:
+            self._record_duration(request, time.perf_counter() - t0, preds)
+
+    @staticmethod
+    def _remote_requests(
+        preds: LatencyPredictions, endpoints: list[Endpoint]
+    ) -> list[dict[str, Any]]:
+        rows = preds.rows
+        prompt = round(rows[0, 3] * 1000.0) if rows is not None and len(rows) else 0
+        return [
+            prediction_request(
+                e.metrics.kv_cache_usage,
+                prompt,
+                e.metrics.waiting,
+                e.metrics.running,
+                preds.prefix.get(e.name, 0.0),
+            )
+            for e in endpoints
+        ]
 
     def predict(
-        self, state: CycleState, request: InferenceRequest, endpoints: list[Endpoint]
+        self,
+        state: CycleState,
+        request: InferenceRequest,
+        endpoints: list[Endpoint],
+        *,
+        record: bool = True,
     ) -> LatencyPredictions:
+        """The in-process model's predictions for `endpoints`, left on `state` (and
+        returned); `record` exports how long they took."""
         t0 = time.perf_counter()
         p = self.params
         info = read_prefix_match(state, p.prefix_plugin_type, p.prefix_plugin_name)
@@ -165,53 +252,72 @@ class PredictedLatencyProducer(BasePlugin[PredictedLatencyProducerParams]):
             tpot_slo=tpot_slo * p.slo_buffer_factor if tpot_slo is not None else None,
             output_tokens=out,
         )
-        self.inflight.expire()
+        now = time.monotonic()
+        if now >= self._next_expiry:  # entries live for minutes: once a second is plenty
+            self.inflight.expire(now)
+            self._next_expiry = now + 1.0
         inflight = self.inflight
-        self._censored()
+        self._censored(now)
         names = [e.name for e in endpoints]
         counts = [inflight.count(n) for n in names]
+        tokens = [inflight.total(n) if c else 0.0 for n, c in zip(names, counts, strict=True)]
+        uncached: list[int] | None = None
         if info is not None:
             ratios = [info.ratio(n) for n in names]
             uncached = [info.uncached_tokens(n) for n in names]
         else:
             ratios = [0.0] * len(names)
-            uncached = [prompt] * len(names)
-        rows = [
-            features(e, prompt, u, c, inflight.total(e.name) if c else 0.0, out)
-            for e, u, c in zip(endpoints, uncached, counts, strict=True)
-        ]
+        rows = self._features.build(endpoints, prompt, uncached, counts, tokens, out)
         preds.inflight = dict(zip(names, counts, strict=True))
         preds.prefix = dict(zip(names, ratios, strict=True))
-        preds.features = dict(zip(names, rows, strict=True))
+        preds.rows = rows
+        preds.row_index = {n: i for i, n in enumerate(names)}
         ttft, tpot = self.predictor.predict(names, rows)
         if ttft is not None:
-            ttft_slo, tpot_slo = preds.ttft_slo, preds.tpot_slo
-            tpots: list[float | None] = tpot.tolist() if tpot is not None else [None] * len(names)
-            pods = preds.pods
-            for n, t, tp, r, c in zip(names, ttft.tolist(), tpots, ratios, counts, strict=True):
-                pods[n] = PodPrediction(
-                    t,
-                    tp,
-                    ttft_slo - t if ttft_slo is not None else None,
-                    tpot_slo - tp if tpot_slo is not None and tp is not None else None,
-                    r,
-                    c,
-                )
-            dt = time.perf_counter() - t0
-            labels = (request.model, request.model)
-            self.metrics.ttft_duration.labels(*labels).observe(dt)
-            self.metrics.ttft_duration_gauge.labels(*labels).set(dt)
-            if tpot is not None:
-                self.metrics.tpot_duration.labels(*labels).observe(dt)
-                self.metrics.tpot_duration_gauge.labels(*labels).set(dt)
+            self._set_predictions(
+                preds, names, ttft.tolist(), tpot.tolist() if tpot is not None else None
+            )
+            if record:
+                self._record_duration(request, time.perf_counter() - t0, preds)
         state[PREDICTIONS_KEY] = preds
         return preds
 
-    def _censored(self) -> None:
+    @staticmethod
+    def _set_predictions(
+        preds: LatencyPredictions,
+        names: list[str],
+        ttfts: list[float],
+        tpots: list[float] | None,
+    ) -> None:
+        """Fill `preds.pods` (headrooms against the request's SLOs) from seconds per pod."""
+        ttft_slo, tpot_slo = preds.ttft_slo, preds.tpot_slo
+        tps: list[float | None] = list(tpots) if tpots is not None else [None] * len(names)
+        pods = preds.pods
+        prefix, inflight = preds.prefix, preds.inflight
+        for n, t, tp in zip(names, ttfts, tps, strict=True):
+            pods[n] = PodPrediction(
+                t,
+                tp,
+                ttft_slo - t if ttft_slo is not None else None,
+                tpot_slo - tp if tpot_slo is not None and tp is not None else None,
+                prefix.get(n, 0.0),
+                inflight.get(n, 0),
+            )
+
+    def _record_duration(
+        self, request: InferenceRequest, dt: float, preds: LatencyPredictions
+    ) -> None:
+        labels = (request.model, request.model)
+        self.metrics.ttft_duration.labels(*labels).observe(dt)
+        self.metrics.ttft_duration_gauge.labels(*labels).set(dt)
+        if any(p.tpot is not None for p in preds.pods.values()):
+            self.metrics.tpot_duration.labels(*labels).observe(dt)
+            self.metrics.tpot_duration_gauge.labels(*labels).set(dt)
+
+    def _censored(self, now: float) -> None:
         """Raise the TTFT factor of a pod whose oldest unanswered request (no first chunk in
         streaming mode, no end otherwise) has outlived its prediction. Visits only the pods
         with requests in flight, so an idle fleet costs nothing here."""
-        now = time.monotonic()
         model = self.predictor.ttft
         for pod, pending in self._pending.items():
             if not pending:
@@ -224,7 +330,7 @@ class PredictedLatencyProducer(BasePlugin[PredictedLatencyProducerParams]):
         preds = read_predictions(ctx.state)
         pod = ctx.target.name
         key = attempt_key(ctx)
-        row = preds.features.get(pod) if preds is not None else None
+        row = preds.features_of(pod) if preds is not None else None
         prompt = row[3] * 1000.0 if row is not None else 0.0
         self.inflight.add(pod, key, prompt)
         att = _Attempt(
@@ -238,6 +344,11 @@ class PredictedLatencyProducer(BasePlugin[PredictedLatencyProducerParams]):
         self._pending.setdefault(pod, {})[key] = att
         if preds is None:
             return
+        if self.remote is not None and self.remote.training_url and row is not None:
+            att.remote_request = prediction_request(
+                row[2], round(prompt), round(row[0] * 8), round(row[1] * 32),
+                preds.prefix.get(pod, 0.0),
+            )  # fmt: skip
         labels = (ctx.request.model, ctx.request.model)
         m = self.metrics
         if preds.ttft_slo is not None:
@@ -264,17 +375,18 @@ class PredictedLatencyProducer(BasePlugin[PredictedLatencyProducerParams]):
         else:
             # one SSE event per token, unless the server coalesced several into a chunk
             att.later_events += max(1, chunk.count(b"data: {"))
+            token = att.later_events + 1  # the first chunk carried token 1
             if (
                 self.params.streaming_mode
-                and att.later_events >= att.next_sample
+                and token >= att.next_sample
                 and att.tpot_samples < self._max_tpot_samples - 1
                 and att.row is not None
             ):
                 att.tpot_samples += 1
-                att.next_sample *= 2
-                self.predictor.tpot.observe(
-                    att.pod, att.row, (now - att.first_at) / att.later_events
-                )
+                att.next_sample = self._sampler.after(token)
+                tpot = (now - att.first_at) / att.later_events
+                self.predictor.tpot.observe(att.pod, att.row, tpot)
+                self._train_remote(att, 0.0, tpot, token)
         att.last_at = now
 
     async def response_complete(self, ctx: RequestContext) -> None:
@@ -307,6 +419,7 @@ class PredictedLatencyProducer(BasePlugin[PredictedLatencyProducerParams]):
             )
             if att.row is not None:
                 self.predictor.ttft.observe(att.pod, att.row, ttft)
+                self._train_remote(att, ttft, 0.0, 0)
         if tpot is not None:
             _record(
                 tpot,
@@ -317,6 +430,11 @@ class PredictedLatencyProducer(BasePlugin[PredictedLatencyProducerParams]):
             )
             if att.row is not None:
                 self.predictor.tpot.observe(att.pod, att.row, tpot)
+                self._train_remote(att, 0.0, tpot, att.later_events + 1)
+
+    def _train_remote(self, att: _Attempt, ttft: float, tpot: float, generated: int) -> None:
+        if self.remote is not None and att.remote_request is not None:
+            self.remote.train(training_entry(att.remote_request, ttft, tpot, generated))
 
     def collect_metrics(self) -> Iterable[Metric]:
         return self.metrics.collect()

@@ -3,13 +3,16 @@ like predicted-latency-producer (it is one, with GIE's streaming default) and th
 the pod itself, as GIE's scorer does: score 1 for the chosen pod, 0 for the others.
 
 The choice, in GIE's order: an affinity gate over every candidate (`affinityGateTauGlobal`,
-skipped with probability `epsilonExploreSticky`); without SLOs, weighted random by
-predicted latency; with SLOs, the positive tier (pods predicted to meet them) except with
-probability `epsilonExploreNeg`, then the affinity gate `affinityGateTau` within the tier,
-then weighted random by blended headroom (`headroomTTFTWeight`/`headroomTPOTWeight`, by
-`headroomSelectionStrategy`) or, in the negative tier, by blended deficit
-(`negHeadroomTTFTWeight`/`negHeadroomTPOTWeight`), idle pods first. Without predictions it
-picks by the composite of KV cache, queue and prefix (`composite*Weight`)."""
+skipped with probability `epsilonExploreSticky`); without SLOs, by predicted latency; with
+SLOs, the positive tier (pods predicted to meet them) except with probability
+`epsilonExploreNeg`, then the affinity gate `affinityGateTau` within the tier, then by
+blended headroom (`headroomTTFTWeight`/`headroomTPOTWeight`, by `headroomSelectionStrategy`
+`least`/`most`) or, in the negative tier, by blended deficit
+(`negHeadroomTTFTWeight`/`negHeadroomTPOTWeight`), idle pods first. The `composite-*`
+strategies weigh the tiers by the composite below instead of headroom, `composite-only`
+every candidate with no tiers. The weights choose by `selectionMode`: a weighted random
+draw (`linear`) or the heaviest pod (`max`). Without predictions it picks by the composite
+of KV cache, queue and prefix (`composite*Weight`)."""
 
 from __future__ import annotations
 
@@ -40,13 +43,18 @@ class PredictedLatencyScorerParams(PredictedLatencyProducerParams):
     """GIE's parameters and defaults (pkg/epp/framework/plugins/scheduling/scorer/
     predictedlatency/scorer.go), plus the producer's own."""
 
-    sampling_mean: float = Field(default=1000.0, gt=0.0)
     max_sampled_tokens: int = Field(default=5, gt=0)
     neg_headroom_ttft_weight: float = Field(default=0.8, ge=0.0, alias="negHeadroomTTFTWeight")
     neg_headroom_tpot_weight: float = Field(default=0.2, ge=0.0, alias="negHeadroomTPOTWeight")
     headroom_ttft_weight: float = Field(default=0.8, ge=0.0, alias="headroomTTFTWeight")
     headroom_tpot_weight: float = Field(default=0.2, ge=0.0, alias="headroomTPOTWeight")
-    headroom_selection_strategy: Literal["least", "most"] = "least"
+    #: GIE's strategies: `least` / `most` weigh the positive tier by headroom;
+    #: `composite-least` / `composite-most` weigh both tiers by the composite of KV cache,
+    #: queue and prefix instead (inverted in the positive tier for `composite-least`);
+    #: `composite-only` skips the tiers and weighs every candidate by the composite.
+    headroom_selection_strategy: Literal[
+        "least", "most", "composite-least", "composite-most", "composite-only"
+    ] = "least"
     composite_kv_weight: float = Field(default=1.0, ge=0.0, alias="compositeKVWeight")
     composite_queue_weight: float = Field(default=1.0, ge=0.0)
     composite_prefix_weight: float = Field(default=1.0, ge=0.0)
@@ -55,7 +63,9 @@ class PredictedLatencyScorerParams(PredictedLatencyProducerParams):
     affinity_gate_tau: float = Field(default=0.80, ge=0.0, le=1.0)
     affinity_gate_tau_global: float = Field(default=0.99, ge=0.0, le=1.0)
     request_timeout: Duration = Field(default=300.0, alias="contextTTL")
-    selection_mode: Literal["linear"] = "linear"
+    #: GIE's pod selection: `linear` draws a pod at random in proportion to its weight,
+    #: `max` takes the pod of the largest weight (the first of equals, in candidate order).
+    selection_mode: Literal["linear", "max"] = "linear"
     streaming_mode: bool = True
 
 
@@ -71,19 +81,12 @@ class PredictedLatencyScorer(PredictedLatencyProducer):
     ) -> None:
         super().__init__(name, params, handle)
         self._rng = random.Random()
-        # GIE's maxSampledTokens: TPOT samples per stream (ours: after 2, 4, 8, ... tokens)
+        # GIE's maxSampledTokens: TPOT samples per stream, at the tokens samplingMean picks
         self._max_tpot_samples = params.max_sampled_tokens
         if "max_tpot_samples" in params.model_fields_set:
             log.warning(
                 "plugin %r (type %r): parameter 'maxTPOTSamples' is not honoured here; "
                 "maxSampledTokens sets the TPOT samples per stream",
-                name,
-                self.type,
-            )
-        if "sampling_mean" in params.model_fields_set:
-            log.warning(
-                "plugin %r (type %r): parameter 'samplingMean' is accepted but not honoured: "
-                "TPOT is sampled after 2, 4, 8, ... tokens (up to maxSampledTokens samples)",
                 name,
                 self.type,
             )
@@ -97,8 +100,25 @@ class PredictedLatencyScorer(PredictedLatencyProducer):
         return sticky
 
     def _draw(self, cands: Sequence[Endpoint], weights: Mapping[str, float]) -> Endpoint:
+        """The pod chosen among `cands` by `weights` (selectionMode)."""
         w = [max(weights.get(e.name, 0.0), 0.0) + 1e-3 for e in cands]
+        if self.params.selection_mode == "max":
+            return cands[w.index(max(w))]
         return self._rng.choices(list(cands), weights=w, k=1)[0]
+
+    def _composite(
+        self, cands: list[Endpoint], preds: LatencyPredictions, *, invert: bool = False
+    ) -> dict[str, float]:
+        p = self.params
+        comp = composite_scores(
+            cands,
+            preds.prefix,
+            p.composite_kv_weight,
+            p.composite_queue_weight,
+            p.composite_prefix_weight,
+            preds.inflight,
+        )
+        return {n: 1.0 - v for n, v in comp.items()} if invert else comp
 
     def score(
         self, state: CycleState, request: InferenceRequest, endpoints: list[Endpoint]
@@ -121,24 +141,29 @@ class PredictedLatencyScorer(PredictedLatencyProducer):
             best = max(endpoints, key=lambda e: comp.get(e.name, 0.0))
             return {best.name: 1.0}
         cands = self._gate(list(endpoints), preds, p.affinity_gate_tau_global)
+        strategy = p.headroom_selection_strategy
+        if strategy == "composite-only":
+            return {self._draw(cands, self._composite(cands, preds)).name: 1.0}
         if not preds.has_slo:
             return {self._draw(cands, latency_scores(preds, cands)).name: 1.0}
         positive = [e for e in cands if preds.pods[e.name].meets_slo]
         negative = [e for e in cands if not preds.pods[e.name].meets_slo]
         if positive and (not negative or self._rng.random() >= p.epsilon_explore_neg):
             tier = self._gate(positive, preds, p.affinity_gate_tau)
-            weights = latency_scores(
-                preds,
-                tier,
-                p.headroom_selection_strategy,
-                p.headroom_ttft_weight,
-                p.headroom_tpot_weight,
-            )
+            if strategy == "least" or strategy == "most":
+                weights = latency_scores(
+                    preds, tier, strategy, p.headroom_ttft_weight, p.headroom_tpot_weight
+                )
+            else:
+                weights = self._composite(tier, preds, invert=strategy == "composite-least")
         else:
             idle = [e for e in negative if preds.pods[e.name].inflight == 0]
             tier = self._gate(idle or negative, preds, p.affinity_gate_tau)
             ttft_w, tpot_w = p.neg_headroom_ttft_weight, p.neg_headroom_tpot_weight
             if not p.streaming_mode:
                 ttft_w, tpot_w = 1.0, 0.0
-            weights = latency_scores(preds, tier, "least", ttft_w, tpot_w)
+            if strategy == "least" or strategy == "most":
+                weights = latency_scores(preds, tier, "least", ttft_w, tpot_w)
+            else:  # GIE weighs the negative tier composite-most for either composite strategy
+                weights = self._composite(tier, preds)
         return {self._draw(tier, weights).name: 1.0}

@@ -93,12 +93,13 @@ def test_predicted_latency_scorer_has_the_reference_defaults() -> None:
     assert p.request_timeout == 300.0 and p.streaming_mode is True
 
 
-def test_predicted_latency_scorer_warns_of_unhonoured_parameters(
+def test_predicted_latency_scorer_honours_sampling_mean(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     with caplog.at_level(logging.WARNING):
-        build("predicted-latency-scorer", samplingMean=10)
-    assert "predicted-latency-scorer" in caplog.text and "samplingMean" in caplog.text
+        scorer = build("predicted-latency-scorer", samplingMean=10)
+    assert scorer._sampler.mean == 10.0  # type: ignore[attr-defined]
+    assert "samplingMean" not in caplog.text
 
 
 def test_predicted_latency_scorer_picks_a_pod_meeting_the_slo() -> None:
@@ -124,3 +125,43 @@ def test_predicted_latency_scorer_takes_tpot_samples_from_max_sampled_tokens(
         scorer = build("predicted-latency-scorer", maxSampledTokens=3, maxTPOTSamples=9)
     assert scorer._max_tpot_samples == 3  # type: ignore[attr-defined]
     assert "maxTPOTSamples" in caplog.text
+
+
+def test_predicted_latency_scorer_selection_mode_max_takes_the_heaviest_pod() -> None:
+    """Without SLOs, a pod predicted 1.5x slower keeps 0.44 of the weight: `linear` sends
+    it some requests, `max` never does."""
+    state = CycleState({PREDICTIONS_KEY: preds(a=0.3, b=0.2)})
+    pods = [ep("a"), ep("b")]
+    for mode, want_a in (("max", False), ("linear", True)):
+        scorer = build("predicted-latency-scorer", selectionMode=mode)
+        chosen = {next(iter(scorer.score(state, req(), pods))) for _ in range(200)}  # type: ignore[attr-defined]
+        assert ("a" in chosen) is want_a and "b" in chosen
+
+
+def test_predicted_latency_scorer_refuses_an_unknown_selection_mode() -> None:
+    with pytest.raises(Exception, match="selectionMode"):
+        build("predicted-latency-scorer", selectionMode="softmax")
+
+
+@pytest.mark.parametrize(
+    ("strategy", "slo", "want"),
+    [
+        ("least", None, "busy"),  # without SLOs: the lowest predicted latency
+        ("composite-only", None, "idle"),  # the composite alone: free KV cache, short queue
+        ("composite-most", 1.0, "idle"),
+        ("composite-least", 1.0, "busy"),  # the positive tier's composite, inverted
+    ],
+)
+def test_predicted_latency_scorer_composite_strategies(
+    strategy: str, slo: float | None, want: str
+) -> None:
+    # busy is predicted faster (0.1 s against 0.5 s) but has the longer queue and fuller cache
+    state = CycleState({PREDICTIONS_KEY: preds(slo, busy=0.1, idle=0.5)})
+    pods = [ep("busy", waiting=4, kv_cache_usage=0.9), ep("idle", waiting=0, kv_cache_usage=0.1)]
+    scorer = build(
+        "predicted-latency-scorer",
+        headroomSelectionStrategy=strategy,
+        selectionMode="max",
+        epsilonExploreNeg=0.0,
+    )
+    assert scorer.score(state, req(), pods) == {want: 1.0}  # type: ignore[attr-defined]
