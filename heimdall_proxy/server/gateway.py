@@ -165,7 +165,12 @@ class Gateway:
                 413, f"The request body exceeds {limit} bytes.", code="request_too_large"
             )
         try:
-            return await asyncio.wait_for(request.read(), self.options.body_timeout)
+            if request.content.is_eof():
+                # The whole body came with the headers (the usual case): nothing to wait for,
+                # so no timer and no task (asyncio.wait_for wraps the read in a Task).
+                return await request.read()
+            async with asyncio.timeout(self.options.body_timeout):
+                return await request.read()
         except TimeoutError as exc:
             raise RequestError(
                 408,
