@@ -72,7 +72,10 @@ def configure(flag: bool, env: Mapping[str, str] | None = None) -> Tracing | Non
             raise TracingUnavailable(message) from exc
         log.warning("%s; tracing stays off", message)
         return None
-    attributes = {} if env.get("OTEL_SERVICE_NAME") else {"service.name": SERVICE_NAME}
+    named = env.get("OTEL_SERVICE_NAME") or "service.name=" in env.get(
+        "OTEL_RESOURCE_ATTRIBUTES", ""
+    )
+    attributes = {} if named else {"service.name": SERVICE_NAME}
     provider = TracerProvider(resource=Resource.create(attributes))
     names = [n.strip() for n in env.get("OTEL_TRACES_EXPORTER", "otlp").split(",")]
     for name in filter(None, names):

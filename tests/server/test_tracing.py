@@ -171,6 +171,15 @@ def test_configured_from_the_environment() -> None:
     tracing.shutdown()
 
 
+def test_the_operators_service_name_wins(monkeypatch: pytest.MonkeyPatch) -> None:
+    # the SDK's resource reads the process environment itself
+    monkeypatch.setenv("OTEL_SERVICE_NAME", "edge-router")
+    tracing = configure(True, {"OTEL_SERVICE_NAME": "edge-router", "OTEL_TRACES_EXPORTER": "none"})
+    assert tracing is not None
+    assert tracing.provider.resource.attributes["service.name"] == "edge-router"
+    tracing.shutdown()
+
+
 def test_flag_without_the_packages_is_a_config_error(monkeypatch: pytest.MonkeyPatch) -> None:
     """Simulates a missing `otel` extra (it is installed here) by hiding the SDK module."""
     monkeypatch.setitem(sys.modules, "opentelemetry.sdk.trace", None)
