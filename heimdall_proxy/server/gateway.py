@@ -10,7 +10,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Coroutine
+from typing import Any
 
 import aiohttp
 from aiohttp import web
@@ -187,11 +188,12 @@ class Gateway:
                 413, f"The request body exceeds {limit} bytes.", code="request_too_large"
             ) from exc
 
-    async def handle(self, request: web.Request, api: ApiKind) -> web.StreamResponse:
-        """Serve one inference request end to end."""
+    def handle(self, request: web.Request, api: ApiKind) -> Coroutine[Any, Any, web.StreamResponse]:
+        """Serve one inference request end to end (await the result). A plain function that
+        hands back the coroutine to await, so tracing off adds no coroutine frame."""
         if self.tracing is not None:
-            return await self._handle_traced(request, api, self.tracing)
-        return await self._handle(request, api, None)
+            return self._handle_traced(request, api, self.tracing)
+        return self._handle(request, api, None)
 
     async def _handle_traced(
         self, request: web.Request, api: ApiKind, tracing: Tracing
