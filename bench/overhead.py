@@ -430,8 +430,17 @@ def merge_config(base: Any, extra: Any) -> Any:
     return copy.deepcopy(extra)
 
 
-def build_gateway_config(upstream_url: str, extra_path: Path | None) -> dict[str, Any]:
+def build_gateway_config(
+    upstream_url: str, extra_path: Path | None, base_path: Path | None = None
+) -> dict[str, Any]:
     config = copy.deepcopy(BASE_CONFIG_TEMPLATE)
+    if base_path is not None:
+        # A whole EndpointPickerConfig (e.g. config/recommended.yaml) in place of the EPP's
+        # default scorers; only the endpoint list stays the bench's own.
+        base = yaml.safe_load(base_path.read_text())
+        if not isinstance(base, dict):
+            raise HarnessError(f"--base-config {base_path} must hold a YAML mapping")
+        config = {**base, "endpoints": config["endpoints"]}
     config["endpoints"][0]["url"] = upstream_url
     if extra_path is not None:
         extra = yaml.safe_load(extra_path.read_text())
@@ -780,6 +789,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--model", default="bench-model")
     parser.add_argument("--gateway-args", default="", help="extra args for `heimdall-proxy serve`")
     parser.add_argument(
+        "--base-config",
+        type=Path,
+        help="gateway config to start from instead of the EPP's default scorers, e.g. "
+        "config/recommended.yaml (its endpoints are replaced by the bench upstream)",
+    )
+    parser.add_argument(
         "--config-extra", type=Path, help="YAML merged into the gateway config (see merge_config)"
     )
     parser.add_argument("--startup-timeout", type=float, default=60.0)
@@ -798,6 +813,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.target_list = [t for t in TARGETS if t in targets]
     if args.duration < 1 or args.rounds < 1 or args.warmup < 0 or args.connections < 1:
         parser.error("--duration/--rounds/--connections must be >= 1 and --warmup >= 0")
+    if args.base_config is not None and not args.base_config.is_file():
+        parser.error(f"--base-config: no such file {args.base_config}")
     if args.config_extra is not None and not args.config_extra.is_file():
         parser.error(f"--config-extra: no such file {args.config_extra}")
     return args
@@ -834,7 +851,7 @@ def run(args: argparse.Namespace) -> int:
         lua.write_text(LUA_TEMPLATE.format(body=chat_body))
 
         config_path = workdir / "gateway.yaml"
-        config = build_gateway_config(upstream_url, args.config_extra)
+        config = build_gateway_config(upstream_url, args.config_extra, args.base_config)
         config_path.write_text(yaml.safe_dump(config, sort_keys=False))
 
         py = sys.executable

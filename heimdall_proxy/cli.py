@@ -191,6 +191,13 @@ def _add_server(p: argparse.ArgumentParser, default_port: int = 8000) -> None:
         default=3,
         help="pods tried per request when a pod cannot be reached (default 3)",
     )
+    p.add_argument(
+        "--otel",
+        action="store_true",
+        help="OpenTelemetry spans per request, exported as the OTEL_* environment says "
+        "(default OTLP/HTTP); also on when OTEL_TRACES_EXPORTER or an OTLP endpoint is set. "
+        "Needs the otel extra",
+    )
     p.add_argument("--pool-name", default="heimdall")
     _add_logging(p)
 
@@ -423,6 +430,7 @@ def _server_options(args: argparse.Namespace) -> ServerOptions:
         health_timeout=args.health_timeout,
         stream_idle_timeout=args.stream_idle_timeout,
         max_attempts=args.max_attempts,
+        otel=args.otel,
         pool_name=args.pool_name,
     )
 

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from heimdall_proxy.framework.log import V4, V5
 from heimdall_proxy.framework.plugins import Filter, Picker, ProfileHandler, Scorer
+from heimdall_proxy.framework.spans import SPANS_KEY, RequestSpans
 from heimdall_proxy.framework.trace import TRACE_KEY, ScheduleTrace, ScorerTrace
 from heimdall_proxy.framework.types import (
     CycleState,
@@ -201,6 +202,7 @@ class Scheduler:
         """Raises SchedulingError when no endpoint can serve the request."""
         results: dict[str, ProfileResult | None] = {}
         handler = self.handler
+        spans: RequestSpans | None = state.get(SPANS_KEY)
         while True:
             t0 = time.perf_counter()
             names = handler.pick_profiles(state, request, self.profiles, results)
@@ -212,5 +214,12 @@ class Scheduler:
                     raise RuntimeError(
                         f"profile handler {_plugin_name(handler)!r} picked profile {name!r} twice"
                     )
-                results[name] = self.profiles[name].run(state, request, candidates)
+                if spans is None:
+                    results[name] = self.profiles[name].run(state, request, candidates)
+                else:
+                    with spans.phase(f"schedule {name}", **{"heimdall.profile": name}) as span:
+                        result = self.profiles[name].run(state, request, candidates)
+                        if result is not None:
+                            span.set_attribute("heimdall.picked", [e.name for e in result.targets])
+                        results[name] = result
         return handler.process_results(state, request, results)

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from heimdall_proxy.datalayer.pool import EndpointPool, ModelNotFoundError, NoEndpointsError
 from heimdall_proxy.framework.errors import RequestError
 from heimdall_proxy.framework.loader import PluginSet
+from heimdall_proxy.framework.spans import SPANS_KEY
 from heimdall_proxy.framework.trace import TRACE_KEY, ScheduleTrace
 from heimdall_proxy.framework.types import (
     ApiKind,
@@ -27,6 +28,7 @@ from heimdall_proxy.observability import GatewayMetrics
 from heimdall_proxy.server.flow.controller import Admission, FlowController
 from heimdall_proxy.server.outliers import OutlierDetector
 from heimdall_proxy.server.parse import parse_body
+from heimdall_proxy.server.tracing import RequestTrace
 from heimdall_proxy.server.usage import USAGE_ASKED_KEY, ask_for_usage
 
 log = logging.getLogger(__name__)
@@ -88,21 +90,29 @@ class Director:
         headers: Mapping[str, str],
         trace: ScheduleTrace | None = None,
         caller: str = "",
+        spans: RequestTrace | None = None,
     ) -> Decision:
         """Parse and schedule one request. Raises RequestError for anything the client gets an
         answer to without a pod (bad body, unknown model, no pod can serve it). With `trace`,
-        the scheduler records every profile's filters, scores and pick into it."""
-        ireq = parse_body(api, path, body, headers)
+        the scheduler records every profile's filters, scores and pick into it; with `spans`
+        (tracing on), parse, prepare and each profile get a span."""
+        if spans is None:
+            ireq = parse_body(api, path, body, headers)
+        else:
+            with spans.phase("parse") as span:
+                ireq = parse_body(api, path, body, headers)
+                span.set_attribute("gen_ai.request.model", ireq.model)
+                spans.span.set_attribute("heimdall.request_id", ireq.request_id)
         ireq.caller = caller
         untrusted_fields(ireq, self.trust_transfer_params)
         candidates = self.candidates(ireq)
         if self.flow is None or trace is not None:  # a debug trace is never queued or counted
-            return await self._schedule(ireq, candidates, trace, None)
+            return await self._schedule(ireq, candidates, trace, None, spans)
         admission = await self.flow.admit(ireq, candidates)
         try:
             if admission.waited:  # the pool may have changed while it waited
                 candidates = self.candidates(ireq)
-            return await self._schedule(ireq, candidates, trace, admission)
+            return await self._schedule(ireq, candidates, trace, admission, spans)
         except BaseException:
             admission.finish()
             raise
@@ -113,14 +123,21 @@ class Director:
         candidates: list[Endpoint],
         trace: ScheduleTrace | None,
         admission: Admission | None,
+        spans: RequestTrace | None = None,
     ) -> Decision:
         state = CycleState()
         if ask_for_usage(ireq):
             state[USAGE_ASKED_KEY] = True
         if trace is not None:
             state[TRACE_KEY] = trace
+        if spans is not None:
+            state[SPANS_KEY] = spans
         if self._has_prepare:
-            await self._prepare(ireq, state, candidates)
+            if spans is None:
+                await self._prepare(ireq, state, candidates)
+            else:
+                with spans.phase("prepare", **{"heimdall.candidates": len(candidates)}):
+                    await self._prepare(ireq, state, candidates)
         t0 = time.perf_counter()
         try:
             result = self.plugins.scheduler.schedule(state, ireq, candidates)

@@ -10,7 +10,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Coroutine
+from typing import Any
 
 import aiohttp
 from aiohttp import web
@@ -35,6 +36,7 @@ from heimdall_proxy.server.hops import Hops
 from heimdall_proxy.server.options import ServerOptions
 from heimdall_proxy.server.outliers import OutlierDetector
 from heimdall_proxy.server.relay import Relay
+from heimdall_proxy.server.tracing import RequestTrace, Tracing, configure
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +88,8 @@ class Gateway:
         self.refresher: PoolRefresher | None = None
         #: Set on SIGTERM while the drain delay runs: /ready answers 503.
         self.draining = False
+        #: OpenTelemetry spans per request (server/tracing.py); None, the default, is off.
+        self.tracing: Tracing | None = configure(options.otel)
 
     @property
     def session(self) -> aiohttp.ClientSession:
@@ -145,6 +149,8 @@ class Gateway:
                 started.append(plugin)
             yield
         finally:
+            if self.tracing is not None:
+                self.tracing.shutdown()
             for plugin in reversed(self.plugins.lifecycle):
                 if plugin in started:
                     try:
@@ -165,7 +171,12 @@ class Gateway:
                 413, f"The request body exceeds {limit} bytes.", code="request_too_large"
             )
         try:
-            return await asyncio.wait_for(request.read(), self.options.body_timeout)
+            if request.content.is_eof():
+                # The whole body came with the headers (the usual case): nothing to wait for,
+                # so no timer and no task (asyncio.wait_for wraps the read in a Task).
+                return await request.read()
+            async with asyncio.timeout(self.options.body_timeout):
+                return await request.read()
         except TimeoutError as exc:
             raise RequestError(
                 408,
@@ -177,14 +188,34 @@ class Gateway:
                 413, f"The request body exceeds {limit} bytes.", code="request_too_large"
             ) from exc
 
-    async def handle(self, request: web.Request, api: ApiKind) -> web.StreamResponse:
-        """Serve one inference request end to end."""
+    def handle(self, request: web.Request, api: ApiKind) -> Coroutine[Any, Any, web.StreamResponse]:
+        """Serve one inference request end to end (await the result). A plain function that
+        hands back the coroutine to await, so tracing off adds no coroutine frame."""
+        if self.tracing is not None:
+            return self._handle_traced(request, api, self.tracing)
+        return self._handle(request, api, None)
+
+    async def _handle_traced(
+        self, request: web.Request, api: ApiKind, tracing: Tracing
+    ) -> web.StreamResponse:
+        spans = tracing.request(request.method, request.path, request.headers)
+        status: int | None = 500
+        try:
+            response = await self._handle(request, api, spans)
+            status = response.status
+            return response
+        finally:
+            spans.end(status)
+
+    async def _handle(
+        self, request: web.Request, api: ApiKind, spans: RequestTrace | None
+    ) -> web.StreamResponse:
         started = time.perf_counter()
         model_label = UNKNOWN_MODEL
         try:
             body = await self._read_body(request)
             decision = await self.director.decide(
-                api, request.path, body, request.headers, caller=caller_of(request)
+                api, request.path, body, request.headers, caller=caller_of(request), spans=spans
             )
             model_label = decision.request.model
         except RequestError as exc:

@@ -36,8 +36,10 @@ from multidict import CIMultiDict
 from yarl import URL
 
 from heimdall_proxy.framework.disagg import DisaggPlan, multimodal_parts, read_plan
+from heimdall_proxy.framework.spans import SPANS_KEY
 from heimdall_proxy.framework.types import CycleState, Endpoint, InferenceRequest
 from heimdall_proxy.observability import GatewayMetrics
+from heimdall_proxy.server.tracing import RequestTrace
 
 log = logging.getLogger(__name__)
 
@@ -143,9 +145,10 @@ class Hops:
         hop_headers = headers.copy()
         hop_headers.popall("Accept-Encoding", None)  # the hop's answer is parsed here
         hop_headers["Content-Type"] = "application/json"
+        spans: RequestTrace | None = state.get(SPANS_KEY)
         extra: dict[str, Any] = {}
         if plan.encode:
-            ec_params = await self._encode(ireq, plan, hop_headers)
+            ec_params = await self._encode(ireq, plan, hop_headers, spans)
             if ec_params:
                 extra["ec_transfer_params"] = ec_params
         if plan.prefill is not None:
@@ -153,7 +156,7 @@ class Hops:
             candidates = [plan.prefill, *plan.prefill_fallback][: self.max_attempts]
             for i, endpoint in enumerate(candidates):
                 nxt = candidates[i + 1] if i + 1 < len(candidates) else None
-                kv_params = await self._prefill(ireq, plan, endpoint, doc, hop_headers, nxt)
+                kv_params = await self._prefill(ireq, plan, endpoint, doc, hop_headers, nxt, spans)
                 if isinstance(kv_params, dict):
                     plan.prefill_done = endpoint
                     extra["kv_transfer_params"] = kv_params
@@ -165,6 +168,27 @@ class Hops:
         return plan.prefill_done, orjson.dumps({**ireq.data, **extra})
 
     async def _post(
+        self,
+        endpoint: Endpoint,
+        path: str,
+        doc: dict[str, Any],
+        headers: CIMultiDict[str],
+        limit: float,
+        stage: str = "",
+        spans: RequestTrace | None = None,
+    ) -> dict[str, Any]:
+        """POST `doc` to the pod; with `spans`, inside a `hop <stage>` span whose traceparent
+        the pod receives."""
+        if spans is None:
+            return await self._send(endpoint, path, doc, headers, limit)
+        attributes = {"heimdall.pod": endpoint.name, "server.address": endpoint.host,
+                      "server.port": endpoint.port}  # fmt: skip
+        with spans.client(f"hop {stage}", **attributes) as span:
+            traced = headers.copy()
+            spans.inject(span, traced)
+            return await self._send(endpoint, path, doc, traced, limit)
+
+    async def _send(
         self,
         endpoint: Endpoint,
         path: str,
@@ -215,10 +239,13 @@ class Hops:
         doc: dict[str, Any],
         headers: CIMultiDict[str],
         next_pod: Endpoint | None,
+        spans: RequestTrace | None = None,
     ) -> dict[str, Any] | bool:
         """The pod's kv_transfer_params, or False, or True when another pod is worth a try."""
         try:
-            answer = await self._post(endpoint, ireq.path, doc, headers, plan.hop_timeout)
+            answer = await self._post(
+                endpoint, ireq.path, doc, headers, plan.hop_timeout, "prefill", spans
+            )
             kv_params = answer.get("kv_transfer_params")
             if not isinstance(kv_params, dict) or not kv_params:
                 raise HopError("the answer carries no kv_transfer_params")
@@ -230,7 +257,11 @@ class Hops:
         return kv_params
 
     async def _encode(
-        self, ireq: InferenceRequest, plan: DisaggPlan, headers: CIMultiDict[str]
+        self,
+        ireq: InferenceRequest,
+        plan: DisaggPlan,
+        headers: CIMultiDict[str],
+        spans: RequestTrace | None = None,
     ) -> dict[str, Any]:
         docs = encode_requests(ireq)
         pods = plan.encode
@@ -238,7 +269,9 @@ class Hops:
         async def one(i: int, doc: dict[str, Any]) -> tuple[Endpoint, dict[str, Any] | None]:
             endpoint = pods[i % len(pods)]
             try:
-                answer = await self._post(endpoint, ENCODE_PATH, doc, headers, plan.hop_timeout)
+                answer = await self._post(
+                    endpoint, ENCODE_PATH, doc, headers, plan.hop_timeout, "encode", spans
+                )
                 params = answer.get("ec_transfer_params")
                 if params is None:
                     # vLLM's shared-storage EC connectors answer 2xx without parameters: the

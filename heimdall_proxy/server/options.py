@@ -56,3 +56,6 @@ class ServerOptions:
     #: `drain_timeout` seconds to finish.
     drain_delay: float = 0.0
     drain_timeout: float = 30.0
+    #: OpenTelemetry spans per request (server/tracing.py); the OTEL_* environment can also
+    #: turn them on.
+    otel: bool = False

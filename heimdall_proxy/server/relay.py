@@ -22,6 +22,7 @@ from heimdall_proxy.config import OutlierDetectionConfig
 from heimdall_proxy.framework.disagg import read_plan
 from heimdall_proxy.framework.errors import RequestError
 from heimdall_proxy.framework.flowcontrol import InFlightLoad
+from heimdall_proxy.framework.spans import SPANS_KEY
 from heimdall_proxy.framework.types import CycleState, Endpoint, InferenceRequest, RequestContext
 from heimdall_proxy.observability import GatewayMetrics
 from heimdall_proxy.server.answers import RETRYABLE, Answers, is_stream
@@ -31,6 +32,7 @@ from heimdall_proxy.server.hooks import Hooks
 from heimdall_proxy.server.hops import Hops
 from heimdall_proxy.server.outliers import OutlierDetector
 from heimdall_proxy.server.retry import RETRY_STATUSES, RetryBudget, backoff, failure_reason
+from heimdall_proxy.server.tracing import RequestTrace
 
 log = logging.getLogger(__name__)
 
@@ -99,11 +101,15 @@ class Relay:
                 order.extend(more[: self.max_attempts - len(order)])
             return attempt + 1 < len(order) and budget.allows()
 
+        spans: RequestTrace | None = state.get(SPANS_KEY)
         budget.in_flight += 1
         try:
             while True:
                 ctx = RequestContext(ireq, state, result, target, prefill=prefill, attempt=attempt)
-                response = await self._attempt(request, ctx, body, headers, another_pod)
+                if spans is None:
+                    response = await self._attempt(request, ctx, body, headers, another_pod)
+                else:
+                    response = await self._traced(spans, request, ctx, body, headers, another_pod)
                 if response is not None:
                     return response
                 tried.append(f"{target.name} ({ctx.error})")
@@ -126,6 +132,33 @@ class Relay:
             "No model server could serve the request: " + "; ".join(tried),
             code="upstream_unreachable",
         )
+
+    async def _traced(
+        self,
+        spans: RequestTrace,
+        request: web.Request,
+        ctx: RequestContext,
+        body: bytes,
+        base_headers: CIMultiDict[str],
+        another_pod: Callable[[], bool],
+    ) -> web.StreamResponse | None:
+        """`_attempt` inside an `upstream attempt` span whose traceparent the pod receives."""
+        target = ctx.target
+        attributes = {
+            "heimdall.attempt": ctx.attempt,
+            "heimdall.pod": target.name,
+            "server.address": target.host,
+            "server.port": target.port,
+        }
+        with spans.client("upstream attempt", **attributes) as span:
+            headers = base_headers.copy()
+            spans.inject(span, headers)
+            response = await self._attempt(request, ctx, body, headers, another_pod)
+            if ctx.status is not None:
+                span.set_attribute("http.response.status_code", ctx.status)
+            if ctx.error is not None:
+                spans.failed(span, ctx.error)
+            return response
 
     async def _attempt(
         self,

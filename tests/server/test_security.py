@@ -264,3 +264,25 @@ async def test_a_gzip_body_is_forwarded_decoded_without_its_encoding(
     got = pod.pod.received[-1]
     assert got.json()["messages"] == CHAT["messages"]
     assert "content-encoding" not in {k.lower() for k in got.headers}
+
+
+async def test_body_sent_too_slowly_is_408_and_a_whole_body_is_served(
+    start_pod: PodFactory, start_gateway: GatewayFactory
+) -> None:
+    """A body that arrives with its headers is read without a timer; one that trickles in
+    past --body-timeout is answered 408, OpenAI-shaped, and the gateway keeps serving."""
+    pod = await start_pod()
+    gw = await start_gateway(make_config([pod]), body_timeout=0.3)
+    body = b'{"model":"sim-model","prompt":"hi","max_tokens":2}'
+    head = (
+        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n"
+    )
+    status, doc = status_and_json(await raw(gw.url, head + body))
+    assert status == 200 and doc["choices"]
+    # Half the body, then silence: the read must time out.
+    status, doc = status_and_json(await raw(gw.url, head + body[:10], wait=5.0))
+    assert status == 408
+    assert doc["error"]["code"] == "request_timeout"
+    status, _ = status_and_json(await raw(gw.url, head + body))
+    assert status == 200

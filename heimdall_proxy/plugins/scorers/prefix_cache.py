@@ -122,6 +122,9 @@ class PrefixCacheScorer(BasePlugin[PrefixCacheParams]):
 
     def _block_size(self, endpoints: list[Endpoint]) -> int:
         if self.params.auto_tune:
+            first = endpoints[0].metrics.block_size if endpoints else 0
+            if first and all(e.metrics.block_size == first for e in endpoints):
+                return first  # the usual pool: one block size, no Counter per request
             sizes = Counter(e.metrics.block_size for e in endpoints if e.metrics.block_size)
             if sizes:
                 top = max(sizes.values())
