@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
 
 from heimdall_proxy.datalayer.scan import scan_families
 from heimdall_proxy.framework.types import Metrics
@@ -19,6 +20,14 @@ CACHE_CONFIG = "vllm:cache_config_info"
 CORE_FAMILIES = frozenset({WAITING, RUNNING, KV_USAGE, KV_USAGE_LEGACY})
 #: Every family this module knows how to turn into Metrics fields.
 ALL_FAMILIES = CORE_FAMILIES | {LORA_INFO, CACHE_CONFIG}
+
+
+def needed_families(plugins: Iterable[object]) -> frozenset[str]:
+    """The families to scrape: the core ones and every plugin's `metric_families`."""
+    out = set(CORE_FAMILIES)
+    for plugin in plugins:
+        out.update(getattr(plugin, "metric_families", ()))
+    return frozenset(out)
 
 
 def _adapters(value: str | None) -> tuple[str, ...]:

@@ -41,7 +41,7 @@ def test_escaped_label_values() -> None:
 
 
 def test_prefix_families_are_told_apart() -> None:
-    page = b"# TYPE a_b gauge\na_b 1\na_bc 2\na_b_bucket{le=\"1\"} 3\na_b{x=\"1\"} 4\n"
+    page = b'# TYPE a_b gauge\na_b 1\na_bc 2\na_b_bucket{le="1"} 3\na_b{x="1"} 4\n'
     assert scan_families(page, ["a_b", "a_bc", "a"]) == {
         "a_b": [({}, 1.0), ({"x": "1"}, 4.0)],
         "a_bc": [({}, 2.0)],
@@ -50,5 +50,5 @@ def test_prefix_families_are_told_apart() -> None:
 
 @pytest.mark.parametrize("value", ["NaN", "+Inf", "-Inf", "1e+06"])
 def test_special_values(value: str) -> None:
-    (labels, got), = scan_families(f"m {value}\n".encode(), ["m"])["m"]
+    ((_labels, got),) = scan_families(f"m {value}\n".encode(), ["m"])["m"]
     assert str(got) == str(float(value))

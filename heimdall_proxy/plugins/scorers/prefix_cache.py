@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from pydantic import Field, model_validator
 
+from heimdall_proxy.datalayer.vllm_metrics import CACHE_CONFIG
 from heimdall_proxy.framework.base import BasePlugin
 from heimdall_proxy.framework.handle import PluginHandle
 from heimdall_proxy.framework.params import PluginParams
@@ -105,6 +106,8 @@ class PrefixCacheScorer(BasePlugin[PrefixCacheParams]):
     prefill deciders."""
 
     type = PREFIX_CACHE_SCORER_TYPE
+    #: The pods' block size and KV capacity (autoTune).
+    metric_families = frozenset({CACHE_CONFIG})
 
     def __init__(self, name: str, params: PrefixCacheParams, handle: PluginHandle) -> None:
         super().__init__(name, params, handle)
