@@ -226,7 +226,8 @@ def main() -> None:
     where = Path(heimdall_proxy.__file__).resolve().parent.parent
     print(
         f"# {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {cpu_model('?')}, "
-        f"{os.cpu_count()} CPUs, heimdall_proxy from {where} (commit {git_head()}), "
+        f"{os.cpu_count()} CPUs, gateway's heimdall_proxy from "
+        f"{os.environ.get('PYTHONPATH') or where} (bench commit {git_head()}), "
         f"page {PAGE.stat().st_size} bytes, gateway args {args.gateway_args!r}"
     )
     print("| variant | pods | busy | gateway CPU (share of a core) | scrapes/s | "

@@ -175,7 +175,15 @@ class PrefixCacheScorer(BasePlugin[PrefixCacheParams]):
         self, state: CycleState, request: InferenceRequest, endpoints: list[Endpoint]
     ) -> Mapping[str, float]:
         info = self.match(state, request, endpoints)
-        return {e.name: info.ratio(e.name) for e in endpoints}
+        # The same values as info.ratio(pod) for every pod, but a pass over the pods that hold
+        # something only: at 1,024 pods most hold nothing (0.0).
+        out = dict.fromkeys([e.name for e in endpoints], 0.0)
+        total = info.total_blocks
+        if total > 0:
+            for pod, blocks in info.matched_blocks.items():
+                if pod in out:
+                    out[pod] = min(1.0, blocks / total)
+        return out
 
     async def pre_request(self, ctx: RequestContext) -> None:
         hashes = ctx.state.get(self._hashes_key)
