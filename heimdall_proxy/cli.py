@@ -141,10 +141,22 @@ def _add_server(p: argparse.ArgumentParser, default_port: int = 8000) -> None:
     )
     p.add_argument(
         "--metrics-interval",
+        "--refresh-metrics-interval",
+        dest="metrics_interval",
         type=_duration,
         default=0.1,
         metavar="DURATION",
-        help="how often each pod's /metrics is scraped (default 100ms)",
+        help="how often a busy pod's /metrics is scraped (default 100ms; GIE's "
+        "refreshMetricsInterval)",
+    )
+    p.add_argument(
+        "--idle-metrics-interval",
+        type=_duration,
+        default=1.0,
+        metavar="DURATION",
+        help="a pod with nothing queued or running that this gateway has sent nothing is "
+        "scraped less and less often, down to once per this (default 1s; set it to the "
+        "metrics interval to scrape every pod every interval)",
     )
     p.add_argument(
         "--models-interval",
@@ -422,6 +434,7 @@ def _server_options(args: argparse.Namespace) -> ServerOptions:
         drain_timeout=args.drain_timeout,
         max_body_bytes=args.max_body_bytes,
         metrics_interval=args.metrics_interval,
+        idle_metrics_interval=args.idle_metrics_interval,
         models_interval=args.models_interval,
         connect_timeout=args.connect_timeout,
         upstream_timeout=args.upstream_timeout or None,

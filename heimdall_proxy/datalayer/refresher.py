@@ -7,13 +7,16 @@ import contextlib
 import logging
 import random
 import time
+from collections.abc import Coroutine
 from dataclasses import dataclass
 
 import aiohttp
 import orjson
 
+from heimdall_proxy.datalayer.cadence import ScrapeCadence
 from heimdall_proxy.datalayer.pool import EndpointPool
-from heimdall_proxy.datalayer.vllm_metrics import parse_vllm_metrics
+from heimdall_proxy.datalayer.vllm_metrics import ALL_FAMILIES, parse_vllm_metrics
+from heimdall_proxy.framework.flowcontrol import InFlightLoad
 from heimdall_proxy.framework.loader import WiredSource
 from heimdall_proxy.framework.types import Endpoint, parse_model_list, publish_models
 
@@ -25,6 +28,7 @@ UNHEALTHY_AFTER = 3
 
 @dataclass(slots=True)
 class RefreshOptions:
+    #: A busy pod's scrape interval (GIE's refreshMetricsInterval).
     metrics_interval: float = 0.1
     metrics_timeout: float = 1.0
     models_interval: float = 5.0
@@ -34,6 +38,11 @@ class RefreshOptions:
     health_interval: float = 5.0
     health_timeout: float = 1.0
     health_path: str = "/health"
+    #: The longest interval a quiet pod backs off to (datalayer/cadence.py); equal to
+    #: metrics_interval: every pod every interval.
+    idle_metrics_interval: float = 1.0
+    #: The metric families read from each page (the plugins' union; vllm_metrics.py).
+    families: frozenset[str] = ALL_FAMILIES
 
 
 #: Failed health checks in a row that take a pod out of rotation; one success brings it back.
@@ -49,7 +58,9 @@ def _set_health(endpoint: Endpoint) -> None:
 
 
 class PoolRefresher:
-    """One task per pod keeps its metrics snapshot, health and model list fresh.
+    """Keeps every pod's metrics snapshot, health and model list fresh: one scheduler task
+    ticks every metrics interval and starts the scrapes that are due (cadence.py decides);
+    health probes run one task per pod on their own, longer interval.
 
     The model list comes from the pod's `/v1/models`, unless data-layer sources are wired
     (`data.sources` in the config): then those sources are polled instead, on the same
@@ -61,23 +72,30 @@ class PoolRefresher:
         session: aiohttp.ClientSession,
         options: RefreshOptions,
         sources: list[WiredSource] | None = None,
+        load: InFlightLoad | None = None,
     ) -> None:
         self.pool = pool
         self.session = session
         self.options = options
         self.sources = list(sources or [])
+        self.cadence = ScrapeCadence(
+            load or InFlightLoad(), options.metrics_interval, options.idle_metrics_interval
+        )
         self._tasks: list[asyncio.Task[None]] = []
+        #: Scrapes and model refreshes under way (kept so they are not garbage collected).
+        self._jobs: set[asyncio.Task[None]] = set()
+        self._next_models: dict[str, float] = {}
+        #: Completed scrapes per pod (tests and the bench read them).
+        self.scrapes: dict[str, int] = {}
 
     async def refresh_once(self) -> None:
         """Scrape every pod once, concurrently (used at start-up before serving)."""
         await asyncio.gather(*(self._refresh(e, models=True) for e in self.pool.endpoints()))
 
     def start(self) -> None:
-        for endpoint in self.pool.endpoints():
-            self._tasks.append(
-                asyncio.create_task(self._loop(endpoint), name=f"refresh-{endpoint.name}")
-            )
-            if self.options.health_interval > 0:
+        self._tasks.append(asyncio.create_task(self._tick_loop(), name="refresh-metrics"))
+        if self.options.health_interval > 0:
+            for endpoint in self.pool.endpoints():
                 self._tasks.append(
                     asyncio.create_task(self._probe_loop(endpoint), name=f"probe-{endpoint.name}")
                 )
@@ -116,33 +134,54 @@ class PoolRefresher:
         _set_health(endpoint)
 
     async def stop(self) -> None:
-        for task in self._tasks:
+        for task in [*self._tasks, *self._jobs]:
             task.cancel()
-        for task in self._tasks:
+        for task in [*self._tasks, *self._jobs]:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self._tasks.clear()
+        self._jobs.clear()
 
-    async def _loop(self, endpoint: Endpoint) -> None:
+    async def _tick_loop(self) -> None:
         opts = self.options
-        # Spread the pods' scrapes over the interval instead of firing them together.
-        await asyncio.sleep(random.uniform(0, opts.metrics_interval))
-        next_models = time.monotonic() + opts.models_interval
+        now = time.monotonic()
+        # Spread the pods' first scrapes and model refreshes over an interval each instead of
+        # firing them together; the cadence keeps them spread afterwards.
+        for ep in self.pool.endpoints():
+            self.cadence.pod(ep.name).due = now + random.uniform(0, opts.metrics_interval)
+            self._next_models[ep.name] = now + random.uniform(0, opts.models_interval)
         while True:
-            now = time.monotonic()
-            due = now >= next_models
-            if due:
-                next_models = now + opts.models_interval
-            await self._refresh(endpoint, models=due)
-            await asyncio.sleep(opts.metrics_interval)
+            # A quarter interval: a busy pod's period stays within 1.25 intervals.
+            await asyncio.sleep(opts.metrics_interval / 4)
+            self.tick(time.monotonic())
+
+    def tick(self, now: float) -> None:
+        """Start the scrapes and model refreshes that are due at `now`."""
+        for ep in self.cadence.due(self.pool.endpoints(), now):
+            self._spawn(self._scrape(ep))
+        if now >= min(self._next_models.values(), default=float("inf")):
+            for ep in self.pool.endpoints():
+                if now >= self._next_models.get(ep.name, now):
+                    self._next_models[ep.name] = now + self.options.models_interval
+                    self._spawn(self._refresh_models_of(ep))
+
+    def _spawn(self, coro: Coroutine[None, None, None]) -> None:
+        task = asyncio.create_task(coro)
+        self._jobs.add(task)
+        task.add_done_callback(self._jobs.discard)
 
     async def _refresh(self, endpoint: Endpoint, *, models: bool) -> None:
-        if models and endpoint.name not in self.pool.static_models:
-            if self.sources:
-                await self._collect_sources(endpoint)
-            else:
-                await self._refresh_models(endpoint)
+        if models:
+            await self._refresh_models_of(endpoint)
         await self._scrape(endpoint)
+
+    async def _refresh_models_of(self, endpoint: Endpoint) -> None:
+        if endpoint.name in self.pool.static_models:
+            return
+        if self.sources:
+            await self._collect_sources(endpoint)
+        else:
+            await self._refresh_models(endpoint)
 
     def _models_timeout(self) -> float:
         return max(self.options.metrics_timeout, 2.0)
@@ -168,20 +207,30 @@ class PoolRefresher:
                     )
 
     async def _scrape(self, endpoint: Endpoint) -> None:
+        self.cadence.started(endpoint.name, time.monotonic())
+        ok = False
+        try:
+            ok = await self._scrape_once(endpoint)
+        finally:
+            self.scrapes[endpoint.name] = self.scrapes.get(endpoint.name, 0) + 1
+            self.cadence.finished(endpoint, ok, time.monotonic())
+
+    async def _scrape_once(self, endpoint: Endpoint) -> bool:
         timeout = aiohttp.ClientTimeout(total=self.options.metrics_timeout)
         try:
             async with self.session.get(f"{endpoint.url}/metrics", timeout=timeout) as resp:
                 if resp.status != 200:
                     raise ValueError(f"HTTP {resp.status}")
-                text = await resp.text()
-            snapshot = parse_vllm_metrics(text)
+                page = await resp.read()
+            snapshot = parse_vllm_metrics(page, families=self.options.families)
         except (aiohttp.ClientError, TimeoutError, ValueError, UnicodeDecodeError) as exc:
             self._failed(endpoint, f"metrics scrape failed: {exc!r}")
-            return
+            return False
         endpoint.metrics = snapshot
         endpoint.consecutive_failures = 0
         endpoint.scrape_ok = True
         _set_health(endpoint)
+        return True
 
     def _failed(self, endpoint: Endpoint, why: str) -> None:
         endpoint.consecutive_failures += 1

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
 
-from prometheus_client.parser import text_string_to_metric_families
-
+from heimdall_proxy.datalayer.scan import scan_families
 from heimdall_proxy.framework.types import Metrics
 
 WAITING = "vllm:num_requests_waiting"
@@ -15,26 +15,19 @@ KV_USAGE_LEGACY = "vllm:gpu_cache_usage_perc"
 LORA_INFO = "vllm:lora_requests_info"
 CACHE_CONFIG = "vllm:cache_config_info"
 
-_WANTED = (WAITING, RUNNING, KV_USAGE, KV_USAGE_LEGACY, LORA_INFO, CACHE_CONFIG)
-_WANTED_SET = frozenset(_WANTED)
+#: Read on every scrape whatever the plugins: the gateway's own pool gauges (queue, running,
+#: KV usage per pod) and the default saturation detector read them.
+CORE_FAMILIES = frozenset({WAITING, RUNNING, KV_USAGE, KV_USAGE_LEGACY})
+#: Every family this module knows how to turn into Metrics fields.
+ALL_FAMILIES = CORE_FAMILIES | {LORA_INFO, CACHE_CONFIG}
 
 
-def _relevant_lines(text: str) -> str:
-    """Keep only the families we read: vLLM exposes hundreds of histogram lines, and the
-    pure-Python parser's cost is per line."""
-    keep = []
-    for line in text.splitlines():
-        if line.startswith("vllm:"):
-            if line.startswith(_WANTED):
-                name_end = min((i for i in (line.find("{"), line.find(" ")) if i > 0), default=-1)
-                if line[:name_end] in _WANTED_SET:
-                    keep.append(line)
-        elif line.startswith("# "):
-            parts = line.split(None, 3)
-            if len(parts) >= 3 and parts[2] in _WANTED_SET:
-                keep.append(line)
-    keep.append("")
-    return "\n".join(keep)
+def needed_families(plugins: Iterable[object]) -> frozenset[str]:
+    """The families to scrape: the core ones and every plugin's `metric_families`."""
+    out = set(CORE_FAMILIES)
+    for plugin in plugins:
+        out.update(getattr(plugin, "metric_families", ()))
+    return frozenset(out)
 
 
 def _adapters(value: str | None) -> tuple[str, ...]:
@@ -52,37 +45,28 @@ def _int_or_none(value: str | None) -> int | None:
         return None
 
 
-def parse_vllm_metrics(text: str, now: float | None = None) -> Metrics:
-    """Build a Metrics snapshot. Counts are summed over samples (one per engine or data-parallel
-    rank), KV usage is the maximum, `vllm:lora_requests_info` is read from its newest sample
-    (its value is a timestamp). Raises ValueError on text the Prometheus parser rejects."""
-    waiting = running = 0.0
-    kv_usage: float | None = None
-    kv_legacy: float | None = None
-    lora_ts = float("-inf")
-    lora_labels: dict[str, str] | None = None
+def parse_vllm_metrics(
+    page: str | bytes, now: float | None = None, families: frozenset[str] = ALL_FAMILIES
+) -> Metrics:
+    """Build a Metrics snapshot from the `families` found on `page` (the rest of the page is
+    never parsed; fields of families not asked for keep their defaults). Counts are summed
+    over samples (one per engine or data-parallel rank, whatever their `model_name`), KV usage
+    is the maximum, `vllm:lora_requests_info` is read from its newest sample (its value is a
+    timestamp). Raises ValueError on a malformed sample line of a wanted family."""
+    raw = page.encode() if isinstance(page, str) else page
+    found = scan_families(raw, families)
+    waiting = sum(v for _, v in found.get(WAITING, ()))
+    running = sum(v for _, v in found.get(RUNNING, ()))
+    kv = found.get(KV_USAGE) or found.get(KV_USAGE_LEGACY) or ()
+    usage = max((v for _, v in kv), default=0.0)
+    lora: dict[str, str] = {}
+    if LORA_INFO in found:
+        lora = max(found[LORA_INFO], key=lambda s: s[1])[0]
     block_size: int | None = None
     num_blocks: int | None = None
-    for family in text_string_to_metric_families(_relevant_lines(text)):
-        for sample in family.samples:
-            name = sample.name
-            if name == WAITING:
-                waiting += sample.value
-            elif name == RUNNING:
-                running += sample.value
-            elif name == KV_USAGE:
-                kv_usage = sample.value if kv_usage is None else max(kv_usage, sample.value)
-            elif name == KV_USAGE_LEGACY:
-                kv_legacy = sample.value if kv_legacy is None else max(kv_legacy, sample.value)
-            elif name == LORA_INFO:
-                if sample.value >= lora_ts:
-                    lora_ts = sample.value
-                    lora_labels = sample.labels
-            elif name == CACHE_CONFIG:
-                block_size = _int_or_none(sample.labels.get("block_size")) or block_size
-                num_blocks = _int_or_none(sample.labels.get("num_gpu_blocks")) or num_blocks
-    usage = kv_usage if kv_usage is not None else (kv_legacy or 0.0)
-    lora = lora_labels or {}
+    for labels, _ in found.get(CACHE_CONFIG, ()):
+        block_size = _int_or_none(labels.get("block_size")) or block_size
+        num_blocks = _int_or_none(labels.get("num_gpu_blocks")) or num_blocks
     return Metrics(
         waiting=int(waiting),
         running=int(running),

@@ -15,6 +15,10 @@ class BasePlugin(Generic[P]):
     `@register(TYPE, Params)`; the class itself is the factory."""
 
     type: ClassVar[str]
+    #: Metric families of a pod's /metrics page this plugin reads beyond the core ones
+    #: (queue, running, KV usage): the data layer scrapes the union of every configured
+    #: plugin's, and parses nothing else.
+    metric_families: ClassVar[frozenset[str]] = frozenset()
 
     def __init__(self, name: str, params: P, handle: PluginHandle) -> None:
         self.name = name

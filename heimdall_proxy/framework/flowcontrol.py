@@ -18,17 +18,26 @@ class InFlightLoad:
     """Per-pod requests and estimated prompt tokens in flight through this gateway, plus the
     admitted requests not yet sent. Single-threaded (the event loop), so plain counters."""
 
-    __slots__ = ("pending", "requests", "tokens")
+    __slots__ = ("pending", "requests", "sent", "tokens")
 
     def __init__(self) -> None:
         self.requests: dict[str, int] = {}
         self.tokens: dict[str, int] = {}
         #: Admitted by flow control, not yet sent to a pod.
         self.pending = 0
+        #: Requests ever sent to each pod: the data layer compares it between scrapes to
+        #: tell a pod nobody has touched (datalayer/cadence.py).
+        self.sent: dict[str, int] = {}
 
     def acquire(self, pod: str, tokens: int) -> None:
         self.requests[pod] = self.requests.get(pod, 0) + 1
+        self.sent[pod] = self.sent.get(pod, 0) + 1
         self.tokens[pod] = self.tokens.get(pod, 0) + tokens
+
+    def touch(self, pod: str) -> None:
+        """Count a request sent to `pod` outside the ledger's in-flight accounting (a
+        disaggregation hop), so the data layer knows the pod was disturbed."""
+        self.sent[pod] = self.sent.get(pod, 0) + 1
 
     def release(self, pod: str, tokens: int) -> None:
         left = self.requests.get(pod, 0) - 1

@@ -19,6 +19,7 @@ from aiohttp import web
 from heimdall_proxy.config import GatewayConfig, PluginConfig
 from heimdall_proxy.datalayer.pool import EndpointPool
 from heimdall_proxy.datalayer.refresher import PoolRefresher, RefreshOptions
+from heimdall_proxy.datalayer.vllm_metrics import needed_families
 from heimdall_proxy.framework.errors import RequestError
 from heimdall_proxy.framework.handle import PluginHandle
 from heimdall_proxy.framework.loader import PluginSet, build_plugins
@@ -113,7 +114,7 @@ class Gateway:
                 total=opts.upstream_timeout, sock_connect=opts.connect_timeout
             ),
         )
-        hops = Hops(self._session, self.metrics, opts.max_attempts)
+        hops = Hops(self._session, self.metrics, opts.max_attempts, self.load)
         timeouts = {
             stream: aiohttp.ClientTimeout(
                 total=opts.upstream_timeout, sock_connect=opts.connect_timeout, sock_read=read
@@ -134,8 +135,11 @@ class Gateway:
                 opts.models_interval,
                 health_interval=opts.health_interval,
                 health_timeout=opts.health_timeout,
+                idle_metrics_interval=opts.idle_metrics_interval,
+                families=needed_families(self.plugins.plugins.values()),
             ),
             self.plugins.data_sources,
+            self.load,
         )
         started: list[object] = []
         try:

@@ -36,6 +36,7 @@ from multidict import CIMultiDict
 from yarl import URL
 
 from heimdall_proxy.framework.disagg import DisaggPlan, multimodal_parts, read_plan
+from heimdall_proxy.framework.flowcontrol import InFlightLoad
 from heimdall_proxy.framework.spans import SPANS_KEY
 from heimdall_proxy.framework.types import CycleState, Endpoint, InferenceRequest
 from heimdall_proxy.observability import GatewayMetrics
@@ -120,9 +121,15 @@ class Hops:
     """Sends the hops of one gateway; stateless between requests."""
 
     def __init__(
-        self, session: aiohttp.ClientSession, metrics: GatewayMetrics, max_attempts: int = 1
+        self,
+        session: aiohttp.ClientSession,
+        metrics: GatewayMetrics,
+        max_attempts: int = 1,
+        load: InFlightLoad | None = None,
     ) -> None:
         self.session = session
+        #: Told of every hop, so a quiet prefill/encode pod is scraped again (cadence.py).
+        self.load = load or InFlightLoad()
         self.metrics = metrics
         self.max_attempts = max(1, max_attempts)
 
@@ -197,6 +204,7 @@ class Hops:
         limit: float,
     ) -> dict[str, Any]:
         url = URL(f"{endpoint.url}{path}", encoded=True)
+        self.load.touch(endpoint.name)
         async with self.session.post(
             url,
             data=orjson.dumps(doc),

@@ -12,6 +12,8 @@ class ServerOptions:
     response_header: bool = False
     max_body_bytes: int = 64 * 1024 * 1024
     metrics_interval: float = 0.1
+    #: A quiet pod's scrape interval backs off up to this (datalayer/cadence.py).
+    idle_metrics_interval: float = 1.0
     metrics_timeout: float = 1.0
     models_interval: float = 5.0
     #: Active health checks of every pod's /health (0: off).

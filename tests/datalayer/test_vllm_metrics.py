@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from heimdall_proxy.datalayer.vllm_metrics import parse_vllm_metrics
+from heimdall_proxy.datalayer.vllm_metrics import CORE_FAMILIES, parse_vllm_metrics
 
 # Abridged from a vLLM 0.3x pod running two engines (data parallel); the histogram, counter
 # and process families are there to be skipped.
@@ -148,7 +148,8 @@ def test_updated_at_defaults_to_monotonic_now() -> None:
     [
         'vllm:num_requests_waiting{engine="0"} not-a-number\n',
         'vllm:num_requests_running{engine="0} 1\n',
-        "# TYPE vllm:num_requests_waiting bogus\nvllm:num_requests_waiting 1\n",
+        'vllm:num_requests_waiting{engine="0"} 1 2 3\n',
+        "vllm:num_requests_running\n",
         "# HELP vllm:kv_cache_usage_perc x\n# TYPE vllm:kv_cache_usage_perc gauge\n"
         "vllm:kv_cache_usage_perc{a=b} 0.5\n",
     ],
@@ -156,3 +157,21 @@ def test_updated_at_defaults_to_monotonic_now() -> None:
 def test_garbage_raises_value_error(text: str) -> None:
     with pytest.raises(ValueError):  # noqa: PT011 - the parser's messages vary
         parse_vllm_metrics(text)
+
+
+def test_only_the_asked_families_are_read() -> None:
+    m = parse_vllm_metrics(VLLM_METRICS, families=CORE_FAMILIES)
+    assert (m.waiting, m.running, m.kv_cache_usage) == (7, 3, 0.4)
+    assert (m.lora_running, m.max_lora, m.block_size) == ((), 0, None)
+
+
+def test_garbage_in_a_family_not_asked_for_is_never_looked_at() -> None:
+    text = VLLM_METRICS + "vllm:lora_requests_info{max_lora=4} x\n"
+    assert parse_vllm_metrics(text, families=CORE_FAMILIES).waiting == 7
+    with pytest.raises(ValueError, match="malformed label"):
+        parse_vllm_metrics(text)
+
+
+def test_bytes_and_first_line_and_crlf() -> None:
+    page = b'vllm:num_requests_waiting{a="x"} 2\r\nvllm:num_requests_waiting 3 1700000000\r\n'
+    assert parse_vllm_metrics(page).waiting == 5

@@ -117,7 +117,12 @@ class PrefixCacheAffinityFilter(BasePlugin[PrefixCacheAffinityParams]):
         if info is None or len(endpoints) < 2:
             return endpoints
         threshold = self.params.affinity_threshold
-        sticky = [e for e in endpoints if (r := info.ratio(e.name)) > 0.0 and r >= threshold]
+        held = info.matched_blocks  # the pods that hold anything: few, at any pool size
+        sticky = [
+            e
+            for e in endpoints
+            if e.name in held and (r := info.ratio(e.name)) > 0.0 and r >= threshold
+        ]
         if not sticky or len(sticky) == len(endpoints):
             return endpoints
         p = self.params.exploration_probability

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from heimdall_proxy.datalayer.vllm_metrics import LORA_INFO
 from heimdall_proxy.framework.base import BasePlugin
 from heimdall_proxy.framework.params import NoParams
 from heimdall_proxy.framework.registry import register
@@ -20,6 +21,7 @@ class LoraAffinityScorer(BasePlugin[NoParams]):
     same score, so the scorer is neutral."""
 
     type = LORA_AFFINITY_SCORER_TYPE
+    metric_families = frozenset({LORA_INFO})
 
     def score(
         self, state: CycleState, request: InferenceRequest, endpoints: list[Endpoint]

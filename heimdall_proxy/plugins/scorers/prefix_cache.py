@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from pydantic import Field, model_validator
 
+from heimdall_proxy.datalayer.vllm_metrics import CACHE_CONFIG
 from heimdall_proxy.framework.base import BasePlugin
 from heimdall_proxy.framework.handle import PluginHandle
 from heimdall_proxy.framework.params import PluginParams
@@ -105,6 +106,8 @@ class PrefixCacheScorer(BasePlugin[PrefixCacheParams]):
     prefill deciders."""
 
     type = PREFIX_CACHE_SCORER_TYPE
+    #: The pods' block size and KV capacity (autoTune).
+    metric_families = frozenset({CACHE_CONFIG})
 
     def __init__(self, name: str, params: PrefixCacheParams, handle: PluginHandle) -> None:
         super().__init__(name, params, handle)
@@ -175,7 +178,15 @@ class PrefixCacheScorer(BasePlugin[PrefixCacheParams]):
         self, state: CycleState, request: InferenceRequest, endpoints: list[Endpoint]
     ) -> Mapping[str, float]:
         info = self.match(state, request, endpoints)
-        return {e.name: info.ratio(e.name) for e in endpoints}
+        # The same values as info.ratio(pod) for every pod, but a pass over the pods that hold
+        # something only: at 1,024 pods most hold nothing (0.0).
+        out = dict.fromkeys([e.name for e in endpoints], 0.0)
+        total = info.total_blocks
+        if total > 0:
+            for pod, blocks in info.matched_blocks.items():
+                if pod in out:
+                    out[pod] = min(1.0, blocks / total)
+        return out
 
     async def pre_request(self, ctx: RequestContext) -> None:
         hashes = ctx.state.get(self._hashes_key)

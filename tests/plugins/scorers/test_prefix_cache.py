@@ -164,3 +164,21 @@ async def test_multi_turn_chat_extends_the_prefix() -> None:
     turn2 = [*turn1, {"role": "assistant", "content": "r1"}, {"role": "user", "content": "q2"}]
     got = scorer.score(CycleState(), req("chat", {"messages": turn2}), [a, b])
     assert got["a"] > 0.9 and got["b"] == 0.0
+
+
+async def test_scores_equal_the_match_ratio_for_every_pod_in_order() -> None:
+    # score() walks only the pods that hold something; the result must be what ratio() gives
+    # every candidate, keyed in candidate order, a pod outside the candidates left out.
+    scorer = make(autoTune=False)
+    pods = [ep(f"p{i}") for i in range(40)]
+    await route(scorer, completion(LONG), pods[3])
+    await route(scorer, completion(LONG[:400]), pods[17])
+    await route(scorer, completion(LONG), pods[39])
+    candidates = pods[:30]
+    state = CycleState()
+    scores = scorer.score(state, completion(LONG + "tail" * 50), candidates)
+    info = read_prefix_match(state, TYPE, TYPE)
+    assert isinstance(info, PrefixCacheMatchInfo)
+    assert list(scores.items()) == [(e.name, info.ratio(e.name)) for e in candidates]
+    assert 0.0 < scores["p17"] < scores["p3"] < 1.0
+    assert "p39" not in scores

@@ -1,0 +1,103 @@
+"""When each pod's /metrics is due: busy pods every interval, quiet pods less and less often.
+
+Scraping every pod every 100 ms costs CPU in proportion to the fleet even when nothing
+happens. Most of those scrapes tell the gateway what it already knows: a pod whose last
+scrape showed an empty queue, which the gateway has sent nothing since, is still empty,
+unless clients other than this gateway use it. So a pod is *quiet* when its last scrape
+showed nothing waiting or running, nothing this gateway sent is in flight on it, and the
+gateway has sent it nothing since that scrape (the in-flight ledger's `sent` counter tells).
+A quiet pod's interval doubles on every scrape up to `idle_interval`; the first request the
+gateway sends it makes it busy again, and it is scraped on the next tick.
+
+While quiet, the pod's numbers are vouched for by the ledger: its snapshot's `updated_at`
+moves forward on every tick without a scrape, so staleness checks (the saturation
+detector's metricsStalenessThreshold) see a fresh, empty pod, which it is as far as this
+gateway can know. Changes made by other clients show within `idle_interval`."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from heimdall_proxy.framework.flowcontrol import InFlightLoad
+from heimdall_proxy.framework.types import Endpoint
+
+
+@dataclass(slots=True)
+class PodCadence:
+    """One pod's scrape schedule."""
+
+    interval: float
+    due: float = 0.0
+    #: The ledger's `sent` count for the pod, and the time, when its last scrape started.
+    sent_at_scrape: int = -1
+    started_at: float = 0.0
+    #: The last scrape showed an empty pod and nothing sent was in flight.
+    quiet: bool = False
+    scraping: bool = False
+
+
+class ScrapeCadence:
+    """Decides, on each tick, which pods to scrape; records each scrape's outcome."""
+
+    def __init__(self, load: InFlightLoad, interval: float, idle_interval: float) -> None:
+        self.load = load
+        self.interval = interval
+        self.idle_interval = max(interval, idle_interval)
+        self._pods: dict[str, PodCadence] = {}
+
+    def pod(self, name: str) -> PodCadence:
+        state = self._pods.get(name)
+        if state is None:
+            state = self._pods[name] = PodCadence(self.interval)
+        return state
+
+    def _disturbed(self, name: str, state: PodCadence) -> bool:
+        """The gateway has sent the pod something since its last scrape, or has requests in
+        flight on it."""
+        return (
+            self.load.sent.get(name, 0) != state.sent_at_scrape
+            or self.load.requests.get(name, 0) > 0
+        )
+
+    def due(self, endpoints: list[Endpoint], now: float) -> list[Endpoint]:
+        """The pods to scrape now. A quiet pod the gateway has just sent work to is due at
+        once; a quiet pod left alone has its snapshot's age reset (see the module doc)."""
+        out: list[Endpoint] = []
+        for ep in endpoints:
+            state = self.pod(ep.name)
+            if state.scraping:
+                continue
+            if state.quiet and self._disturbed(ep.name, state):
+                state.quiet = False
+                state.interval = self.interval
+                state.due = now
+            if now >= state.due:
+                out.append(ep)
+            elif state.quiet and ep.metrics.updated_at:
+                ep.metrics = dataclasses.replace(ep.metrics, updated_at=now)
+        return out
+
+    def started(self, name: str, now: float) -> None:
+        state = self.pod(name)
+        state.scraping = True
+        state.started_at = now
+        state.sent_at_scrape = self.load.sent.get(name, 0)
+
+    def finished(self, ep: Endpoint, ok: bool, now: float) -> None:
+        """Schedule the next scrape from this one's outcome: a failed scrape or a busy pod
+        keeps the base interval; a quiet pod backs off."""
+        state = self.pod(ep.name)
+        state.scraping = False
+        m = ep.metrics
+        quiet = (
+            ok
+            and m.waiting == 0
+            and m.running == 0
+            and self.load.requests.get(ep.name, 0) == 0
+            and self.load.sent.get(ep.name, 0) == state.sent_at_scrape
+        )
+        state.interval = min(self.idle_interval, state.interval * 2) if quiet else self.interval
+        state.quiet = quiet
+        # Start to start, so a busy pod's period is the interval, not interval + scrape time.
+        state.due = state.started_at + state.interval

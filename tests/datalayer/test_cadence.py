@@ -1,0 +1,83 @@
+"""The scrape cadence: busy pods every interval, quiet pods backing off, woken by a send."""
+
+from __future__ import annotations
+
+from heimdall_proxy.datalayer.cadence import ScrapeCadence
+from heimdall_proxy.framework.flowcontrol import InFlightLoad
+from heimdall_proxy.framework.types import Endpoint, Metrics
+from tests.helpers import ep
+
+
+def _scrape(cadence: ScrapeCadence, e: Endpoint, now: float, ok: bool = True) -> None:
+    cadence.started(e.name, now)
+    cadence.finished(e, ok, now)
+
+
+def test_a_quiet_pod_backs_off_to_the_idle_interval() -> None:
+    cadence = ScrapeCadence(InFlightLoad(), 0.1, 1.0)
+    pod = ep("a", updated_at=1.0)
+    now, gaps = 0.0, []
+    for _ in range(8):
+        assert cadence.due([pod], now) == [pod]
+        _scrape(cadence, pod, now)
+        gaps.append(round(cadence.pod("a").due - now, 6))
+        now = cadence.pod("a").due
+    assert gaps == [0.2, 0.4, 0.8, 1.0, 1.0, 1.0, 1.0, 1.0]
+
+
+def test_a_busy_or_failing_pod_keeps_the_interval() -> None:
+    cadence = ScrapeCadence(InFlightLoad(), 0.1, 1.0)
+    busy, failing = ep("busy", running=1, updated_at=1.0), ep("down", updated_at=1.0)
+    for now in (0.0, 0.1, 0.2):
+        assert cadence.due([busy, failing], now) == [busy, failing]
+        _scrape(cadence, busy, now)
+        _scrape(cadence, failing, now, ok=False)
+        assert cadence.pod("busy").due == cadence.pod("down").due == now + 0.1
+
+
+def test_a_send_wakes_a_quiet_pod_on_the_next_tick() -> None:
+    load = InFlightLoad()
+    cadence = ScrapeCadence(load, 0.1, 1.0)
+    pod = ep("a", updated_at=1.0)
+    for now in (0.0, 0.2, 0.6):
+        _scrape(cadence, pod, now)
+    assert cadence.pod("a").due == 1.4
+    assert cadence.due([pod], 0.7) == []
+    load.acquire("a", 10)
+    load.release("a", 10)  # even a request already finished counts
+    assert cadence.due([pod], 0.725) == [pod]
+    _scrape(cadence, pod, 0.725)
+    # Still empty after the request finished: quiet again, its back-off restarted.
+    assert cadence.pod("a").due == 0.925
+
+
+def test_in_flight_work_keeps_a_pod_busy_and_a_hop_wakes_it() -> None:
+    load = InFlightLoad()
+    cadence = ScrapeCadence(load, 0.1, 1.0)
+    pod = ep("a", updated_at=1.0)
+    load.acquire("a", 1)
+    _scrape(cadence, pod, 0.0)
+    assert not cadence.pod("a").quiet
+    load.release("a", 1)
+    _scrape(cadence, pod, 0.1)
+    _scrape(cadence, pod, 0.3)
+    assert cadence.pod("a").quiet
+    load.touch("a")
+    assert cadence.due([pod], 0.35) == [pod]
+
+
+def test_a_quiet_pods_snapshot_is_vouched_for_between_scrapes() -> None:
+    cadence = ScrapeCadence(InFlightLoad(), 0.1, 1.0)
+    pod = ep("a", updated_at=5.0)
+    _scrape(cadence, pod, 5.0)
+    assert cadence.due([pod], 5.1) == []
+    assert pod.metrics.updated_at == 5.1
+    busy = ep("b", waiting=2, updated_at=5.0)
+    _scrape(cadence, busy, 5.0)
+    assert cadence.due([busy], 5.05) == []
+    assert busy.metrics.updated_at == 5.0  # a busy pod's age is its scrape's
+    never = ep("c")
+    never.metrics = Metrics()
+    _scrape(cadence, never, 5.0)
+    cadence.due([never], 5.1)
+    assert never.metrics.updated_at == 0.0  # never scraped stays never scraped

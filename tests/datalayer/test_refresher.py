@@ -1,0 +1,83 @@
+"""The refresher against real simulated pods: quiet pods are scraped less often than busy ones,
+a request through the gateway brings a quiet pod back to the busy cadence, and only the
+families the plugins need are read."""
+
+from __future__ import annotations
+
+import asyncio
+
+import aiohttp
+
+from heimdall_proxy.datalayer.vllm_metrics import CACHE_CONFIG, CORE_FAMILIES, LORA_INFO
+from tests.conftest import GatewayFactory, PodFactory, eventually, make_config
+
+CHAT = {"model": "sim-model", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
+
+
+async def test_quiet_pods_are_scraped_less_often(
+    start_pod: PodFactory, start_gateway: GatewayFactory
+) -> None:
+    quiet, busy = await start_pod(), await start_pod()
+    busy.pod.metrics_override = {"running": 2}
+    gw = await start_gateway(
+        make_config([quiet, busy]), metrics_interval=0.02, idle_metrics_interval=0.32
+    )
+    refresher = gw.gateway.refresher
+    assert refresher is not None
+    await eventually(lambda: refresher.scrapes.get(busy.name, 0) >= 60)
+    # Back-off 0.04, 0.08, 0.16, then 0.32: a handful of scrapes while the busy pod had 60.
+    assert refresher.scrapes.get(quiet.name, 0) <= 12
+    assert refresher.cadence.pod(quiet.name).quiet
+    assert not refresher.cadence.pod(busy.name).quiet
+    # Vouched for by the ledger, the quiet pod's numbers are never older than a few ticks.
+    assert gw.gateway.pool.get(quiet.name).metrics.age() < 0.1  # type: ignore[union-attr]
+
+
+async def test_a_request_wakes_a_quiet_pod(
+    start_pod: PodFactory, start_gateway: GatewayFactory
+) -> None:
+    pod = await start_pod()
+    gw = await start_gateway(make_config([pod]), metrics_interval=0.02, idle_metrics_interval=5.0)
+    refresher = gw.gateway.refresher
+    assert refresher is not None
+    state = refresher.cadence.pod(pod.name)
+    await eventually(lambda: state.quiet and state.interval >= 0.64)
+    # A change the gateway did not cause is not seen while the pod backs off...
+    pod.pod.metrics_override = {"waiting": 4}
+    await asyncio.sleep(0.1)
+    endpoint = gw.gateway.pool.get(pod.name)
+    assert endpoint is not None
+    assert endpoint.metrics.waiting == 0
+    # ...but a request sent through the gateway makes the pod due on the next tick.
+    async with aiohttp.ClientSession() as http:
+        async with http.post(f"{gw.url}/v1/chat/completions", json=CHAT) as r:
+            assert r.status == 200
+    await eventually(lambda: endpoint.metrics.waiting == 4, within=0.5)
+    assert state.interval == 0.02
+
+
+async def test_the_families_read_are_the_plugins_union(
+    start_pod: PodFactory, start_gateway: GatewayFactory
+) -> None:
+    pod = await start_pod()
+    plain = await start_gateway(make_config([pod]))
+    assert plain.gateway.refresher is not None
+    assert plain.gateway.refresher.options.families == CORE_FAMILIES
+    epp = {
+        "plugins": [{"type": "lora-affinity-scorer"}, {"type": "prefix-cache-scorer"}],
+        "schedulingProfiles": [
+            {
+                "name": "default",
+                "plugins": [
+                    {"pluginRef": "lora-affinity-scorer"},
+                    {"pluginRef": "prefix-cache-scorer"},
+                ],
+            }
+        ],
+    }
+    both = await start_gateway(make_config([pod], epp))
+    assert both.gateway.refresher is not None
+    assert both.gateway.refresher.options.families == CORE_FAMILIES | {LORA_INFO, CACHE_CONFIG}
+    endpoint = both.gateway.pool.get(pod.name)
+    assert endpoint is not None
+    await eventually(lambda: endpoint.metrics.block_size is not None)
