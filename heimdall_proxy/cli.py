@@ -308,6 +308,16 @@ def build_parser() -> argparse.ArgumentParser:
         default=2,
         help="simulated pods started when the config lists no endpoints",
     )
+    serve.add_argument(
+        "--watch-config",
+        type=_duration,
+        nargs="?",
+        const=1.0,
+        default=0.0,
+        metavar="INTERVAL",
+        help="reload the config when its file changes, checked every INTERVAL (1s); SIGHUP "
+        "reloads it in any case",
+    )
     _add_server(serve)
 
     check = sub.add_parser("check-config", help="validate a config and print the profiles")
@@ -692,6 +702,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         app = create_app(config, options) if config.endpoints else None
         if app is None:
             validate(config, options)
+        elif args.command == "serve" and args.config:
+            from heimdall_proxy.server.reload import install_reloader
+
+            install_reloader(app, args.config, args.watch_config)
+        if app is None and args.command == "serve" and args.watch_config:
+            log.warning("--watch-config is ignored: the simulated pods' config is not reloaded")
     except ConfigError as exc:
         print(f"config error: {exc}", file=sys.stderr)
         return 1

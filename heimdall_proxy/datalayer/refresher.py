@@ -66,21 +66,32 @@ class PoolRefresher:
         self.session = session
         self.options = options
         self.sources = list(sources or [])
-        self._tasks: list[asyncio.Task[None]] = []
+        #: pod name -> (its Endpoint object, its scrape and probe tasks)
+        self._tasks: dict[str, tuple[Endpoint, list[asyncio.Task[None]]]] = {}
 
     async def refresh_once(self) -> None:
         """Scrape every pod once, concurrently (used at start-up before serving)."""
         await asyncio.gather(*(self._refresh(e, models=True) for e in self.pool.endpoints()))
 
     def start(self) -> None:
-        for endpoint in self.pool.endpoints():
-            self._tasks.append(
-                asyncio.create_task(self._loop(endpoint), name=f"refresh-{endpoint.name}")
-            )
+        self.sync()
+
+    def sync(self) -> None:
+        """Follow the pool: start scraping pods that joined (or changed), stop for those that
+        left. Called after every change of a discovered pool."""
+        current = {e.name: e for e in self.pool.endpoints()}
+        for name, (endpoint, tasks) in list(self._tasks.items()):
+            if current.get(name) is not endpoint:
+                for task in tasks:
+                    task.cancel()
+                del self._tasks[name]
+        for name, endpoint in current.items():
+            if name in self._tasks:
+                continue
+            tasks = [asyncio.create_task(self._loop(endpoint), name=f"refresh-{name}")]
             if self.options.health_interval > 0:
-                self._tasks.append(
-                    asyncio.create_task(self._probe_loop(endpoint), name=f"probe-{endpoint.name}")
-                )
+                tasks.append(asyncio.create_task(self._probe_loop(endpoint), name=f"probe-{name}"))
+            self._tasks[name] = (endpoint, tasks)
 
     async def _probe_loop(self, endpoint: Endpoint) -> None:
         interval = self.options.health_interval
@@ -116,12 +127,13 @@ class PoolRefresher:
         _set_health(endpoint)
 
     async def stop(self) -> None:
-        for task in self._tasks:
+        tasks = [t for _, ts in self._tasks.values() for t in ts]
+        self._tasks.clear()
+        for task in tasks:
             task.cancel()
-        for task in self._tasks:
+        for task in tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-        self._tasks.clear()
 
     async def _loop(self, endpoint: Endpoint) -> None:
         opts = self.options
