@@ -637,7 +637,17 @@ def describe(cfg: GatewayConfig, pset: PluginSet) -> str:
 
     out = [f"config OK: {cfg.source}"]
     out.append(f"feature gates: {', '.join(cfg.epp.feature_gates) or '(none)'}")
-    out.append("endpoints:" if cfg.endpoints else "endpoints: (none: simulated pods are started)")
+    k8s = cfg.discovery.kubernetes
+    if k8s is not None:
+        where = f"namespace {k8s.namespace!r}" if k8s.namespace else "all namespaces"
+        out.append(
+            f"discovery: kubernetes pods {k8s.label_selector()} in {where}, port {k8s.target_port}"
+        )
+    out.append(
+        "endpoints:"
+        if cfg.endpoints or k8s is not None
+        else "endpoints: (none: simulated pods are started)"
+    )
     for ep in cfg.endpoints:
         labels = ", ".join(f"{k}={v}" for k, v in ep.labels.items())
         out.append(f"  {ep.name}  {ep.url}" + (f"  [{labels}]" if labels else ""))
@@ -699,7 +709,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         # plugins are validated now and the app is built on the pods later.
         from heimdall_proxy.server.app import create_app
 
-        app = create_app(config, options) if config.endpoints else None
+        has_pods = bool(config.endpoints) or config.discovery.kubernetes is not None
+        app = create_app(config, options) if has_pods else None
         if app is None:
             validate(config, options)
         elif args.command == "serve" and args.config:

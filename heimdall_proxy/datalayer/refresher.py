@@ -68,12 +68,18 @@ class PoolRefresher:
         self.sources = list(sources or [])
         #: pod name -> (its Endpoint object, its scrape and probe tasks)
         self._tasks: dict[str, tuple[Endpoint, list[asyncio.Task[None]]]] = {}
+        self._running = False
 
     async def refresh_once(self) -> None:
         """Scrape every pod once, concurrently (used at start-up before serving)."""
         await asyncio.gather(*(self._refresh(e, models=True) for e in self.pool.endpoints()))
 
+    @property
+    def running(self) -> bool:
+        return self._running
+
     def start(self) -> None:
+        self._running = True
         self.sync()
 
     def sync(self) -> None:
@@ -127,6 +133,7 @@ class PoolRefresher:
         _set_health(endpoint)
 
     async def stop(self) -> None:
+        self._running = False
         tasks = [t for _, ts in self._tasks.values() for t in ts]
         self._tasks.clear()
         for task in tasks:

@@ -55,7 +55,7 @@ class ConfigReloader:
         """Load, validate and swap the file's config now; False (logged) when rejected."""
         try:
             config = load_config(self.path)
-            if not config.endpoints:
+            if not config.endpoints and config.discovery.kubernetes is None:
                 log.warning("reloaded config %s lists no endpoints: requests get 503", self.path)
             await self.gateway.reload(config)
         except ConfigError as exc:

@@ -14,7 +14,12 @@ from collections.abc import Mapping
 import aiohttp
 from prometheus_client.registry import Collector
 
-from heimdall_proxy.config import GatewayConfig, PluginConfig
+from heimdall_proxy.config import ConfigError, EndpointConfig, GatewayConfig, PluginConfig
+from heimdall_proxy.datalayer.kubernetes import (
+    DiscoveryUnavailableError,
+    KubernetesPods,
+    check_available,
+)
 from heimdall_proxy.datalayer.pool import EndpointPool
 from heimdall_proxy.datalayer.refresher import PoolRefresher, RefreshOptions
 from heimdall_proxy.framework.flowcontrol import InFlightLoad
@@ -52,6 +57,11 @@ class Routing:
         self.config = config
         self.options = options
         self.metrics = metrics
+        if config.discovery.kubernetes is not None:
+            try:
+                check_available()
+            except DiscoveryUnavailableError as exc:
+                raise ConfigError(f"{config.source}: {exc}") from None
         self.pool: EndpointPool = EndpointPool(
             config.endpoints, previous.pool if previous is not None else None
         )
@@ -76,6 +86,7 @@ class Routing:
         self.hooks = Hooks(self.plugins)
         self.relay: Relay | None = None
         self.refresher: PoolRefresher | None = None
+        self.discovery: KubernetesPods | None = None
         self._collectors: list[Collector] = []
         self._started: list[object] = []
         #: Requests that took this routing and have not finished.
@@ -119,6 +130,10 @@ class Routing:
             self.plugins.data_sources,
         )
         try:
+            k8s = self.config.discovery.kubernetes
+            if k8s is not None:
+                self.discovery = KubernetesPods(k8s, self._discovered)
+                await self.discovery.start()
             try:
                 await asyncio.wait_for(self.refresher.refresh_once(), opts.startup_timeout)
             except TimeoutError:
@@ -130,6 +145,18 @@ class Routing:
         except BaseException:
             await self.stop()
             raise
+
+    def _discovered(self, pods: list[EndpointConfig]) -> None:
+        """A discovery source's new pod set: the pool becomes the static endpoints plus these
+        (a static endpoint wins a name both have), and scraping follows."""
+        static = self.config.endpoints
+        names = {e.name for e in static}
+        clash = sorted(p.name for p in pods if p.name in names)
+        if clash:
+            log.warning("discovered pods %s share a name with static endpoints: ignored", clash)
+        self.pool.replace(static + [p for p in pods if p.name not in names])
+        if self.refresher is not None and self.refresher.running:
+            self.refresher.sync()
 
     def publish(self) -> None:
         """Expose this routing's pool and plugin metrics on /metrics."""
@@ -153,5 +180,7 @@ class Routing:
                     log.exception("plugin %r failed to stop", plugin)
         self._started = []
         await self.flow.stop()
+        if self.discovery is not None:
+            await self.discovery.stop()
         if self.refresher is not None:
             await self.refresher.stop()

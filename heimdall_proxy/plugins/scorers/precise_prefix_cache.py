@@ -279,7 +279,8 @@ def unhonoured(params: PrecisePrefixCacheParams) -> list[str]:
             out.append("kvEventsConfig (with conductorConfig the conductor follows the events)")
     if params.kv_events_config.pod_discovery_config.pod_namespace:
         out.append("kvEventsConfig.podDiscoveryConfig.podNamespace (pods come from the "
-                   "gateway's endpoints list, not from Kubernetes)")  # fmt: skip
+                   "gateway's pool: its endpoints list and discovery.kubernetes, whose "
+                   "namespace applies)")  # fmt: skip
     return out
 
 
