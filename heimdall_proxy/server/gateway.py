@@ -199,45 +199,45 @@ class Gateway:
             ) from exc
 
     async def handle(self, request: web.Request, api: ApiKind) -> web.StreamResponse:
-        """Serve one inference request end to end."""
+        """Serve one inference request end to end. The routing in force when it arrives
+        serves it to its end, whatever a reload does meanwhile (one frame, no helper
+        coroutine: this is the hottest path)."""
         started = time.perf_counter()
         model_label = UNKNOWN_MODEL
-        # the routing in force now serves this request to its end, whatever a reload does
         routing = self.routing
-        routing.enter()
+        routing.in_flight += 1
         try:
-            return await self._handle(request, api, routing, started, model_label)
+            try:
+                body = await self._read_body(request)
+                decision = await routing.director.decide(
+                    api, request.path, body, request.headers, caller=caller_of(request)
+                )
+                model_label = decision.request.model
+            except RequestError as exc:
+                self.metrics.errors.labels(
+                    model_label, model_label, exc.code or str(exc.status)
+                ).inc()
+                return render(exc)
+
+            running = self.metrics.running.labels(model_label)
+            running.inc()
+            try:
+                assert routing.relay is not None, "the gateway is not started"
+                return await routing.relay.relay(request, decision)
+            except RequestError as exc:
+                self.metrics.errors.labels(
+                    model_label, model_label, exc.code or str(exc.status)
+                ).inc()
+                return render(exc)
+            finally:
+                if decision.admission is not None:
+                    decision.admission.finish()
+                running.dec()
+                self.metrics.duration.labels(model_label, model_label).observe(
+                    time.perf_counter() - started
+                )
         finally:
             routing.leave()
-
-    async def _handle(
-        self, request: web.Request, api: ApiKind, routing: Routing, started: float, model_label: str
-    ) -> web.StreamResponse:
-        try:
-            body = await self._read_body(request)
-            decision = await routing.director.decide(
-                api, request.path, body, request.headers, caller=caller_of(request)
-            )
-            model_label = decision.request.model
-        except RequestError as exc:
-            self.metrics.errors.labels(model_label, model_label, exc.code or str(exc.status)).inc()
-            return render(exc)
-
-        running = self.metrics.running.labels(model_label)
-        running.inc()
-        try:
-            assert routing.relay is not None, "the gateway is not started"
-            return await routing.relay.relay(request, decision)
-        except RequestError as exc:
-            self.metrics.errors.labels(model_label, model_label, exc.code or str(exc.status)).inc()
-            return render(exc)
-        finally:
-            if decision.admission is not None:
-                decision.admission.finish()
-            running.dec()
-            self.metrics.duration.labels(model_label, model_label).observe(
-                time.perf_counter() - started
-            )
 
 
 #: Where the application keeps its gateway (read by the route handlers).

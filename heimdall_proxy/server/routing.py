@@ -91,16 +91,14 @@ class Routing:
         self._started: list[object] = []
         #: Requests that took this routing and have not finished.
         self.in_flight = 0
+        #: Set once a reload replaced it; only then is its idleness signalled.
+        self.retired = False
         self._idle = asyncio.Event()
-        self._idle.set()
-
-    def enter(self) -> None:
-        self.in_flight += 1
-        self._idle.clear()
 
     def leave(self) -> None:
+        """A request that took this routing (and counted itself in `in_flight`) is over."""
         self.in_flight -= 1
-        if self.in_flight == 0:
+        if self.in_flight == 0 and self.retired:
             self._idle.set()
 
     async def start(
@@ -168,7 +166,11 @@ class Routing:
         self._collectors = []
 
     async def drained(self) -> None:
-        """Return once no request uses this routing."""
+        """Mark this routing retired (new requests take another) and return once no request
+        uses it."""
+        self.retired = True
+        if self.in_flight == 0:
+            return
         await self._idle.wait()
 
     async def stop(self) -> None:
