@@ -327,6 +327,16 @@ def build_parser() -> argparse.ArgumentParser:
         default=2,
         help="simulated pods started when the config lists no endpoints",
     )
+    serve.add_argument(
+        "--watch-config",
+        type=_duration,
+        nargs="?",
+        const=1.0,
+        default=0.0,
+        metavar="INTERVAL",
+        help="reload the config when its file changes, checked every INTERVAL (1s); SIGHUP "
+        "reloads it in any case",
+    )
     _add_server(serve)
 
     check = sub.add_parser("check-config", help="validate a config and print the profiles")
@@ -648,7 +658,17 @@ def describe(cfg: GatewayConfig, pset: PluginSet) -> str:
 
     out = [f"config OK: {cfg.source}"]
     out.append(f"feature gates: {', '.join(cfg.epp.feature_gates) or '(none)'}")
-    out.append("endpoints:" if cfg.endpoints else "endpoints: (none: simulated pods are started)")
+    k8s = cfg.discovery.kubernetes
+    if k8s is not None:
+        where = f"namespace {k8s.namespace!r}" if k8s.namespace else "all namespaces"
+        out.append(
+            f"discovery: kubernetes pods {k8s.label_selector()} in {where}, port {k8s.target_port}"
+        )
+    out.append(
+        "endpoints:"
+        if cfg.endpoints or k8s is not None
+        else "endpoints: (none: simulated pods are started)"
+    )
     for ep in cfg.endpoints:
         labels = ", ".join(f"{k}={v}" for k, v in ep.labels.items())
         out.append(f"  {ep.name}  {ep.url}" + (f"  [{labels}]" if labels else ""))
@@ -710,9 +730,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         # plugins are validated now and the app is built on the pods later.
         from heimdall_proxy.server.app import create_app
 
-        app = create_app(config, options) if config.endpoints else None
+        has_pods = bool(config.endpoints) or config.discovery.kubernetes is not None
+        app = create_app(config, options) if has_pods else None
         if app is None:
             validate(config, options)
+        elif args.command == "serve" and args.config:
+            from heimdall_proxy.server.reload import install_reloader
+
+            install_reloader(app, args.config, args.watch_config)
+        if app is None and args.command == "serve" and args.watch_config:
+            log.warning("--watch-config is ignored: the simulated pods' config is not reloaded")
     except ConfigError as exc:
         print(f"config error: {exc}", file=sys.stderr)
         return 1

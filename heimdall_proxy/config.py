@@ -12,6 +12,7 @@ from urllib.parse import urlsplit
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from heimdall_proxy.discoveryconfig import DiscoveryConfig
 from heimdall_proxy.flowconfig import FlowControlConfig, ObjectiveConfig, SaturationDetectorConfig
 from heimdall_proxy.framework.params import Duration, PluginParams
 
@@ -138,7 +139,7 @@ _EPP_KEYS = {
     "saturationDetector",
 }
 #: The gateway's own keys, read at the top level or beside the EPP config.
-_GATEWAY_KEYS = ("config", "endpoints", "outlierDetection", "objectives")
+_GATEWAY_KEYS = ("config", "endpoints", "outlierDetection", "objectives", "discovery")
 
 
 class OutlierDetectionConfig(PluginParams):
@@ -160,6 +161,8 @@ class GatewayConfig(_Model):
         default_factory=OutlierDetectionConfig, alias="outlierDetection"
     )
     objectives: list[ObjectiveConfig] = Field(default_factory=list)
+    #: Pods found at run time, beside `endpoints` (discoveryconfig.py).
+    discovery: DiscoveryConfig = Field(default_factory=DiscoveryConfig)
     source: str = "<memory>"
 
 
@@ -213,11 +216,18 @@ def parse_config(doc: Any, source: str = "<memory>") -> GatewayConfig:
     except ValidationError as exc:
         raise ConfigError(f"{source}: outlierDetection: {_format_validation(exc)}") from exc
     objectives = _objectives(doc.get("objectives", epp_doc.get("objectives")) or [], source)
+    try:
+        discovery = DiscoveryConfig.model_validate(
+            doc.get("discovery", epp_doc.get("discovery")) or {}
+        )
+    except ValidationError as exc:
+        raise ConfigError(f"{source}: discovery: {_format_validation(exc)}") from exc
     return GatewayConfig(
         epp=epp,
         endpoints=endpoints,
         outlierDetection=outliers,
         objectives=objectives,
+        discovery=discovery,
         source=source,
     )
 

@@ -284,18 +284,32 @@ class GatewayMetrics:
             self.plugin_duration,
         ]
         self.registry.register(FamiliesCollector(families))
-        self.registry.register(_PoolCollector(pool, pool_name))
+        self._pool_collector = _PoolCollector(pool, pool_name)
+        self.registry.register(self._pool_collector)
 
-    def add_sources(self, plugins: Iterable[object]) -> None:
+    def use_pool(self, pool: EndpointPool) -> None:
+        """Read the per-pod gauges from `pool` from now on (a reloaded config's pool)."""
+        self._pool_collector.pool = pool
+
+    def add_sources(self, plugins: Iterable[object]) -> list[Collector]:
         """Expose the metrics of the plugins that have their own (MetricsSource), and the
-        states of the breakers guarding their dependencies."""
+        states of the breakers guarding their dependencies. Returns the collectors added, for
+        `remove_sources` when a reload retires these plugins."""
         plugins = list(plugins)
+        added: list[Collector] = []
         sources = [p for p in plugins if isinstance(p, MetricsSource)]
         if sources:
-            self.registry.register(_SourcesCollector(sources))
+            added.append(_SourcesCollector(sources))
         breakers = [b for p in plugins if isinstance(p, HasBreakers) for b in p.breakers()]
         if breakers:
-            self.registry.register(_BreakersCollector(breakers))
+            added.append(_BreakersCollector(breakers))
+        for collector in added:
+            self.registry.register(collector)
+        return added
+
+    def remove_sources(self, collectors: Iterable[Collector]) -> None:
+        for collector in collectors:
+            self.registry.unregister(collector)
 
     def plugin_timer(self, point: str, plugin_type: str, plugin_name: str) -> Observe:
         return self.plugin_duration.labels(point, plugin_type, plugin_name).observe

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import shutil
+import socket
 import struct
+import time
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import xxhash
 from aiohttp.test_utils import TestClient
 
@@ -113,3 +116,24 @@ async def eventually_query(
             return
         await asyncio.sleep(0.02)
     raise AssertionError(f"{instance} never matched {tokens} tokens: {doc}")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+async def wait_http(url: str, within: float = 20.0) -> None:
+    """Wait until `url` answers below 500 (a subprocess's server is up)."""
+    deadline = time.monotonic() + within
+    async with aiohttp.ClientSession() as http:
+        while True:
+            try:
+                async with http.get(url) as r:
+                    if r.status < 500:
+                        return
+            except aiohttp.ClientError:
+                pass
+            assert time.monotonic() < deadline, f"{url} never answered"
+            await asyncio.sleep(0.1)

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import socket
 import sys
 import textwrap
 import time
@@ -15,25 +14,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-async def wait_http(url: str, within: float = 20.0) -> None:
-    deadline = time.monotonic() + within
-    async with aiohttp.ClientSession() as http:
-        while True:
-            try:
-                async with http.get(url) as r:
-                    if r.status < 500:
-                        return
-            except aiohttp.ClientError:
-                pass
-            assert time.monotonic() < deadline, f"{url} never answered"
-            await asyncio.sleep(0.1)
+from tests.helpers import free_port, wait_http
 
 
 async def test_sigterm_turns_unready_then_drains(tmp_path: Path) -> None:

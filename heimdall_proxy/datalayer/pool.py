@@ -20,9 +20,26 @@ class EndpointPool:
     """Owns one Endpoint object per pod. The data layer updates them in place (health, models)
     and replaces their `metrics` snapshot; the scheduler reads them."""
 
-    def __init__(self, configs: list[EndpointConfig]) -> None:
+    def __init__(self, configs: list[EndpointConfig], previous: EndpointPool | None = None) -> None:
+        """`previous`: the pool a reloaded config replaces. A pod listed there with the same
+        URL, labels, KV-event address and model list keeps its Endpoint object, so its health
+        and metrics snapshot carry over and no request sees it unscraped."""
         self._by_name: dict[str, Endpoint] = {}
+        self.static_models: set[str] = set()
+        self._all: list[Endpoint] = []
+        self.replace(configs, previous)
+
+    def replace(self, configs: list[EndpointConfig], previous: EndpointPool | None = None) -> None:
+        """Make `configs` the pool's pods in one step (a discovery source's change). Pods
+        unchanged keep their Endpoint objects (see `__init__`); readers holding the old list
+        keep a consistent one."""
+        previous = previous if previous is not None else self
+        by_name: dict[str, Endpoint] = {}
         for cfg in configs:
+            kept = previous.get(cfg.name)
+            if kept is not None and _same(kept, cfg, previous):
+                by_name[cfg.name] = kept
+                continue
             endpoint = Endpoint(
                 name=cfg.name,
                 url=cfg.url,
@@ -34,9 +51,13 @@ class EndpointPool:
             if cfg.models is not None:
                 endpoint.models = frozenset(cfg.models)
                 endpoint.model_cards = {m: {"id": m, "object": "model"} for m in cfg.models}
-            self._by_name[cfg.name] = endpoint
-        self._all = list(self._by_name.values())
+            by_name[cfg.name] = endpoint
         self.static_models = {cfg.name for cfg in configs if cfg.models is not None}
+        self._by_name = by_name
+        self._all = list(by_name.values())
+
+    def is_static(self, name: str) -> bool:
+        return name in self.static_models
 
     def endpoints(self) -> list[Endpoint]:
         return self._all
@@ -80,3 +101,12 @@ class EndpointPool:
                 for model_id, card in e.model_cards.items():
                     cards.setdefault(model_id, card)
         return [cards[k] for k in sorted(cards)]
+
+
+def _same(endpoint: Endpoint, cfg: EndpointConfig, pool: EndpointPool) -> bool:
+    """Whether `cfg` describes `endpoint` (a pod of `pool`) exactly as it is."""
+    if (endpoint.url, endpoint.labels, endpoint.kv_events) != (cfg.url, cfg.labels, cfg.kv_events):
+        return False
+    if cfg.models is None:
+        return not pool.is_static(endpoint.name)
+    return pool.is_static(endpoint.name) and endpoint.models == frozenset(cfg.models)

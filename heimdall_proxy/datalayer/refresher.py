@@ -81,24 +81,46 @@ class PoolRefresher:
         self.cadence = ScrapeCadence(
             load or InFlightLoad(), options.metrics_interval, options.idle_metrics_interval
         )
-        self._tasks: list[asyncio.Task[None]] = []
+        self._tick: asyncio.Task[None] | None = None
+        #: pod name -> (its Endpoint object, its health-probe task)
+        self._probes: dict[str, tuple[Endpoint, asyncio.Task[None]]] = {}
         #: Scrapes and model refreshes under way (kept so they are not garbage collected).
         self._jobs: set[asyncio.Task[None]] = set()
         self._next_models: dict[str, float] = {}
         #: Completed scrapes per pod (tests and the bench read them).
         self.scrapes: dict[str, int] = {}
+        self._running = False
 
     async def refresh_once(self) -> None:
         """Scrape every pod once, concurrently (used at start-up before serving)."""
         await asyncio.gather(*(self._refresh(e, models=True) for e in self.pool.endpoints()))
 
+    @property
+    def running(self) -> bool:
+        return self._running
+
     def start(self) -> None:
-        self._tasks.append(asyncio.create_task(self._tick_loop(), name="refresh-metrics"))
-        if self.options.health_interval > 0:
-            for endpoint in self.pool.endpoints():
-                self._tasks.append(
-                    asyncio.create_task(self._probe_loop(endpoint), name=f"probe-{endpoint.name}")
-                )
+        self._running = True
+        self._tick = asyncio.create_task(self._tick_loop(), name="refresh-metrics")
+        self.sync()
+
+    def sync(self) -> None:
+        """Follow the pool: probe pods that joined (or changed), stop probing those that
+        left. Scrapes need nothing: every tick reads the pool as it is. Called after every
+        change of a discovered pool."""
+        current = {e.name: e for e in self.pool.endpoints()}
+        for name, (endpoint, task) in list(self._probes.items()):
+            if current.get(name) is not endpoint:
+                task.cancel()
+                del self._probes[name]
+        for name in [n for n in self._next_models if n not in current]:
+            del self._next_models[name]
+        if self.options.health_interval <= 0:
+            return
+        for name, endpoint in current.items():
+            if name not in self._probes:
+                task = asyncio.create_task(self._probe_loop(endpoint), name=f"probe-{name}")
+                self._probes[name] = (endpoint, task)
 
     async def _probe_loop(self, endpoint: Endpoint) -> None:
         interval = self.options.health_interval
@@ -134,13 +156,18 @@ class PoolRefresher:
         _set_health(endpoint)
 
     async def stop(self) -> None:
-        for task in [*self._tasks, *self._jobs]:
+        self._running = False
+        tasks = [*(t for _, t in self._probes.values()), *self._jobs]
+        if self._tick is not None:
+            tasks.append(self._tick)
+        self._tick = None
+        self._probes.clear()
+        self._jobs.clear()
+        for task in tasks:
             task.cancel()
-        for task in [*self._tasks, *self._jobs]:
+        for task in tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-        self._tasks.clear()
-        self._jobs.clear()
 
     async def _tick_loop(self) -> None:
         opts = self.options

@@ -79,6 +79,10 @@ class SubscriberOptions:
     #: Sequence numbers at most this far behind the expected one (and not 0) are duplicates,
     #: dropped; further back, or 0, a restart. 0: every step back is a restart.
     duplicate_window: int = 0
+    #: Replay what each pod still buffers when its subscription starts (`_catch_up`), and
+    #: how long `start` waits for the first catch-ups.
+    catch_up: bool = False
+    catch_up_wait: float = 5.0
 
 
 async def decode_inline(payloads: list[bytes]) -> Iterable[EventBatch | str]:
@@ -128,6 +132,8 @@ class KVEventsSubscriber:
         #: Messages received per pod (tests wait for a subscription to be live with it).
         self.received: dict[str, int] = {}
         self.bound_endpoint: str | None = None
+        #: Set per pod once its start-up catch-up is over (done, or no replay socket).
+        self._caught_up: dict[str, asyncio.Event] = {}
 
     # ---- lifecycle -----------------------------------------------------------------------
 
@@ -151,6 +157,21 @@ class KVEventsSubscriber:
         if self.options.discover_pods:
             self.reconcile()
             self._tasks.append(asyncio.create_task(self._reconcile_loop(), name="kv-events-pods"))
+            await self._first_catch_up()
+
+    async def _first_catch_up(self) -> None:
+        """Wait (at most `catch_up_wait`) until every pod's buffered batches are replayed and
+        applied, so a gateway that (re)starts routes its first requests with them."""
+        if not self._caught_up or not self.options.catch_up:
+            return
+        waits = [e.wait() for e in self._caught_up.values()]
+        try:
+            async with asyncio.timeout(self.options.catch_up_wait):
+                await asyncio.gather(*waits)
+                await self.drain()
+        except TimeoutError:
+            log.warning("KV events: start-up catch-up not complete after %.1fs, serving anyway",
+                        self.options.catch_up_wait)  # fmt: skip
 
     async def stop(self) -> None:
         tasks = [t for _, t in self._subs.values()] + self._tasks
@@ -187,11 +208,13 @@ class KVEventsSubscriber:
             if wanted.get(pod) != endpoint:
                 task.cancel()
                 del self._subs[pod]
+                self._caught_up.pop(pod, None)
                 self._enqueue_nowait(pod, None)
                 log.info("stopped following KV events of %s at %s", pod, endpoint)
         for pod, endpoint in wanted.items():
             current = self._subs.get(pod)
             if current is None or current[1].done():  # new, or its subscription failed
+                self._caught_up[pod] = asyncio.Event()
                 task = asyncio.create_task(self._follow(pod, endpoint), name=f"kv-events-{pod}")
                 self._subs[pod] = (endpoint, task)
                 log.info("following KV events of %s at %s", pod, endpoint)
@@ -219,9 +242,17 @@ class KVEventsSubscriber:
         try:
             sock.connect(endpoint)
             sock.setsockopt(zmq.SUBSCRIBE, self.options.topic_filter.encode())
-            expected: int | None = None
+            # subscribed first, so nothing published during the catch-up is lost
+            expected = await self._catch_up(pod, endpoint) if self.options.catch_up else None
+            self._caught_up.setdefault(pod, asyncio.Event()).set()
+            floor = expected
             while True:
                 frames = await sock.recv_multipart()
+                if floor is not None and len(frames) == 3 and len(frames[1]) == 8:
+                    seq = int.from_bytes(frames[1], "big")
+                    if 0 < seq < floor:
+                        continue  # the catch-up's replay already had it
+                    floor = None
                 expected = await self._received(pod, endpoint, frames, expected)
         except asyncio.CancelledError:
             raise
@@ -229,6 +260,19 @@ class KVEventsSubscriber:
             log.exception("KV events subscription of %s at %s failed", pod, endpoint)
         finally:
             sock.close(linger=0)
+
+    async def _catch_up(self, pod: str, endpoint: str) -> int | None:
+        """Ask the pod's replay socket for every batch it still buffers and apply them: what
+        the pod cached before this gateway (re)started. Returns the next sequence number
+        expected, or None when the pod has no replay socket or nothing buffered."""
+        replayed = await self._replay(pod, endpoint, 0, 1 << 62)
+        if not replayed:
+            return None
+        for _, payload in replayed:
+            await self._enqueue(pod, payload)
+        self.stats.replayed_batches += len(replayed)
+        log.info("KV events of %s: caught up %d buffered batch(es)", pod, len(replayed))
+        return replayed[-1][0] + 1
 
     async def _bound(self, sock: zmq.asyncio.Socket) -> None:
         expected: dict[str, int] = {}

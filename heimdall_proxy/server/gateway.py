@@ -16,13 +16,12 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from heimdall_proxy.config import GatewayConfig, PluginConfig
+from heimdall_proxy.config import GatewayConfig
 from heimdall_proxy.datalayer.pool import EndpointPool
-from heimdall_proxy.datalayer.refresher import PoolRefresher, RefreshOptions
-from heimdall_proxy.datalayer.vllm_metrics import needed_families
+from heimdall_proxy.datalayer.refresher import PoolRefresher
 from heimdall_proxy.framework.errors import RequestError
-from heimdall_proxy.framework.handle import PluginHandle
-from heimdall_proxy.framework.loader import PluginSet, build_plugins
+from heimdall_proxy.framework.flowcontrol import InFlightLoad
+from heimdall_proxy.framework.loader import PluginSet
 from heimdall_proxy.framework.registry import Registry
 from heimdall_proxy.framework.types import ApiKind
 from heimdall_proxy.observability import GatewayMetrics
@@ -30,13 +29,13 @@ from heimdall_proxy.server.answers import UNKNOWN_MODEL
 from heimdall_proxy.server.auth import caller_of
 from heimdall_proxy.server.director import Director
 from heimdall_proxy.server.errors import render
+from heimdall_proxy.server.flow.controller import FlowController
 from heimdall_proxy.server.flow.metrics import FlowMetrics
-from heimdall_proxy.server.flow.wiring import build_flow
 from heimdall_proxy.server.hooks import Hooks
-from heimdall_proxy.server.hops import Hops
 from heimdall_proxy.server.options import ServerOptions
 from heimdall_proxy.server.outliers import OutlierDetector
 from heimdall_proxy.server.relay import Relay
+from heimdall_proxy.server.routing import Routing
 from heimdall_proxy.server.tracing import RequestTrace, Tracing, configure
 
 log = logging.getLogger(__name__)
@@ -54,43 +53,62 @@ def _session(**kwargs: object) -> aiohttp.ClientSession:
 
 
 class Gateway:
-    """Everything one gateway process holds."""
+    """Everything one gateway process holds: its options, metrics, upstream sessions and the
+    routing in force (pool, plugins, director, relay), which `reload` swaps."""
 
     def __init__(self, config: GatewayConfig, options: ServerOptions, registry: Registry) -> None:
-        self.config = config
         self.options = options
-        self.pool = EndpointPool(config.endpoints)
-        self.metrics = GatewayMetrics(self.pool, options.pool_name)
-        handle = PluginHandle(pool=self.pool, feature_gates=frozenset(config.epp.feature_gates))
-        extra = [PluginConfig(type="response-header-handler")] if options.response_header else []
-        self.plugins: PluginSet = build_plugins(
-            config.epp,
-            registry,
-            handle,
-            self.metrics.plugin_timer,
-            extra,
+        self.registry = registry
+        first = EndpointPool(config.endpoints)
+        self.metrics = GatewayMetrics(first, options.pool_name)
+        self.flow_metrics = FlowMetrics(self.metrics.registry, options.pool_name)
+        self.load = InFlightLoad()
+        self.routing = Routing(
+            config, options, registry, self.metrics, self.flow_metrics, self.load
         )
-        self.metrics.add_sources(self.plugins.plugins.values())
-        self.outliers = OutlierDetector(
-            config.outlier_detection, lambda pod: self.metrics.ejections.labels(pod).inc()
-        )
-        self.load = handle.load
-        self.flow = build_flow(
-            config, self.plugins, registry, handle,
-            FlowMetrics(self.metrics.registry, options.pool_name),
-        )  # fmt: skip
-        self.director = Director(
-            self.pool, self.plugins, self.metrics, options.trust_client_transfer_params,
-            self.outliers, self.flow,
-        )  # fmt: skip
-        self.hooks = Hooks(self.plugins)
+        self.routing.publish()
         self._session: aiohttp.ClientSession | None = None
-        self._relay: Relay | None = None
-        self.refresher: PoolRefresher | None = None
+        self._data_session: aiohttp.ClientSession | None = None
+        self._timeouts: dict[bool, aiohttp.ClientTimeout] = {}
+        self._reloading = asyncio.Lock()
+        self._retiring: set[asyncio.Task[None]] = set()
         #: Set on SIGTERM while the drain delay runs: /ready answers 503.
         self.draining = False
         #: OpenTelemetry spans per request (server/tracing.py); None, the default, is off.
         self.tracing: Tracing | None = configure(options.otel)
+
+    # The routing in force, by its parts (route handlers and tests read these).
+    @property
+    def config(self) -> GatewayConfig:
+        return self.routing.config
+
+    @property
+    def pool(self) -> EndpointPool:
+        return self.routing.pool
+
+    @property
+    def plugins(self) -> PluginSet:
+        return self.routing.plugins
+
+    @property
+    def director(self) -> Director:
+        return self.routing.director
+
+    @property
+    def flow(self) -> FlowController:
+        return self.routing.flow
+
+    @property
+    def hooks(self) -> Hooks:
+        return self.routing.hooks
+
+    @property
+    def outliers(self) -> OutlierDetector:
+        return self.routing.outliers
+
+    @property
+    def refresher(self) -> PoolRefresher | None:
+        return self.routing.refresher
 
     @property
     def session(self) -> aiohttp.ClientSession:
@@ -100,9 +118,9 @@ class Gateway:
 
     @property
     def relay(self) -> Relay:
-        if self._relay is None:
+        if self.routing.relay is None:
             raise RuntimeError("the gateway is not started")
-        return self._relay
+        return self.routing.relay
 
     async def lifespan(self, app: web.Application) -> AsyncIterator[None]:
         """aiohttp cleanup_ctx: open sessions, take a first scrape, start background work."""
@@ -114,59 +132,58 @@ class Gateway:
                 total=opts.upstream_timeout, sock_connect=opts.connect_timeout
             ),
         )
-        hops = Hops(self._session, self.metrics, opts.max_attempts, self.load)
-        timeouts = {
+        self._timeouts = {
             stream: aiohttp.ClientTimeout(
                 total=opts.upstream_timeout, sock_connect=opts.connect_timeout, sock_read=read
             )
             for stream, read in ((False, opts.first_byte_timeout), (True, opts.stream_idle_timeout))
         }
-        self._relay = Relay(
-            self._session, self.hooks, hops, self.metrics, opts.max_attempts, self.outliers,
-            timeouts, self.load, self.director.fallback,
-        )  # fmt: skip
-        data_session = _session()
-        self.refresher = PoolRefresher(
-            self.pool,
-            data_session,
-            RefreshOptions(
-                opts.metrics_interval,
-                opts.metrics_timeout,
-                opts.models_interval,
-                health_interval=opts.health_interval,
-                health_timeout=opts.health_timeout,
-                idle_metrics_interval=opts.idle_metrics_interval,
-                families=needed_families(self.plugins.plugins.values()),
-            ),
-            self.plugins.data_sources,
-            self.load,
-        )
-        started: list[object] = []
+        self._data_session = _session()
         try:
-            try:
-                await asyncio.wait_for(self.refresher.refresh_once(), opts.startup_timeout)
-            except TimeoutError:
-                log.warning("not every pod answered within %.1fs of start-up", opts.startup_timeout)
-            self.refresher.start()
-            for plugin in self.plugins.lifecycle:
-                await plugin.start()
-                started.append(plugin)
+            await self.routing.start(self._session, self._data_session, self._timeouts)
             yield
         finally:
             if self.tracing is not None:
                 self.tracing.shutdown()
-            for plugin in reversed(self.plugins.lifecycle):
-                if plugin in started:
-                    try:
-                        await plugin.stop()
-                    except Exception:
-                        log.exception("plugin %r failed to stop", plugin)
-            await self.flow.stop()
-            await self.refresher.stop()
-            await data_session.close()
+            for task in list(self._retiring):
+                task.cancel()
+            await asyncio.gather(*self._retiring, return_exceptions=True)
+            await self.routing.stop()
+            await self._data_session.close()
             await self._session.close()
-            self._session = None
-            self._relay = None
+            self._session = self._data_session = None
+
+    async def reload(self, config: GatewayConfig) -> None:
+        """Swap in the routing of `config`: build it (raises ConfigError, and the routing in
+        force stays), start it (its first scrape, its plugins), then make it the one new
+        requests take, in one step. The old routing serves its requests in flight to the end
+        and is stopped after them (at most `drain_timeout` later)."""
+        async with self._reloading:
+            if self._session is None or self._data_session is None:
+                raise RuntimeError("the gateway is not started")
+            old = self.routing
+            new = Routing(
+                config, self.options, self.registry, self.metrics, self.flow_metrics,
+                self.load, previous=old,
+            )  # fmt: skip
+            await new.start(self._session, self._data_session, self._timeouts)
+            old.unpublish()
+            self.routing = new
+            new.publish()
+            task = asyncio.create_task(self._retire(old))
+            self._retiring.add(task)
+            task.add_done_callback(self._retiring.discard)
+
+    async def _retire(self, old: Routing) -> None:
+        try:
+            await asyncio.wait_for(old.drained(), self.options.drain_timeout)
+        except TimeoutError:
+            log.warning(
+                "%d requests still on the replaced config after %.0fs; stopping its plugins",
+                old.in_flight,
+                self.options.drain_timeout,
+            )
+        await old.stop()
 
     async def _read_body(self, request: web.Request) -> bytes:
         limit = self.options.max_body_bytes
@@ -214,32 +231,49 @@ class Gateway:
     async def _handle(
         self, request: web.Request, api: ApiKind, spans: RequestTrace | None
     ) -> web.StreamResponse:
+        """The routing in force when a request arrives serves it to its end, whatever a
+        reload does meanwhile."""
         started = time.perf_counter()
         model_label = UNKNOWN_MODEL
+        routing = self.routing
+        routing.in_flight += 1
         try:
-            body = await self._read_body(request)
-            decision = await self.director.decide(
-                api, request.path, body, request.headers, caller=caller_of(request), spans=spans
-            )
-            model_label = decision.request.model
-        except RequestError as exc:
-            self.metrics.errors.labels(model_label, model_label, exc.code or str(exc.status)).inc()
-            return render(exc)
+            try:
+                body = await self._read_body(request)
+                decision = await routing.director.decide(
+                    api,
+                    request.path,
+                    body,
+                    request.headers,
+                    caller=caller_of(request),
+                    spans=spans,
+                )
+                model_label = decision.request.model
+            except RequestError as exc:
+                self.metrics.errors.labels(
+                    model_label, model_label, exc.code or str(exc.status)
+                ).inc()
+                return render(exc)
 
-        running = self.metrics.running.labels(model_label)
-        running.inc()
-        try:
-            return await self.relay.relay(request, decision)
-        except RequestError as exc:
-            self.metrics.errors.labels(model_label, model_label, exc.code or str(exc.status)).inc()
-            return render(exc)
+            running = self.metrics.running.labels(model_label)
+            running.inc()
+            try:
+                assert routing.relay is not None, "the gateway is not started"
+                return await routing.relay.relay(request, decision)
+            except RequestError as exc:
+                self.metrics.errors.labels(
+                    model_label, model_label, exc.code or str(exc.status)
+                ).inc()
+                return render(exc)
+            finally:
+                if decision.admission is not None:
+                    decision.admission.finish()
+                running.dec()
+                self.metrics.duration.labels(model_label, model_label).observe(
+                    time.perf_counter() - started
+                )
         finally:
-            if decision.admission is not None:
-                decision.admission.finish()
-            running.dec()
-            self.metrics.duration.labels(model_label, model_label).observe(
-                time.perf_counter() - started
-            )
+            routing.leave()
 
 
 #: Where the application keeps its gateway (read by the route handlers).

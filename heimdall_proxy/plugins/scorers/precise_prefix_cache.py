@@ -203,6 +203,11 @@ class KVEventsConfig(PluginParams):
     replay_port_offset: int = Field(default=1, ge=0)
     #: Extension: how long to wait for a replay answer.
     replay_timeout: Duration = 1.0
+    #: Extension: on start (and for each pod that joins) ask the pod's replay socket for
+    #: every batch it still buffers, so a restarted gateway's index is not empty; start-up
+    #: waits at most `catchUpWait` for it.
+    catch_up_on_start: bool = True
+    catch_up_wait: Duration = 5.0
     #: Extension: worker processes that decode batches and hash their tokens (0: on the
     #: event loop); by default one when the machine has more than one CPU.
     decode_processes: int = Field(default_factory=default_processes, ge=0)
@@ -279,7 +284,8 @@ def unhonoured(params: PrecisePrefixCacheParams) -> list[str]:
             out.append("kvEventsConfig (with conductorConfig the conductor follows the events)")
     if params.kv_events_config.pod_discovery_config.pod_namespace:
         out.append("kvEventsConfig.podDiscoveryConfig.podNamespace (pods come from the "
-                   "gateway's endpoints list, not from Kubernetes)")  # fmt: skip
+                   "gateway's pool: its endpoints list and discovery.kubernetes, whose "
+                   "namespace applies)")  # fmt: skip
     return out
 
 
@@ -426,6 +432,8 @@ class PrecisePrefixCacheScorer(BasePlugin[PrecisePrefixCacheParams]):
                     zmq_endpoint=ev.zmq_endpoint,
                     replay_port_offset=ev.replay_port_offset,
                     replay_timeout=ev.replay_timeout,
+                    catch_up=ev.catch_up_on_start and ev.replay_port_offset > 0,
+                    catch_up_wait=ev.catch_up_wait,
                 ),
                 self.model_name,
                 ev.decode_processes,
