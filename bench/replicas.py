@@ -123,7 +123,7 @@ def summarize(
     return {
         "label": label,
         "replicas": replicas,
-        "total": s["total"],
+        "total": s["wall_clock"],
         "ttft": s["ttft"],
         "e2e": s["e2e"],
         "prefix_hit_rate": s.get("prefix_hit_rate"),

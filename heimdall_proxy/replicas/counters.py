@@ -82,6 +82,10 @@ class ReplicaCounters:
         self._others = others
         self._pulled = time.monotonic()
 
+    def changed(self) -> None:
+        """This replica's totals changed: publish them at the next opportunity (MIN_GAP)."""
+        self._ticker.poke()
+
     @property
     def reachable(self) -> bool:
         return self._ticker.reachable

@@ -68,8 +68,9 @@ class Journal:
         self.dropped = 0
 
     def append(self, record: list[Any]) -> None:
-        """Queue a record for the next tick (no I/O)."""
+        """Queue a record and ask for a tick soon (no I/O)."""
         self._pending.append(record)
+        self._ticker.poke()
 
     async def sync(self) -> int:
         """Send the queued records and apply the others' new ones (one round trip). Returns

@@ -94,6 +94,10 @@ class ActiveRequestScorer(BasePlugin[ActiveRequestParams]):
 
     async def pre_request(self, ctx: RequestContext) -> None:
         self.inflight.add(ctx.target.name, attempt_key(ctx))
+        if self.shared is not None:
+            self.shared.changed()
 
     async def response_complete(self, ctx: RequestContext) -> None:
         self.inflight.remove(ctx.target.name, attempt_key(ctx))
+        if self.shared is not None:
+            self.shared.changed()

@@ -136,6 +136,8 @@ class OutstandingWorkScorer(BasePlugin[OutstandingWorkParams]):
         key = attempt_key(ctx)
         self._work[key] = _Work(prefill, decode)
         self.inflight.add(ctx.target.name, key, prefill + decode)
+        if self.shared is not None:
+            self.shared.changed()
 
     async def response_received(self, ctx: RequestContext) -> None:
         work = self._work.get(attempt_key(ctx))
@@ -156,3 +158,5 @@ class OutstandingWorkScorer(BasePlugin[OutstandingWorkParams]):
         key = attempt_key(ctx)
         self._work.pop(key, None)
         self.inflight.remove(ctx.target.name, key)
+        if self.shared is not None:
+            self.shared.changed()
