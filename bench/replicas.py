@@ -48,14 +48,19 @@ SHAREABLE = frozenset(
 SHAPES = ("hot-prefix", "multi-turn")
 
 
-def shared_config(doc: Mapping[str, Any], address: str, key_prefix: str) -> dict[str, Any]:
-    """A copy of `doc` with `redisConfig` set on every shareable plugin."""
+def shared_config(
+    doc: Mapping[str, Any], address: str, key_prefix: str, sync_interval: str | None = None
+) -> dict[str, Any]:
+    """A copy of `doc` with `redisConfig` (and `syncInterval`, when given) set on every
+    shareable plugin."""
     out = copy.deepcopy(dict(doc))
     epp = out.get("config", out)
     for plugin in epp.get("plugins", []):
         if plugin.get("type") in SHAREABLE:
             params = plugin.setdefault("parameters", {}) or {}
             params["redisConfig"] = {"address": address, "keyPrefix": key_prefix}
+            if sync_interval:
+                params["syncInterval"] = sync_interval
             plugin["parameters"] = params
     return out
 
@@ -134,7 +139,14 @@ def summarize(
 
 
 def run_shape(
-    key: str, config: Path, quick: bool, pods: int, address: str, out: Path, router: bool
+    key: str,
+    config: Path,
+    quick: bool,
+    pods: int,
+    address: str,
+    out: Path,
+    router: bool,
+    sync_interval: str | None = None,
 ) -> dict[str, Any]:
     shape = matrix.SHAPES[key]
     workload = matrix.build_workload(shape, quick)
@@ -155,7 +167,7 @@ def run_shape(
     for label, d, n, kp in variants:
         print(f"-- {label}", file=sys.stderr)
         if kp is not None:
-            d = shared_config(doc, address, kp)
+            d = shared_config(doc, address, kp, sync_interval)
         try:
             rows.append(run_gateways(label, d, n, workload, spec, out / key))
         finally:
@@ -234,6 +246,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--config", type=Path, default=Path("config/recommended.yaml"))
     parser.add_argument("--pods", type=int, default=4)
     parser.add_argument("--redis", default="redis://127.0.0.1:6379/0")
+    parser.add_argument("--sync-interval", help="syncInterval of the shared plugins (a duration)")
     parser.add_argument("--no-router", action="store_true", help="skip vllm-router round_robin")
     parser.add_argument("--out-dir", type=Path, default=compare.BENCH_DIR / "out" / "replicas")
     parser.add_argument("--json", type=Path)
@@ -244,7 +257,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     load0 = os.getloadavg()[0]
     results = [
         run_shape(
-            key, args.config, args.quick, args.pods, args.redis, args.out_dir, not args.no_router
+            key,
+            args.config,
+            args.quick,
+            args.pods,
+            args.redis,
+            args.out_dir,
+            not args.no_router,
+            args.sync_interval,
         )
         for key in args.shapes.split(",")
     ]
