@@ -9,7 +9,10 @@ Per shape, each variant on a fresh simulated fleet with the same request schedul
 - `2 replicas + redis`: two gateway processes sharing the state, requests dealt to them in
   turn (a balancer with no affinity: every other turn of a conversation arrives at the
   other replica, the hardest split for the prefix index);
-- `2 replicas, not shared`: the same split with state in memory, what sharing fixes;
+- `2 replicas + redis, all sent to one`: the same pair, every request to the first one: the
+  second process's background cost (metrics scraping, sync) without any split, to tell the
+  cost of a second process on these 2 cores from the effect of splitting the traffic;
+- `2 replicas, not shared`: the split with state in memory, what sharing fixes;
 - vllm-router round_robin, for scale.
 
 Acceptance: the shared pair's prefix hit rate and E2E p95 within 5% of one replica's.
@@ -82,8 +85,10 @@ def run_gateways(
     workload: Any,
     spec: compare.FleetSpec,
     out: Path,
+    senders: int | None = None,
 ) -> dict[str, Any]:
-    """Run `workload` through `replicas` gateway processes with config `doc` on a fresh fleet."""
+    """Run `workload` through `replicas` gateway processes with config `doc` on a fresh fleet,
+    requests dealt to the first `senders` of them (all by default)."""
     slug = label.replace(" ", "-").replace(",", "").replace("+", "")
     logs = out / "logs"
     logs.mkdir(parents=True, exist_ok=True)
@@ -108,7 +113,11 @@ def run_gateways(
             cpu0 = [p.cpu_seconds() or 0.0 for p in procs]
             result = asyncio.run(
                 runner.run_workload(
-                    workload, urls, {p.name: p.url for p in pods}, progress=False, label=label
+                    workload,
+                    urls[: senders or replicas],
+                    {p.name: p.url for p in pods},
+                    progress=False,
+                    label=label,
                 )
             )
             cpu1 = [p.cpu_seconds() or 0.0 for p in procs]
@@ -157,19 +166,20 @@ def run_shape(
         doc = yaml.safe_load(f) or {}
     prefix = f"heimdall:bench-replicas:{uuid.uuid4().hex[:8]}:"
     print(f"== {key}: {workload.describe()}", file=sys.stderr)
-    variants: list[tuple[str, dict[str, Any], int, str | None]] = [
-        ("1 replica", doc, 1, None),
-        ("1 replica + redis", {}, 1, prefix + "a:"),
-        ("2 replicas + redis", {}, 2, prefix + "b:"),
-        ("2 replicas, not shared", doc, 2, None),
+    variants: list[tuple[str, dict[str, Any], int, str | None, int | None]] = [
+        ("1 replica", doc, 1, None, None),
+        ("1 replica + redis", {}, 1, prefix + "a:", None),
+        ("2 replicas + redis", {}, 2, prefix + "b:", None),
+        ("2 replicas + redis, all sent to one", {}, 2, prefix + "c:", 1),
+        ("2 replicas, not shared", doc, 2, None, None),
     ]
     rows = []
-    for label, d, n, kp in variants:
+    for label, d, n, kp, senders in variants:
         print(f"-- {label}", file=sys.stderr)
         if kp is not None:
             d = shared_config(doc, address, kp, sync_interval)
         try:
-            rows.append(run_gateways(label, d, n, workload, spec, out / key))
+            rows.append(run_gateways(label, d, n, workload, spec, out / key, senders))
         finally:
             if kp is not None:
                 drop_keys(address, kp)
