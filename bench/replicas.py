@@ -46,7 +46,13 @@ from bench import compare, machine, matrix, runner
 
 #: The scorers that take redisConfig to share their state.
 SHAREABLE = frozenset(
-    {"prefix-cache-scorer", "no-hit-lru-scorer", "active-request-scorer", "outstanding-work-scorer"}
+    {
+        "prefix-cache-scorer",
+        "no-hit-lru-scorer",
+        "active-request-scorer",
+        "outstanding-work-scorer",
+        "prefix-cache-affinity-filter",
+    }
 )
 SHAPES = ("hot-prefix", "multi-turn")
 
