@@ -8,6 +8,10 @@ from collections.abc import AsyncIterator
 import pytest
 from pydantic import ValidationError
 
+from heimdall_proxy.plugins.filters.prefix_affinity import (
+    PrefixCacheAffinityFilter,
+    PrefixCacheAffinityParams,
+)
 from heimdall_proxy.plugins.scorers.no_hit_lru import NoHitLRUParams, NoHitLRUScorer
 from heimdall_proxy.plugins.scorers.outstanding_work import (
     OutstandingWorkParams,
@@ -114,6 +118,25 @@ async def test_outstanding_work_sums_the_replicas(ns: str) -> None:
         assert b.work("p0") == a.work("p0") >= 100
         scores = b.score(None, req(), [ep("p0"), ep("p1")])  # type: ignore[arg-type]
         assert scores == {"p0": 0.0, "p1": 1.0}
+    finally:
+        await a.stop()
+        await b.stop()
+
+
+async def test_the_affinity_filter_counts_the_other_replicas_prompt_tokens(ns: str) -> None:
+    params = PrefixCacheAffinityParams.model_validate(shared(ns))
+    a = PrefixCacheAffinityFilter("f", params, None)  # type: ignore[arg-type]
+    b = PrefixCacheAffinityFilter("f", params, None)  # type: ignore[arg-type]
+    await a.start()
+    await b.start()
+    try:
+        before = b.estimated_ttft("p0", None, 100)
+        await a.pre_request(ctx(completion("word " * 4000), ep("p0")))
+        assert a.shared is not None and b.shared is not None
+        await a.shared.sync()
+        await b.shared.sync()
+        # 20000 characters: 5000 prompt tokens in flight through a, at 16000 tokens/s
+        assert b.estimated_ttft("p0", None, 100) - before == pytest.approx(5000 / 16000)
     finally:
         await a.stop()
         await b.stop()
