@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import sys
 from collections.abc import AsyncIterator, Mapping
 
 import pytest
@@ -131,3 +132,40 @@ async def test_journal_history_is_bounded(redis: aioredis.Redis, ns: str) -> Non
         await a.sync()
     # MAXLEN ~ trims whole macro nodes: bounded, though not exactly at 10
     assert await redis.xlen(ns + "j") < 200
+
+
+#: A replica in its own process: publishes 3 requests in flight on pod-7 every 20 ms.
+_REPLICA = """
+import asyncio, sys
+from heimdall_proxy.replicas.connect import client
+from heimdall_proxy.replicas.counters import ReplicaCounters
+
+async def main():
+    c = ReplicaCounters(client(sys.argv[1]), sys.argv[2], lambda: {"pod-7": 3.0}, 0.02, 1.0)
+    await c.start()
+    print("up", flush=True)
+    await asyncio.Event().wait()
+
+asyncio.run(main())
+"""
+
+
+async def test_a_killed_replica_process_stops_counting(redis: aioredis.Redis, ns: str) -> None:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", _REPLICA, REDIS_URL, ns, stdout=asyncio.subprocess.PIPE
+    )
+    try:
+        assert proc.stdout is not None
+        assert await asyncio.wait_for(proc.stdout.readline(), 20.0) == b"up\n"
+        live = counters(redis, ns, {}, ttl=1.0)
+        await live.sync()
+        assert live.others() == {"pod-7": 3.0}
+    finally:
+        proc.kill()  # SIGKILL: no clean stop withdraws its counts
+        await proc.wait()
+    await asyncio.sleep(0.2)
+    await live.sync()
+    assert live.others() == {"pod-7": 3.0}  # not yet expired (time to live: 1 s)
+    await asyncio.sleep(1.0)
+    await live.sync()
+    assert live.others() == {}
