@@ -436,7 +436,7 @@ def _progress(total: int, desc: str, enabled: bool) -> Any:
 
 async def run_workload(
     workload: Workload,
-    base_url: str,
+    base_url: str | Sequence[str],
     pods: Mapping[str, str] | None = None,
     *,
     poll_interval: float = 0.25,
@@ -444,8 +444,12 @@ async def run_workload(
     progress: bool = True,
     label: str = "",
 ) -> RunResult:
-    """Replay `workload` open-loop against `base_url`, polling `pods` ({name: url})."""
-    base_url = base_url.rstrip("/")
+    """Replay `workload` open-loop against `base_url`, polling `pods` ({name: url}). With
+    several base URLs (gateway replicas behind a balancer), requests are dealt to them in
+    turn, in send order."""
+    urls = [base_url] if isinstance(base_url, str) else list(base_url)
+    urls = [u.rstrip("/") for u in urls]
+    base_url = ",".join(urls)
     requests = sorted(workload.requests, key=lambda r: r.offset)
     results = [RequestResult(r.id, r.tag, r.path, r.offset) for r in requests]
     bar = _progress(len(requests), label or base_url, progress)
@@ -464,10 +468,10 @@ async def run_workload(
         poll_task = asyncio.create_task(poller.run(stop))
         async with aiohttp.ClientSession(connector=connector) as session:
 
-            async def one(req: TimedRequest, result: RequestResult) -> None:
+            async def one(req: TimedRequest, result: RequestResult, url: str) -> None:
                 nonlocal errors
                 result.sent = round(clock(), 6)
-                await send_one(session, base_url, req, result, request_timeout)
+                await send_one(session, url, req, result, request_timeout)
                 if bar is not None:
                     errors += not result.ok
                     bar.update(1)
@@ -475,11 +479,11 @@ async def run_workload(
                         bar.set_postfix(errors=errors, refresh=False)
 
             tasks = []
-            for req, result in zip(requests, results, strict=True):
+            for i, (req, result) in enumerate(zip(requests, results, strict=True)):
                 delay = req.offset - clock()
                 if delay > 0:
                     await asyncio.sleep(delay)
-                tasks.append(asyncio.create_task(one(req, result)))
+                tasks.append(asyncio.create_task(one(req, result, urls[i % len(urls)])))
             try:
                 await asyncio.gather(*tasks)
             finally:

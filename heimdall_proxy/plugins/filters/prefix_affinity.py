@@ -19,7 +19,7 @@ from pydantic import Field
 
 from heimdall_proxy.framework.base import BasePlugin
 from heimdall_proxy.framework.handle import PluginHandle
-from heimdall_proxy.framework.params import Duration, PluginParams
+from heimdall_proxy.framework.params import Duration
 from heimdall_proxy.framework.prefix import PrefixCacheMatchInfo, read_prefix_match
 from heimdall_proxy.framework.registry import register
 from heimdall_proxy.framework.types import (
@@ -30,11 +30,13 @@ from heimdall_proxy.framework.types import (
 )
 from heimdall_proxy.plugins.scorers.active_request import attempt_key
 from heimdall_proxy.plugins.scorers.inflight import InFlight
+from heimdall_proxy.plugins.scorers.shared_state import SharedCountsParams, connect
+from heimdall_proxy.replicas.counters import ReplicaCounters
 
 PREFIX_CACHE_AFFINITY_FILTER_TYPE = "prefix-cache-affinity-filter"
 
 
-class PrefixCacheAffinityParams(PluginParams):
+class PrefixCacheAffinityParams(SharedCountsParams):
     #: A pod is sticky when it holds at least this fraction of the prompt's blocks (the
     #: reference's default).
     affinity_threshold: float = Field(default=0.80, ge=0.0, le=1.0)
@@ -82,7 +84,12 @@ class PrefixCacheAffinityFilter(BasePlugin[PrefixCacheAffinityParams]):
     PreRequest / ResponseComplete keep the prompt tokens in flight per pod, from scheduling
     until the response ends (as llm-d's in-flight load counts them): a pod busy decoding
     requests whose prompts it had cached still counts as busy, which is what stops a hot
-    prefix from piling onto it."""
+    prefix from piling onto it.
+
+    With `redisConfig` / `valkeyConfig` (an extension), the prompt tokens in flight are those
+    of every live gateway replica, shared as active-request-scorer shares its counts
+    (heimdall_proxy.replicas); without it, a replica sees only its own share and releases a
+    hot prefix too late."""
 
     type = PREFIX_CACHE_AFFINITY_FILTER_TYPE
 
@@ -92,6 +99,21 @@ class PrefixCacheAffinityFilter(BasePlugin[PrefixCacheAffinityParams]):
         self._rng = random.Random()
         self._seconds_per_token = 1.0 / params.peak_prefill_throughput
         self._penalty = params.max_ttft_penalty_ms / 1000.0
+        self.shared: ReplicaCounters | None = None
+        store = connect(self, params)
+        if store is not None:
+            redis, prefix = store
+            self.shared = ReplicaCounters(
+                redis, prefix, self.inflight.totals, params.sync_interval, params.replica_ttl
+            )
+
+    async def start(self) -> None:
+        if self.shared is not None:
+            await self.shared.start()
+
+    async def stop(self) -> None:
+        if self.shared is not None:
+            await self.shared.stop()
 
     def _match(self, state: CycleState) -> PrefixCacheMatchInfo | None:
         p = self.params
@@ -108,7 +130,10 @@ class PrefixCacheAffinityFilter(BasePlugin[PrefixCacheAffinityParams]):
         """Seconds until `pod` could answer a request of `prompt_tokens` (info: what it
         holds of it), from the prompt tokens this gateway has in flight there."""
         own = info.uncached_tokens(pod) if info is not None else prompt_tokens
-        return (self.inflight.total(pod) + own) * self._seconds_per_token
+        busy = self.inflight.total(pod)
+        if self.shared is not None:
+            busy += self.shared.others().get(pod, 0.0)
+        return (busy + own) * self._seconds_per_token
 
     def filter(
         self, state: CycleState, request: InferenceRequest, endpoints: list[Endpoint]
@@ -145,6 +170,10 @@ class PrefixCacheAffinityFilter(BasePlugin[PrefixCacheAffinityParams]):
         tokens = info.prompt_tokens if info is not None and info.prompt_tokens else 0
         tokens = tokens or self._prompt_tokens(ctx.request)
         self.inflight.add(ctx.target.name, attempt_key(ctx), float(tokens))
+        if self.shared is not None:
+            self.shared.changed()
 
     async def response_complete(self, ctx: RequestContext) -> None:
         self.inflight.remove(ctx.target.name, attempt_key(ctx))
+        if self.shared is not None:
+            self.shared.changed()

@@ -8,7 +8,7 @@ from pydantic import Field
 
 from heimdall_proxy.framework.base import BasePlugin
 from heimdall_proxy.framework.handle import PluginHandle
-from heimdall_proxy.framework.params import Duration, PluginParams
+from heimdall_proxy.framework.params import Duration
 from heimdall_proxy.framework.registry import register
 from heimdall_proxy.framework.types import (
     CycleState,
@@ -17,11 +17,13 @@ from heimdall_proxy.framework.types import (
     RequestContext,
 )
 from heimdall_proxy.plugins.scorers.inflight import InFlight
+from heimdall_proxy.plugins.scorers.shared_state import SharedCountsParams, connect
+from heimdall_proxy.replicas.counters import ReplicaCounters
 
 ACTIVE_REQUEST_SCORER_TYPE = "active-request-scorer"
 
 
-class ActiveRequestParams(PluginParams):
+class ActiveRequestParams(SharedCountsParams):
     request_timeout: Duration = 120.0
     idle_threshold: int = Field(default=0, ge=0)
     max_busy_score: float = Field(default=1.0, ge=0.0, le=1.0)
@@ -39,7 +41,11 @@ class ActiveRequestScorer(BasePlugin[ActiveRequestParams]):
 
     Score: a pod with at most `idleThreshold` requests in flight scores 1.0; a busier pod
     scores `maxBusyScore * (max - count) / max`, where max is the largest count among the
-    candidates (so the busiest scores 0)."""
+    candidates (so the busiest scores 0).
+
+    With `redisConfig` / `valkeyConfig` (an extension), the counts are those of every live
+    gateway replica sharing the store: each publishes its own every `syncInterval`, and a
+    replica silent for `replicaTTL` (dead) no longer counts (heimdall_proxy.replicas)."""
 
     type = ACTIVE_REQUEST_SCORER_TYPE
 
@@ -48,16 +54,38 @@ class ActiveRequestScorer(BasePlugin[ActiveRequestParams]):
         self.inflight = InFlight(params.request_timeout)
         self._idle = params.idle_threshold
         self._busy = params.max_busy_score
+        self.shared: ReplicaCounters | None = None
+        store = connect(self, params)
+        if store is not None:
+            redis, prefix = store
+            self.shared = ReplicaCounters(
+                redis, prefix, self.inflight.counts, params.sync_interval, params.replica_ttl
+            )
+
+    async def start(self) -> None:
+        if self.shared is not None:
+            await self.shared.start()
+
+    async def stop(self) -> None:
+        if self.shared is not None:
+            await self.shared.stop()
 
     def count(self, pod: str) -> int:
+        """Requests in flight to `pod`, through this replica and (shared) the others."""
         self.inflight.expire()
-        return self.inflight.count(pod)
+        others = self.shared.others().get(pod, 0.0) if self.shared is not None else 0.0
+        return self.inflight.count(pod) + int(others)
 
     def score(
         self, state: CycleState, request: InferenceRequest, endpoints: list[Endpoint]
     ) -> Mapping[str, float]:
         self.inflight.expire()
-        counts = [self.inflight.count(e.name) for e in endpoints]
+        count = self.inflight.count
+        if self.shared is None:
+            counts = [count(e.name) for e in endpoints]
+        else:
+            others = self.shared.others()
+            counts = [count(e.name) + int(others.get(e.name, 0.0)) for e in endpoints]
         top = max(counts, default=0)
         out = {}
         for e, n in zip(endpoints, counts, strict=True):
@@ -66,6 +94,10 @@ class ActiveRequestScorer(BasePlugin[ActiveRequestParams]):
 
     async def pre_request(self, ctx: RequestContext) -> None:
         self.inflight.add(ctx.target.name, attempt_key(ctx))
+        if self.shared is not None:
+            self.shared.changed()
 
     async def response_complete(self, ctx: RequestContext) -> None:
         self.inflight.remove(ctx.target.name, attempt_key(ctx))
+        if self.shared is not None:
+            self.shared.changed()

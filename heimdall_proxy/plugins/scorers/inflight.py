@@ -70,3 +70,13 @@ class InFlight:
 
     def total(self, pod: str) -> float:
         return self._totals.get(pod, 0.0)
+
+    def counts(self) -> dict[str, float]:
+        """pod -> requests tracked (what a replica publishes to the others)."""
+        self.expire()
+        return {pod: float(len(entries)) for pod, entries in self._pods.items() if entries}
+
+    def totals(self) -> dict[str, float]:
+        """pod -> sum of the tracked values."""
+        self.expire()
+        return {pod: total for pod, total in self._totals.items() if total}

@@ -9,7 +9,6 @@ from pydantic import Field
 
 from heimdall_proxy.framework.base import BasePlugin
 from heimdall_proxy.framework.handle import PluginHandle
-from heimdall_proxy.framework.params import PluginParams
 from heimdall_proxy.framework.prefix import prefix_match_key, read_prefix_match
 from heimdall_proxy.framework.registry import register
 from heimdall_proxy.framework.types import (
@@ -18,13 +17,15 @@ from heimdall_proxy.framework.types import (
     InferenceRequest,
     RequestContext,
 )
+from heimdall_proxy.plugins.scorers.shared_state import SharedJournalParams, connect
+from heimdall_proxy.replicas.journal import Journal
 
 NO_HIT_LRU_SCORER_TYPE = "no-hit-lru-scorer"
 #: The plugin types that publish a PrefixCacheMatchInfo this scorer can read.
 PREFIX_PLUGIN_TYPES = ("prefix-cache-scorer", "precise-prefix-cache-scorer")
 
 
-class NoHitLRUParams(PluginParams):
+class NoHitLRUParams(SharedJournalParams):
     prefix_plugin_type: str = "prefix-cache-scorer"
     prefix_plugin_name: str = "prefix-cache-scorer"
     lru_size: int = Field(default=1024, gt=0)
@@ -41,7 +42,11 @@ class NoHitLRUScorer(BasePlugin[NoHitLRUParams]):
     `1 - r / (n - 1)` (a single candidate scores 1). Hot: 0.5 everywhere, so the prefix
     scorer decides. pre_request moves the pod a cold request is sent to (and its prefill pod,
     when one ran) to the most-recent end of an LRU of `lruSize` pods, so cache growth from
-    cold prompts is spread evenly. Ranks are taken among the candidates of the request."""
+    cold prompts is spread evenly. Ranks are taken among the candidates of the request.
+
+    With `redisConfig` / `valkeyConfig` (an extension), replicas share the LRU the way
+    prefix-cache-scorer shares its index: each move is journalled and replayed by the others
+    (heimdall_proxy.replicas)."""
 
     type = NO_HIT_LRU_SCORER_TYPE
 
@@ -49,6 +54,33 @@ class NoHitLRUScorer(BasePlugin[NoHitLRUParams]):
         super().__init__(name, params, handle)
         self._lru: OrderedDict[str, None] = OrderedDict()
         self._cold_key = f"{prefix_match_key(self.type, name)}#cold"
+        self.journal: Journal | None = None
+        store = connect(self, params)
+        if store is not None:
+            redis, prefix = store
+            self.journal = Journal(
+                redis, prefix + "journal", self._apply, params.sync_interval,
+                params.history_entries,
+            )  # fmt: skip
+
+    async def start(self) -> None:
+        if self.journal is not None:
+            await self.journal.start()
+
+    async def stop(self) -> None:
+        if self.journal is not None:
+            await self.journal.stop()
+
+    def _touch(self, pod: str) -> None:
+        self._lru[pod] = None
+        self._lru.move_to_end(pod)
+        while len(self._lru) > self.params.lru_size:
+            self._lru.popitem(last=False)
+
+    def _apply(self, record: list[object]) -> None:
+        """Another replica sent a cold request to the pod `record` names."""
+        if record and isinstance(record[0], str):
+            self._touch(record[0])
 
     def check_peers(self, plugins: Mapping[str, object]) -> None:
         """The prefix plugin named by prefixPluginType / prefixPluginName must be declared:
@@ -102,10 +134,9 @@ class NoHitLRUScorer(BasePlugin[NoHitLRUParams]):
             return
         for endpoint in (ctx.target, ctx.prefill):
             if endpoint is not None:
-                self._lru[endpoint.name] = None
-                self._lru.move_to_end(endpoint.name)
-        while len(self._lru) > self.params.lru_size:
-            self._lru.popitem(last=False)
+                self._touch(endpoint.name)
+                if self.journal is not None:
+                    self.journal.append([endpoint.name])
 
     def last_used(self) -> list[str]:
         """Pods that received cold requests, least recently first."""

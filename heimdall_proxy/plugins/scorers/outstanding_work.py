@@ -10,7 +10,7 @@ from pydantic import Field
 
 from heimdall_proxy.framework.base import BasePlugin
 from heimdall_proxy.framework.handle import PluginHandle
-from heimdall_proxy.framework.params import Duration, PluginParams
+from heimdall_proxy.framework.params import Duration
 from heimdall_proxy.framework.prefix import read_prefix_match
 from heimdall_proxy.framework.registry import register
 from heimdall_proxy.framework.types import (
@@ -21,13 +21,15 @@ from heimdall_proxy.framework.types import (
 )
 from heimdall_proxy.plugins.scorers.active_request import attempt_key
 from heimdall_proxy.plugins.scorers.inflight import InFlight
+from heimdall_proxy.plugins.scorers.shared_state import SharedCountsParams, connect
+from heimdall_proxy.replicas.counters import ReplicaCounters
 
 OUTSTANDING_WORK_SCORER_TYPE = "outstanding-work-scorer"
 
 _LIMIT_KEYS = ("max_completion_tokens", "max_tokens", "max_output_tokens")
 
 
-class OutstandingWorkParams(PluginParams):
+class OutstandingWorkParams(SharedCountsParams):
     #: Cost of prefilling one prompt token, in units of decoding one output token. Prefill runs
     #: many tokens per forward pass, decode one per sequence per step, so a prompt token is
     #: much cheaper than an output token.
@@ -75,8 +77,11 @@ class OutstandingWorkScorer(BasePlugin[OutstandingWorkParams]):
     tokenizer's when one ran, else characters * charToTokenMultiplier.
 
     Score: `1 - work / max work` over the candidates (all idle -> 1.0), so the pod with the
-    least outstanding work scores highest and the scale stays proportional. Counts from other
-    gateway replicas are invisible to it: pair it with queue-scorer or load-aware-scorer."""
+    least outstanding work scores highest and the scale stays proportional.
+
+    Without `redisConfig` / `valkeyConfig`, work sent by other gateway replicas is invisible
+    to it; with one (an extension), every live replica's outstanding work is summed, as
+    active-request-scorer does with its counts (heimdall_proxy.replicas)."""
 
     type = OUTSTANDING_WORK_SCORER_TYPE
 
@@ -87,6 +92,21 @@ class OutstandingWorkScorer(BasePlugin[OutstandingWorkParams]):
         # per pre_request whatever happens, so it never outgrows the requests in flight.
         self._work: dict[str, _Work] = {}
         self._p = params
+        self.shared: ReplicaCounters | None = None
+        store = connect(self, params)
+        if store is not None:
+            redis, prefix = store
+            self.shared = ReplicaCounters(
+                redis, prefix, self.inflight.totals, params.sync_interval, params.replica_ttl
+            )
+
+    async def start(self) -> None:
+        if self.shared is not None:
+            await self.shared.start()
+
+    async def stop(self) -> None:
+        if self.shared is not None:
+            await self.shared.stop()
 
     def estimate(self, request: InferenceRequest, cached_share: float = 0.0) -> tuple[float, float]:
         """(prefill work, decode work) of a request, in decode-token units, on a pod that
@@ -109,15 +129,21 @@ class OutstandingWorkScorer(BasePlugin[OutstandingWorkParams]):
         return min(1.0, info.cached_tokens(ctx.target.name) / info.prompt_tokens)
 
     def work(self, pod: str) -> float:
-        """Outstanding work on `pod`, in decode-token units."""
+        """Outstanding work on `pod`, in decode-token units (all replicas' when shared)."""
         self.inflight.expire()
-        return self.inflight.total(pod)
+        others = self.shared.others().get(pod, 0.0) if self.shared is not None else 0.0
+        return self.inflight.total(pod) + others
 
     def score(
         self, state: CycleState, request: InferenceRequest, endpoints: list[Endpoint]
     ) -> Mapping[str, float]:
         self.inflight.expire()
-        loads = [self.inflight.total(e.name) for e in endpoints]
+        total = self.inflight.total
+        if self.shared is None:
+            loads = [total(e.name) for e in endpoints]
+        else:
+            others = self.shared.others()
+            loads = [total(e.name) + others.get(e.name, 0.0) for e in endpoints]
         top = max(loads, default=0.0)
         if top <= 0.0:
             return {e.name: 1.0 for e in endpoints}
@@ -128,6 +154,8 @@ class OutstandingWorkScorer(BasePlugin[OutstandingWorkParams]):
         key = attempt_key(ctx)
         self._work[key] = _Work(prefill, decode)
         self.inflight.add(ctx.target.name, key, prefill + decode)
+        if self.shared is not None:
+            self.shared.changed()
 
     async def response_received(self, ctx: RequestContext) -> None:
         work = self._work.get(attempt_key(ctx))
@@ -148,3 +176,5 @@ class OutstandingWorkScorer(BasePlugin[OutstandingWorkParams]):
         key = attempt_key(ctx)
         self._work.pop(key, None)
         self.inflight.remove(ctx.target.name, key)
+        if self.shared is not None:
+            self.shared.changed()

@@ -8,7 +8,6 @@ import logging
 import time
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import Literal
 
 from prometheus_client import Metric
 from prometheus_client.core import CounterMetricFamily
@@ -45,6 +44,7 @@ from heimdall_proxy.kvcache.prepare import (
 from heimdall_proxy.kvcache.subscriber import SubscriberOptions
 from heimdall_proxy.loopmetrics import HistogramFamily
 from heimdall_proxy.plugins.scorers.prefix_cache import cache_salt
+from heimdall_proxy.plugins.scorers.shared_state import RedisConfig
 from heimdall_proxy.tokenization import InProcessTokenizer, RequestTokenizer
 from heimdall_proxy.tokenization.local import LocalTokenizer
 from heimdall_proxy.tokenization.mistral import (
@@ -101,14 +101,6 @@ class CostAwareMemoryConfig(PluginParams):
     def _size(cls, value: str | int) -> str | int:
         parse_bytes(value)
         return value
-
-
-class RedisConfig(PluginParams):
-    address: str = "redis://127.0.0.1:6379"
-    backend_type: Literal["redis", "valkey"] = "redis"
-    enable_rdma: bool = Field(default=False, alias="enableRDMA")
-    #: Extension: namespace of this index's keys (several indexes can share one server).
-    key_prefix: str = "heimdall:kv:"
 
 
 class ConductorConfig(PluginParams):

@@ -12,7 +12,6 @@ from pydantic import Field, model_validator
 from heimdall_proxy.datalayer.vllm_metrics import CACHE_CONFIG
 from heimdall_proxy.framework.base import BasePlugin
 from heimdall_proxy.framework.handle import PluginHandle
-from heimdall_proxy.framework.params import PluginParams
 from heimdall_proxy.framework.prefix import PrefixCacheMatchInfo, prefix_match_key
 from heimdall_proxy.framework.registry import register
 from heimdall_proxy.framework.types import (
@@ -24,6 +23,9 @@ from heimdall_proxy.framework.types import (
 )
 from heimdall_proxy.kvcache.approx import ApproxPrefixIndex
 from heimdall_proxy.kvcache.hashing import block_keys, namespace_seed, text_block_keys
+from heimdall_proxy.kvcache.index.redis import blob, unblob
+from heimdall_proxy.plugins.scorers.shared_state import SharedJournalParams, connect
+from heimdall_proxy.replicas.journal import Journal
 
 PREFIX_CACHE_SCORER_TYPE = "prefix-cache-scorer"
 #: Characters per token assumed when a request was not tokenized.
@@ -32,7 +34,7 @@ CHARS_PER_TOKEN = 4
 log = logging.getLogger(__name__)
 
 
-class PrefixCacheParams(PluginParams):
+class PrefixCacheParams(SharedJournalParams):
     auto_tune: bool = True
     block_size_tokens: int = Field(default=16, gt=0)
     #: Deprecated: block size in characters.
@@ -103,7 +105,12 @@ class PrefixCacheScorer(BasePlugin[PrefixCacheParams]):
 
     Runs as a Producer first, so the match is on the CycleState before any scorer runs: under
     `prefix_match_key(type, name)` as a PrefixCacheMatchInfo, for no-hit-lru-scorer and
-    prefill deciders."""
+    prefill deciders.
+
+    With `redisConfig` / `valkeyConfig` (an extension), replicas share the index: each keeps
+    its own copy and reads it locally, and every index update is also journalled to the store
+    and applied by the other replicas within about two `syncInterval`s; a replica that starts
+    reads the journal's last `historyEntries` entries first (heimdall_proxy.replicas)."""
 
     type = PREFIX_CACHE_SCORER_TYPE
     #: The pods' block size and KV capacity (autoTune).
@@ -120,6 +127,28 @@ class PrefixCacheScorer(BasePlugin[PrefixCacheParams]):
         self.index = ApproxPrefixIndex(params.lru_capacity_per_server)
         self.state_key = prefix_match_key(self.type, name)
         self._hashes_key = f"{self.state_key}#hashes"
+        self.journal: Journal | None = None
+        store = connect(self, params)
+        if store is not None:
+            redis, prefix = store
+            self.journal = Journal(
+                redis, prefix + "journal", self._apply, params.sync_interval,
+                params.history_entries,
+            )  # fmt: skip
+
+    async def start(self) -> None:
+        if self.journal is not None:
+            await self.journal.start()
+
+    async def stop(self) -> None:
+        if self.journal is not None:
+            await self.journal.stop()
+
+    def _apply(self, record: list[object]) -> None:
+        """Another replica sent the blocks `keys` to `pod` (capacity as it saw it)."""
+        pod, capacity, keys = record
+        if isinstance(pod, str) and isinstance(capacity, int) and isinstance(keys, bytes):
+            self.index.add(pod, unblob(keys), capacity)
 
     # ---- the request path ----------------------------------------------------------------
 
@@ -194,4 +223,7 @@ class PrefixCacheScorer(BasePlugin[PrefixCacheParams]):
             return
         for endpoint in (ctx.target, ctx.prefill):
             if endpoint is not None:
-                self.index.add(endpoint.name, hashes.keys, self._capacity(endpoint))
+                capacity = self._capacity(endpoint)
+                self.index.add(endpoint.name, hashes.keys, capacity)
+                if self.journal is not None:
+                    self.journal.append([endpoint.name, capacity, blob(hashes.keys)])

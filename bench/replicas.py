@@ -1,0 +1,299 @@
+"""Active-active replicas: two gateway processes sharing routing state through Redis, against
+one gateway, on the matrix's chat shapes (issue 17 item 3).
+
+Per shape, each variant on a fresh simulated fleet with the same request schedule:
+
+- `1 replica`: the config as is (state in memory);
+- `1 replica + redis`: the same config with `redisConfig` on every scorer that can share its
+  state: what sharing costs one process (CPU per request, latency), with no one to share with;
+- `2 replicas + redis`: two gateway processes sharing the state, requests dealt to them in
+  turn (a balancer with no affinity: every other turn of a conversation arrives at the
+  other replica, the hardest split for the prefix index);
+- `2 replicas + redis, all sent to one`: the same pair, every request to the first one: the
+  second process's background cost (metrics scraping, sync) without any split, to tell the
+  cost of a second process on these 2 cores from the effect of splitting the traffic;
+- `2 replicas, not shared`: the split with state in memory, what sharing fixes;
+- vllm-router round_robin, for scale.
+
+Acceptance: the shared pair's prefix hit rate and E2E p95 within 5% of one replica's.
+Gateway CPU is the sum over the replica processes (Redis's own CPU is not included: other
+jobs on this machine use the same server).
+
+    python bench/replicas.py --quick --markdown bench/out/replicas.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import copy
+import datetime as dt
+import json
+import os
+import sys
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import redis
+import yaml
+
+if __package__ in (None, ""):  # run as `python bench/replicas.py`
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench import compare, machine, matrix, runner
+
+#: The scorers that take redisConfig to share their state.
+SHAREABLE = frozenset(
+    {
+        "prefix-cache-scorer",
+        "no-hit-lru-scorer",
+        "active-request-scorer",
+        "outstanding-work-scorer",
+        "prefix-cache-affinity-filter",
+    }
+)
+SHAPES = ("hot-prefix", "multi-turn")
+
+
+def shared_config(
+    doc: Mapping[str, Any], address: str, key_prefix: str, sync_interval: str | None = None
+) -> dict[str, Any]:
+    """A copy of `doc` with `redisConfig` (and `syncInterval`, when given) set on every
+    shareable plugin."""
+    out = copy.deepcopy(dict(doc))
+    epp = out.get("config", out)
+    for plugin in epp.get("plugins", []):
+        if plugin.get("type") in SHAREABLE:
+            params = plugin.setdefault("parameters", {}) or {}
+            params["redisConfig"] = {"address": address, "keyPrefix": key_prefix}
+            if sync_interval:
+                params["syncInterval"] = sync_interval
+            plugin["parameters"] = params
+    return out
+
+
+def drop_keys(address: str, key_prefix: str) -> None:
+    client = redis.Redis.from_url(address)
+    try:
+        keys = list(client.scan_iter(match=key_prefix + "*", count=1000))
+        if keys:
+            client.delete(*keys)
+    finally:
+        client.close()
+
+
+def run_gateways(
+    label: str,
+    doc: Mapping[str, Any],
+    replicas: int,
+    workload: Any,
+    spec: compare.FleetSpec,
+    out: Path,
+    senders: int | None = None,
+) -> dict[str, Any]:
+    """Run `workload` through `replicas` gateway processes with config `doc` on a fresh fleet,
+    requests dealt to the first `senders` of them (all by default)."""
+    slug = label.replace(" ", "-").replace(",", "").replace("+", "")
+    logs = out / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    target = compare.Target("gateway", "replicas")
+    with compare.fleet(spec, logs, slug, False) as pods:
+        path = out / f"{slug}.config.yaml"
+        path.write_text(yaml.safe_dump(compare.gateway_config(doc, pods), sort_keys=False))
+        procs: list[compare.Proc] = []
+        urls: list[str] = []
+        try:
+            for r in range(replicas):
+                port = compare.free_port()
+                argv = compare.router_command(target, pods, port, path, [])
+                procs.append(compare.Proc(f"{slug}-{r}", argv, logs / f"{slug}-r{r}.log").start())
+                urls.append(f"http://{compare.HOST}:{port}")
+            for proc, url in zip(procs, urls, strict=True):
+                compare.wait_until(
+                    proc,
+                    lambda u=url: compare._router_ready(target, u, len(pods), spec.model),
+                    "the gateway to see every pod",
+                )
+            cpu0 = [p.cpu_seconds() or 0.0 for p in procs]
+            result = asyncio.run(
+                runner.run_workload(
+                    workload,
+                    urls[: senders or replicas],
+                    {p.name: p.url for p in pods},
+                    progress=False,
+                    label=label,
+                )
+            )
+            cpu1 = [p.cpu_seconds() or 0.0 for p in procs]
+            for proc in procs:
+                if not proc.alive():
+                    raise RuntimeError(f"{label}: a replica died:\n{proc.tail()}")
+        finally:
+            for proc in procs:
+                proc.stop()
+    cpu = sum(b - a for a, b in zip(cpu0, cpu1, strict=True))
+    return summarize(label, replicas, result.summary, cpu, len(workload.requests))
+
+
+def summarize(
+    label: str, replicas: int, s: Mapping[str, Any], cpu: float | None, n: int
+) -> dict[str, Any]:
+    return {
+        "label": label,
+        "replicas": replicas,
+        "total": s["wall_clock"],
+        "ttft": s["ttft"],
+        "e2e": s["e2e"],
+        "prefix_hit_rate": s.get("prefix_hit_rate"),
+        "errors": s["errors"],
+        "gateway_cpu_s": cpu,
+        "cpu_ms_per_request": cpu / n * 1000 if cpu is not None else None,
+    }
+
+
+def run_shape(
+    key: str,
+    config: Path,
+    quick: bool,
+    pods: int,
+    address: str,
+    out: Path,
+    router: bool,
+    sync_interval: str | None = None,
+) -> dict[str, Any]:
+    shape = matrix.SHAPES[key]
+    workload = matrix.build_workload(shape, quick)
+    sim_args = [*matrix.PRESETS[shape.preset].sim_args, *shape.sim_args,
+                "--max-num-seqs", str(matrix.SLOTS)]  # fmt: skip
+    spec = compare.FleetSpec(pods, "sim-model", sim_args, 1.0, 42, "off", compare.sim_flags())
+    with open(config, encoding="utf-8") as f:
+        doc = yaml.safe_load(f) or {}
+    prefix = f"heimdall:bench-replicas:{uuid.uuid4().hex[:8]}:"
+    print(f"== {key}: {workload.describe()}", file=sys.stderr)
+    variants: list[tuple[str, dict[str, Any], int, str | None, int | None]] = [
+        ("1 replica", doc, 1, None, None),
+        ("1 replica + redis", {}, 1, prefix + "a:", None),
+        ("2 replicas + redis", {}, 2, prefix + "b:", None),
+        ("2 replicas + redis, all sent to one", {}, 2, prefix + "c:", 1),
+        ("2 replicas, not shared", doc, 2, None, None),
+    ]
+    rows = []
+    for label, d, n, kp, senders in variants:
+        print(f"-- {label}", file=sys.stderr)
+        if kp is not None:
+            d = shared_config(doc, address, kp, sync_interval)
+        try:
+            rows.append(run_gateways(label, d, n, workload, spec, out / key, senders))
+        finally:
+            if kp is not None:
+                drop_keys(address, kp)
+        print(f"   {json.dumps(rows[-1])}", file=sys.stderr)
+        time.sleep(1.0)
+    if router:
+        print("-- vllm-router round_robin", file=sys.stderr)
+        run = compare.run_target(
+            compare.Target("vllm-router", "round_robin"), workload, spec, out / key, progress=False
+        )
+        rows.append(
+            summarize(
+                "vllm-router round_robin",
+                1,
+                run.result.summary,
+                run.router_cpu,
+                len(workload.requests),
+            )
+        )
+    return {"shape": key, "description": shape.description, "workload": workload.describe(),
+            "rows": rows}  # fmt: skip
+
+
+def _f(v: float | None, fmt: str = ".2f") -> str:
+    return "-" if v is None else format(v, fmt)
+
+
+def table(result: Mapping[str, Any]) -> list[str]:
+    rows = result["rows"]
+    base = rows[0]
+    lines = [
+        f"#### {result['description']}",
+        "",
+        f"{result['workload']}.",
+        "",
+        "| variant | total (s) | TTFT p95 | E2E p50 | E2E p95 | E2E p95 / 1 replica "
+        "| prefix hit rate | hit rate / 1 replica | gateway CPU (s) | CPU ms / request | errors |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        hit, p95 = r["prefix_hit_rate"], r["e2e"]["p95"]
+        bhit, bp95 = base["prefix_hit_rate"], base["e2e"]["p95"]
+        lines.append(
+            f"| {r['label']} | {r['total']:.1f} | {_f(r['ttft']['p95'])} | {_f(r['e2e']['p50'])} "
+            f"| {_f(p95)} | {_f(p95 / bp95 if p95 and bp95 else None, '.3f')}x "
+            f"| {'n/a' if hit is None else f'{hit:.1%}'} "
+            f"| {_f(hit / bhit if hit is not None and bhit else None, '.3f')}x "
+            f"| {_f(r['gateway_cpu_s'])} | {_f(r['cpu_ms_per_request'])} | {r['errors']} |"
+        )
+    return lines
+
+
+def render(results: Sequence[Mapping[str, Any]], argv: Sequence[str], load: tuple[float, ...],
+           started: str) -> str:  # fmt: skip
+    info = compare.machine_info()
+    dirty = " (dirty)" if machine.git_dirty("heimdall_proxy", "bench") else ""
+    head = [
+        f"Command: `python bench/replicas.py {' '.join(argv)}`; {started}; commit "
+        f"{machine.git_head()}{dirty}; "
+        f"{info.get('cpu', '')} {info.get('arch', '')}, {os.cpu_count()} cores; load average "
+        f"{load[0]:.2f} at the start, {load[1]:.2f} at the end.",
+        "",
+    ]
+    body: list[str] = []
+    for r in results:
+        body += [*table(r), ""]
+    return "\n".join(head + body)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="the matrix's smaller workloads")
+    parser.add_argument("--shapes", default=",".join(SHAPES), help="comma-separated")
+    parser.add_argument("--config", type=Path, default=Path("config/recommended.yaml"))
+    parser.add_argument("--pods", type=int, default=4)
+    parser.add_argument("--redis", default="redis://127.0.0.1:6379/0")
+    parser.add_argument("--sync-interval", help="syncInterval of the shared plugins (a duration)")
+    parser.add_argument("--no-router", action="store_true", help="skip vllm-router round_robin")
+    parser.add_argument("--out-dir", type=Path, default=compare.BENCH_DIR / "out" / "replicas")
+    parser.add_argument("--json", type=Path)
+    parser.add_argument("--markdown", type=Path)
+    args = parser.parse_args(argv)
+    raw = list(sys.argv[1:] if argv is None else argv)
+    started = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    load0 = os.getloadavg()[0]
+    results = [
+        run_shape(
+            key,
+            args.config,
+            args.quick,
+            args.pods,
+            args.redis,
+            args.out_dir,
+            not args.no_router,
+            args.sync_interval,
+        )
+        for key in args.shapes.split(",")
+    ]
+    text = render(results, raw, (load0, os.getloadavg()[0]), started)
+    print(text)
+    if args.markdown:
+        args.markdown.parent.mkdir(parents=True, exist_ok=True)
+        args.markdown.write_text(text)
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(results, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,75 @@
+"""Opt-in sharing of a scorer's state between gateway replicas (heimdall_proxy.replicas).
+
+The parameters reuse the KV index's `redisConfig` / `valkeyConfig` shape (address,
+backendType, keyPrefix), so one Redis or Valkey serves both. Without either, the state stays
+in memory, as before."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Literal
+
+import redis.asyncio as aioredis
+from pydantic import Field, model_validator
+
+from heimdall_proxy.framework.params import Duration, PluginParams
+from heimdall_proxy.replicas.connect import client
+
+log = logging.getLogger(__name__)
+
+
+class RedisConfig(PluginParams):
+    """The KV block index's `redisConfig` / `valkeyConfig` (precise-prefix-cache-scorer),
+    also used by the scorers that share their state."""
+
+    address: str = "redis://127.0.0.1:6379"
+    backend_type: Literal["redis", "valkey"] = "redis"
+    enable_rdma: bool = Field(default=False, alias="enableRDMA")
+    #: Extension: namespace of this index's keys (several indexes can share one server).
+    key_prefix: str = "heimdall:kv:"
+
+
+class SharedStoreParams(PluginParams):
+    """Where the state is shared (neither: not shared) and how often replicas sync."""
+
+    redis_config: RedisConfig | None = None
+    valkey_config: RedisConfig | None = None
+    #: Extension: seconds between two syncs with the store (one round trip each); the other
+    #: replicas' changes are seen up to about two of these late.
+    sync_interval: Duration = Field(default=0.02, gt=0)
+
+    @model_validator(mode="after")
+    def _one_store(self) -> SharedStoreParams:
+        if self.redis_config is not None and self.valkey_config is not None:
+            raise ValueError("configure redisConfig or valkeyConfig, not both")
+        return self
+
+    def store(self) -> RedisConfig | None:
+        return self.redis_config or self.valkey_config
+
+
+class SharedCountsParams(SharedStoreParams):
+    #: Extension: a replica that has not synced for this long is taken for dead and its
+    #: in-flight counts are dropped everywhere.
+    replica_ttl: Duration = Field(default=2.0, gt=0, alias="replicaTTL")
+
+
+class SharedJournalParams(SharedStoreParams):
+    #: Extension: journal entries (one per replica per tick with changes) kept for replicas
+    #: that start later; about the last `historyEntries * syncInterval` seconds of traffic.
+    history_entries: int = Field(default=100_000, gt=0)
+
+
+def connect(plugin: Any, params: SharedStoreParams) -> tuple[aioredis.Redis, str] | None:
+    """A client and this plugin's key prefix (`<keyPrefix>state:<type>:<name>:`), or None
+    when sharing is not configured. Warns about enableRDMA (TCP is used)."""
+    rc = params.store()
+    if rc is None:
+        return None
+    if rc.enable_rdma:
+        log.warning(
+            "plugin %r (type %r): parameter enableRDMA is accepted but not honoured (TCP is used)",
+            plugin.name,
+            plugin.type,
+        )
+    return client(rc.address), f"{rc.key_prefix}state:{plugin.type}:{plugin.name}:"

@@ -1,0 +1,142 @@
+"""The scorers' shared state, plugin by plugin, on the real Redis (127.0.0.1:6379)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+
+import pytest
+from pydantic import ValidationError
+
+from heimdall_proxy.plugins.filters.prefix_affinity import (
+    PrefixCacheAffinityFilter,
+    PrefixCacheAffinityParams,
+)
+from heimdall_proxy.plugins.scorers.no_hit_lru import NoHitLRUParams, NoHitLRUScorer
+from heimdall_proxy.plugins.scorers.outstanding_work import (
+    OutstandingWorkParams,
+    OutstandingWorkScorer,
+)
+from heimdall_proxy.plugins.scorers.prefix_cache import PrefixCacheParams, PrefixCacheScorer
+from tests.helpers import ep
+from tests.kvcache.redisns import REDIS_URL, redis_namespace
+from tests.plugins.helpers import ctx, req
+from tests.plugins.scorers.test_prefix_cache import LONG, completion, route
+
+
+@pytest.fixture
+async def ns() -> AsyncIterator[str]:
+    async with redis_namespace() as prefix:
+        yield prefix
+
+
+def shared(ns: str, **extra: object) -> dict[str, object]:
+    # a long interval: the tests sync by hand, so nothing depends on timing
+    return {"redisConfig": {"address": REDIS_URL, "keyPrefix": ns}, "syncInterval": "60s",
+            **extra}  # fmt: skip
+
+
+def test_redis_and_valkey_together_are_refused() -> None:
+    with pytest.raises(ValidationError, match="redisConfig or valkeyConfig, not both"):
+        PrefixCacheParams.model_validate(
+            {"redisConfig": {"address": REDIS_URL}, "valkeyConfig": {"address": REDIS_URL}}
+        )
+
+
+def test_enable_rdma_is_warned_about(caplog: pytest.LogCaptureFixture) -> None:
+    params = PrefixCacheParams.model_validate(
+        {"redisConfig": {"address": REDIS_URL, "enableRDMA": True}}
+    )
+    with caplog.at_level(logging.WARNING):
+        PrefixCacheScorer("p", params, None)  # type: ignore[arg-type]
+    assert "enableRDMA is accepted but not honoured" in caplog.text
+
+
+def test_not_shared_by_default() -> None:
+    scorer = PrefixCacheScorer("p", PrefixCacheParams(), None)  # type: ignore[arg-type]
+    assert scorer.journal is None
+
+
+async def test_the_prefix_index_reaches_a_running_and_a_restarted_replica(ns: str) -> None:
+    params = PrefixCacheParams.model_validate(shared(ns, autoTune=False))
+    a = PrefixCacheScorer("p", params, None)  # type: ignore[arg-type]
+    b = PrefixCacheScorer("p", params, None)  # type: ignore[arg-type]
+    await a.start()
+    await b.start()
+    try:
+        pod_x, pod_y = ep("x"), ep("y")
+        await route(a, completion(LONG), pod_x)
+        assert a.journal is not None and b.journal is not None
+        await a.journal.sync()
+        await b.journal.sync()
+        request = completion(LONG + " and more")
+        c = ctx(request, pod_y)  # type: ignore[arg-type]
+        await b.produce(c.state, c.request, [pod_x, pod_y])
+        scores = b.score(c.state, c.request, [pod_x, pod_y])
+        assert scores["x"] > 0.9 and scores["y"] == 0.0
+    finally:
+        await a.stop()
+        await b.stop()
+    # a replica started afterwards reads the history
+    late = PrefixCacheScorer("p", params, None)  # type: ignore[arg-type]
+    await late.start()
+    try:
+        assert late.index.size("x") == a.index.size("x") > 0
+    finally:
+        await late.stop()
+
+
+async def test_the_no_hit_lru_is_shared(ns: str) -> None:
+    params = NoHitLRUParams.model_validate(shared(ns))
+    a = NoHitLRUScorer("lru", params, None)  # type: ignore[arg-type]
+    b = NoHitLRUScorer("lru", params, None)  # type: ignore[arg-type]
+    await a.start()
+    await b.start()
+    try:
+        for pod in ("p1", "p0"):
+            await a.pre_request(ctx(req(), ep(pod)))  # cold: no prefix plugin ran
+        assert a.journal is not None and b.journal is not None
+        await a.journal.sync()
+        await b.journal.sync()
+        assert b.last_used() == ["p1", "p0"]
+    finally:
+        await a.stop()
+        await b.stop()
+
+
+async def test_outstanding_work_sums_the_replicas(ns: str) -> None:
+    params = OutstandingWorkParams.model_validate(shared(ns))
+    a = OutstandingWorkScorer("w", params, None)  # type: ignore[arg-type]
+    b = OutstandingWorkScorer("w", params, None)  # type: ignore[arg-type]
+    await a.start()
+    await b.start()
+    try:
+        await a.pre_request(ctx(req(data={"max_tokens": 100}), ep("p0")))
+        assert a.shared is not None and b.shared is not None
+        await a.shared.sync()
+        await b.shared.sync()
+        assert b.work("p0") == a.work("p0") >= 100
+        scores = b.score(None, req(), [ep("p0"), ep("p1")])  # type: ignore[arg-type]
+        assert scores == {"p0": 0.0, "p1": 1.0}
+    finally:
+        await a.stop()
+        await b.stop()
+
+
+async def test_the_affinity_filter_counts_the_other_replicas_prompt_tokens(ns: str) -> None:
+    params = PrefixCacheAffinityParams.model_validate(shared(ns))
+    a = PrefixCacheAffinityFilter("f", params, None)  # type: ignore[arg-type]
+    b = PrefixCacheAffinityFilter("f", params, None)  # type: ignore[arg-type]
+    await a.start()
+    await b.start()
+    try:
+        before = b.estimated_ttft("p0", None, 100)
+        await a.pre_request(ctx(completion("word " * 4000), ep("p0")))
+        assert a.shared is not None and b.shared is not None
+        await a.shared.sync()
+        await b.shared.sync()
+        # 20000 characters: 5000 prompt tokens in flight through a, at 16000 tokens/s
+        assert b.estimated_ttft("p0", None, 100) - before == pytest.approx(5000 / 16000)
+    finally:
+        await a.stop()
+        await b.stop()
