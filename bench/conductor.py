@@ -283,7 +283,7 @@ def main() -> int:
     del payloads
     gc.collect()
 
-    for workers in sorted({0, args.workers}):
+    for workers in sorted({0, args.workers}) if args.workers >= 0 else ():
         wall, cpu, wcpu, total, events = asyncio.run(
             ingest_pipeline(workers, args.instances, args.blocks)
         )
