@@ -27,7 +27,6 @@ import asyncio
 import contextlib
 import logging
 import multiprocessing
-import os
 import time
 import zlib
 from array import array
@@ -285,8 +284,3 @@ class ConductorPreparer:
         if self._pools:
             with contextlib.suppress(RuntimeError, BrokenProcessPool):
                 self._pools[self._pool_of(pod)].submit(forget_in_worker, [pod])
-
-
-def default_workers() -> int:
-    """One ingest worker per CPU beyond the one the event loop uses."""
-    return max(0, (os.cpu_count() or 1) - 1)

@@ -9,7 +9,7 @@ maxInstances: 256          # per tenant in one answer
 maxBlocksPerMedium: 50000000
 replayTimeout: 1s
 duplicateWindow: 1024
-ingestWorkers: 1           # processes decoding vLLM batches; default: one per CPU but one
+ingestWorkers: 0           # processes decoding vLLM batches (0: on the event loop)
 publishers:
 - {endpoint: "tcp://10.0.0.7:5557", replay_endpoint: "tcp://10.0.0.7:5558", type: vLLM,
    modelname: llama, instance_id: vllm-0, block_size: 16, dp_rank: 0}
@@ -27,7 +27,6 @@ from pydantic.alias_generators import to_camel
 
 from heimdall_proxy.conductor.api import ApiError, as_object, parse_register
 from heimdall_proxy.conductor.model import Registration
-from heimdall_proxy.conductor.prepare import default_workers
 from heimdall_proxy.conductor.service import ServiceOptions
 from heimdall_proxy.framework.params import Duration
 
@@ -50,15 +49,14 @@ class ConductorConfig(BaseModel):
     max_blocks_per_medium: int = Field(default=_DEFAULTS.max_blocks_per_medium, gt=0)
     replay_timeout: Duration = _DEFAULTS.replay_timeout
     duplicate_window: int = Field(default=_DEFAULTS.duplicate_window, ge=0)
-    #: None: one per CPU beyond the event loop's (ServiceOptions' own default is 0, inline)
-    ingest_workers: int | None = Field(default=None, ge=0, le=64)
+    #: 0 (inline) by default: on a 2-CPU machine shared with other work a worker measured
+    #: slower end to end (bench/RESULTS.md); give it the spare cores a machine has
+    ingest_workers: int = Field(default=_DEFAULTS.ingest_workers, ge=0, le=64)
     publishers: list[dict[str, Any]] = Field(default_factory=list)
 
     def options(self, hash_seed: int | None = None) -> ServiceOptions:
         """The service's options from this file; `hash_seed` (the --hash-seed flag) wins."""
         values = self.model_dump(exclude={"publishers"})
-        if values["ingest_workers"] is None:
-            values["ingest_workers"] = default_workers()
         if hash_seed is not None:
             values["hash_seed"] = hash_seed
         return ServiceOptions(**values)
