@@ -37,7 +37,8 @@ from typing import Any
 import msgpack
 import orjson
 
-ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = Path(__file__).resolve()
+ROOT = SCRIPT.parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
@@ -90,6 +91,47 @@ async def ingest_vllm(conductor: Conductor, payloads: list[tuple[str, bytes]]) -
     return time.perf_counter() - t0
 
 
+def _proc_cpu(pid: int) -> float:
+    """utime + stime of process `pid` in seconds (/proc), 0 when it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def ingest_pipeline(
+    workers: int, instances: int, blocks: int
+) -> tuple[float, float, float, int, int]:
+    """The subscriber's whole path (queue, prepare, apply) into a fresh conductor with
+    `workers` ingest processes: (wall s, this process's CPU s, workers' CPU s, blocks,
+    events), timed from the first batch handed over to the last one queryable."""
+    from heimdall_proxy.conductor.service import ServiceOptions
+
+    conductor = Conductor(ServiceOptions(ingest_workers=workers))
+    regs = registrations(conductor, instances)
+    payloads = vllm_payloads(regs, blocks)
+    await conductor.start()
+    try:
+        pools = conductor.preparer._pools
+        for pool in pools:  # spawned and imported before the clock starts
+            await asyncio.wrap_future(pool.submit(int))
+        pids = [pid for pool in pools for pid in (pool._processes or {})]
+        gc.collect()
+        w0 = sum(map(_proc_cpu, pids))
+        c0 = time.process_time()
+        t0 = time.perf_counter()
+        for key, payload in payloads:
+            await conductor.subscriber.feed(key, payload)
+        await conductor.subscriber.drain()
+        wall = time.perf_counter() - t0
+        cpu = time.process_time() - c0
+        wcpu = sum(map(_proc_cpu, pids)) - w0
+    finally:
+        await conductor.stop()
+    return wall, cpu, wcpu, conductor.stats.stored_blocks, conductor.events.stored
+
+
 def ingest_standard(conductor: Conductor, regs: list[Registration], blocks: int) -> float:
     events: list[tuple[str, Stored]] = []
     rng = random.Random(2)
@@ -121,34 +163,77 @@ def percentiles(samples: list[float]) -> tuple[float, float, float]:
     return qs[49] * 1e3, qs[98] * 1e3, max(samples) * 1e3
 
 
-async def http_latency(conductor: Conductor, body: dict[str, Any], n: int) -> list[float]:
+async def _post_loop(url: str, body: dict[str, Any], n: int) -> list[float]:
     import aiohttp
+
+    out = []
+    async with aiohttp.ClientSession() as http:
+        headers = {"content-type": "application/json"}
+        for i in range(n + 20):
+            data = orjson.dumps(body)
+            t0 = time.perf_counter()
+            async with http.post(url, data=data, headers=headers) as resp:
+                raw = await resp.read()
+                assert resp.status == 200, raw
+            if i >= 20:  # warm-up
+                out.append(time.perf_counter() - t0)
+            orjson.loads(raw)
+    return out
+
+
+def client_main(url: str, n: int, tokens: int) -> int:
+    """The HTTP client, run as its own process (--client): prints the latencies as JSON."""
+    prompt = [random.Random(3).randrange(128_000) for _ in range(tokens)]
+    body = {"model": MODEL, "token_ids": prompt, "block_size": BLOCK}
+    print(orjson.dumps(asyncio.run(_post_loop(url, body, n))).decode())
+    return 0
+
+
+async def http_latency(
+    conductor: Conductor, body: dict[str, Any], n: int, separate: bool
+) -> tuple[list[float], list[float]]:
+    """End-to-end latencies of POST /query, and the server's handling time of each (from the
+    handler's start to its response built: body read, JSON, checks, hashing, index,
+    answer). `separate`: the client is another process, so only the server's own time is
+    spent in this one."""
     from aiohttp import web
 
     from heimdall_proxy.conductor.app import CONDUCTOR, create_app
 
     app = create_app()
     app[CONDUCTOR] = conductor  # the populated one (its subscriber is started, unused)
+    handled: list[float] = []
+
+    @web.middleware
+    async def timed(request: web.Request, handler: Any) -> web.StreamResponse:
+        t0 = time.perf_counter()
+        try:
+            return await handler(request)  # type: ignore[no-any-return]
+        finally:
+            handled.append(time.perf_counter() - t0)
+
+    app.middlewares.insert(0, timed)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
     port = runner.addresses[0][1]
-    out = []
+    url = f"http://127.0.0.1:{port}/query"
     try:
-        async with aiohttp.ClientSession() as http:
-            url = f"http://127.0.0.1:{port}/query"
-            headers = {"content-type": "application/json"}
-            for i in range(n + 20):
-                t0 = time.perf_counter()
-                async with http.post(url, data=orjson.dumps(body), headers=headers) as resp:
-                    doc = await resp.json()
-                    assert resp.status == 200, doc
-                if i >= 20:  # warm-up
-                    out.append(time.perf_counter() - t0)
+        if separate:
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable, str(SCRIPT), "--client", url,
+                "--http-queries", str(n), "--prompt-tokens", str(len(body["token_ids"])),
+                stdout=asyncio.subprocess.PIPE,
+            )  # fmt: skip
+            out, _ = await proc.communicate()
+            assert proc.returncode == 0
+            e2e: list[float] = orjson.loads(out)
+        else:
+            e2e = await _post_loop(url, body, n)
     finally:
         await runner.cleanup()
-    return out
+    return e2e, handled[20:]
 
 
 def main() -> int:
@@ -158,7 +243,16 @@ def main() -> int:
     ap.add_argument("--prompt-tokens", type=int, default=8192)
     ap.add_argument("--queries", type=int, default=2000)
     ap.add_argument("--http-queries", type=int, default=300)
+    ap.add_argument(
+        "--workers",
+        type=int,
+        default=max(1, (os.cpu_count() or 1) - 1),
+        help="ingest worker processes for the pipeline row (and 0, inline)",
+    )
+    ap.add_argument("--client", metavar="URL", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.client:
+        return client_main(args.client, args.http_queries, args.prompt_tokens)
 
     load = os.getloadavg()
     rows: list[str] = []
@@ -189,6 +283,23 @@ def main() -> int:
     del payloads
     gc.collect()
 
+    for workers in sorted({0, args.workers}) if args.workers >= 0 else ():
+        wall, cpu, wcpu, total, events = asyncio.run(
+            ingest_pipeline(workers, args.instances, args.blocks)
+        )
+        gc.collect()
+        label = (
+            f"{workers} worker process{'es' if workers != 1 else ''}"
+            if workers
+            else ("on the event loop")
+        )
+        rows.append(
+            f"| ingest, vLLM batches through the subscriber, {label} | {events / wall:,.0f} "
+            f"events/s | {total / wall / 1e6:.2f}M blocks/s | {total:,} blocks in {wall:.2f} s;"
+            f" CPU: loop process {cpu:.2f} s ({total / cpu / 1e6:.2f}M blocks/CPU-s), "
+            f"workers {wcpu:.2f} s |"
+        )
+
     prompt = [random.Random(3).randrange(128_000) for _ in range(args.prompt_tokens)]
     stagger(conductor, regs, prompt)
     body = {"model": MODEL, "token_ids": prompt, "block_size": BLOCK}
@@ -213,12 +324,15 @@ def main() -> int:
             f"| {name} | p50 {p50:.3f} ms | p99 {p99:.3f} ms | max {worst:.3f} ms, "
             f"{args.queries} queries |"
         )
-    samples = asyncio.run(http_latency(conductor, body, args.http_queries))
-    p50, p99, worst = percentiles(samples)
-    rows.append(
-        f"| HTTP POST /query, end to end | p50 {p50:.3f} ms | p99 {p99:.3f} ms | max "
-        f"{worst:.3f} ms, {args.http_queries} requests |"
-    )
+    for separate in (False, True):
+        e2e, handled = asyncio.run(http_latency(conductor, body, args.http_queries, separate))
+        where = "client in another process" if separate else "client in the same process"
+        for what, samples in (("end to end", e2e), ("server handling", handled)):
+            p50, p99, worst = percentiles(samples)
+            rows.append(
+                f"| HTTP POST /query, {what}, {where} | p50 {p50:.3f} ms | p99 {p99:.3f} ms "
+                f"| max {worst:.3f} ms, {args.http_queries} requests |"
+            )
 
     cpu = cpu_model(platform.processor() or platform.machine())
     print(

@@ -74,12 +74,16 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
 
 
 async def _body(request: web.Request) -> dict[str, Any]:
-    raw = await request.read()
+    return _parse(await request.read())
+
+
+def _parse(raw: bytes) -> dict[str, Any]:
     try:
         doc = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
         raise ApiError(400, f"the body is not valid JSON: {exc}", "invalid_json") from exc
-    return dict(as_object(doc))
+    as_object(doc)
+    return doc  # type: ignore[no-any-return]  # a dict, checked
 
 
 async def register(request: web.Request) -> web.Response:
@@ -99,14 +103,20 @@ async def unregister(request: web.Request) -> web.Response:
     return _json({"status": "unregistered successfully", "removed_instances": removed})
 
 
+_NO_HIT = InstanceHit()
+
+
 def _answer(
-    hit: InstanceHit | None, ranks: list[int], media: list[str], block_size: int
+    hit: InstanceHit | None, ranks: list[int], media: list[tuple[str, str]], block_size: int
 ) -> dict[str, Any]:
-    hit = hit or InstanceHit()
+    """One instance's answer; `media`: (tracked name, answered name) of each medium."""
+    hit = hit or _NO_HIT
+    held = hit.media
     out: dict[str, Any] = {"longest_matched": hit.longest * block_size}
-    for medium in (*STANDARD_MEDIA, *(m for m in media if m not in STANDARD_MEDIA)):
-        out[medium.upper()] = hit.media.get(medium, 0) * block_size
-    out["DP"] = {str(r): hit.dp.get(r, 0) * block_size for r in ranks}
+    for medium, label in media:
+        out[label] = held.get(medium, 0) * block_size
+    dp = hit.dp
+    out["DP"] = {str(r): dp.get(r, 0) * block_size for r in ranks}
     return out
 
 
@@ -114,8 +124,11 @@ def _query(by_hash: bool) -> Handler:
     async def handle(request: web.Request) -> web.Response:
         conductor = request.app[CONDUCTOR]
         opts = conductor.options
+        raw = await request.read()
+        # without JSON booleans in the body, the ids are checked by one array conversion
+        no_bools = b"true" not in raw and b"false" not in raw
         query = parse_query(
-            await _body(request), by_hash, opts.max_query_tokens, opts.max_query_blocks
+            _parse(raw), by_hash, opts.max_query_tokens, opts.max_query_blocks, no_bools
         )
         t0 = time.perf_counter()
         scope, hits = conductor.query(query)
@@ -127,7 +140,9 @@ def _query(by_hash: bool) -> Handler:
             )  # fmt: skip
         ranked = sorted(scope, key=lambda s: (-(hits[s[0]].longest if s[0] in hits else 0), s[0]))
         kept = ranked[: opts.max_instances]
-        media = conductor.index.media_of(ns)
+        tracked = conductor.index.media_of(ns)
+        names = (*STANDARD_MEDIA, *(m for m in tracked if m not in STANDARD_MEDIA))
+        media = [(m, m.upper()) for m in names]
         answer = {i: _answer(hits.get(i), ranks, media, ns.block_size) for i, ranks in kept}
         request.app[QUERY_LATENCY].observe(time.perf_counter() - t0)
         headers = {}

@@ -135,7 +135,7 @@ class ConductorIndex:
         ns = stream.namespace
         if ev.parent_hash is not None:
             probe = ev.parent_hash
-        elif ev.seq_hashes and not ev.token_ids:
+        elif ev.seq_hashes and not ev.has_tokens:
             probe = ev.seq_hashes[0]
         else:
             return stream
@@ -168,7 +168,7 @@ class ConductorIndex:
             known = [emap.get(h) for h in hashes] if hashes and hashes[0] in emap else None
             if known is not None and None not in known:
                 keys = flatten_keys(known)  # type: ignore[arg-type]  # stored again elsewhere
-            elif not ev.token_ids:  # an offloading event: move what is known
+            elif not ev.has_tokens:  # an offloading event: move what is known
                 keys = flatten_keys(v for v in map(emap.get, hashes) if v is not None)
             else:
                 parent_key: int | None = None
@@ -178,14 +178,7 @@ class ConductorIndex:
                         self.stats.orphan_events += 1
                         return 0
                     parent_key = parent_of(parent)
-                computed = event_keys(
-                    ev.token_ids,
-                    ev.engine_block_size or ns.block_size,
-                    len(hashes),
-                    ns.block_size,
-                    self.seed,
-                    parent_key,
-                )
+                computed = self._event_keys(ev, ns.block_size, parent_key)
                 if computed is None:
                     self.stats.block_size_mismatch += 1
                     return 0
@@ -195,6 +188,29 @@ class ConductorIndex:
         self._set(d, bit, keys)
         self.stats.stored_blocks += len(keys)
         return len(keys)
+
+    def _event_keys(
+        self, ev: Stored, block_size: int, parent_key: int | None
+    ) -> tuple[list[int], int] | None:
+        """The standard keys of a token-carrying event chained on `parent_key`, and how many
+        each engine block spans: a worker's keys when it chained them on that same parent
+        (conductor.prepare), else chained here (from its local hashes when it sent them)."""
+        engine_block_size = ev.engine_block_size or block_size
+        if ev.keys is not None and ev.keys_parent == parent_key and engine_block_size > 0:
+            per, rest = divmod(engine_block_size, block_size)
+            n = min(len(ev.seq_hashes), len(ev.keys) // per) * per if not rest else 0
+            if n:
+                keys = ev.keys if len(ev.keys) == n else ev.keys[:n]
+                return list(keys), per
+        return event_keys(
+            ev.token_ids or (),
+            engine_block_size,
+            len(ev.seq_hashes),
+            block_size,
+            self.seed,
+            parent_key,
+            ev.local_hashes,
+        )
 
     def removed(self, publisher: str, ev: Removed, engine_hashes: bool) -> int:
         """Apply a `removed` event; `engine_hashes`: its hashes are the engine's (resolved in

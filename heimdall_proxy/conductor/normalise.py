@@ -24,12 +24,20 @@ from heimdall_proxy.conductor.model import (
     lora_identity,
     medium_name,
 )
+from heimdall_proxy.conductor.prepare import PreparedStored
 from heimdall_proxy.kvcache.events import AllBlocksCleared, BlockRemoved, BlockStored, EventBatch
 
+#: A publisher's streams by (lora_name, lora_id, cache_salt, medium) of its events.
+StreamCache = dict[tuple[str | None, int | None, str | None, str | None], Stream]
 
-def from_vllm(reg: Registration, batch: EventBatch, event_id: int = 0) -> list[Event]:
+
+def from_vllm(
+    reg: Registration, batch: EventBatch, event_id: int = 0, streams: StreamCache | None = None
+) -> list[Event]:
     """The standardized events of one decoded vLLM batch of `reg`'s publisher. The DP rank
-    is the registration's (each DP rank is registered as its own publisher)."""
+    is the registration's (each DP rank is registered as its own publisher). `streams`:
+    the publisher's streams made so far (valid while `reg` is its registration), so the
+    stored events of a worker-prepared batch share them."""
     out: list[Event] = []
     for ev in batch.events:
         if type(ev) is BlockStored:
@@ -43,6 +51,27 @@ def from_vllm(reg: Registration, batch: EventBatch, event_id: int = 0) -> list[E
                     parent_hash=ev.parent_block_hash,
                     token_ids=ev.token_ids,
                     engine_block_size=ev.block_size or reg.block_size,
+                )
+            )
+        elif type(ev) is PreparedStored:  # hashed by a worker process (conductor.prepare)
+            key = (ev.lora_name, ev.lora_id, ev.cache_salt, ev.medium)
+            known = streams.get(key) if streams is not None else None
+            if known is None:
+                ns = reg.namespace(lora_identity(ev.lora_name, ev.lora_id), ev.cache_salt)
+                known = Stream(ns, reg.instance_id, medium_name(ev.medium), reg.dp_rank)
+                if streams is not None:
+                    streams[key] = known
+            out.append(
+                Stored(
+                    known,
+                    event_id,
+                    ev.block_hashes,
+                    parent_hash=ev.parent_block_hash,
+                    token_ids=ev.token_ids,
+                    engine_block_size=ev.block_size or reg.block_size,
+                    local_hashes=ev.local,
+                    keys=ev.keys,
+                    keys_parent=ev.keys_parent,
                 )
             )
         elif type(ev) is BlockRemoved:

@@ -32,7 +32,8 @@ from heimdall_proxy.conductor.mooncake import (
     decode_mooncake,
     from_mooncake,
 )
-from heimdall_proxy.conductor.normalise import from_vllm
+from heimdall_proxy.conductor.normalise import StreamCache, from_vllm
+from heimdall_proxy.conductor.prepare import ConductorPreparer
 from heimdall_proxy.conductor.standard import (
     DUPLICATE,
     RESTART,
@@ -64,6 +65,9 @@ class ServiceOptions:
     duplicate_window: int = 1024
     #: subscriber workers (each publisher always goes to the same one)
     concurrency: int = 2
+    #: worker processes decoding and rehashing vLLM's batches (conductor.prepare); 0: on
+    #: the event loop
+    ingest_workers: int = 0
 
 
 @dataclass(slots=True)
@@ -99,10 +103,13 @@ class Conductor:
             duplicate_window=self.options.duplicate_window,
             topic_filter="",
         )
+        self.preparer = ConductorPreparer(
+            self._block_size_of, self.options.hash_seed, self.options.ingest_workers
+        )
         #: vLLM's (and SGLang's) publishers; standardized ones have their own decoder
         self.subscriber = KVEventsSubscriber(
             sub_options, _Publishers(self, (VLLM, SGLANG)), self.apply, self.forget,
-            self.stats, replay_address=self._replay_of,
+            self.stats, replay_address=self._replay_of, prepare_for=self.preparer.prepare,
         )  # fmt: skip
         self.standard_subscriber = KVEventsSubscriber(
             sub_options, _Publishers(self, (STANDARD,)), self.apply, self.forget, self.stats,
@@ -114,6 +121,12 @@ class Conductor:
         )  # fmt: skip
         #: per Mooncake publisher, its keys' blocks and media
         self._mooncake: dict[str, MooncakeState] = {}
+        #: per vLLM publisher, the streams of its current registration (normalise)
+        self._streams: dict[str, StreamCache] = {}
+
+    def _block_size_of(self, key: str) -> int | None:
+        reg = self.registrations.get(key)
+        return reg.block_size if reg is not None else None
 
     def _replay_of(self, key: str, endpoint: str) -> str | None:
         reg = self.registrations.get(key)
@@ -125,12 +138,14 @@ class Conductor:
         return (self.subscriber, self.standard_subscriber, self.mooncake_subscriber)
 
     async def start(self) -> None:
+        self.preparer.start()
         for sub in self._subscribers():
             await sub.start()
 
     async def stop(self) -> None:
         for sub in self._subscribers():
             await sub.stop()
+        await self.preparer.close()
 
     def _reconcile(self) -> None:
         for sub in self._subscribers():
@@ -186,6 +201,8 @@ class Conductor:
 
     def _drop(self, reg: Registration) -> None:
         self.index.drop_source(reg.tenant_id, (reg.instance_id, reg.dp_rank), reg.key)
+        self.preparer.forget(reg.key)
+        self._streams.pop(reg.key, None)
         self.order.forget(reg.key)
         self._mooncake.pop(reg.key, None)
 
@@ -207,7 +224,10 @@ class Conductor:
             self.stats.invalid_events += invalid
             self.apply_events(key, events)
         else:
-            self.apply_events(key, from_vllm(reg, batch))
+            streams = self._streams.get(key)
+            if streams is None:
+                streams = self._streams[key] = {}
+            self.apply_events(key, from_vllm(reg, batch, streams=streams))
 
     def _apply_standard(self, key: str, reg: Registration, batch: StandardBatch) -> None:
         events = []

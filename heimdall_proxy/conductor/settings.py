@@ -9,6 +9,7 @@ maxInstances: 256          # per tenant in one answer
 maxBlocksPerMedium: 50000000
 replayTimeout: 1s
 duplicateWindow: 1024
+ingestWorkers: 0           # processes decoding vLLM batches (0: on the event loop)
 publishers:
 - {endpoint: "tcp://10.0.0.7:5557", replay_endpoint: "tcp://10.0.0.7:5558", type: vLLM,
    modelname: llama, instance_id: vllm-0, block_size: 16, dp_rank: 0}
@@ -48,6 +49,9 @@ class ConductorConfig(BaseModel):
     max_blocks_per_medium: int = Field(default=_DEFAULTS.max_blocks_per_medium, gt=0)
     replay_timeout: Duration = _DEFAULTS.replay_timeout
     duplicate_window: int = Field(default=_DEFAULTS.duplicate_window, ge=0)
+    #: 0 (inline) by default: on a 2-CPU machine shared with other work a worker measured
+    #: slower end to end (bench/RESULTS.md); give it the spare cores a machine has
+    ingest_workers: int = Field(default=_DEFAULTS.ingest_workers, ge=0, le=64)
     publishers: list[dict[str, Any]] = Field(default_factory=list)
 
     def options(self, hash_seed: int | None = None) -> ServiceOptions:

@@ -63,6 +63,8 @@ def salt_root(salt: str, seed: int) -> int:
 
 def tokens_to_bytes(tokens: Sequence[int]) -> bytes:
     """Token ids as concatenated little-endian u32 (ids must be in [0, 2**32))."""
+    if type(tokens) is array and tokens.typecode == _U32 and not _BIG_ENDIAN:
+        return tokens.tobytes()  # checked already (the conductor's parsed queries)
     arr = array(_U32, tokens)
     if _BIG_ENDIAN:  # pragma: no cover - every supported platform is little-endian
         arr.byteswap()

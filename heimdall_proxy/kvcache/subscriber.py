@@ -50,6 +50,9 @@ Apply = Callable[[str, EventBatch], Awaitable[None]]
 #: Payloads -> their batches in order (an undecodable one as its error message); the
 #: iterable may decode lazily, as it is read.
 Prepare = Callable[[list[bytes]], Awaitable[Iterable[EventBatch | str]]]
+#: The same, told which pod sent each payload (a preparer whose work depends on the pod,
+#: such as the conductor's, whose publishers have block sizes of their own).
+PrepareFor = Callable[[list[str], list[bytes]], Awaitable[Iterable[EventBatch | str]]]
 Forget = Callable[[str], Awaitable[None]]
 Flush = Callable[[], Awaitable[None]]
 #: (pod, publisher endpoint) -> the pod's replay ROUTER address, or None when it has none.
@@ -115,6 +118,7 @@ class KVEventsSubscriber:
         flush: Flush | None = None,
         prepare: Prepare | None = None,
         replay_address: ReplayAddress | None = None,
+        prepare_for: PrepareFor | None = None,
     ) -> None:
         self.options = options
         self._replay_address = replay_address or self._replay_by_offset
@@ -123,6 +127,7 @@ class KVEventsSubscriber:
         self._forget = forget
         self._flush = flush
         self._prepare = prepare or decode_inline
+        self._prepare_for = prepare_for
         self.stats = stats or KVCacheStats()
         self._ctx: zmq.asyncio.Context | None = None
         self._subs: dict[str, tuple[str, asyncio.Task[None]]] = {}
@@ -422,7 +427,11 @@ class KVEventsSubscriber:
         """Prepare the payloads of `items` in one call, then apply them (and forget pods) in
         order; returns the batches applied since the last flush."""
         payloads = [payload for _, payload in items if payload is not None]
-        prepared = iter(await self._prepare(payloads))
+        if self._prepare_for is not None:
+            pods = [pod for pod, payload in items if payload is not None]
+            prepared = iter(await self._prepare_for(pods, payloads))
+        else:
+            prepared = iter(await self._prepare(payloads))
         for pod, payload in items:
             try:
                 if payload is None:

@@ -276,6 +276,16 @@ async def test_gap_replay_restart_and_unregister(
         ("/query", {"model": "m", "block_size": 4, "token_ids": [1, -2]}, 400, "invalid_field"),
         ("/query", {"model": "m", "block_size": 4, "token_ids": [1.5]}, 400, "invalid_field"),
         ("/query", {"model": "m", "block_size": 4, "token_ids": [2**32]}, 400, "invalid_field"),
+        # booleans are ints to array(): the one-pass check must not let them through
+        ("/query", {"model": "m", "block_size": 4, "token_ids": [True, 1]}, 400, "invalid_field"),
+        ("/query", {"model": "m", "block_size": 4, "token_ids": ["1"]}, 400, "invalid_field"),
+        ("/query", {"model": "m", "block_size": 4, "token_ids": [None]}, 400, "invalid_field"),
+        (
+            "/query_by_hash",
+            {"model": "m", "block_size": 4, "seq_hashes": [False]},
+            400,
+            "invalid_field",
+        ),
         (
             "/query",
             {"model": "m", "block_size": 4, "token_ids": [1] * 4097},
