@@ -14,6 +14,7 @@ needs, and no more."""
 from __future__ import annotations
 
 import random
+import time
 
 from pydantic import Field
 
@@ -28,6 +29,7 @@ from heimdall_proxy.framework.types import (
     InferenceRequest,
     RequestContext,
 )
+from heimdall_proxy.plugins.filters.queue_delay import QueueDelay
 from heimdall_proxy.plugins.scorers.active_request import attempt_key
 from heimdall_proxy.plugins.scorers.inflight import InFlight
 
@@ -54,6 +56,12 @@ class PrefixCacheAffinityParams(PluginParams):
     #: llm-d's calibration recipe does); the default is ours, about what the simulator and
     #: a mid-size model on one H100 do.
     peak_prefill_throughput: float = Field(default=16000.0, gt=0.0)
+    #: Price the prompt tokens in flight on a pod at the delay they were seen to cause
+    #: (learned per pod from streamed responses' first tokens, see queue_delay.py) rather
+    #: than at `peakPrefillThroughput`, which then prices only the request's own prefill.
+    #: Pods that make requests wait for a decode slot delay a first token by a whole reply
+    #: per request ahead, several times its prefill.
+    learn_queue_delay: bool = True
     #: Probability of not narrowing a request at all, so pods outside the sticky set keep
     #: seeing some of the prefix's traffic.
     exploration_probability: float = Field(default=0.0, ge=0.0, le=1.0)
@@ -68,7 +76,7 @@ class PrefixCacheAffinityParams(PluginParams):
 
 @register(PREFIX_CACHE_AFFINITY_FILTER_TYPE, PrefixCacheAffinityParams)
 class PrefixCacheAffinityFilter(BasePlugin[PrefixCacheAffinityParams]):
-    """Filter, PreRequest, ResponseComplete.
+    """Filter, PreRequest, ResponseStreaming, ResponseComplete.
 
     Filter: reads the PrefixCacheMatchInfo of `prefixPluginType`/`prefixPluginName`. When
     some candidates but not all hold at least `affinityThreshold` of the prompt, keeps only
@@ -76,8 +84,9 @@ class PrefixCacheAffinityFilter(BasePlugin[PrefixCacheAffinityParams]):
     `maxTTFTPenaltyMs` above the best other candidate's, or the request is drawn for
     exploration (`explorationProbability`). Estimated TTFT of a pod = (prompt tokens of the
     requests this gateway has in flight there + the prompt tokens this request would not
-    find cached there) / `peakPrefillThroughput`. A cold request (no pod reaches the
-    threshold) is not narrowed.
+    find cached there) / `peakPrefillThroughput`, the tokens in flight priced instead at
+    the delay they were seen to cause on that pod once it is learned (`learnQueueDelay`).
+    A cold request (no pod reaches the threshold) is not narrowed.
 
     PreRequest / ResponseComplete keep the prompt tokens in flight per pod, from scheduling
     until the response ends (as llm-d's in-flight load counts them): a pod busy decoding
@@ -92,6 +101,10 @@ class PrefixCacheAffinityFilter(BasePlugin[PrefixCacheAffinityParams]):
         self._rng = random.Random()
         self._seconds_per_token = 1.0 / params.peak_prefill_throughput
         self._penalty = params.max_ttft_penalty_ms / 1000.0
+        self.queue_delay = QueueDelay()
+        # attempt key -> (pod, prompt tokens ahead, own prefill seconds, sent at), for the
+        # streamed attempts whose first token has not been seen yet
+        self._waiting: dict[str, tuple[str, float, float, float]] = {}
 
     def _match(self, state: CycleState) -> PrefixCacheMatchInfo | None:
         p = self.params
@@ -108,7 +121,14 @@ class PrefixCacheAffinityFilter(BasePlugin[PrefixCacheAffinityParams]):
         """Seconds until `pod` could answer a request of `prompt_tokens` (info: what it
         holds of it), from the prompt tokens this gateway has in flight there."""
         own = info.uncached_tokens(pod) if info is not None else prompt_tokens
-        return (self.inflight.total(pod) + own) * self._seconds_per_token
+        ahead = self.inflight.total(pod) * self._queue_price(pod)
+        return ahead + own * self._seconds_per_token
+
+    def _queue_price(self, pod: str) -> float:
+        """Seconds of delay per prompt token in flight on `pod`."""
+        if not self.params.learn_queue_delay:
+            return self._seconds_per_token
+        return self.queue_delay.seconds_per_token(pod, self._seconds_per_token)
 
     def filter(
         self, state: CycleState, request: InferenceRequest, endpoints: list[Endpoint]
@@ -139,7 +159,22 @@ class PrefixCacheAffinityFilter(BasePlugin[PrefixCacheAffinityParams]):
         info = self._match(ctx.state)
         tokens = info.prompt_tokens if info is not None and info.prompt_tokens else 0
         tokens = tokens or self._prompt_tokens(ctx.request)
-        self.inflight.add(ctx.target.name, attempt_key(ctx), float(tokens))
+        pod, key = ctx.target.name, attempt_key(ctx)
+        if self.params.learn_queue_delay and ctx.request.data.get("stream") is True:
+            own = info.uncached_tokens(pod) if info is not None else tokens
+            ahead = self.inflight.total(pod)
+            self._waiting[key] = (pod, ahead, own * self._seconds_per_token, time.monotonic())
+        self.inflight.add(pod, key, float(tokens))
+
+    async def response_streaming(self, ctx: RequestContext, chunk: bytes) -> None:
+        if not self._waiting or b"data:" not in chunk:
+            return
+        entry = self._waiting.pop(attempt_key(ctx), None)
+        if entry is not None:
+            pod, ahead, own, sent = entry
+            self.queue_delay.observe(pod, ahead, time.monotonic() - sent - own)
 
     async def response_complete(self, ctx: RequestContext) -> None:
-        self.inflight.remove(ctx.target.name, attempt_key(ctx))
+        key = attempt_key(ctx)
+        self._waiting.pop(key, None)
+        self.inflight.remove(ctx.target.name, key)
