@@ -14,6 +14,7 @@ needs, and no more."""
 from __future__ import annotations
 
 import random
+import time
 
 from pydantic import Field
 
@@ -28,6 +29,7 @@ from heimdall_proxy.framework.types import (
     InferenceRequest,
     RequestContext,
 )
+from heimdall_proxy.plugins.filters.queue_delay import QueueDelay
 from heimdall_proxy.plugins.scorers.active_request import attempt_key
 from heimdall_proxy.plugins.scorers.inflight import InFlight
 from heimdall_proxy.plugins.scorers.shared_state import SharedCountsParams, connect
@@ -56,6 +58,12 @@ class PrefixCacheAffinityParams(SharedCountsParams):
     #: llm-d's calibration recipe does); the default is ours, about what the simulator and
     #: a mid-size model on one H100 do.
     peak_prefill_throughput: float = Field(default=16000.0, gt=0.0)
+    #: Price the prompt tokens in flight on a pod at the delay they were seen to cause
+    #: (learned per pod from streamed responses' first tokens, see queue_delay.py) rather
+    #: than at `peakPrefillThroughput`, which then prices only the request's own prefill.
+    #: Pods that make requests wait for a decode slot delay a first token by a whole reply
+    #: per request ahead, several times its prefill.
+    learn_queue_delay: bool = True
     #: Probability of not narrowing a request at all, so pods outside the sticky set keep
     #: seeing some of the prefix's traffic.
     exploration_probability: float = Field(default=0.0, ge=0.0, le=1.0)
@@ -70,7 +78,7 @@ class PrefixCacheAffinityParams(SharedCountsParams):
 
 @register(PREFIX_CACHE_AFFINITY_FILTER_TYPE, PrefixCacheAffinityParams)
 class PrefixCacheAffinityFilter(BasePlugin[PrefixCacheAffinityParams]):
-    """Filter, PreRequest, ResponseComplete.
+    """Filter, PreRequest, ResponseStreaming, ResponseComplete.
 
     Filter: reads the PrefixCacheMatchInfo of `prefixPluginType`/`prefixPluginName`. When
     some candidates but not all hold at least `affinityThreshold` of the prompt, keeps only
@@ -78,8 +86,9 @@ class PrefixCacheAffinityFilter(BasePlugin[PrefixCacheAffinityParams]):
     `maxTTFTPenaltyMs` above the best other candidate's, or the request is drawn for
     exploration (`explorationProbability`). Estimated TTFT of a pod = (prompt tokens of the
     requests this gateway has in flight there + the prompt tokens this request would not
-    find cached there) / `peakPrefillThroughput`. A cold request (no pod reaches the
-    threshold) is not narrowed.
+    find cached there) / `peakPrefillThroughput`, the tokens in flight priced instead at
+    the delay they were seen to cause on that pod once it is learned (`learnQueueDelay`).
+    A cold request (no pod reaches the threshold) is not narrowed.
 
     PreRequest / ResponseComplete keep the prompt tokens in flight per pod, from scheduling
     until the response ends (as llm-d's in-flight load counts them): a pod busy decoding
@@ -106,6 +115,10 @@ class PrefixCacheAffinityFilter(BasePlugin[PrefixCacheAffinityParams]):
             self.shared = ReplicaCounters(
                 redis, prefix, self.inflight.totals, params.sync_interval, params.replica_ttl
             )
+        self.queue_delay = QueueDelay()
+        # attempt key -> (pod, prompt tokens ahead, own prefill seconds, sent at), for the
+        # streamed attempts whose first token has not been seen yet
+        self._waiting: dict[str, tuple[str, float, float, float]] = {}
 
     async def start(self) -> None:
         if self.shared is not None:
@@ -130,10 +143,20 @@ class PrefixCacheAffinityFilter(BasePlugin[PrefixCacheAffinityParams]):
         """Seconds until `pod` could answer a request of `prompt_tokens` (info: what it
         holds of it), from the prompt tokens this gateway has in flight there."""
         own = info.uncached_tokens(pod) if info is not None else prompt_tokens
+        return self._busy(pod) * self._queue_price(pod) + own * self._seconds_per_token
+
+    def _busy(self, pod: str) -> float:
+        """Prompt tokens in flight on `pod` (every replica's, when shared)."""
         busy = self.inflight.total(pod)
         if self.shared is not None:
             busy += self.shared.others().get(pod, 0.0)
-        return (busy + own) * self._seconds_per_token
+        return busy
+
+    def _queue_price(self, pod: str) -> float:
+        """Seconds of delay per prompt token in flight on `pod`."""
+        if not self.params.learn_queue_delay:
+            return self._seconds_per_token
+        return self.queue_delay.seconds_per_token(pod, self._seconds_per_token)
 
     def filter(
         self, state: CycleState, request: InferenceRequest, endpoints: list[Endpoint]
@@ -169,11 +192,26 @@ class PrefixCacheAffinityFilter(BasePlugin[PrefixCacheAffinityParams]):
         info = self._match(ctx.state)
         tokens = info.prompt_tokens if info is not None and info.prompt_tokens else 0
         tokens = tokens or self._prompt_tokens(ctx.request)
-        self.inflight.add(ctx.target.name, attempt_key(ctx), float(tokens))
+        pod, key = ctx.target.name, attempt_key(ctx)
+        if self.params.learn_queue_delay and ctx.request.data.get("stream") is True:
+            own = info.uncached_tokens(pod) if info is not None else tokens
+            ahead = self._busy(pod)
+            self._waiting[key] = (pod, ahead, own * self._seconds_per_token, time.monotonic())
+        self.inflight.add(pod, key, float(tokens))
         if self.shared is not None:
             self.shared.changed()
 
+    async def response_streaming(self, ctx: RequestContext, chunk: bytes) -> None:
+        if not self._waiting or b"data:" not in chunk:
+            return
+        entry = self._waiting.pop(attempt_key(ctx), None)
+        if entry is not None:
+            pod, ahead, own, sent = entry
+            self.queue_delay.observe(pod, ahead, time.monotonic() - sent - own)
+
     async def response_complete(self, ctx: RequestContext) -> None:
-        self.inflight.remove(ctx.target.name, attempt_key(ctx))
+        key = attempt_key(ctx)
+        self._waiting.pop(key, None)
+        self.inflight.remove(ctx.target.name, key)
         if self.shared is not None:
             self.shared.changed()

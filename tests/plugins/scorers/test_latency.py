@@ -47,7 +47,10 @@ def preds(ttft_slo: float | None = None, **ttft: float) -> LatencyPredictions:
         ),
         ("slo-headroom-tier-filter", ["Filter"]),
         ("latency-slo-admitter", ["Admitter"]),
-        ("prefix-cache-affinity-filter", ["Filter", "PreRequest", "ResponseComplete"]),
+        (
+            "prefix-cache-affinity-filter",
+            ["Filter", "PreRequest", "ResponseStreaming", "ResponseComplete"],
+        ),
     ],
 )
 def test_extension_points(kind: str, points: list[str]) -> None:
