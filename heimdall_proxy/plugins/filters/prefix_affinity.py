@@ -32,8 +32,7 @@ from heimdall_proxy.framework.types import (
 from heimdall_proxy.plugins.filters.queue_delay import QueueDelay
 from heimdall_proxy.plugins.scorers.active_request import attempt_key
 from heimdall_proxy.plugins.scorers.inflight import InFlight
-from heimdall_proxy.plugins.scorers.shared_state import SharedCountsParams, connect
-from heimdall_proxy.replicas.counters import ReplicaCounters
+from heimdall_proxy.plugins.scorers.shared_state import SharedCountsParams, shared_counters
 
 PREFIX_CACHE_AFFINITY_FILTER_TYPE = "prefix-cache-affinity-filter"
 
@@ -108,13 +107,7 @@ class PrefixCacheAffinityFilter(BasePlugin[PrefixCacheAffinityParams]):
         self._rng = random.Random()
         self._seconds_per_token = 1.0 / params.peak_prefill_throughput
         self._penalty = params.max_ttft_penalty_ms / 1000.0
-        self.shared: ReplicaCounters | None = None
-        store = connect(self, params)
-        if store is not None:
-            redis, prefix = store
-            self.shared = ReplicaCounters(
-                redis, prefix, self.inflight.totals, params.sync_interval, params.replica_ttl
-            )
+        self.shared = shared_counters(self, params, self.inflight.totals)
         self.queue_delay = QueueDelay()
         # attempt key -> (pod, prompt tokens ahead, own prefill seconds, sent at), for the
         # streamed attempts whose first token has not been seen yet

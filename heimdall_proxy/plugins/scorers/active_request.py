@@ -17,8 +17,7 @@ from heimdall_proxy.framework.types import (
     RequestContext,
 )
 from heimdall_proxy.plugins.scorers.inflight import InFlight
-from heimdall_proxy.plugins.scorers.shared_state import SharedCountsParams, connect
-from heimdall_proxy.replicas.counters import ReplicaCounters
+from heimdall_proxy.plugins.scorers.shared_state import SharedCountsParams, shared_counters
 
 ACTIVE_REQUEST_SCORER_TYPE = "active-request-scorer"
 
@@ -54,13 +53,7 @@ class ActiveRequestScorer(BasePlugin[ActiveRequestParams]):
         self.inflight = InFlight(params.request_timeout)
         self._idle = params.idle_threshold
         self._busy = params.max_busy_score
-        self.shared: ReplicaCounters | None = None
-        store = connect(self, params)
-        if store is not None:
-            redis, prefix = store
-            self.shared = ReplicaCounters(
-                redis, prefix, self.inflight.counts, params.sync_interval, params.replica_ttl
-            )
+        self.shared = shared_counters(self, params, self.inflight.counts)
 
     async def start(self) -> None:
         if self.shared is not None:

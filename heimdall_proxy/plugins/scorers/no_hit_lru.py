@@ -17,8 +17,7 @@ from heimdall_proxy.framework.types import (
     InferenceRequest,
     RequestContext,
 )
-from heimdall_proxy.plugins.scorers.shared_state import SharedJournalParams, connect
-from heimdall_proxy.replicas.journal import Journal
+from heimdall_proxy.plugins.scorers.shared_state import SharedJournalParams, shared_journal
 
 NO_HIT_LRU_SCORER_TYPE = "no-hit-lru-scorer"
 #: The plugin types that publish a PrefixCacheMatchInfo this scorer can read.
@@ -54,14 +53,7 @@ class NoHitLRUScorer(BasePlugin[NoHitLRUParams]):
         super().__init__(name, params, handle)
         self._lru: OrderedDict[str, None] = OrderedDict()
         self._cold_key = f"{prefix_match_key(self.type, name)}#cold"
-        self.journal: Journal | None = None
-        store = connect(self, params)
-        if store is not None:
-            redis, prefix = store
-            self.journal = Journal(
-                redis, prefix + "journal", self._apply, params.sync_interval,
-                params.history_entries,
-            )  # fmt: skip
+        self.journal = shared_journal(self, params, self._apply)
 
     async def start(self) -> None:
         if self.journal is not None:

@@ -21,8 +21,7 @@ from heimdall_proxy.framework.types import (
 )
 from heimdall_proxy.plugins.scorers.active_request import attempt_key
 from heimdall_proxy.plugins.scorers.inflight import InFlight
-from heimdall_proxy.plugins.scorers.shared_state import SharedCountsParams, connect
-from heimdall_proxy.replicas.counters import ReplicaCounters
+from heimdall_proxy.plugins.scorers.shared_state import SharedCountsParams, shared_counters
 
 OUTSTANDING_WORK_SCORER_TYPE = "outstanding-work-scorer"
 
@@ -92,13 +91,7 @@ class OutstandingWorkScorer(BasePlugin[OutstandingWorkParams]):
         # per pre_request whatever happens, so it never outgrows the requests in flight.
         self._work: dict[str, _Work] = {}
         self._p = params
-        self.shared: ReplicaCounters | None = None
-        store = connect(self, params)
-        if store is not None:
-            redis, prefix = store
-            self.shared = ReplicaCounters(
-                redis, prefix, self.inflight.totals, params.sync_interval, params.replica_ttl
-            )
+        self.shared = shared_counters(self, params, self.inflight.totals)
 
     async def start(self) -> None:
         if self.shared is not None:

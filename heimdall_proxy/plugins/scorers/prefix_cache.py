@@ -24,8 +24,7 @@ from heimdall_proxy.framework.types import (
 from heimdall_proxy.kvcache.approx import ApproxPrefixIndex
 from heimdall_proxy.kvcache.hashing import block_keys, namespace_seed, text_block_keys
 from heimdall_proxy.kvcache.index.redis import blob, unblob
-from heimdall_proxy.plugins.scorers.shared_state import SharedJournalParams, connect
-from heimdall_proxy.replicas.journal import Journal
+from heimdall_proxy.plugins.scorers.shared_state import SharedJournalParams, shared_journal
 
 PREFIX_CACHE_SCORER_TYPE = "prefix-cache-scorer"
 #: Characters per token assumed when a request was not tokenized.
@@ -127,14 +126,7 @@ class PrefixCacheScorer(BasePlugin[PrefixCacheParams]):
         self.index = ApproxPrefixIndex(params.lru_capacity_per_server)
         self.state_key = prefix_match_key(self.type, name)
         self._hashes_key = f"{self.state_key}#hashes"
-        self.journal: Journal | None = None
-        store = connect(self, params)
-        if store is not None:
-            redis, prefix = store
-            self.journal = Journal(
-                redis, prefix + "journal", self._apply, params.sync_interval,
-                params.history_entries,
-            )  # fmt: skip
+        self.journal = shared_journal(self, params, self._apply)
 
     async def start(self) -> None:
         if self.journal is not None:

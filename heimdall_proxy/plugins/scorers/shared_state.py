@@ -7,6 +7,7 @@ in memory, as before."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
 import redis.asyncio as aioredis
@@ -14,6 +15,8 @@ from pydantic import Field, model_validator
 
 from heimdall_proxy.framework.params import Duration, PluginParams
 from heimdall_proxy.replicas.connect import client
+from heimdall_proxy.replicas.counters import ReplicaCounters
+from heimdall_proxy.replicas.journal import Journal
 
 log = logging.getLogger(__name__)
 
@@ -73,3 +76,27 @@ def connect(plugin: Any, params: SharedStoreParams) -> tuple[aioredis.Redis, str
             plugin.type,
         )
     return client(rc.address), f"{rc.key_prefix}state:{plugin.type}:{plugin.name}:"
+
+
+def shared_counters(
+    plugin: Any, params: SharedCountsParams, local: Callable[[], Mapping[str, float]]
+) -> ReplicaCounters | None:
+    """The replica counters a plugin publishes its per-pod totals (`local`) through, or None
+    when sharing is not configured."""
+    store = connect(plugin, params)
+    if store is None:
+        return None
+    redis, prefix = store
+    return ReplicaCounters(redis, prefix, local, params.sync_interval, params.replica_ttl)
+
+
+def shared_journal(
+    plugin: Any, params: SharedJournalParams, apply: Callable[[list[Any]], None]
+) -> Journal | None:
+    """The journal a plugin sends its changes through and `apply`s the other replicas'
+    with, or None when sharing is not configured."""
+    store = connect(plugin, params)
+    if store is None:
+        return None
+    redis, prefix = store
+    return Journal(redis, prefix + "journal", apply, params.sync_interval, params.history_entries)
