@@ -66,6 +66,8 @@ REPLAY_BACKOFF = 30.0
 FLUSH_EVERY = 64
 #: Batches a worker takes from its queue at most, to prepare them in one call.
 DRAIN_MAX = 256
+#: Seconds stop() waits for its cancelled tasks before it gives up on them (and says so).
+STOP_TIMEOUT = 5.0
 
 
 @dataclass(slots=True)
@@ -184,9 +186,13 @@ class KVEventsSubscriber:
         self._tasks = []
         for task in tasks:
             task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        if tasks:
+            _, stuck = await asyncio.wait(tasks, timeout=STOP_TIMEOUT)
+            for task in stuck:
+                log.warning("KV events task %s did not stop within %.0fs", task, STOP_TIMEOUT)
+            for task in tasks:
+                if task.done() and not task.cancelled():
+                    task.exception()  # retrieved: it was logged where it happened
         if self._ctx is not None:
             self._ctx.destroy(linger=0)
             self._ctx = None
@@ -404,7 +410,13 @@ class KVEventsSubscriber:
 
     async def _worker(self, queue: asyncio.Queue[tuple[str, bytes | None]]) -> None:
         unflushed = 0
+        me = asyncio.current_task()
         while True:
+            if me is not None and me.cancelling():
+                # A library on the apply path (the index's client) can absorb the
+                # cancellation that stop() sent; waiting for the next batch would then keep
+                # the gateway from ever shutting down.
+                raise asyncio.CancelledError
             items = [await queue.get()]
             while len(items) < DRAIN_MAX and not queue.empty():
                 items.append(queue.get_nowait())

@@ -4,6 +4,7 @@ a bound socket named by topic, pods joining and leaving."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from typing import Any
 
 import pytest
@@ -268,4 +269,34 @@ async def test_a_duplicate_window_tells_duplicates_from_restarts(
         assert sink.forgotten == ["a"] and sub.stats.publisher_restarts == 1
     finally:
         await sub.stop()
+        await pub.close()
+
+
+async def test_stop_ends_a_worker_whose_apply_absorbed_the_cancellation(
+    ctx: zmq.asyncio.Context,
+) -> None:
+    """A client library on the apply path that swallows the CancelledError stop() sends (seen
+    with the Redis index) must not leave stop() waiting for the next batch forever."""
+    pub = Publisher(ctx, replay=False)
+    entered = asyncio.Event()
+
+    async def absorbing(pod_name: str, b: EventBatch) -> None:
+        entered.set()
+        with contextlib.suppress(asyncio.CancelledError):  # what such a library does
+            await asyncio.sleep(30)
+
+    async def forget(pod_name: str) -> None:
+        pass
+
+    sub = KVEventsSubscriber(SubscriberOptions(), Pool([pod("a", pub.endpoint)]), absorbing, forget)
+    await sub.start()
+    try:
+        for n in range(50):
+            await pub.publish(ev(n))
+            if entered.is_set():
+                break
+            await asyncio.sleep(0.05)
+        await asyncio.wait_for(entered.wait(), 5)
+        await asyncio.wait_for(sub.stop(), 3)  # well inside STOP_TIMEOUT: the worker ended
+    finally:
         await pub.close()
