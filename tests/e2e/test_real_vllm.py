@@ -217,8 +217,22 @@ async def test_gateway_pool_reads_cache_config_from_real_pods(
 ) -> None:
     """The gateway's own data layer, in-process, on the pods' real /metrics: the pool's
     endpoints carry vllm:cache_config_info's block_size and num_gpu_blocks (the gateway's
-    /metrics does not export them)."""
-    gw = await start_gateway(parse_config(_gateway_config(pods), "<e2e>"), metrics_interval=0.1)
+    /metrics does not export them). The family is scraped because a plugin that reads it
+    (prefix-cache-scorer, which sizes its index from it) is configured."""
+    config = {
+        **_gateway_config(pods),
+        "plugins": [{"type": "prefix-cache-scorer"}, {"type": "max-score-picker"}],
+        "schedulingProfiles": [
+            {
+                "name": "default",
+                "plugins": [
+                    {"pluginRef": "prefix-cache-scorer"},
+                    {"pluginRef": "max-score-picker"},
+                ],
+            }
+        ],
+    }
+    gw = await start_gateway(parse_config(config, "<e2e>"), metrics_interval=0.1)
     for pod in pods:
         endpoint = gw.gateway.pool.get(pod.name)
         assert endpoint is not None
