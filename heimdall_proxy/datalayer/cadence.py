@@ -52,6 +52,10 @@ class ScrapeCadence:
             state = self._pods[name] = PodCadence(self.interval)
         return state
 
+    def forget(self, name: str) -> None:
+        """A pod left the pool: drop its state (a pod that joins again starts afresh)."""
+        self._pods.pop(name, None)
+
     def _disturbed(self, name: str, state: PodCadence) -> bool:
         """The gateway has sent the pod something since its last scrape, or has requests in
         flight on it."""

@@ -115,6 +115,7 @@ class PoolRefresher:
                 del self._probes[name]
         for name in [n for n in self._next_models if n not in current]:
             del self._next_models[name]
+            self.cadence.forget(name)
         now = time.monotonic()
         for name in current:  # a pod that joined learns its models on the next tick
             self._next_models.setdefault(name, now)

@@ -81,3 +81,14 @@ def test_a_quiet_pods_snapshot_is_vouched_for_between_scrapes() -> None:
     _scrape(cadence, never, 5.0)
     cadence.due([never], 5.1)
     assert never.metrics.updated_at == 0.0  # never scraped stays never scraped
+
+
+def test_a_pod_that_left_and_came_back_starts_afresh() -> None:
+    cadence = ScrapeCadence(InFlightLoad(), 0.1, 1.0)
+    pod = ep("a", updated_at=1.0)
+    for now in (0.0, 0.2, 0.6):
+        _scrape(cadence, pod, now)
+    assert cadence.pod("a").interval > 0.1  # backed off while quiet
+    cadence.forget("a")
+    assert cadence.due([pod], 0.61) == [pod]  # due at once, at the base interval
+    assert cadence.pod("a").interval == 0.1
