@@ -103,20 +103,34 @@ async def unregister(request: web.Request) -> web.Response:
     return _json({"status": "unregistered successfully", "removed_instances": removed})
 
 
-_NO_HIT = InstanceHit()
-
-
-def _answer(
-    hit: InstanceHit | None, ranks: list[int], media: list[tuple[str, str]], block_size: int
-) -> dict[str, Any]:
-    """One instance's answer; `media`: (tracked name, answered name) of each medium."""
-    hit = hit or _NO_HIT
-    held = hit.media
-    out: dict[str, Any] = {"longest_matched": hit.longest * block_size}
-    for medium, label in media:
-        out[label] = held.get(medium, 0) * block_size
-    dp = hit.dp
-    out["DP"] = {str(r): dp.get(r, 0) * block_size for r in ranks}
+def _answers(
+    kept: list[tuple[str, list[int]]],
+    hits: dict[str, InstanceHit],
+    media: list[tuple[str, str]],
+    block_size: int,
+) -> dict[str, dict[str, Any]]:
+    """Each kept instance's answer, in `kept`'s order; `media`: (tracked name, answered
+    name) of each medium. One loop with the common case (one DP rank) spelt out: this runs
+    for every instance in scope on every query."""
+    out: dict[str, dict[str, Any]] = {}
+    for instance, ranks in kept:
+        hit = hits.get(instance)
+        if hit is None:
+            doc: dict[str, Any] = {"longest_matched": 0}
+            for _, label in media:
+                doc[label] = 0
+            doc["DP"] = {str(r): 0 for r in ranks}
+        else:
+            held = hit.media
+            doc = {"longest_matched": hit.longest * block_size}
+            for medium, label in media:
+                doc[label] = held.get(medium, 0) * block_size
+            dp = hit.dp
+            if len(ranks) == 1:
+                doc["DP"] = {str(ranks[0]): dp.get(ranks[0], 0) * block_size}
+            else:
+                doc["DP"] = {str(r): dp.get(r, 0) * block_size for r in ranks}
+        out[instance] = doc
     return out
 
 
@@ -138,12 +152,15 @@ def _query(by_hash: bool) -> Handler:
                 404, f"instance {query.instance_id!r} is not registered under tenant "
                 f"{ns.tenant!r}", "unknown_instance",
             )  # fmt: skip
-        ranked = sorted(scope, key=lambda s: (-(hits[s[0]].longest if s[0] in hits else 0), s[0]))
+        # the longest matches first; scope is sorted by instance and the sort is stable, so
+        # ties stay in instance order
+        longest = {i: hit.longest for i, hit in hits.items()}
+        ranked = sorted(scope, key=lambda s: -longest.get(s[0], 0))
         kept = ranked[: opts.max_instances]
         tracked = conductor.index.media_of(ns)
         names = (*STANDARD_MEDIA, *(m for m in tracked if m not in STANDARD_MEDIA))
         media = [(m, m.upper()) for m in names]
-        answer = {i: _answer(hits.get(i), ranks, media, ns.block_size) for i, ranks in kept}
+        answer = _answers(kept, hits, media, ns.block_size)
         request.app[QUERY_LATENCY].observe(time.perf_counter() - t0)
         headers = {}
         if len(ranked) > len(kept):

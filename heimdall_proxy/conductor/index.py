@@ -329,18 +329,28 @@ class ConductorIndex:
                 combined = masks if combined is None else list(map(or_, combined, masks))
             if combined is None or not combined_walker.feed(combined):
                 break
-        labels = {bit: str(bit) for bit in space.sources}
+        sources = space.sources  # bit -> (backend, rank): the walkers' results name them
+        combined_runs = combined_walker.result(sources)
+        # one medium: its runs are the combined ones, filled in the same pass
+        only = media[0][0] if len(media) == 1 else None
         out: dict[str, InstanceHit] = {}
-        for label, run in combined_walker.result(labels).items():
-            backend, rank = space.sources[int(label)]
-            hit = out.setdefault(backend, InstanceHit())
-            hit.dp[rank] = int(run)
-            hit.longest = max(hit.longest, int(run))
-        for (medium, _), walker in zip(media, walkers, strict=True):
-            for label, run in walker.result(labels).items():
-                backend, _ = space.sources[int(label)]
-                hit = out[backend]
-                hit.media[medium] = max(hit.media.get(medium, 0), int(run))
+        for (backend, rank), run in combined_runs.items():
+            blocks = int(run)
+            hit = out.get(backend)
+            if hit is None:
+                hit = out[backend] = InstanceHit()
+            hit.dp[rank] = blocks
+            if blocks > hit.longest:
+                hit.longest = blocks
+            if only is not None and blocks > hit.media.get(only, 0):
+                hit.media[only] = blocks
+        if only is None:
+            for (medium, _), walker in zip(media, walkers, strict=True):
+                for (backend, _), run in walker.result(sources).items():
+                    held = out[backend].media
+                    blocks = int(run)
+                    if blocks > held.get(medium, 0):
+                        held[medium] = blocks
         return out
 
     # ---- introspection ----------------------------------------------------------------------

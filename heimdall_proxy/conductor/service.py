@@ -10,11 +10,10 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from heimdall_proxy.conductor.api import Query, Unregister
-from heimdall_proxy.conductor.hashing import seq_hashes
 from heimdall_proxy.conductor.index import ConductorIndex, InstanceHit
 from heimdall_proxy.conductor.model import (
     MOONCAKE,
@@ -44,8 +43,9 @@ from heimdall_proxy.conductor.standard import (
 )
 from heimdall_proxy.framework.types import Endpoint
 from heimdall_proxy.kvcache.events import EventBatch, decode_payload
-from heimdall_proxy.kvcache.hashing import STANDARD_HASH_SEED
+from heimdall_proxy.kvcache.hashing import STANDARD_HASH_SEED, LazyBlockKeys
 from heimdall_proxy.kvcache.index.stats import KVCacheStats
+from heimdall_proxy.kvcache.index.walk import WALK_CHUNK
 from heimdall_proxy.kvcache.subscriber import KVEventsSubscriber, Prepare, SubscriberOptions
 
 log = logging.getLogger(__name__)
@@ -312,10 +312,14 @@ class Conductor:
         """The instances in scope and what they hold of the query's blocks."""
         scope = self.instances(query)
         ns = query.namespace
-        keys = (
+        if not scope:
+            return scope, {}
+        keys: Sequence[int] = (
             query.values
             if query.by_hash
-            else seq_hashes(query.values, ns.block_size, self.options.hash_seed)
+            # hashed a walk's chunk at a time: the walk stops where the last instance in
+            # scope drops out, and the rest of the prompt is never hashed
+            else LazyBlockKeys(query.values, ns.block_size, self.options.hash_seed, WALK_CHUNK)
         )
         return scope, self.index.query(ns, keys, [i for i, _ in scope])
 

@@ -6,8 +6,12 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from itertools import accumulate, groupby
 from operator import and_, or_
+from typing import TypeVar
 
 from heimdall_proxy.kvcache.index.stats import KVCacheStats
+
+#: What a caller names its sources by (a pod's name; the conductor's (backend, rank)).
+Name = TypeVar("Name")
 
 
 def iter_bits(mask: int) -> list[int]:
@@ -64,16 +68,23 @@ class RunWalker:
             # acc only ever loses bits: visit the points where it changes (groupby runs in C)
             prev = self.alive
             base = self.blocks - 1
+            runs, top, deficit = self.runs, self.top, self.deficit
+            held = self.dropped_at
             for a, group in groupby(range(1, len(acc)), acc.__getitem__):
                 if a == prev:
                     continue
-                held = self.dropped_at = base + next(group)
+                held = base + next(group)
                 if held:
-                    for b in iter_bits(prev & ~a):
-                        self.runs[b] = held * self.top - self.deficit.get(b, 0.0)
+                    gone = prev & ~a
+                    if not gone & (gone - 1):  # one pod dropped here (the usual case)
+                        runs[gone] = held * top - deficit.get(gone, 0.0)
+                    else:
+                        for b in iter_bits(gone):
+                            runs[b] = held * top - deficit.get(b, 0.0)
                 prev = a
                 if not a:
                     break
+            self.dropped_at = held
             self.alive = final
         self.blocks += len(fast)
         if not final:
@@ -85,8 +96,9 @@ class RunWalker:
         """Blocks from the start held by some candidate (the longest run, unweighted)."""
         return self.blocks if self.alive else self.dropped_at
 
-    def result(self, names: Mapping[int, str]) -> dict[str, float]:
-        """pod name -> weighted run, for pods that hold at least the first block."""
+    def result(self, names: Mapping[int, Name]) -> dict[Name, float]:
+        """pod name (`names[bit]`) -> weighted run, for pods that hold at least the first
+        block."""
         runs = dict(self.runs)
         if self.alive and self.blocks:
             for b in iter_bits(self.alive):
