@@ -13,9 +13,10 @@ Query: a prompt of `--prompt-tokens` tokens (512 blocks of 16) that instance i h
 first (i+1)/instances of (every instance is in the walk for part of it), against the index
 built by the vLLM path (so it holds 64 x 100k blocks besides). `query` times
 Conductor.query with the token ids (hashing the prompt included); `query_by_hash` with the
-hashes given; `HTTP /query` a whole POST through aiohttp on localhost (client in the same
-process and on the same two CPUs as the server; encoding the body with orjson, checking
-and decoding it on the server included).
+hashes given; `a cold prompt` one of the same size that no instance holds (the walk stops
+at its first chunk, and only that chunk is hashed); `HTTP /query` a whole POST through
+aiohttp on localhost (client in the same process and on the same two CPUs as the server;
+encoding the body with orjson, checking and decoding it on the server included).
 
 Run: python bench/conductor.py [--instances 64] [--blocks 100000] [--markdown]
 """
@@ -313,7 +314,18 @@ def main() -> int:
     _, hits = conductor.query(query)
     assert len(hits) == args.instances
     assert hits[regs[-1].instance_id].longest == len(prompt) // BLOCK
-    for name, q in (("query (token ids, hashing included)", query), ("query_by_hash", hashed)):
+    cold = parse_query(
+        {"model": MODEL, "token_ids": [t + 1 for t in prompt], "block_size": BLOCK},
+        False,
+        1 << 20,
+        1 << 16,
+    )
+    assert conductor.query(cold)[1] == {}
+    for name, q in (
+        ("query (token ids, hashing included)", query),
+        ("query_by_hash", hashed),
+        ("query, a cold prompt (no instance holds its first block)", cold),
+    ):
         samples = []
         for _ in range(args.queries):
             t0 = time.perf_counter()

@@ -161,8 +161,9 @@ class ConductorIndex:
         bit = space.bit((stream.backend_id, stream.dp_rank))
         d = space.media.setdefault(stream.medium, {})
         hashes = ev.seq_hashes
+        keys: Sequence[int]
         if ev.token_ids is None:
-            keys = list(hashes)
+            keys = hashes  # read only: the index keeps the ints, not the sequence
         else:
             emap = self._engine.setdefault(publisher, {}).setdefault(ns, {})
             known = [emap.get(h) for h in hashes] if hashes and hashes[0] in emap else None
@@ -201,7 +202,7 @@ class ConductorIndex:
             n = min(len(ev.seq_hashes), len(ev.keys) // per) * per if not rest else 0
             if n:
                 keys = ev.keys if len(ev.keys) == n else ev.keys[:n]
-                return list(keys), per
+                return (keys if type(keys) is list else list(keys)), per
         return event_keys(
             ev.token_ids or (),
             engine_block_size,

@@ -28,7 +28,17 @@ from heimdall_proxy.conductor.prepare import PreparedStored
 from heimdall_proxy.kvcache.events import AllBlocksCleared, BlockRemoved, BlockStored, EventBatch
 
 #: A publisher's streams by (lora_name, lora_id, cache_salt, medium) of its events.
-StreamCache = dict[tuple[str | None, int | None, str | None, str | None], Stream]
+StreamKey = tuple[str | None, int | None, str | None, str | None]
+StreamCache = dict[StreamKey, Stream]
+#: Streams remembered per publisher at most (cache_salt is per request: without a bound a
+#: publisher serving many salts would grow its cache for ever); past it, it starts over.
+MAX_STREAMS = 4096
+
+
+def _remember(streams: StreamCache, key: StreamKey, stream: Stream) -> None:
+    if len(streams) >= MAX_STREAMS:
+        streams.clear()
+    streams[key] = stream
 
 
 def from_vllm(
@@ -36,13 +46,18 @@ def from_vllm(
 ) -> list[Event]:
     """The standardized events of one decoded vLLM batch of `reg`'s publisher. The DP rank
     is the registration's (each DP rank is registered as its own publisher). `streams`:
-    the publisher's streams made so far (valid while `reg` is its registration), so the
-    stored events of a worker-prepared batch share them."""
+    the publisher's streams made so far (valid while `reg` is its registration), so its
+    stored events share them rather than building a Namespace and a Stream each."""
     out: list[Event] = []
     for ev in batch.events:
         if type(ev) is BlockStored:
-            ns = reg.namespace(lora_identity(ev.lora_name, ev.lora_id), ev.cache_salt)
-            stream = Stream(ns, reg.instance_id, medium_name(ev.medium), reg.dp_rank)
+            key = (ev.lora_name, ev.lora_id, ev.cache_salt, ev.medium)
+            stream = streams.get(key) if streams is not None else None
+            if stream is None:
+                ns = reg.namespace(lora_identity(ev.lora_name, ev.lora_id), ev.cache_salt)
+                stream = Stream(ns, reg.instance_id, medium_name(ev.medium), reg.dp_rank)
+                if streams is not None:
+                    _remember(streams, key, stream)
             out.append(
                 Stored(
                     stream,
@@ -60,7 +75,7 @@ def from_vllm(
                 ns = reg.namespace(lora_identity(ev.lora_name, ev.lora_id), ev.cache_salt)
                 known = Stream(ns, reg.instance_id, medium_name(ev.medium), reg.dp_rank)
                 if streams is not None:
-                    streams[key] = known
+                    _remember(streams, key, known)
             out.append(
                 Stored(
                     known,

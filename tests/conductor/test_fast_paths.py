@@ -101,3 +101,32 @@ def test_query_matches_a_block_by_block_reading(seed: int) -> None:
     by_hash = {"model": "m", "block_size": BLOCK, "seq_hashes": keys}
     _, hits = conductor.query(parse_query(by_hash, True, 1 << 20, 1 << 16, True))
     assert as_plain(hits) == plain_answer(conductor.index, NS, keys, backends)
+
+
+def test_cached_streams_are_the_ones_built_per_event() -> None:
+    """from_vllm reuses a publisher's Stream per (LoRA, salt, medium): on a random stream of
+    events, with the cache bounded low so it also starts over, every event's stream equals
+    the one built for it alone."""
+    from heimdall_proxy.conductor import normalise
+    from heimdall_proxy.conductor.normalise import StreamCache, from_vllm
+    from heimdall_proxy.kvcache.events import BlockStored, EventBatch
+
+    rng = random.Random(5)
+    reg = Registration("tcp://h:1", None, "vLLM", "m", "", "t", "a", BLOCK, 1, "salty")
+    cache: StreamCache = {}
+    bound = normalise.MAX_STREAMS
+    normalise.MAX_STREAMS = 5
+    try:
+        for _ in range(300):
+            ev = BlockStored(
+                [rng.getrandbits(64)], None, list(range(BLOCK)), BLOCK,
+                rng.choice([None, "sql", "chat"]), rng.choice([None, "GPU", "cpu", "Disk"]),
+                rng.choice([None, 3]), rng.choice([None, "s1", "s2", ""]),
+            )  # fmt: skip
+            batch = EventBatch(0.0, [ev])
+            (cached,) = from_vllm(reg, batch, streams=cache)
+            (alone,) = from_vllm(reg, batch)
+            assert cached.stream == alone.stream
+            assert len(cache) <= 5
+    finally:
+        normalise.MAX_STREAMS = bound
