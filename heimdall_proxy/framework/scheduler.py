@@ -7,6 +7,7 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from itertools import repeat
 
 from heimdall_proxy.framework.log import V4, V5
 from heimdall_proxy.framework.plugins import Filter, Picker, ProfileHandler, Scorer
@@ -14,11 +15,12 @@ from heimdall_proxy.framework.spans import SPANS_KEY, RequestSpans
 from heimdall_proxy.framework.trace import TRACE_KEY, ScheduleTrace, ScorerTrace
 from heimdall_proxy.framework.types import (
     CycleState,
+    DefaultScores,
     Endpoint,
     InferenceRequest,
     ProfileResult,
     SchedulingResult,
-    ScoredEndpoint,
+    ScoredEndpoints,
 )
 
 log = logging.getLogger(__name__)
@@ -51,10 +53,69 @@ class WeightedScorer:
     weight: float
 
 
+def _add_dense(
+    totals: list[float],
+    weight: float,
+    default: float,
+    scores: Mapping[str, float],
+    names: list[str],
+) -> list[float]:
+    """`totals` plus `weight` times each pod's score clamped to [0, 1] (NaN counts as 0;
+    a pod missing from `scores` scores `default`). Nothing is added for a score <= 0, so the
+    sums are the same floats, in the same order, as adding pod by pod."""
+    values = map(scores.get, names, repeat(default))
+    return [
+        t + weight * (1.0 if v > 1.0 else v) if v > 0.0 else t
+        for t, v in zip(totals, values, strict=True)
+    ]
+
+
+def _add_sparse(
+    totals: list[float],
+    weight: float,
+    default: float,
+    scores: Mapping[str, float],
+    index: dict[str, int],
+) -> list[float]:
+    """`_add_dense` for a `scores` that names few pods: the pods it names get their own
+    score, every other pod `default`, added once as a constant."""
+    fixed = []
+    for pod, v in scores.items():
+        i = index.get(pod)
+        if i is not None:
+            t = totals[i]
+            fixed.append((i, t + weight * (1.0 if v > 1.0 else v) if v > 0.0 else t))
+    if default > 0.0:
+        add = weight * (1.0 if default > 1.0 else default)
+        totals = [t + add for t in totals]
+    for i, t in fixed:
+        totals[i] = t
+    return totals
+
+
+class _Names:
+    """The names of a candidate list, and name -> position, kept for the next request: the
+    pool hands out the same list of a model's candidates until one changes (callers must
+    not modify it), so at 1,024 pods neither is rebuilt per request."""
+
+    __slots__ = ("_index", "endpoints", "names")
+
+    def __init__(self, endpoints: list[Endpoint]) -> None:
+        self.endpoints = endpoints
+        self.names = [e.name for e in endpoints]
+        self._index: dict[str, int] | None = None
+
+    def index(self) -> dict[str, int] | None:
+        """name -> position; None when two candidates share a name (not in a pool)."""
+        if self._index is None:
+            self._index = dict(zip(self.names, range(len(self.names)), strict=True))
+        return self._index if len(self._index) == len(self.names) else None
+
+
 class SchedulerProfile:
     """A named pipeline of filters -> scorers -> picker."""
 
-    __slots__ = ("_filters", "_picker", "_picker_timer", "_scorers", "name")
+    __slots__ = ("_filters", "_names", "_picker", "_picker_timer", "_scorers", "name")
 
     def __init__(
         self,
@@ -80,6 +141,7 @@ class SchedulerProfile:
         ]
         self._picker = picker
         self._picker_timer = timers("Picker", _plugin_type(picker), _plugin_name(picker))
+        self._names: _Names | None = None
 
     @property
     def filters(self) -> list[Filter]:
@@ -123,6 +185,10 @@ class SchedulerProfile:
                     )
                 return None
 
+        known = self._names
+        if known is None or known.endpoints is not endpoints or len(known.names) != len(endpoints):
+            known = self._names = _Names(endpoints)
+        names = known.names
         totals = [0.0] * len(endpoints)
         for scorer, weight, name, observe in self._scorers:
             if verbose:
@@ -137,18 +203,21 @@ class SchedulerProfile:
             if pt is not None:
                 raw = {e.name: float(scores.get(e.name, 0.0)) for e in endpoints}
                 pt.scorers.append(ScorerTrace(name, weight, raw))
-            for i, endpoint in enumerate(endpoints):
-                value = scores.get(endpoint.name, 0.0)
-                # Clamp to [0, 1]; NaN (value != value) counts as 0.
-                if not value > 0.0:
-                    continue
-                totals[i] += weight * (1.0 if value > 1.0 else value)
+            table: Mapping[str, float]
+            if isinstance(scores, DefaultScores) and scores.endpoints is endpoints:
+                default, table = scores.default, scores.changed
+            else:
+                default, table = 0.0, scores
+            if len(table) * 4 < len(names) and (index := known.index()) is not None:
+                totals = _add_sparse(totals, weight, default, table, index)
+            else:
+                totals = _add_dense(totals, weight, default, table, names)
             if verbose and log.isEnabledFor(V5):
                 log.log(
                     V5, "Scores", extra={"scorer": name, "scores": dict(scores), "request_id": rid}
                 )
 
-        scored = [ScoredEndpoint(e, t) for e, t in zip(endpoints, totals, strict=True)]
+        scored = ScoredEndpoints(endpoints, totals)
         if verbose:
             log.log(
                 V4,
@@ -162,10 +231,11 @@ class SchedulerProfile:
         t0 = perf()
         result = self._picker.pick(state, request, scored)
         self._picker_timer(perf() - t0)
-        if not result.ranked:
-            result.ranked = [s.endpoint for s in sorted(scored, key=lambda s: -s.score)]
+        if not result.has_ranking():
+            order = sorted(range(len(totals)), key=lambda i: -totals[i])
+            result.ranked = [endpoints[i] for i in order]
         if pt is not None:
-            pt.totals = {s.endpoint.name: s.score for s in scored}
+            pt.totals = dict(zip(names, totals, strict=True))
             pt.picked = [e.name for e in result.targets]
             pt.ranked = [e.name for e in result.ranked]
         if verbose:
