@@ -14,6 +14,7 @@ from heimdall_proxy.framework.plugins import Filter, Picker, ProfileHandler, Sco
 from heimdall_proxy.framework.spans import SPANS_KEY, RequestSpans
 from heimdall_proxy.framework.trace import TRACE_KEY, ScheduleTrace, ScorerTrace
 from heimdall_proxy.framework.types import (
+    CandidateNames,
     CycleState,
     DefaultScores,
     Endpoint,
@@ -93,29 +94,60 @@ def _add_sparse(
     return totals
 
 
-class _Names:
-    """The names of a candidate list, and name -> position, kept for the next request: the
-    pool hands out the same list of a model's candidates until one changes (callers must
-    not modify it), so at 1,024 pods neither is rebuilt per request."""
+class _Sums:
+    """A profile's running weighted sums. While every scorer so far named few pods, the pods
+    never named share one sum (`base`) and only the named ones have their own (`own`, by
+    position), so a scorer's default costs one addition, not one per pod; the first scorer
+    that names most pods makes the list. Either way each pod's sum is the same floats added
+    in the same order as pod by pod."""
 
-    __slots__ = ("_index", "endpoints", "names")
+    __slots__ = ("_n", "_totals", "base", "own")
 
-    def __init__(self, endpoints: list[Endpoint]) -> None:
-        self.endpoints = endpoints
-        self.names = [e.name for e in endpoints]
-        self._index: dict[str, int] | None = None
+    def __init__(self, n: int) -> None:
+        self._n = n
+        self.base = 0.0
+        self.own: dict[int, float] = {}
+        self._totals: list[float] | None = None
 
-    def index(self) -> dict[str, int] | None:
-        """name -> position; None when two candidates share a name (not in a pool)."""
-        if self._index is None:
-            self._index = dict(zip(self.names, range(len(self.names)), strict=True))
-        return self._index if len(self._index) == len(self.names) else None
+    def add_sparse(
+        self, weight: float, default: float, scores: Mapping[str, float], index: dict[str, int]
+    ) -> None:
+        if self._totals is not None:
+            self._totals = _add_sparse(self._totals, weight, default, scores, index)
+            return
+        own, base = self.own, self.base
+        named: dict[int, float] = {}
+        for pod, v in scores.items():
+            i = index.get(pod)
+            if i is not None:
+                t = own.get(i, base)
+                named[i] = t + weight * (1.0 if v > 1.0 else v) if v > 0.0 else t
+        if default > 0.0:
+            add = weight * (1.0 if default > 1.0 else default)
+            for i, t in own.items():
+                own[i] = t + add
+            self.base = base + add
+        own.update(named)  # named pods: their own score instead of the default
+
+    def add_dense(
+        self, weight: float, default: float, scores: Mapping[str, float], names: list[str]
+    ) -> None:
+        self._totals = _add_dense(self.list(), weight, default, scores, names)
+
+    def list(self) -> list[float]:
+        """Every pod's sum, in candidate order."""
+        if self._totals is None:
+            totals = [self.base] * self._n
+            for i, t in self.own.items():
+                totals[i] = t
+            self._totals = totals
+        return self._totals
 
 
 class SchedulerProfile:
     """A named pipeline of filters -> scorers -> picker."""
 
-    __slots__ = ("_filters", "_names", "_picker", "_picker_timer", "_scorers", "name")
+    __slots__ = ("_filters", "_picker", "_picker_timer", "_scorers", "name")
 
     def __init__(
         self,
@@ -141,7 +173,6 @@ class SchedulerProfile:
         ]
         self._picker = picker
         self._picker_timer = timers("Picker", _plugin_type(picker), _plugin_name(picker))
-        self._names: _Names | None = None
 
     @property
     def filters(self) -> list[Filter]:
@@ -185,11 +216,9 @@ class SchedulerProfile:
                     )
                 return None
 
-        known = self._names
-        if known is None or known.endpoints is not endpoints or len(known.names) != len(endpoints):
-            known = self._names = _Names(endpoints)
+        known = CandidateNames.of(endpoints)
         names = known.names
-        totals = [0.0] * len(endpoints)
+        sums = _Sums(len(endpoints))
         for scorer, weight, name, observe in self._scorers:
             if verbose:
                 log.log(
@@ -209,14 +238,15 @@ class SchedulerProfile:
             else:
                 default, table = 0.0, scores
             if len(table) * 4 < len(names) and (index := known.index()) is not None:
-                totals = _add_sparse(totals, weight, default, table, index)
+                sums.add_sparse(weight, default, table, index)
             else:
-                totals = _add_dense(totals, weight, default, table, names)
+                sums.add_dense(weight, default, table, names)
             if verbose and log.isEnabledFor(V5):
                 log.log(
                     V5, "Scores", extra={"scorer": name, "scores": dict(scores), "request_id": rid}
                 )
 
+        totals = sums.list()
         scored = ScoredEndpoints(endpoints, totals)
         if verbose:
             log.log(

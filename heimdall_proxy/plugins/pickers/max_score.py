@@ -54,8 +54,8 @@ class MaxScorePicker(PickerBase):
                 level = max((t for t in totals if t < below), default=None)
         targets = [endpoints[i] for i in chosen]
         # Kept until the request ends, for the fallback ranking: as an array, which the
-        # garbage collector need not walk (1,024 float objects per request in flight made
-        # its young-generation passes take milliseconds).
+        # garbage collector does not walk (a list or tuple of 1,024 float objects per
+        # request in flight made its young-generation passes take milliseconds: p99).
         kept = array("d", totals)
 
         def rank() -> list[Endpoint]:

@@ -15,6 +15,7 @@ from heimdall_proxy.framework.params import Duration
 from heimdall_proxy.framework.prefix import read_prefix_match
 from heimdall_proxy.framework.registry import register
 from heimdall_proxy.framework.types import (
+    CandidateNames,
     CycleState,
     DefaultScores,
     Endpoint,
@@ -135,7 +136,7 @@ class OutstandingWorkScorer(BasePlugin[OutstandingWorkParams]):
         self.inflight.expire()
         total = self.inflight.total
         if self.shared is None:
-            loads = self.inflight.totals_of([e.name for e in endpoints])
+            loads = self.inflight.totals_of(CandidateNames.of(endpoints).names)
         else:
             others = self.shared.others()
             loads = [total(e.name) + others.get(e.name, 0.0) for e in endpoints]

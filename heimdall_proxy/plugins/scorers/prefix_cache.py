@@ -15,6 +15,7 @@ from heimdall_proxy.framework.handle import PluginHandle
 from heimdall_proxy.framework.prefix import PrefixCacheMatchInfo, prefix_match_key
 from heimdall_proxy.framework.registry import register
 from heimdall_proxy.framework.types import (
+    CandidateNames,
     CycleState,
     DefaultScores,
     Endpoint,
@@ -180,7 +181,7 @@ class PrefixCacheScorer(BasePlugin[PrefixCacheParams]):
             return info
         block_size = self._block_size(endpoints)
         keys = self.keys(request, block_size)
-        matched = self.index.match(keys, {e.name for e in endpoints}) if keys else {}
+        matched = self.index.match(keys, CandidateNames.of(endpoints).names) if keys else {}
         info = PrefixCacheMatchInfo(
             block_size=block_size,
             total_blocks=len(keys),
