@@ -226,7 +226,7 @@ class CandidateNames:
     modify it), and the scheduler and several plugins want its names: at 1,024 pods each
     rebuilding them per request was a tenth of a decision."""
 
-    __slots__ = ("_index", "endpoints", "names")
+    __slots__ = ("_index", "_set", "endpoints", "names")
 
     _last: ClassVar[CandidateNames | None] = None
 
@@ -234,6 +234,7 @@ class CandidateNames:
         self.endpoints = endpoints
         self.names = [e.name for e in endpoints]
         self._index: dict[str, int] | None = None
+        self._set: frozenset[str] | None = None
 
     @classmethod
     def of(cls, endpoints: list[Endpoint]) -> CandidateNames:
@@ -241,6 +242,11 @@ class CandidateNames:
         if last is None or last.endpoints is not endpoints or len(last.names) != len(endpoints):
             last = cls._last = cls(endpoints)
         return last
+
+    def name_set(self) -> frozenset[str]:
+        if self._set is None:
+            self._set = frozenset(self.names)
+        return self._set
 
     def index(self) -> dict[str, int] | None:
         """name -> position; None when two candidates share a name (not in a pool)."""

@@ -181,7 +181,7 @@ class PrefixCacheScorer(BasePlugin[PrefixCacheParams]):
             return info
         block_size = self._block_size(endpoints)
         keys = self.keys(request, block_size)
-        matched = self.index.match(keys, CandidateNames.of(endpoints).names) if keys else {}
+        matched = self.index.match(keys, CandidateNames.of(endpoints).name_set()) if keys else {}
         info = PrefixCacheMatchInfo(
             block_size=block_size,
             total_blocks=len(keys),
