@@ -7,6 +7,10 @@ from typing import Any
 from heimdall_proxy.config import EndpointConfig
 from heimdall_proxy.framework.types import Endpoint
 
+#: Models whose candidates are cached at once (client-chosen names must not grow it unbounded;
+#: an unknown model raises and is never cached anyway).
+_MAX_CACHED_MODELS = 256
+
 
 class ModelNotFoundError(LookupError):
     """No pod serves the requested model."""
@@ -27,6 +31,7 @@ class EndpointPool:
         self._by_name: dict[str, Endpoint] = {}
         self.static_models: set[str] = set()
         self._all: list[Endpoint] = []
+        self._generation = Endpoint.membership_generation
         self.replace(configs, previous)
 
     def replace(self, configs: list[EndpointConfig], previous: EndpointPool | None = None) -> None:
@@ -55,6 +60,7 @@ class EndpointPool:
         self.static_models = {cfg.name for cfg in configs if cfg.models is not None}
         self._by_name = by_name
         self._all = list(by_name.values())
+        self._candidates: dict[str, list[Endpoint]] = {}
 
     def is_static(self, name: str) -> bool:
         return name in self.static_models
@@ -72,7 +78,24 @@ class EndpointPool:
         """Pods that may serve `model`: the healthy pods serving it; if none is healthy, the
         unhealthy ones serving it (a failed scrape does not prove a pod dead); pods whose model
         list is still unknown when nobody is known to serve it. Raises ModelNotFoundError or
-        NoEndpointsError."""
+        NoEndpointsError.
+
+        Cached per model until a pod's health or model list changes
+        (`Endpoint.membership_generation`) or the pool is replaced, and the cached list
+        itself is returned (as `endpoints()` returns the pool's own): callers must not modify
+        it. Scanning 1,024 pods per request, and a new 1,024-item list per request in
+        flight for the garbage collector to walk, were a tenth of a decision."""
+        if self._generation != Endpoint.membership_generation:
+            self._candidates = {}
+            self._generation = Endpoint.membership_generation
+        found = self._candidates.get(model)
+        if found is None:
+            found = self._scan(model)
+            if len(self._candidates) < _MAX_CACHED_MODELS:
+                self._candidates[model] = found
+        return found
+
+    def _scan(self, model: str) -> list[Endpoint]:
         if not self._all:
             raise NoEndpointsError("the pool has no endpoints")
         serving: list[Endpoint] = []

@@ -10,7 +10,7 @@ hooks are all async.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from heimdall_proxy.framework.flowcontrol import FairnessPolicy, OrderingPolicy, SaturationDetector
@@ -53,16 +53,21 @@ class Scorer(Protocol):
         self, state: CycleState, request: InferenceRequest, endpoints: list[Endpoint]
     ) -> Mapping[str, float]:
         """Score every endpoint by name in [0, 1], higher is better. Missing names score 0;
-        values outside [0, 1] are clamped by the scheduler."""
+        values outside [0, 1] are clamped by the scheduler. A scorer under which most pods
+        score the same may return `DefaultScores(endpoints, default, changed)` (the
+        `endpoints` it was given): the scheduler then touches only the pods in `changed`."""
         ...
 
 
 @runtime_checkable
 class Picker(Protocol):
     def pick(
-        self, state: CycleState, request: InferenceRequest, scored: list[ScoredEndpoint]
+        self, state: CycleState, request: InferenceRequest, scored: Sequence[ScoredEndpoint]
     ) -> ProfileResult:
-        """Choose the target endpoint(s) among the scored candidates (never empty)."""
+        """Choose the target endpoint(s) among the scored candidates (never empty). From the
+        scheduler `scored` is a `ScoredEndpoints`, whose `endpoints` and `totals` lists
+        (`split_scored`) spare a picker one object per pod. The ProfileResult may carry its
+        fallback ranking as a function (`rank=`), made only when read."""
         ...
 
 

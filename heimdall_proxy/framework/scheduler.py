@@ -7,18 +7,21 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from itertools import repeat
 
 from heimdall_proxy.framework.log import V4, V5
 from heimdall_proxy.framework.plugins import Filter, Picker, ProfileHandler, Scorer
 from heimdall_proxy.framework.spans import SPANS_KEY, RequestSpans
 from heimdall_proxy.framework.trace import TRACE_KEY, ScheduleTrace, ScorerTrace
 from heimdall_proxy.framework.types import (
+    CandidateNames,
     CycleState,
+    DefaultScores,
     Endpoint,
     InferenceRequest,
     ProfileResult,
     SchedulingResult,
-    ScoredEndpoint,
+    ScoredEndpoints,
 )
 
 log = logging.getLogger(__name__)
@@ -49,6 +52,96 @@ def _plugin_name(plugin: object) -> str:
 class WeightedScorer:
     scorer: Scorer
     weight: float
+
+
+def _add_dense(
+    totals: list[float],
+    weight: float,
+    default: float,
+    scores: Mapping[str, float],
+    names: list[str],
+) -> list[float]:
+    """`totals` plus `weight` times each pod's score clamped to [0, 1] (NaN counts as 0;
+    a pod missing from `scores` scores `default`). Nothing is added for a score <= 0, so the
+    sums are the same floats, in the same order, as adding pod by pod."""
+    values = map(scores.get, names, repeat(default))
+    return [
+        t + weight * (1.0 if v > 1.0 else v) if v > 0.0 else t
+        for t, v in zip(totals, values, strict=True)
+    ]
+
+
+def _add_sparse(
+    totals: list[float],
+    weight: float,
+    default: float,
+    scores: Mapping[str, float],
+    index: dict[str, int],
+) -> list[float]:
+    """`_add_dense` for a `scores` that names few pods: the pods it names get their own
+    score, every other pod `default`, added once as a constant."""
+    fixed = []
+    for pod, v in scores.items():
+        i = index.get(pod)
+        if i is not None:
+            t = totals[i]
+            fixed.append((i, t + weight * (1.0 if v > 1.0 else v) if v > 0.0 else t))
+    if default > 0.0:
+        add = weight * (1.0 if default > 1.0 else default)
+        totals = [t + add for t in totals]
+    for i, t in fixed:
+        totals[i] = t
+    return totals
+
+
+class _Sums:
+    """A profile's running weighted sums. While every scorer so far named few pods, the pods
+    never named share one sum (`base`) and only the named ones have their own (`own`, by
+    position), so a scorer's default costs one addition, not one per pod; the first scorer
+    that names most pods makes the list. Either way each pod's sum is the same floats added
+    in the same order as pod by pod."""
+
+    __slots__ = ("_n", "_totals", "base", "own")
+
+    def __init__(self, n: int) -> None:
+        self._n = n
+        self.base = 0.0
+        self.own: dict[int, float] = {}
+        self._totals: list[float] | None = None
+
+    def add_sparse(
+        self, weight: float, default: float, scores: Mapping[str, float], index: dict[str, int]
+    ) -> None:
+        if self._totals is not None:
+            self._totals = _add_sparse(self._totals, weight, default, scores, index)
+            return
+        own, base = self.own, self.base
+        named: dict[int, float] = {}
+        for pod, v in scores.items():
+            i = index.get(pod)
+            if i is not None:
+                t = own.get(i, base)
+                named[i] = t + weight * (1.0 if v > 1.0 else v) if v > 0.0 else t
+        if default > 0.0:
+            add = weight * (1.0 if default > 1.0 else default)
+            for i, t in own.items():
+                own[i] = t + add
+            self.base = base + add
+        own.update(named)  # named pods: their own score instead of the default
+
+    def add_dense(
+        self, weight: float, default: float, scores: Mapping[str, float], names: list[str]
+    ) -> None:
+        self._totals = _add_dense(self.list(), weight, default, scores, names)
+
+    def list(self) -> list[float]:
+        """Every pod's sum, in candidate order."""
+        if self._totals is None:
+            totals = [self.base] * self._n
+            for i, t in self.own.items():
+                totals[i] = t
+            self._totals = totals
+        return self._totals
 
 
 class SchedulerProfile:
@@ -123,7 +216,9 @@ class SchedulerProfile:
                     )
                 return None
 
-        totals = [0.0] * len(endpoints)
+        known = CandidateNames.of(endpoints)
+        names = known.names
+        sums = _Sums(len(endpoints))
         for scorer, weight, name, observe in self._scorers:
             if verbose:
                 log.log(
@@ -137,18 +232,22 @@ class SchedulerProfile:
             if pt is not None:
                 raw = {e.name: float(scores.get(e.name, 0.0)) for e in endpoints}
                 pt.scorers.append(ScorerTrace(name, weight, raw))
-            for i, endpoint in enumerate(endpoints):
-                value = scores.get(endpoint.name, 0.0)
-                # Clamp to [0, 1]; NaN (value != value) counts as 0.
-                if not value > 0.0:
-                    continue
-                totals[i] += weight * (1.0 if value > 1.0 else value)
+            table: Mapping[str, float]
+            if isinstance(scores, DefaultScores) and scores.endpoints is endpoints:
+                default, table = scores.default, scores.changed
+            else:
+                default, table = 0.0, scores
+            if len(table) * 4 < len(names) and (index := known.index()) is not None:
+                sums.add_sparse(weight, default, table, index)
+            else:
+                sums.add_dense(weight, default, table, names)
             if verbose and log.isEnabledFor(V5):
                 log.log(
                     V5, "Scores", extra={"scorer": name, "scores": dict(scores), "request_id": rid}
                 )
 
-        scored = [ScoredEndpoint(e, t) for e, t in zip(endpoints, totals, strict=True)]
+        totals = sums.list()
+        scored = ScoredEndpoints(endpoints, totals)
         if verbose:
             log.log(
                 V4,
@@ -162,10 +261,11 @@ class SchedulerProfile:
         t0 = perf()
         result = self._picker.pick(state, request, scored)
         self._picker_timer(perf() - t0)
-        if not result.ranked:
-            result.ranked = [s.endpoint for s in sorted(scored, key=lambda s: -s.score)]
+        if not result.has_ranking():
+            order = sorted(range(len(totals)), key=lambda i: -totals[i])
+            result.ranked = [endpoints[i] for i in order]
         if pt is not None:
-            pt.totals = {s.endpoint.name: s.score for s in scored}
+            pt.totals = dict(zip(names, totals, strict=True))
             pt.picked = [e.name for e in result.targets]
             pt.ranked = [e.name for e in result.ranked]
         if verbose:

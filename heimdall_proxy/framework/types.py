@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal, overload
 
 ApiKind = Literal["completions", "chat", "responses", "other"]
 
@@ -37,6 +37,10 @@ class Metrics:
         return (time.monotonic() if now is None else now) - self.updated_at
 
 
+_MEMBERSHIP_FIELDS = frozenset({"healthy", "models"})
+_UNSET = object()
+
+
 @dataclass(slots=True, eq=False)
 class Endpoint:
     """A model-server pod. Identity (not value) equality: the pool owns exactly one object
@@ -60,6 +64,14 @@ class Endpoint:
     probe_ok: bool = True
     probe_failures: int = 0
     kv_events: str | None = None
+    #: Bumped whenever any endpoint's `healthy` or `models` changes, so the pool can cache
+    #: the candidates of a model instead of scanning every pod on every request.
+    membership_generation: ClassVar[int] = 0
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in _MEMBERSHIP_FIELDS and getattr(self, name, _UNSET) != value:
+            Endpoint.membership_generation += 1
+        object.__setattr__(self, name, value)
 
     @property
     def hostport(self) -> str:
@@ -208,14 +220,168 @@ class ScoredEndpoint:
     score: float
 
 
-@dataclass(slots=True)
+class CandidateNames:
+    """The names of a candidate list and name -> position, kept for the list seen last. The
+    pool hands out the same list of a model's candidates until one changes (callers must not
+    modify it), and the scheduler and several plugins want its names: at 1,024 pods each
+    rebuilding them per request was a tenth of a decision."""
+
+    __slots__ = ("_index", "_set", "endpoints", "names")
+
+    _last: ClassVar[CandidateNames | None] = None
+
+    def __init__(self, endpoints: list[Endpoint]) -> None:
+        self.endpoints = endpoints
+        self.names = [e.name for e in endpoints]
+        self._index: dict[str, int] | None = None
+        self._set: frozenset[str] | None = None
+
+    @classmethod
+    def of(cls, endpoints: list[Endpoint]) -> CandidateNames:
+        last = cls._last
+        if last is None or last.endpoints is not endpoints or len(last.names) != len(endpoints):
+            last = cls._last = cls(endpoints)
+        return last
+
+    def name_set(self) -> frozenset[str]:
+        if self._set is None:
+            self._set = frozenset(self.names)
+        return self._set
+
+    def index(self) -> dict[str, int] | None:
+        """name -> position; None when two candidates share a name (not in a pool)."""
+        if self._index is None:
+            self._index = dict(zip(self.names, range(len(self.names)), strict=True))
+        return self._index if len(self._index) == len(self.names) else None
+
+
+class DefaultScores(Mapping[str, float]):
+    """A scorer's answer where most endpoints score the same: every endpoint of `endpoints`
+    scores `default` except those named in `changed` (names in `changed` that are not among
+    `endpoints` are ignored). At hundreds of pods most of them are
+    idle (no outstanding work, no LoRA adapter), and building and summing a dict entry per
+    pod per scorer was most of a decision's CPU; the scheduler reads `default` and `changed`
+    directly. To everything else it is the full Mapping the Scorer contract promises."""
+
+    __slots__ = ("_names", "changed", "default", "endpoints")
+
+    def __init__(
+        self, endpoints: list[Endpoint], default: float, changed: dict[str, float]
+    ) -> None:
+        self.endpoints = endpoints
+        self.default = default
+        self.changed = changed
+        self._names: frozenset[str] | None = None
+
+    def __getitem__(self, name: str) -> float:
+        if self._names is None:
+            self._names = frozenset(e.name for e in self.endpoints)
+        if name not in self._names:  # `changed` may name pods that are not candidates
+            raise KeyError(name)
+        return self.changed.get(name, self.default)
+
+    def __iter__(self) -> Iterator[str]:
+        return (e.name for e in self.endpoints)
+
+    def __len__(self) -> int:
+        return len(self.endpoints)
+
+    def __repr__(self) -> str:
+        return f"DefaultScores(default={self.default!r}, changed={self.changed!r})"
+
+
+class ScoredEndpoints(Sequence[ScoredEndpoint]):
+    """The candidates a picker chooses among, with their total scores: `endpoints[i]` scored
+    `totals[i]`. A Sequence of ScoredEndpoint for pickers that want one (made on first use);
+    pickers that only compare totals read the two lists and allocate nothing per pod."""
+
+    __slots__ = ("_items", "endpoints", "totals")
+
+    def __init__(self, endpoints: list[Endpoint], totals: list[float]) -> None:
+        self.endpoints = endpoints
+        self.totals = totals
+        self._items: list[ScoredEndpoint] | None = None
+
+    def _list(self) -> list[ScoredEndpoint]:
+        if self._items is None:
+            self._items = [
+                ScoredEndpoint(e, t) for e, t in zip(self.endpoints, self.totals, strict=True)
+            ]
+        return self._items
+
+    @overload
+    def __getitem__(self, i: int) -> ScoredEndpoint: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> Sequence[ScoredEndpoint]: ...
+
+    def __getitem__(self, i: int | slice) -> ScoredEndpoint | Sequence[ScoredEndpoint]:
+        return self._list()[i]
+
+    def __iter__(self) -> Iterator[ScoredEndpoint]:
+        return iter(self._list())
+
+    def __len__(self) -> int:
+        return len(self.endpoints)
+
+
+def split_scored(scored: Sequence[ScoredEndpoint]) -> tuple[list[Endpoint], list[float]]:
+    """(endpoints, totals) of a picker's input, without copying a ScoredEndpoints."""
+    if isinstance(scored, ScoredEndpoints):
+        return scored.endpoints, scored.totals
+    return [s.endpoint for s in scored], [s.score for s in scored]
+
+
 class ProfileResult:
     """What one scheduling profile picked. `targets` are the picked endpoints, best first;
     `ranked` is every candidate that survived the filters, best first, used as the fallback
-    order when a picked pod cannot be reached."""
+    order when a picked pod cannot be reached.
 
-    targets: list[Endpoint]
-    ranked: list[Endpoint] = field(default_factory=list)
+    A picker may pass `rank` instead of `ranked`: a function that makes the ranking when
+    someone first reads it. Only a failed attempt (or a debug trace) needs the fallback
+    order, and ranking 1,024 pods with random tie-breaks cost more than the rest of the
+    decision."""
+
+    __slots__ = ("_rank", "_ranked", "targets")
+
+    def __init__(
+        self,
+        targets: list[Endpoint],
+        ranked: list[Endpoint] | None = None,
+        *,
+        rank: Callable[[], list[Endpoint]] | None = None,
+    ) -> None:
+        self.targets = targets
+        self._ranked = ranked if ranked is not None else ([] if rank is None else None)
+        self._rank = rank
+
+    @property
+    def ranked(self) -> list[Endpoint]:
+        if self._ranked is None:
+            assert self._rank is not None
+            self._ranked = self._rank()
+            self._rank = None
+        return self._ranked
+
+    @ranked.setter
+    def ranked(self, value: list[Endpoint]) -> None:
+        self._ranked = value
+        self._rank = None
+
+    def has_ranking(self) -> bool:
+        """Whether the picker gave a ranking (made yet or not)."""
+        return self._ranked is None or bool(self._ranked)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, ProfileResult):
+            return NotImplemented
+        return self.targets == other.targets and self.ranked == other.ranked
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        ranked = self._ranked if self._ranked is not None else "<not made yet>"
+        return f"ProfileResult(targets={self.targets!r}, ranked={ranked!r})"
 
 
 @dataclass(slots=True)

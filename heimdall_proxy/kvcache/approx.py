@@ -51,20 +51,25 @@ class ApproxPrefixIndex:
 
     def match(self, keys: Sequence[int], pods: Iterable[str]) -> dict[str, int]:
         """For each of `pods`, the number of leading `keys` it holds (consecutive from the
-        first); pods holding none are left out."""
-        alive = set(pods)
+        first); pods holding none are left out. `pods` may be a (frozen)set, which is not
+        copied: the first block narrows it to its few holders from their side."""
         out: dict[str, int] = {}
         holders = self._holders
-        run = 0
-        for i, key in enumerate(keys):
+        first = holders.get(keys[0]) if keys else None
+        if not first:
+            return out
+        alive = (pods if isinstance(pods, (set, frozenset)) else set(pods)) & first
+        if not alive:
+            return out
+        run = 1
+        for i, key in enumerate(keys[1:], 1):  # i >= 1: a pod that drops out held i blocks
             have = holders.get(key)
             if not have:
                 break
             gone = alive - have
             if gone:
-                if i:
-                    for pod in gone:
-                        out[pod] = i
+                for pod in gone:
+                    out[pod] = i
                 alive -= gone
                 if not alive:
                     return out

@@ -159,3 +159,25 @@ def test_static_empty_model_list_means_serves_nothing() -> None:
     assert pool.static_models == {"a", "b"}
     with pytest.raises(ModelNotFoundError):
         pool.candidates("llama")
+
+
+def test_cached_candidates_follow_health_models_and_replacement() -> None:
+    """Candidates are cached per model; a change of any pod's health or model list, or a new
+    pod list, is seen by the next call."""
+    pool = make_pool({"name": "a"}, {"name": "b"})
+    serve(pool, "a", "m")
+    serve(pool, "b", "m")
+    first = pool.candidates("m")
+    assert names(first) == ["a", "b"]
+    assert pool.candidates("m") is first  # cached, not rescanned
+    pool.get("a").healthy = False  # type: ignore[union-attr]
+    assert names(pool.candidates("m")) == ["b"]
+    pool.get("b").models = frozenset({"other"})  # type: ignore[union-attr]
+    assert names(pool.candidates("m")) == ["a"]  # only an unhealthy pod serves it now
+    pool.get("a").healthy = True  # type: ignore[union-attr]
+    pool.get("b").healthy = True  # type: ignore[union-attr]  # unchanged: no invalidation
+    assert names(pool.candidates("m")) == ["a"]
+    pool.replace(
+        [EndpointConfig.model_validate({"name": n, "url": f"http://{n}:8000"}) for n in "cd"]
+    )
+    assert names(pool.candidates("m")) == ["c", "d"]  # models not known yet: may serve it

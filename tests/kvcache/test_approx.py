@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+
 from heimdall_proxy.kvcache.approx import ApproxPrefixIndex
 
 
@@ -37,3 +39,22 @@ def test_forget_drops_a_pod() -> None:
     idx.forget("zzz")
     assert idx.match([1, 2], ["a", "b"]) == {"b": 1}
     assert len(idx) == 1
+
+
+def test_match_of_a_set_equals_the_match_of_a_list() -> None:
+    """A frozenset of candidates (what the prefix scorer passes) is matched exactly as the
+    same names in a list, both as counted by hand, and is not modified."""
+    rng = random.Random(8)
+    idx = ApproxPrefixIndex(100)
+    held = {f"p{i}": rng.randrange(0, 8) for i in range(30)}
+    for pod, n in held.items():
+        if n:
+            idx.add(pod, list(range(n)))
+    for _ in range(50):
+        keys = list(range(rng.randrange(0, 10)))
+        names = rng.sample(sorted(held), rng.randrange(1, 30))
+        want = {p: min(held[p], len(keys)) for p in names if min(held[p], len(keys)) > 0}
+        frozen = frozenset(names)
+        assert idx.match(keys, frozen) == want
+        assert idx.match(keys, names) == want
+        assert frozen == frozenset(names)

@@ -24,6 +24,7 @@ from heimdall_proxy.framework.params import Duration
 from heimdall_proxy.framework.prefix import PrefixCacheMatchInfo, read_prefix_match
 from heimdall_proxy.framework.registry import register
 from heimdall_proxy.framework.types import (
+    CandidateNames,
     CycleState,
     Endpoint,
     InferenceRequest,
@@ -159,11 +160,22 @@ class PrefixCacheAffinityFilter(BasePlugin[PrefixCacheAffinityParams]):
             return endpoints
         threshold = self.params.affinity_threshold
         held = info.matched_blocks  # the pods that hold anything: few, at any pool size
-        sticky = [
-            e
-            for e in endpoints
-            if e.name in held and (r := info.ratio(e.name)) > 0.0 and r >= threshold
-        ]
+        index = CandidateNames.of(endpoints).index()
+        if index is None:  # two candidates share a name (not in a pool): look at each
+            sticky = [
+                e
+                for e in endpoints
+                if e.name in held and (r := info.ratio(e.name)) > 0.0 and r >= threshold
+            ]
+        else:  # the same pods, in candidate order, found from the few that hold anything
+            at = sorted(
+                i
+                for pod in held
+                if (i := index.get(pod)) is not None
+                and (r := info.ratio(pod)) > 0.0
+                and r >= threshold
+            )
+            sticky = [endpoints[i] for i in at]
         if not sticky or len(sticky) == len(endpoints):
             return endpoints
         p = self.params.exploration_probability

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from heimdall_proxy.framework.registry import register
 from heimdall_proxy.framework.types import (
     CycleState,
@@ -21,7 +23,7 @@ class RandomPicker(PickerBase):
     type = RANDOM_PICKER_TYPE
 
     def pick(
-        self, state: CycleState, request: InferenceRequest, scored: list[ScoredEndpoint]
+        self, state: CycleState, request: InferenceRequest, scored: Sequence[ScoredEndpoint]
     ) -> ProfileResult:
         order = [s.endpoint for s in scored]
         self.rng.shuffle(order)

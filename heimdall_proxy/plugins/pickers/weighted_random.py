@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from heimdall_proxy.framework.registry import register
 from heimdall_proxy.framework.types import (
     CycleState,
@@ -24,7 +26,7 @@ class WeightedRandomPicker(PickerBase):
     type = WEIGHTED_RANDOM_PICKER_TYPE
 
     def pick(
-        self, state: CycleState, request: InferenceRequest, scored: list[ScoredEndpoint]
+        self, state: CycleState, request: InferenceRequest, scored: Sequence[ScoredEndpoint]
     ) -> ProfileResult:
         rnd = self.rng.random
         keyed: list[tuple[float, int]] = []

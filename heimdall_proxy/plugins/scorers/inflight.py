@@ -5,27 +5,36 @@ completion can never pin a count."""
 
 from __future__ import annotations
 
+import math
 import time
 from collections import OrderedDict
+from collections.abc import Iterable
+from itertools import repeat
 
 
 class InFlight:
     """Per pod: request key -> (start time, value). Insertion order is start order, so expiry
     pops from the front."""
 
-    __slots__ = ("_pods", "_totals", "timeout")
+    __slots__ = ("_earliest", "_pods", "_totals", "timeout")
 
     def __init__(self, timeout: float) -> None:
         self.timeout = timeout
         self._pods: dict[str, OrderedDict[str, tuple[float, float]]] = {}
         self._totals: dict[str, float] = {}
+        # No entry started before this (a lower bound): expire() skips its walk over every
+        # pod ever seen until the cutoff reaches it, which at 1,024 pods is on no request.
+        self._earliest = math.inf
 
     def add(self, pod: str, key: str, value: float = 1.0, now: float | None = None) -> None:
         entries = self._pods.setdefault(pod, OrderedDict())
         if key in entries:
             return
-        entries[key] = (time.monotonic() if now is None else now, value)
+        start = time.monotonic() if now is None else now
+        entries[key] = (start, value)
         self._totals[pod] = self._totals.get(pod, 0.0) + value
+        if start < self._earliest:
+            self._earliest = start
 
     def update(self, pod: str, key: str, value: float) -> None:
         """Change the value of a tracked request (e.g. work left); unknown keys are ignored."""
@@ -56,6 +65,15 @@ class InFlight:
         if self.timeout <= 0:
             return
         cutoff = (time.monotonic() if now is None else now) - self.timeout
+        if cutoff < self._earliest:
+            return
+        self._walk(cutoff)
+        self._earliest = min(
+            (start for entries in self._pods.values() for start, _ in entries.values()),
+            default=math.inf,
+        )
+
+    def _walk(self, cutoff: float) -> None:
         for pod, entries in self._pods.items():
             while entries:
                 key, (start, value) = next(iter(entries.items()))
@@ -70,6 +88,11 @@ class InFlight:
 
     def total(self, pod: str) -> float:
         return self._totals.get(pod, 0.0)
+
+    def totals_of(self, pods: Iterable[str]) -> list[float]:
+        """`total(pod)` of each of `pods`, in order, in one pass without a call per pod
+        (at 1,024 candidates the calls were a tenth of a scheduling decision)."""
+        return list(map(self._totals.get, pods, repeat(0.0)))
 
     def counts(self) -> dict[str, float]:
         """pod -> requests tracked (what a replica publishes to the others)."""

@@ -8,7 +8,12 @@ from heimdall_proxy.datalayer.vllm_metrics import LORA_INFO
 from heimdall_proxy.framework.base import BasePlugin
 from heimdall_proxy.framework.params import NoParams
 from heimdall_proxy.framework.registry import register
-from heimdall_proxy.framework.types import CycleState, Endpoint, InferenceRequest
+from heimdall_proxy.framework.types import (
+    CycleState,
+    DefaultScores,
+    Endpoint,
+    InferenceRequest,
+)
 
 LORA_AFFINITY_SCORER_TYPE = "lora-affinity-scorer"
 
@@ -27,8 +32,15 @@ class LoraAffinityScorer(BasePlugin[NoParams]):
         self, state: CycleState, request: InferenceRequest, endpoints: list[Endpoint]
     ) -> Mapping[str, float]:
         model = request.model
-        out = {}
-        for e in endpoints:
+        out: dict[str, float] = {}
+        # A pod with no adapter at all and room for one scores 0.8, the default: only the
+        # others are looked at and listed.
+        others = [
+            e
+            for e in endpoints
+            if (m := e.metrics).lora_running or m.lora_waiting or not m.max_lora > 0
+        ]
+        for e in others:
             m = e.metrics
             if model in m.lora_running:
                 out[e.name] = 1.0
@@ -38,4 +50,4 @@ class LoraAffinityScorer(BasePlugin[NoParams]):
                 out[e.name] = 0.6
             else:
                 out[e.name] = 0.0
-        return out
+        return DefaultScores(endpoints, 0.8, out)

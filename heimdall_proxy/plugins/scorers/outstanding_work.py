@@ -4,6 +4,7 @@ pod, not the number of requests, so one heavy request weighs more than ten short
 from __future__ import annotations
 
 from collections.abc import Mapping
+from itertools import compress
 from typing import Any
 
 from pydantic import Field
@@ -14,7 +15,9 @@ from heimdall_proxy.framework.params import Duration
 from heimdall_proxy.framework.prefix import read_prefix_match
 from heimdall_proxy.framework.registry import register
 from heimdall_proxy.framework.types import (
+    CandidateNames,
     CycleState,
+    DefaultScores,
     Endpoint,
     InferenceRequest,
     RequestContext,
@@ -133,14 +136,19 @@ class OutstandingWorkScorer(BasePlugin[OutstandingWorkParams]):
         self.inflight.expire()
         total = self.inflight.total
         if self.shared is None:
-            loads = [total(e.name) for e in endpoints]
+            loads = self.inflight.totals_of(CandidateNames.of(endpoints).names)
         else:
             others = self.shared.others()
             loads = [total(e.name) + others.get(e.name, 0.0) for e in endpoints]
         top = max(loads, default=0.0)
         if top <= 0.0:
-            return {e.name: 1.0 for e in endpoints}
-        return {e.name: 1.0 - w / top for e, w in zip(endpoints, loads, strict=True)}
+            return DefaultScores(endpoints, 1.0, {})
+        # An idle pod scores 1.0 - 0 / top = 1.0: only the busy ones are listed.
+        return DefaultScores(
+            endpoints,
+            1.0,
+            {e.name: 1.0 - w / top for e, w in compress(zip(endpoints, loads, strict=True), loads)},
+        )
 
     async def pre_request(self, ctx: RequestContext) -> None:
         prefill, decode = self.estimate(ctx.request, self._cached_share(ctx))

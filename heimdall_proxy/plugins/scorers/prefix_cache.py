@@ -15,7 +15,9 @@ from heimdall_proxy.framework.handle import PluginHandle
 from heimdall_proxy.framework.prefix import PrefixCacheMatchInfo, prefix_match_key
 from heimdall_proxy.framework.registry import register
 from heimdall_proxy.framework.types import (
+    CandidateNames,
     CycleState,
+    DefaultScores,
     Endpoint,
     InferenceRequest,
     RequestContext,
@@ -147,7 +149,7 @@ class PrefixCacheScorer(BasePlugin[PrefixCacheParams]):
     def _block_size(self, endpoints: list[Endpoint]) -> int:
         if self.params.auto_tune:
             first = endpoints[0].metrics.block_size if endpoints else 0
-            if first and all(e.metrics.block_size == first for e in endpoints):
+            if first and len({e.metrics.block_size for e in endpoints}) == 1:
                 return first  # the usual pool: one block size, no Counter per request
             sizes = Counter(e.metrics.block_size for e in endpoints if e.metrics.block_size)
             if sizes:
@@ -179,7 +181,7 @@ class PrefixCacheScorer(BasePlugin[PrefixCacheParams]):
             return info
         block_size = self._block_size(endpoints)
         keys = self.keys(request, block_size)
-        matched = self.index.match(keys, (e.name for e in endpoints)) if keys else {}
+        matched = self.index.match(keys, CandidateNames.of(endpoints).name_set()) if keys else {}
         info = PrefixCacheMatchInfo(
             block_size=block_size,
             total_blocks=len(keys),
@@ -199,15 +201,17 @@ class PrefixCacheScorer(BasePlugin[PrefixCacheParams]):
         self, state: CycleState, request: InferenceRequest, endpoints: list[Endpoint]
     ) -> Mapping[str, float]:
         info = self.match(state, request, endpoints)
-        # The same values as info.ratio(pod) for every pod, but a pass over the pods that hold
-        # something only: at 1,024 pods most hold nothing (0.0).
-        out = dict.fromkeys([e.name for e in endpoints], 0.0)
+        # The same values as info.ratio(pod) for every pod, but listing only the pods that
+        # hold something: at 1,024 pods most hold nothing (0.0). Matched pods that are not
+        # among `endpoints` (a filter removed them) are ignored by DefaultScores' readers.
         total = info.total_blocks
-        if total > 0:
-            for pod, blocks in info.matched_blocks.items():
-                if pod in out:
-                    out[pod] = min(1.0, blocks / total)
-        return out
+        if total <= 0:
+            return DefaultScores(endpoints, 0.0, {})
+        return DefaultScores(
+            endpoints,
+            0.0,
+            {pod: min(1.0, blocks / total) for pod, blocks in info.matched_blocks.items()},
+        )
 
     async def pre_request(self, ctx: RequestContext) -> None:
         hashes = ctx.state.get(self._hashes_key)

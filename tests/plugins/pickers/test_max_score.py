@@ -97,3 +97,69 @@ def test_k_larger_than_candidates_returns_all() -> None:
     result = picker(k=5).pick(CycleState(), REQ, scored(a=0.1, b=0.2))
     assert names(result.targets) == ["b", "a"]
     assert names(result.ranked) == ["b", "a"]
+
+
+def test_top_k_takes_whole_levels_in_score_order() -> None:
+    """k = 4 over levels {0.9: 2 pods, 0.7: 3 pods, 0.1: 1}: both 0.9 pods first (in some
+    order), then two of the three 0.7 pods; the ranking then lists the third 0.7 pod and
+    the 0.1 pod."""
+    cands = scored(a=0.7, b=0.9, c=0.1, d=0.7, e=0.9, f=0.7)
+    p = picker(k=4, seed=11)
+    for _ in range(50):
+        result = p.pick(CycleState(), REQ, cands)
+        targets = names(result.targets)
+        assert sorted(targets[:2]) == ["b", "e"]
+        assert set(targets[2:]) < {"a", "d", "f"} and len(set(targets[2:])) == 2
+        ranked = names(result.ranked)
+        assert ranked[:4] == targets
+        assert sorted(ranked[4:5] + targets[2:]) == ["a", "d", "f"]
+        assert ranked[5] == "c"
+
+
+def test_seeded_picks_are_reproducible() -> None:
+    cands = scored(a=1.0, b=1.0, c=1.0, d=1.0, e=0.5)
+    first = [names(picker(k=2, seed=5).pick(CycleState(), REQ, cands).ranked) for _ in range(3)]
+    again = [names(picker(k=2, seed=5).pick(CycleState(), REQ, cands).ranked) for _ in range(3)]
+    assert first == again
+
+
+def test_ordered_top_two_among_ties_is_uniform() -> None:
+    """Every ordered pair of four tied pods is equally likely (12 pairs, 6,000 draws: 500
+    expected each; 350..650 is more than 6 standard deviations wide)."""
+    cands = scored(a=0.5, b=0.5, c=0.5, d=0.5, low=0.1)
+    p = picker(k=2, seed=99)
+    counts = Counter(tuple(names(p.pick(CycleState(), REQ, cands).targets)) for _ in range(6000))
+    assert len(counts) == 12
+    for pair, n in counts.items():
+        assert "low" not in pair
+        assert 350 < n < 650, counts
+
+
+def test_fallback_ranking_orders_the_rest_of_a_tie_uniformly() -> None:
+    """The ranking is the pick, then the three tied pods left, then the lower score; the 24
+    orders of the four tied pods are equally likely (3,000 draws, 125 expected each; 60..190
+    is more than 5.8 standard deviations each side, and the generator is seeded)."""
+    cands = scored(a=0.5, b=0.5, c=0.5, d=0.5, low=0.1)
+    p = picker(seed=4)
+    orders: Counter[tuple[str, ...]] = Counter()
+    for _ in range(3000):
+        result = p.pick(CycleState(), REQ, cands)
+        ranked = names(result.ranked)
+        assert ranked[0] == result.targets[0].name
+        assert ranked[-1] == "low" and sorted(ranked[:4]) == ["a", "b", "c", "d"]
+        orders[tuple(ranked[:4])] += 1
+    assert len(orders) == 24
+    assert all(60 < n < 190 for n in orders.values()), orders
+
+
+def test_many_pods_tie_uniformly() -> None:
+    """1,024 pods, 256 of them tied at the top: each of those is picked about equally often
+    (10,240 draws, 40 expected per pod; 10..80 is > 4.7 standard deviations each side, over
+    256 pods a false alarm about once in 10,000 runs)."""
+    rng = random.Random(3)
+    pods = {f"p{i}": (1.0 if i % 4 == 0 else rng.random() * 0.9) for i in range(1024)}
+    cands = scored(**pods)
+    p = picker(seed=21)
+    counts = Counter(p.pick(CycleState(), REQ, cands).targets[0].name for _ in range(10240))
+    assert set(counts) == {f"p{i}" for i in range(0, 1024, 4)}
+    assert min(counts.values()) > 10 and max(counts.values()) < 80, counts.most_common(3)
