@@ -98,9 +98,13 @@ async def unrouted(request: web.Request) -> web.StreamResponse:
 UNROUTED_PATH = "/{tail:.*}"
 
 
-def _inference(api: ApiKind) -> Handler:
-    async def handler(request: web.Request) -> web.StreamResponse:
-        return await request.app[GATEWAY].handle(request, api)
+def _inference(gateway: Gateway, api: ApiKind) -> Handler:
+    """The route handler for `api`: a plain function handing back the gateway's coroutine
+    (no frame of its own to pass through on every suspension, no app lookup per request).
+    The gateway object lives as long as the app; a reload swaps its routing, not it."""
+
+    def handler(request: web.Request) -> Awaitable[web.StreamResponse]:
+        return gateway.handle(request, api)
 
     handler.__name__ = f"handle_{api}"
     return handler
@@ -151,11 +155,11 @@ def create_app(
     app.cleanup_ctx.append(gateway.lifespan)
     auth = Auth(options.api_keys, options.admin_api_keys, options.owner_header)
     user, admin = auth.guard, functools.partial(auth.guard, admin=True)
-    other = _inference("other")
+    other = _inference(gateway, "other")
     routes: list[tuple[str, str, Handler]] = [
-        ("POST", "/v1/completions", user(_inference("completions"))),
-        ("POST", "/v1/chat/completions", user(_inference("chat"))),
-        ("POST", "/v1/responses", user(_inference("responses"))),
+        ("POST", "/v1/completions", user(_inference(gateway, "completions"))),
+        ("POST", "/v1/chat/completions", user(_inference(gateway, "chat"))),
+        ("POST", "/v1/responses", user(_inference(gateway, "responses"))),
         ("POST", "/v1/embeddings", user(other)),
         ("GET", "/v1/models", user(list_models)),
         ("GET", "/v1/responses/{response_id}", user(get_response)),

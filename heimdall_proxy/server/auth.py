@@ -91,11 +91,13 @@ class Auth:
         raise _unauthorized("Incorrect API key provided.")
 
     def guard(self, handler: Handler, admin: bool = False) -> Handler:
-        """`handler` behind this authentication; the caller is kept on the request."""
+        """`handler` behind this authentication; the caller is kept on the request. A plain
+        function that hands back the handler's awaitable: a coroutine frame of its own would
+        be passed through again on every suspension of the request (bench/RESULTS.md)."""
 
-        async def guarded(request: web.Request) -> web.StreamResponse:
+        def guarded(request: web.Request) -> Awaitable[web.StreamResponse]:
             request[_CALLER] = self.caller(request, admin)
-            return await handler(request)
+            return handler(request)
 
         guarded.__name__ = getattr(handler, "__name__", "guarded")
         return guarded

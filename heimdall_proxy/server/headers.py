@@ -28,8 +28,14 @@ OWNED = frozenset({"x-decoder-host-port", "x-prefiller-host-port"})
 OWNED_PREFIXES = ("mif-", "x-gateway-")
 
 
+_NONE: frozenset[str] = frozenset()
+_REQUEST_DROP_OWNED = _REQUEST_DROP | OWNED
+
+
 def _connection_tokens(headers: CIMultiDictProxy[str]) -> frozenset[str]:
     """Header names listed in every Connection header (a message may carry several)."""
+    if "connection" not in headers:  # the usual HTTP/1.1 keep-alive message: nothing listed
+        return _NONE
     values = headers.getall("connection", ())
     return frozenset(t.strip().lower() for v in values for t in v.split(","))
 
@@ -39,12 +45,14 @@ def upstream_request_headers(headers: CIMultiDictProxy[str]) -> CIMultiDict[str]
     any header the gateway owns (`mif-*`, `x-gateway-*`, `x-decoder-host-port`,
     `x-prefiller-host-port`)."""
     listed = _connection_tokens(headers)
+    drop = _REQUEST_DROP_OWNED | listed if listed else _REQUEST_DROP_OWNED
     out: CIMultiDict[str] = CIMultiDict()
+    add = out.add
     for key, value in headers.items():
         lk = key.lower()
-        if lk in _REQUEST_DROP or lk in OWNED or lk in listed or lk.startswith(OWNED_PREFIXES):
+        if lk in drop or lk.startswith(OWNED_PREFIXES):
             continue
-        out.add(key, value)
+        add(key, value)
     return out
 
 
@@ -52,10 +60,10 @@ def client_response_headers(headers: CIMultiDictProxy[str]) -> CIMultiDict[str]:
     """The upstream's response headers minus hop-by-hop ones and Content-Length (the relay
     sets its own framing)."""
     listed = _connection_tokens(headers)
+    drop = _RESPONSE_DROP | listed if listed else _RESPONSE_DROP
     out: CIMultiDict[str] = CIMultiDict()
+    add = out.add
     for key, value in headers.items():
-        lk = key.lower()
-        if lk in _RESPONSE_DROP or lk in listed:
-            continue
-        out.add(key, value)
+        if key.lower() not in drop:
+            add(key, value)
     return out
