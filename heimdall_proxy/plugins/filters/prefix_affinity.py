@@ -136,7 +136,7 @@ class PrefixCacheAffinityFilter(BasePlugin[PrefixCacheAffinityParams]):
         """Seconds until `pod` could answer a request of `prompt_tokens` (info: what it
         holds of it), from the prompt tokens this gateway has in flight there."""
         own = info.uncached_tokens(pod) if info is not None else prompt_tokens
-        return self._queue_delay(pod) + own * self._seconds_per_token
+        return self._busy(pod) * self._queue_price(pod) + own * self._seconds_per_token
 
     def _busy(self, pod: str) -> float:
         """Prompt tokens in flight on `pod` (every replica's, when shared)."""
@@ -145,12 +145,11 @@ class PrefixCacheAffinityFilter(BasePlugin[PrefixCacheAffinityParams]):
             busy += self.shared.others().get(pod, 0.0)
         return busy
 
-    def _queue_delay(self, pod: str) -> float:
-        """Seconds a request would wait behind the prompt tokens in flight on `pod`."""
-        busy = self._busy(pod)
+    def _queue_price(self, pod: str) -> float:
+        """Seconds of delay per prompt token in flight on `pod`."""
         if not self.params.learn_queue_delay:
-            return busy * self._seconds_per_token
-        return self.queue_delay.delay(pod, busy, self._seconds_per_token)
+            return self._seconds_per_token
+        return self.queue_delay.seconds_per_token(pod, self._seconds_per_token)
 
     def filter(
         self, state: CycleState, request: InferenceRequest, endpoints: list[Endpoint]

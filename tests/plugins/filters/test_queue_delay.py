@@ -73,18 +73,3 @@ async def test_not_learned_when_turned_off_or_not_streamed() -> None:
         await f.response_complete(c)
         assert not f._waiting
         assert f.queue_delay.seconds_per_token("a", -1.0) == -1.0
-
-
-def test_the_price_is_the_marginal_cost_beyond_the_free_slots() -> None:
-    # Two slots: one request ahead starts at once, each one more waits 0.35 s longer.
-    q = QueueDelay(min_samples=3)
-    for _ in range(5):
-        for ahead, delay in ((1250.0, 0.0), (2500.0, 0.35), (3750.0, 0.7)):
-            q.observe("a", ahead, delay)
-    # a ratio through the origin would say 0.175 s per 1,250 tokens
-    assert q.seconds_per_token("a", 0.0) == pytest.approx(0.35 / 1250)
-    assert q.delay("a", 1250.0, 0.0) == pytest.approx(0.0, abs=1e-9)
-    assert q.delay("a", 3750.0, 0.0) == pytest.approx(0.7)
-    assert q.delay("a", 500.0, 0.0) == 0.0  # below the knee: never negative
-    assert q.delay("unknown", 1000.0, 0.0) == q.delay("a", 1000.0, 0.0)  # the fleet's line
-    assert QueueDelay().delay("a", 1000.0, 1e-4) == pytest.approx(0.1)  # nothing learned yet
