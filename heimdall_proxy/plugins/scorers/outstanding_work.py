@@ -168,7 +168,15 @@ class OutstandingWorkScorer(BasePlugin[OutstandingWorkParams]):
             loads = [total(e.name) + others.get(e.name, 0.0) for e in endpoints]
         waits = self.slot_waits()
         if waits:
-            loads = [w + waits.get(e.name, 0.0) for e, w in zip(endpoints, loads, strict=True)]
+            index = CandidateNames.of(endpoints).index()
+            if index is None:
+                loads = [w + waits.get(e.name, 0.0) for e, w in zip(endpoints, loads, strict=True)]
+            else:
+                loads = list(loads)
+                for pod, wait in waits.items():
+                    i = index.get(pod)
+                    if i is not None:
+                        loads[i] += wait
         top = max(loads, default=0.0)
         if top <= 0.0:
             return DefaultScores(endpoints, 1.0, {})
