@@ -64,6 +64,10 @@ class ReplicaCounters(Part):
         """The sorted set of live replicas (the script's key for this set of counters)."""
         return self.prefix + "replicas"
 
+    @property
+    def channel(self) -> str:
+        return self.prefix + "tick"
+
     def script_args(self) -> list[str | int]:
         """This set's share of the script's ARGV: hash prefix, id, ttl, n, pod/value pairs."""
         pairs: list[str] = []

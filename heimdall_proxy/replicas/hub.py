@@ -13,14 +13,23 @@ pipelined round trip per tick carrying every part's reads and writes:
 So the request path still does no I/O, and the background cost no longer grows with the
 number of plugins: most of a tick's CPU is the client's per-round-trip overhead (about
 0.15-0.2 ms with redis-py). A hub ticks at the shortest `syncInterval` of its parts, and
-sooner when a part is poked (at most every MIN_GAP)."""
+sooner when a part is poked (at most every MIN_GAP).
+
+A tick that carried a local change also publishes the hub's id on each part's channel; every
+other replica's hub listens there and ticks at once. Without it a change made on one replica
+reached the others only at their next tick, up to a `syncInterval` later: two requests
+arriving at two replicas within that window were both routed as if the other did not exist
+(bench/RESULTS.md, "one sync hub"). An idle replica still ticks every `syncInterval`, so a
+lost notification only delays, never loses, a change."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import hashlib
+import logging
 import time
+import uuid
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -36,6 +45,11 @@ from heimdall_proxy.replicas.ticker import Ticker
 READ_BATCH = 1000
 #: Longest a journal's start-up catch-up may take before the replica starts serving anyway.
 CATCH_UP_SECONDS = 5.0
+
+log = logging.getLogger(__name__)
+
+#: Seconds the listener waits for a notification before it looks for new channels.
+LISTEN_POLL = 0.5
 
 _SHA = hashlib.sha1(SCRIPT.encode(), usedforsecurity=False).hexdigest()
 
@@ -64,8 +78,8 @@ class SyncHub:
     """The parts sharing one store in this process, synced together (see the module). Owns
     its client: stop() closes it."""
 
-    __slots__ = ("_background", "_counters", "_journals", "_lock", "_redis", "_ticker", "address",
-                 "users")  # fmt: skip
+    __slots__ = ("_background", "_counters", "_dirty", "_id", "_journals", "_listener", "_lock",
+                 "_redis", "_stopping", "_ticker", "address", "users")  # fmt: skip
 
     def __init__(
         self, address: str, redis: aioredis.Redis | None = None, *, background: bool = True
@@ -80,6 +94,11 @@ class SyncHub:
         # in flight cannot be republished after it withdrew.
         self._lock = asyncio.Lock()
         self._ticker = Ticker(f"state at {address}", 1.0, self.sync)
+        self._id = uuid.uuid4().hex[:16].encode()
+        #: A local change is waiting for the next tick (which then notifies the others).
+        self._dirty = False
+        self._listener: asyncio.Task[None] | None = None
+        self._stopping = False
         #: Parts joined through the registry (join / leave), including those still starting.
         self.users = 0
 
@@ -92,7 +111,13 @@ class SyncHub:
         return self._ticker.reachable
 
     def poke(self) -> None:
+        """A local change: tick soon, and tell the other replicas to tick after it."""
+        self._dirty = True
         self._ticker.poke()
+
+    def channels(self) -> set[str]:
+        """Where a tick with local changes is announced (one per part's state)."""
+        return {p.channel for p in self.parts}
 
     async def add(self, part: Part) -> None:
         """Take `part` into every tick from now on, the background loop running. Counters
@@ -112,6 +137,10 @@ class SyncHub:
         self._ticker.interval = min(p.interval for p in self.parts)
         if self._background:
             self._ticker.start()
+            if self._listener is None:
+                self._listener = asyncio.create_task(
+                    self._listen(), name=f"replicas:{self.address}"
+                )
 
     async def remove(self, part: Part) -> None:
         """Leave `part` out of the ticks: a journal's last queued records are sent first,
@@ -134,8 +163,49 @@ class SyncHub:
             self._ticker.interval = min(p.interval for p in self.parts)
 
     async def stop(self) -> None:
+        listener, self._listener = self._listener, None
+        if listener is not None:
+            # Not cancelled: redis-py's get_message can absorb a cancellation and go on
+            # waiting. The listener sees the flag within LISTEN_POLL and closes its pubsub.
+            self._stopping = True
+            try:
+                await asyncio.wait_for(asyncio.shield(listener), LISTEN_POLL * 4)
+            except TimeoutError:
+                listener.cancel()
         await self._ticker.stop()
         await self._redis.aclose()
+
+    async def _listen(self) -> None:
+        """Tick when another replica announces a change on one of the parts' channels."""
+        pubsub = self._redis.pubsub(ignore_subscribe_messages=True)
+        subscribed: set[str] = set()
+        failing = False
+        try:
+            while not self._stopping:
+                try:
+                    wanted = self.channels()
+                    if wanted - subscribed:
+                        await pubsub.subscribe(*(wanted - subscribed))
+                        subscribed |= wanted
+                    msg = await pubsub.get_message(timeout=LISTEN_POLL)
+                    failing = False
+                except (RedisError, OSError) as exc:
+                    if not failing:  # the ticks log the outage; this only says why
+                        log.debug("shared state at %s: notifications lost: %s", self.address, exc)
+                    failing = True
+                    subscribed = set()
+                    await pubsub.aclose()  # type: ignore[no-untyped-call]
+                    pubsub = self._redis.pubsub(ignore_subscribe_messages=True)
+                    await asyncio.sleep(LISTEN_POLL)
+                    continue
+                if msg is not None and msg.get("data") != self._id:
+                    self._ticker.poke()
+        finally:
+            with contextlib.suppress(Exception):
+                await pubsub.aclose()  # type: ignore[no-untyped-call]
+            # redis-py closes a pubsub connection without waiting for it: a loop turn lets
+            # its transport finish closing before the loop may be closed
+            await asyncio.sleep(0)
 
     async def sync(self) -> None:
         """One round trip for every part: publish what changed here, take in the others'."""
@@ -147,6 +217,8 @@ class SyncHub:
             return
         sent = [(j, out) for j in journals if (out := j.outgoing()) is not None]
         reads = _distinct_keys(journals)
+        notify = sorted({p.channel for p in (*counters, *journals)}) if self._dirty else []
+        self._dirty = False
         for attempt in (0, 1):
             pipe = self._redis.pipeline(transaction=False)
             if counters:
@@ -158,6 +230,8 @@ class SyncHub:
                     pipe.xadd(j.key, entry, maxlen=j.max_entries, approximate=True)  # type: ignore[arg-type]
             for group in reads:
                 pipe.xread({j.key: j.last for j in group}, count=READ_BATCH)
+            for channel in notify:  # last: the others tick once this tick's writes are in
+                pipe.publish(channel, self._id)
             try:
                 replies = await pipe.execute()
             except NoScriptError:
@@ -184,7 +258,8 @@ class SyncHub:
             for part, flat in zip(counters, replies[0], strict=True):
                 part.take(flat)
             i = 1
-        for group, reply in zip(reads, replies[i + n_sent :], strict=True):
+        first = i + n_sent
+        for group, reply in zip(reads, replies[first : first + len(reads)], strict=True):
             by_key = {j.key.encode(): j for j in group}
             for key, entries in _streams(reply):
                 by_key[key].take(entries)

@@ -56,6 +56,10 @@ class Journal(Part):
         self.poke()
 
     @property
+    def channel(self) -> str:
+        return self.key + ":tick"
+
+    @property
     def pending(self) -> bool:
         return bool(self._pending)
 

@@ -22,6 +22,11 @@ class Part:
         #: Set while the part is in a hub (between SyncHub.add and SyncHub.remove).
         self.hub: SyncHub | None = None
 
+    @property
+    def channel(self) -> str:
+        """Where replicas announce a change to this state (the hub listens there)."""
+        raise NotImplementedError
+
     def poke(self) -> None:
         """Something changed locally: ask the hub for a tick soon (no I/O)."""
         if self.hub is not None:

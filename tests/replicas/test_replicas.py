@@ -16,7 +16,7 @@ import redis.asyncio as aioredis
 from heimdall_proxy.replicas import hub as hubs
 from heimdall_proxy.replicas.connect import client
 from heimdall_proxy.replicas.counters import ReplicaCounters
-from heimdall_proxy.replicas.hub import SyncHub
+from heimdall_proxy.replicas.hub import LISTEN_POLL, SyncHub
 from heimdall_proxy.replicas.journal import Journal
 from tests.kvcache.redisns import REDIS_URL, redis_namespace
 
@@ -249,3 +249,27 @@ async def test_a_killed_replica_process_stops_counting(ns: str) -> None:
         await asyncio.sleep(1.0)
         await hl.sync()
         assert live.others() == {}
+
+
+async def test_a_change_on_one_replica_makes_the_others_tick(ns: str) -> None:
+    """Both hubs tick only every 60 s on their own: b sees a's new count only because a's
+    tick announced it and b's listener ticked."""
+    a_local: dict[str, float] = {}
+    a, b = counters(ns, a_local), counters(ns, {})
+    a.interval = b.interval = 60.0
+    ha, hb = SyncHub(REDIS_URL), SyncHub(REDIS_URL)
+    try:
+        await hb.add(b)
+        await ha.add(a)
+        await asyncio.sleep(LISTEN_POLL * 2)  # b's listener has subscribed
+        assert b.others() == {}
+        a_local["pod-0"] = 2.0
+        a.changed()
+        async with asyncio.timeout(10.0):
+            while b.others() != {"pod-0": 2.0}:  # noqa: ASYNC110 - state of another task
+                await asyncio.sleep(0.01)
+    finally:
+        await ha.remove(a)
+        await hb.remove(b)
+        await ha.stop()
+        await hb.stop()
