@@ -1,16 +1,19 @@
 """The cost of one sync round trip of the shared routing state (heimdall_proxy.replicas).
 
-The request path does no Redis I/O. What sharing costs is the sync loop: one round trip per
-tick per shared plugin. Ticks come every `syncInterval`, or sooner after a local change (at
-most every 5 ms). This script measures, against a real Redis, the gateway-side CPU time and
-the wall time of one tick:
+The request path does no Redis I/O. What sharing costs is the sync loop: one hub per process
+and store, one pipelined round trip per tick carrying every shared plugin's state. Ticks come
+every `syncInterval`, or sooner after a local change (at most every 5 ms). This script
+measures, against a real Redis, the gateway-side CPU time and the wall time of one tick:
 
 - a counters tick (publish 4 pods' totals, pull 1 other replica's);
 - a journal tick with one routed prompt of 64 blocks to send and one from the other replica
-  to apply.
+  to apply;
+- what config/recommended.yaml shares (two plugins' counters and one journal, as above):
+  in one hub (one round trip), and with each plugin in a hub of its own (three round trips,
+  as every plugin ran its own loop before the hub), interleaved tick by tick.
 
 It reports the mean over `--n` ticks, after a warm-up. Multiplying by the tick rate gives
-the CPU share: e.g. 2 plugins x 50 ticks/s when idle at the default 20 ms.
+the CPU share: e.g. 50 ticks/s when idle at the default 20 ms.
 
     python bench/replica_sync.py --n 3000
 """
@@ -32,47 +35,107 @@ from bench import machine
 from heimdall_proxy.kvcache.index.redis import blob
 from heimdall_proxy.replicas.connect import client
 from heimdall_proxy.replicas.counters import ReplicaCounters
+from heimdall_proxy.replicas.hub import SyncHub
 from heimdall_proxy.replicas.journal import Journal
+
+LOCAL = {f"pod-{i}": float(i + 1) for i in range(4)}
+KEYS = blob(list(range(10**12, 10**12 + 64)))
+
+
+class Replicas:
+    """A set of shared parts on two replicas ("mine", timed, and "other"), each part of
+    "mine" in one hub (`split=False`) or in a hub of its own (`split=True`)."""
+
+    def __init__(self, address: str, prefix: str, counters: int, journals: int, split: bool):
+        self.address, self.split = address, split
+        self.mine = self._parts(prefix, counters, journals)
+        self.other = self._parts(prefix, counters, journals)
+        self.hubs: list[SyncHub] = []
+        self.other_hub = SyncHub(address, background=False)
+
+    def _parts(self, prefix: str, counters: int, journals: int) -> list[ReplicaCounters | Journal]:
+        parts: list[ReplicaCounters | Journal] = [
+            ReplicaCounters(self.address, f"{prefix}c{i}:", lambda: LOCAL, 60.0, 30.0)
+            for i in range(counters)
+        ]
+        parts += [
+            Journal(self.address, f"{prefix}j{i}", lambda r: None, 60.0, 10_000)
+            for i in range(journals)
+        ]
+        return parts
+
+    async def start(self) -> None:
+        for part in self.other:
+            await self.other_hub.add(part)
+        groups = [[p] for p in self.mine] if self.split else [self.mine]
+        for group in groups:
+            hub = SyncHub(self.address, background=False)
+            for part in group:
+                await hub.add(part)
+            self.hubs.append(hub)
+
+    async def stop(self) -> None:
+        for hub in [*self.hubs, self.other_hub]:
+            for part in hub.parts:
+                await hub.remove(part)
+            await hub.stop()
+
+    async def tick(self) -> tuple[float, float]:
+        """The other replica routes a prompt and syncs (not timed); then this replica routes
+        one and ticks: (CPU, wall) seconds of this replica's tick(s)."""
+        for part in self.other:
+            if isinstance(part, Journal):
+                part.append(["pod-1", 31250, KEYS])
+        await self.other_hub.sync()
+        for part in self.mine:
+            if isinstance(part, Journal):
+                part.append(["pod-0", 31250, KEYS])
+        c0, w0 = time.process_time(), time.perf_counter()
+        for hub in self.hubs:
+            await hub.sync()
+        return time.process_time() - c0, time.perf_counter() - w0
 
 
 async def measure(address: str, n: int) -> dict[str, tuple[float, float]]:
     prefix = f"heimdall:bench-sync:{uuid.uuid4().hex[:8]}:"
-    r1, r2 = client(address), client(address)
-    local = {f"pod-{i}": float(i + 1) for i in range(4)}
-    mine = ReplicaCounters(r1, prefix + "c:", lambda: local, 60.0, 30.0)
-    other = ReplicaCounters(r2, prefix + "c:", lambda: local, 60.0, 30.0)
-    applied: list[object] = []
-    j_mine = Journal(r1, prefix + "j", applied.append, 60.0, 10_000)
-    j_other = Journal(r2, prefix + "j", applied.append, 60.0, 10_000)
-    keys = blob(list(range(10**12, 10**12 + 64)))
-    out: dict[str, tuple[float, float]] = {}
+    cases: dict[str, Replicas] = {
+        "counters tick (4 pods, 1 other replica)": Replicas(address, prefix + "a:", 1, 0, False),
+        "journal tick (64-block prompt out, one in)": Replicas(address, prefix + "b:", 0, 1, False),
+        "recommended.yaml: 2 counters + 1 journal, one hub (1 round trip)": Replicas(
+            address, prefix + "c:", 2, 1, False
+        ),
+        "recommended.yaml: 2 counters + 1 journal, a hub each (3 round trips)": Replicas(
+            address, prefix + "d:", 2, 1, True
+        ),
+    }
+    totals = {name: [0.0, 0.0] for name in cases}
     try:
-        await other.sync()
-        for name, step in (
-            ("counters tick (4 pods, 1 other replica)", mine.sync),
-            ("journal tick (64-block prompt out, one in)", None),
-        ):
-            for phase in ("warm", "run"):
-                count = n // 10 if phase == "warm" else n
-                cpu = wall = 0.0
-                for _ in range(count):
-                    if step is None:
-                        j_other.append(["pod-1", 31250, keys])
-                        await j_other.sync()  # the other replica's record, not timed
-                        j_mine.append(["pod-0", 31250, keys])
-                    c0, w0 = time.process_time(), time.perf_counter()
-                    await (step() if step is not None else j_mine.sync())
-                    cpu += time.process_time() - c0
-                    wall += time.perf_counter() - w0
-                if phase == "run":
-                    out[name] = (cpu / count * 1e6, wall / count * 1e6)
+        for case in cases.values():
+            await case.start()
+        for phase in ("warm", "run"):
+            count = n // 10 if phase == "warm" else n
+            for name in totals:
+                totals[name] = [0.0, 0.0]
+            for _ in range(count):  # interleaved: load drift hits every case alike
+                for name, case in cases.items():
+                    cpu, wall = await case.tick()
+                    totals[name][0] += cpu
+                    totals[name][1] += wall
     finally:
-        keys_left = [k async for k in r1.scan_iter(match=prefix + "*", count=1000)]
+        for case in cases.values():
+            await case.stop()
+        await drop(address, prefix)
+    return {name: (cpu / n * 1e6, wall / n * 1e6) for name, (cpu, wall) in totals.items()}
+
+
+async def drop(address: str, prefix: str) -> None:
+    redis = client(address)
+    try:
+        keys_left = [k async for k in redis.scan_iter(match=prefix + "*", count=1000)]
         if keys_left:
-            await r1.delete(*keys_left)
-        await r1.aclose()
-        await r2.aclose()
-    return out
+            await redis.delete(*keys_left)
+    finally:
+        await redis.aclose()
 
 
 def main(argv: Sequence[str] | None = None) -> int:

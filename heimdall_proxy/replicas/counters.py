@@ -2,12 +2,13 @@
 
 Each replica publishes its own totals as a whole, never as deltas: a hash per replica
 (`<prefix>r:<id>`, pod -> value) rewritten every tick with a time to live, and its id in a
-sorted set (`<prefix>replicas`) scored by the server's clock. One script per tick writes the
-hash and returns the other live replicas' hashes, so a tick is one round trip whatever the
-number of replicas or pods. A replica that dies stops refreshing its hash: its counts vanish
-after `ttl` (no delta is left behind to undo), and a restarted one starts from zero. Requests
-read the last pulled totals from memory: no I/O on the request path, at the price of up to
-one tick (plus the other replica's tick) of staleness."""
+sorted set (`<prefix>replicas`) scored by the server's clock. One script call per tick writes
+the hash and returns the other live replicas' hashes, for every plugin's counters at once
+(see hub.py), so a tick is one round trip whatever the number of replicas, pods or plugins.
+A replica that dies stops refreshing its hash: its counts vanish after `ttl` (no delta is
+left behind to undo), and a restarted one starts from zero. Requests read the last pulled
+totals from memory: no I/O on the request path, at the price of up to one tick (plus the
+other replica's tick) of staleness."""
 
 from __future__ import annotations
 
@@ -15,48 +16,34 @@ import time
 import uuid
 from collections.abc import Callable, Mapping
 from importlib import resources
+from typing import Any
 
-import redis.asyncio as aioredis
-
-from heimdall_proxy.replicas.ticker import Ticker
+from heimdall_proxy.replicas.part import Part
 
 SCRIPT = (resources.files(__package__) / "lua" / "counters.lua").read_text(encoding="utf-8")
 
 
-class ReplicaCounters:
-    """The other replicas' per-pod totals, kept fresh by a background tick that also
-    publishes `local()` (this replica's per-pod totals). Owns `redis`: stop() closes it."""
+class ReplicaCounters(Part):
+    """The other replicas' per-pod totals, kept fresh by the hub's tick, which also
+    publishes `local()` (this replica's per-pod totals)."""
 
-    __slots__ = (
-        "_local",
-        "_others",
-        "_prefix",
-        "_pulled",
-        "_redis",
-        "_script",
-        "_ticker",
-        "_ttl",
-        "_ttl_ms",
-        "replica",
-    )  # fmt: skip
+    __slots__ = ("_local", "_others", "_pulled", "_ttl", "_ttl_ms", "prefix", "replica")
 
     def __init__(
         self,
-        redis: aioredis.Redis,
+        address: str,
         prefix: str,
         local: Callable[[], Mapping[str, float]],
         interval: float,
         ttl: float,
         replica: str | None = None,
     ) -> None:
+        super().__init__(address, interval)
         self.replica = replica or uuid.uuid4().hex[:16]
-        self._redis = redis
-        self._prefix = prefix
+        self.prefix = prefix
         self._local = local
         self._ttl = ttl
         self._ttl_ms = max(1, int(ttl * 1000))
-        self._script = redis.register_script(SCRIPT)
-        self._ticker = Ticker(f"counters {prefix}", interval, self.sync)
         self._others: dict[str, float] = {}
         self._pulled = 0.0
 
@@ -68,13 +55,29 @@ class ReplicaCounters:
             return {}
         return self._others
 
-    async def sync(self) -> None:
-        """Publish this replica's totals and pull the others' (one round trip)."""
-        args: list[str | int] = [self._prefix + "r:", self.replica, self._ttl_ms]
+    def changed(self) -> None:
+        """This replica's totals changed: publish them at the next opportunity (MIN_GAP)."""
+        self.poke()
+
+    @property
+    def zset(self) -> str:
+        """The sorted set of live replicas (the script's key for this set of counters)."""
+        return self.prefix + "replicas"
+
+    @property
+    def channel(self) -> str:
+        return self.prefix + "tick"
+
+    def script_args(self) -> list[str | int]:
+        """This set's share of the script's ARGV: hash prefix, id, ttl, n, pod/value pairs."""
+        pairs: list[str] = []
         for pod, value in self._local().items():
             if value:
-                args += (pod, repr(float(value)))
-        flat = await self._script(keys=[self._prefix + "replicas"], args=args)
+                pairs += (pod, repr(float(value)))
+        return [self.prefix + "r:", self.replica, self._ttl_ms, len(pairs) // 2, *pairs]
+
+    def take(self, flat: list[Any]) -> None:
+        """The script's reply for this set: the other replicas' pod/value pairs."""
         others: dict[str, float] = {}
         for i in range(0, len(flat) - 1, 2):
             pod = flat[i].decode()
@@ -82,26 +85,6 @@ class ReplicaCounters:
         self._others = others
         self._pulled = time.monotonic()
 
-    def changed(self) -> None:
-        """This replica's totals changed: publish them at the next opportunity (MIN_GAP)."""
-        self._ticker.poke()
-
-    @property
-    def reachable(self) -> bool:
-        return self._ticker.reachable
-
-    async def start(self) -> None:
-        await self._ticker.once()
-        self._ticker.start()
-
-    async def stop(self) -> None:
-        """Stop publishing and withdraw this replica's counts at once (a clean shutdown need
-        not wait for them to expire)."""
-        await self._ticker.stop()
-        try:
-            await self._redis.delete(self._prefix + "r:" + self.replica)
-            await self._redis.zrem(self._prefix + "replicas", self.replica)
-        except Exception:  # best effort: they expire anyway
-            pass
-        finally:
-            await self._redis.aclose()
+    def withdraw_keys(self) -> tuple[str, str, str]:
+        """(hash, sorted set, member) to delete on a clean stop."""
+        return self.prefix + "r:" + self.replica, self.zset, self.replica

@@ -1,6 +1,6 @@
-"""The background loop every shared structure runs: one `tick()` (one round trip) per
-interval, with Redis outages logged once when they begin and once when they end, so a
-replica whose Redis is down keeps routing on its own state instead of failing requests."""
+"""The background loop of a sync hub (one per process and store): one `tick()` (one round
+trip) per interval, with Redis outages logged once when they begin and once when they end, so
+a replica whose Redis is down keeps routing on its own state instead of failing requests."""
 
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ log = logging.getLogger(__name__)
 
 
 #: Shortest time between two ticks: pokes arriving meanwhile share the next tick, so a busy
-#: replica makes at most 1 / MIN_GAP round trips per second per structure.
+#: replica makes at most 1 / MIN_GAP round trips per second per store, whatever the number
+#: of plugins sharing state through it.
 MIN_GAP = 0.005
 
 
@@ -39,6 +40,15 @@ class Ticker:
     @property
     def reachable(self) -> bool:
         return not self._down
+
+    @property
+    def interval(self) -> float:
+        return self._interval
+
+    @interval.setter
+    def interval(self, seconds: float) -> None:
+        """Takes effect from the next wait on."""
+        self._interval = seconds
 
     def start(self) -> None:
         """Tick every interval from now on (the first tick one interval from now)."""

@@ -33,7 +33,11 @@ from heimdall_proxy.framework.types import (
 from heimdall_proxy.plugins.filters.queue_delay import QueueDelay
 from heimdall_proxy.plugins.scorers.active_request import attempt_key
 from heimdall_proxy.plugins.scorers.inflight import InFlight
-from heimdall_proxy.plugins.scorers.shared_state import SharedCountsParams, shared_counters
+from heimdall_proxy.plugins.scorers.shared_state import (
+    SharedCountsParams,
+    SharesState,
+    shared_counters,
+)
 
 PREFIX_CACHE_AFFINITY_FILTER_TYPE = "prefix-cache-affinity-filter"
 
@@ -77,7 +81,7 @@ class PrefixCacheAffinityParams(SharedCountsParams):
 
 
 @register(PREFIX_CACHE_AFFINITY_FILTER_TYPE, PrefixCacheAffinityParams)
-class PrefixCacheAffinityFilter(BasePlugin[PrefixCacheAffinityParams]):
+class PrefixCacheAffinityFilter(SharesState, BasePlugin[PrefixCacheAffinityParams]):
     """Filter, PreRequest, ResponseStreaming, ResponseComplete.
 
     Filter: reads the PrefixCacheMatchInfo of `prefixPluginType`/`prefixPluginName`. When
@@ -113,14 +117,6 @@ class PrefixCacheAffinityFilter(BasePlugin[PrefixCacheAffinityParams]):
         # attempt key -> (pod, prompt tokens ahead, own prefill seconds, sent at), for the
         # streamed attempts whose first token has not been seen yet
         self._waiting: dict[str, tuple[str, float, float, float]] = {}
-
-    async def start(self) -> None:
-        if self.shared is not None:
-            await self.shared.start()
-
-    async def stop(self) -> None:
-        if self.shared is not None:
-            await self.shared.stop()
 
     def _match(self, state: CycleState) -> PrefixCacheMatchInfo | None:
         p = self.params

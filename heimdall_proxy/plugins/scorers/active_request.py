@@ -17,7 +17,11 @@ from heimdall_proxy.framework.types import (
     RequestContext,
 )
 from heimdall_proxy.plugins.scorers.inflight import InFlight
-from heimdall_proxy.plugins.scorers.shared_state import SharedCountsParams, shared_counters
+from heimdall_proxy.plugins.scorers.shared_state import (
+    SharedCountsParams,
+    SharesState,
+    shared_counters,
+)
 
 ACTIVE_REQUEST_SCORER_TYPE = "active-request-scorer"
 
@@ -33,7 +37,7 @@ def attempt_key(ctx: RequestContext) -> str:
 
 
 @register(ACTIVE_REQUEST_SCORER_TYPE, ActiveRequestParams)
-class ActiveRequestScorer(BasePlugin[ActiveRequestParams]):
+class ActiveRequestScorer(SharesState, BasePlugin[ActiveRequestParams]):
     """Counts, per pod, the requests this gateway has sent it and not yet seen end: from the
     moment one is scheduled (pre_request) until it completes, fails, or its client
     disconnects (response_complete); a request older than `requestTimeout` stops counting.
@@ -54,14 +58,6 @@ class ActiveRequestScorer(BasePlugin[ActiveRequestParams]):
         self._idle = params.idle_threshold
         self._busy = params.max_busy_score
         self.shared = shared_counters(self, params, self.inflight.counts)
-
-    async def start(self) -> None:
-        if self.shared is not None:
-            await self.shared.start()
-
-    async def stop(self) -> None:
-        if self.shared is not None:
-            await self.shared.stop()
 
     def count(self, pod: str) -> int:
         """Requests in flight to `pod`, through this replica and (shared) the others."""

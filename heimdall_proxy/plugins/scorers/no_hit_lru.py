@@ -17,7 +17,11 @@ from heimdall_proxy.framework.types import (
     InferenceRequest,
     RequestContext,
 )
-from heimdall_proxy.plugins.scorers.shared_state import SharedJournalParams, shared_journal
+from heimdall_proxy.plugins.scorers.shared_state import (
+    SharedJournalParams,
+    SharesState,
+    shared_journal,
+)
 
 NO_HIT_LRU_SCORER_TYPE = "no-hit-lru-scorer"
 #: The plugin types that publish a PrefixCacheMatchInfo this scorer can read.
@@ -31,7 +35,7 @@ class NoHitLRUParams(SharedJournalParams):
 
 
 @register(NO_HIT_LRU_SCORER_TYPE, NoHitLRUParams)
-class NoHitLRUScorer(BasePlugin[NoHitLRUParams]):
+class NoHitLRUScorer(SharesState, BasePlugin[NoHitLRUParams]):
     """Reads the PrefixCacheMatchInfo the prefix-cache plugin `prefixPluginType` /
     `prefixPluginName` left on the CycleState. A request is cold when no candidate holds even
     its first block (or when that plugin left nothing, e.g. it is not declared).
@@ -54,14 +58,6 @@ class NoHitLRUScorer(BasePlugin[NoHitLRUParams]):
         self._lru: OrderedDict[str, None] = OrderedDict()
         self._cold_key = f"{prefix_match_key(self.type, name)}#cold"
         self.journal = shared_journal(self, params, self._apply)
-
-    async def start(self) -> None:
-        if self.journal is not None:
-            await self.journal.start()
-
-    async def stop(self) -> None:
-        if self.journal is not None:
-            await self.journal.stop()
 
     def _touch(self, pod: str) -> None:
         self._lru[pod] = None

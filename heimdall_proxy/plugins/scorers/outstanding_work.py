@@ -24,7 +24,11 @@ from heimdall_proxy.framework.types import (
 )
 from heimdall_proxy.plugins.scorers.active_request import attempt_key
 from heimdall_proxy.plugins.scorers.inflight import InFlight
-from heimdall_proxy.plugins.scorers.shared_state import SharedCountsParams, shared_counters
+from heimdall_proxy.plugins.scorers.shared_state import (
+    SharedCountsParams,
+    SharesState,
+    shared_counters,
+)
 from heimdall_proxy.plugins.scorers.slot_wait import SlotCapacity, start_delay
 
 OUTSTANDING_WORK_SCORER_TYPE = "outstanding-work-scorer"
@@ -74,7 +78,7 @@ class _Work:
 
 
 @register(OUTSTANDING_WORK_SCORER_TYPE, OutstandingWorkParams)
-class OutstandingWorkScorer(BasePlugin[OutstandingWorkParams]):
+class OutstandingWorkScorer(SharesState, BasePlugin[OutstandingWorkParams]):
     """Tracks, per pod, the work of every request this gateway has in flight there, in
     decode-token units: `prefillTokenWeight * prompt tokens` (those the pod does not already
     hold, by `prefixPluginType`/`prefixPluginName`'s match when it ran) until the first
@@ -107,14 +111,6 @@ class OutstandingWorkScorer(BasePlugin[OutstandingWorkParams]):
         self._p = params
         self.shared = shared_counters(self, params, self.inflight.totals)
         self.capacity = SlotCapacity() if params.slot_wait else None
-
-    async def start(self) -> None:
-        if self.shared is not None:
-            await self.shared.start()
-
-    async def stop(self) -> None:
-        if self.shared is not None:
-            await self.shared.stop()
 
     def estimate(self, request: InferenceRequest, cached_share: float = 0.0) -> tuple[float, float]:
         """(prefill work, decode work) of a request, in decode-token units, on a pod that

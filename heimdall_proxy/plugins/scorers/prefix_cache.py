@@ -26,7 +26,11 @@ from heimdall_proxy.framework.types import (
 from heimdall_proxy.kvcache.approx import ApproxPrefixIndex
 from heimdall_proxy.kvcache.hashing import block_keys, namespace_seed, text_block_keys
 from heimdall_proxy.kvcache.index.redis import blob, unblob
-from heimdall_proxy.plugins.scorers.shared_state import SharedJournalParams, shared_journal
+from heimdall_proxy.plugins.scorers.shared_state import (
+    SharedJournalParams,
+    SharesState,
+    shared_journal,
+)
 
 PREFIX_CACHE_SCORER_TYPE = "prefix-cache-scorer"
 #: Characters per token assumed when a request was not tokenized.
@@ -84,7 +88,7 @@ def cache_salt(request: InferenceRequest) -> str | None:
 
 
 @register(PREFIX_CACHE_SCORER_TYPE, PrefixCacheParams)
-class PrefixCacheScorer(BasePlugin[PrefixCacheParams]):
+class PrefixCacheScorer(SharesState, BasePlugin[PrefixCacheParams]):
     """Approximates which pods hold a request's prompt prefix in their KV cache, from the
     prompts this gateway sent them, with no tokenizer and no KV events.
 
@@ -129,14 +133,6 @@ class PrefixCacheScorer(BasePlugin[PrefixCacheParams]):
         self.state_key = prefix_match_key(self.type, name)
         self._hashes_key = f"{self.state_key}#hashes"
         self.journal = shared_journal(self, params, self._apply)
-
-    async def start(self) -> None:
-        if self.journal is not None:
-            await self.journal.start()
-
-    async def stop(self) -> None:
-        if self.journal is not None:
-            await self.journal.stop()
 
     def _apply(self, record: list[object]) -> None:
         """Another replica sent the blocks `keys` to `pod` (capacity as it saw it)."""

@@ -10,11 +10,10 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
-import redis.asyncio as aioredis
 from pydantic import Field, model_validator
 
 from heimdall_proxy.framework.params import Duration, PluginParams
-from heimdall_proxy.replicas.connect import client
+from heimdall_proxy.replicas import hub
 from heimdall_proxy.replicas.counters import ReplicaCounters
 from heimdall_proxy.replicas.journal import Journal
 
@@ -63,9 +62,9 @@ class SharedJournalParams(SharedStoreParams):
     history_entries: int = Field(default=100_000, gt=0)
 
 
-def connect(plugin: Any, params: SharedStoreParams) -> tuple[aioredis.Redis, str] | None:
-    """A client and this plugin's key prefix (`<keyPrefix>state:<type>:<name>:`), or None
-    when sharing is not configured. Warns about enableRDMA (TCP is used)."""
+def store(plugin: Any, params: SharedStoreParams) -> tuple[str, str] | None:
+    """The store's address and this plugin's key prefix (`<keyPrefix>state:<type>:<name>:`),
+    or None when sharing is not configured. Warns about enableRDMA (TCP is used)."""
     rc = params.store()
     if rc is None:
         return None
@@ -75,7 +74,7 @@ def connect(plugin: Any, params: SharedStoreParams) -> tuple[aioredis.Redis, str
             plugin.name,
             plugin.type,
         )
-    return client(rc.address), f"{rc.key_prefix}state:{plugin.type}:{plugin.name}:"
+    return rc.address, f"{rc.key_prefix}state:{plugin.type}:{plugin.name}:"
 
 
 def shared_counters(
@@ -83,11 +82,11 @@ def shared_counters(
 ) -> ReplicaCounters | None:
     """The replica counters a plugin publishes its per-pod totals (`local`) through, or None
     when sharing is not configured."""
-    store = connect(plugin, params)
-    if store is None:
+    where = store(plugin, params)
+    if where is None:
         return None
-    redis, prefix = store
-    return ReplicaCounters(redis, prefix, local, params.sync_interval, params.replica_ttl)
+    address, prefix = where
+    return ReplicaCounters(address, prefix, local, params.sync_interval, params.replica_ttl)
 
 
 def shared_journal(
@@ -95,8 +94,28 @@ def shared_journal(
 ) -> Journal | None:
     """The journal a plugin sends its changes through and `apply`s the other replicas'
     with, or None when sharing is not configured."""
-    store = connect(plugin, params)
-    if store is None:
+    where = store(plugin, params)
+    if where is None:
         return None
-    redis, prefix = store
-    return Journal(redis, prefix + "journal", apply, params.sync_interval, params.history_entries)
+    address, prefix = where
+    return Journal(address, prefix + "journal", apply, params.sync_interval, params.history_entries)
+
+
+class SharesState:
+    """Mixin for a plugin whose state may be shared between replicas: set `shared` (counters)
+    and/or `journal` from shared_counters / shared_journal in __init__, and the plugin's
+    start and stop join and leave the process's sync hub for the store (one loop and one
+    round trip per tick for every plugin sharing state through that store)."""
+
+    shared: ReplicaCounters | None = None
+    journal: Journal | None = None
+
+    async def start(self) -> None:
+        for part in (self.shared, self.journal):
+            if part is not None:
+                await hub.join(part)
+
+    async def stop(self) -> None:
+        for part in (self.journal, self.shared):
+            if part is not None:
+                await hub.leave(part)
