@@ -86,11 +86,6 @@ class InFlight:
         entries = self._pods.get(pod)
         return len(entries) if entries else 0
 
-    def values(self, pod: str) -> list[float]:
-        """The tracked values on `pod`, oldest first."""
-        entries = self._pods.get(pod)
-        return [value for _, value in entries.values()] if entries else []
-
     def total(self, pod: str) -> float:
         return self._totals.get(pod, 0.0)
 

@@ -29,7 +29,6 @@ from heimdall_proxy.plugins.scorers.shared_state import (
     SharesState,
     shared_counters,
 )
-from heimdall_proxy.plugins.scorers.slot_wait import SlotCapacity, start_delay
 
 OUTSTANDING_WORK_SCORER_TYPE = "outstanding-work-scorer"
 
@@ -50,10 +49,6 @@ class OutstandingWorkParams(SharedCountsParams):
     #: plugin in the profile), every prompt token counts.
     prefix_plugin_type: str = "prefix-cache-scorer"
     prefix_plugin_name: str = "prefix-cache-scorer"
-    #: On a pod seen full (requests waiting while it ran its most sequences), also count how
-    #: long a new request would wait for a slot there (slot_wait.py), not only the total
-    #: work: with every slot busy, the pod whose first slot frees soonest serves it first.
-    slot_wait: bool = True
 
 
 def output_limit(data: Mapping[str, Any], default: int) -> int:
@@ -87,14 +82,8 @@ class OutstandingWorkScorer(SharesState, BasePlugin[OutstandingWorkParams]):
     `defaultOutputTokens`), counted down by one per streamed SSE event. Prompt tokens are the
     tokenizer's when one ran, else characters * charToTokenMultiplier.
 
-    Score: `1 - load / max load` over the candidates (all idle -> 1.0), so the pod with the
-    least load scores highest and the scale stays proportional. Load is the outstanding
-    work; with `slotWait` (an extension, default on), a pod that has been seen full (its
-    scraped metrics showed requests waiting; its capacity is the most it was seen running)
-    and on which this gateway has at least that many requests in flight also carries
-    `capacity x` the work its slots must finish before a new request would start
-    (first come, first served over the requests in flight, oldest first). Pods never seen
-    full, or with a free slot, keep their plain work.
+    Score: `1 - work / max work` over the candidates (all idle -> 1.0), so the pod with the
+    least outstanding work scores highest and the scale stays proportional.
 
     Without `redisConfig` / `valkeyConfig`, work sent by other gateway replicas is invisible
     to it; with one (an extension), every live replica's outstanding work is summed, as
@@ -110,7 +99,6 @@ class OutstandingWorkScorer(SharesState, BasePlugin[OutstandingWorkParams]):
         self._work: dict[str, _Work] = {}
         self._p = params
         self.shared = shared_counters(self, params, self.inflight.totals)
-        self.capacity = SlotCapacity() if params.slot_wait else None
 
     def estimate(self, request: InferenceRequest, cached_share: float = 0.0) -> tuple[float, float]:
         """(prefill work, decode work) of a request, in decode-token units, on a pod that
@@ -138,20 +126,6 @@ class OutstandingWorkScorer(SharesState, BasePlugin[OutstandingWorkParams]):
         others = self.shared.others().get(pod, 0.0) if self.shared is not None else 0.0
         return self.inflight.total(pod) + others
 
-    def slot_waits(self) -> dict[str, float]:
-        """Pod -> `capacity x` the work its slots must finish before a new request would
-        start there, for the pods seen full on which this gateway fills every slot (see
-        SlotCapacity)."""
-        capacity = self.capacity
-        if capacity is None:
-            return {}
-        waits = {}
-        for pod, slots in capacity.learned():
-            work = self.inflight.values(pod)
-            if len(work) >= slots:
-                waits[pod] = slots * start_delay(work, slots)
-        return waits
-
     def score(
         self, state: CycleState, request: InferenceRequest, endpoints: list[Endpoint]
     ) -> Mapping[str, float]:
@@ -162,17 +136,6 @@ class OutstandingWorkScorer(SharesState, BasePlugin[OutstandingWorkParams]):
         else:
             others = self.shared.others()
             loads = [total(e.name) + others.get(e.name, 0.0) for e in endpoints]
-        waits = self.slot_waits()
-        if waits:
-            index = CandidateNames.of(endpoints).index()
-            if index is None:
-                loads = [w + waits.get(e.name, 0.0) for e, w in zip(endpoints, loads, strict=True)]
-            else:
-                loads = list(loads)
-                for pod, wait in waits.items():
-                    i = index.get(pod)
-                    if i is not None:
-                        loads[i] += wait
         top = max(loads, default=0.0)
         if top <= 0.0:
             return DefaultScores(endpoints, 1.0, {})
@@ -184,9 +147,6 @@ class OutstandingWorkScorer(SharesState, BasePlugin[OutstandingWorkParams]):
         )
 
     async def pre_request(self, ctx: RequestContext) -> None:
-        if self.capacity is not None and ctx.target.metrics.updated_at:
-            m = ctx.target.metrics
-            self.capacity.observe(ctx.target.name, m.running, m.waiting)
         prefill, decode = self.estimate(ctx.request, self._cached_share(ctx))
         key = attempt_key(ctx)
         self._work[key] = _Work(prefill, decode)
