@@ -35,10 +35,20 @@ StreamCache = dict[StreamKey, Stream]
 MAX_STREAMS = 4096
 
 
-def _remember(streams: StreamCache, key: StreamKey, stream: Stream) -> None:
-    if len(streams) >= MAX_STREAMS:
-        streams.clear()
-    streams[key] = stream
+def _stored_stream(
+    reg: Registration, ev: BlockStored | PreparedStored, streams: StreamCache | None
+) -> Stream:
+    """The stream of a stored event, from `streams` when this publisher made it before."""
+    key = (ev.lora_name, ev.lora_id, ev.cache_salt, ev.medium)
+    stream = streams.get(key) if streams is not None else None
+    if stream is None:
+        ns = reg.namespace(lora_identity(ev.lora_name, ev.lora_id), ev.cache_salt)
+        stream = Stream(ns, reg.instance_id, medium_name(ev.medium), reg.dp_rank)
+        if streams is not None:
+            if len(streams) >= MAX_STREAMS:
+                streams.clear()
+            streams[key] = stream
+    return stream
 
 
 def from_vllm(
@@ -51,16 +61,9 @@ def from_vllm(
     out: list[Event] = []
     for ev in batch.events:
         if type(ev) is BlockStored:
-            key = (ev.lora_name, ev.lora_id, ev.cache_salt, ev.medium)
-            stream = streams.get(key) if streams is not None else None
-            if stream is None:
-                ns = reg.namespace(lora_identity(ev.lora_name, ev.lora_id), ev.cache_salt)
-                stream = Stream(ns, reg.instance_id, medium_name(ev.medium), reg.dp_rank)
-                if streams is not None:
-                    _remember(streams, key, stream)
             out.append(
                 Stored(
-                    stream,
+                    _stored_stream(reg, ev, streams),
                     event_id,
                     ev.block_hashes,
                     parent_hash=ev.parent_block_hash,
@@ -69,16 +72,9 @@ def from_vllm(
                 )
             )
         elif type(ev) is PreparedStored:  # hashed by a worker process (conductor.prepare)
-            key = (ev.lora_name, ev.lora_id, ev.cache_salt, ev.medium)
-            known = streams.get(key) if streams is not None else None
-            if known is None:
-                ns = reg.namespace(lora_identity(ev.lora_name, ev.lora_id), ev.cache_salt)
-                known = Stream(ns, reg.instance_id, medium_name(ev.medium), reg.dp_rank)
-                if streams is not None:
-                    _remember(streams, key, known)
             out.append(
                 Stored(
-                    known,
+                    _stored_stream(reg, ev, streams),
                     event_id,
                     ev.block_hashes,
                     parent_hash=ev.parent_block_hash,
