@@ -60,7 +60,9 @@ def from_vllm(
     stored events share them rather than building a Namespace and a Stream each."""
     out: list[Event] = []
     for ev in batch.events:
-        if type(ev) is BlockStored:
+        if type(ev) is BlockStored or type(ev) is PreparedStored:
+            # a PreparedStored was hashed by a worker process (conductor.prepare)
+            prepared = ev if type(ev) is PreparedStored else None
             out.append(
                 Stored(
                     _stored_stream(reg, ev, streams),
@@ -69,20 +71,9 @@ def from_vllm(
                     parent_hash=ev.parent_block_hash,
                     token_ids=ev.token_ids,
                     engine_block_size=ev.block_size or reg.block_size,
-                )
-            )
-        elif type(ev) is PreparedStored:  # hashed by a worker process (conductor.prepare)
-            out.append(
-                Stored(
-                    _stored_stream(reg, ev, streams),
-                    event_id,
-                    ev.block_hashes,
-                    parent_hash=ev.parent_block_hash,
-                    token_ids=ev.token_ids,
-                    engine_block_size=ev.block_size or reg.block_size,
-                    local_hashes=ev.local,
-                    keys=ev.keys,
-                    keys_parent=ev.keys_parent,
+                    local_hashes=prepared.local if prepared is not None else None,
+                    keys=prepared.keys if prepared is not None else None,
+                    keys_parent=prepared.keys_parent if prepared is not None else None,
                 )
             )
         elif type(ev) is BlockRemoved:
