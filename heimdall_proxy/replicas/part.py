@@ -3,13 +3,14 @@ tick that is this plugin's, and the plugin's handle on the hub."""
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from heimdall_proxy.replicas.hub import SyncHub
 
 
-class Part:
+class Part(ABC):
     """One plugin's shared state. Holds no connection: the hub that `address` names (one per
     process) carries every part's reads and writes in one round trip per tick."""
 
@@ -23,9 +24,9 @@ class Part:
         self.hub: SyncHub | None = None
 
     @property
+    @abstractmethod
     def channel(self) -> str:
         """Where replicas announce a change to this state (the hub listens there)."""
-        raise NotImplementedError
 
     def poke(self) -> None:
         """Something changed locally: ask the hub for a tick soon (no I/O)."""
