@@ -9,6 +9,7 @@ cold?) and prefill deciders (how many prompt tokens are not cached on the chosen
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from heimdall_proxy.framework.types import CycleState
@@ -28,12 +29,16 @@ class PrefixCacheMatchInfo:
     `total_blocks` is the number of full blocks of the prompt that were looked up (at most
     the scorer's match limit); `matched_blocks[pod]` is the length of the run of cached blocks
     starting at the first block of the prompt, in blocks (a float: the precise scorer weights
-    blocks held only in a slower tier below 1). Pods without an entry hold nothing."""
+    blocks held only in a slower tier below 1). Pods without an entry hold nothing.
+    `block_keys`, when the scorer has them, are the prompt's chained block keys: the key of
+    block i names the whole prefix up to it, so it identifies a shared prefix across requests
+    (the affinity filter counts how popular each one is)."""
 
     block_size: int
     total_blocks: int
     prompt_tokens: int
     matched_blocks: dict[str, float] = field(default_factory=dict)
+    block_keys: Sequence[int] = ()
 
     def has_hit(self) -> bool:
         """True when at least one pod holds at least the first block."""

@@ -13,6 +13,7 @@ needs, and no more."""
 
 from __future__ import annotations
 
+import math
 import random
 import time
 
@@ -30,6 +31,7 @@ from heimdall_proxy.framework.types import (
     InferenceRequest,
     RequestContext,
 )
+from heimdall_proxy.plugins.filters.prefix_popularity import PrefixPopularity
 from heimdall_proxy.plugins.filters.queue_delay import QueueDelay
 from heimdall_proxy.plugins.scorers.active_request import attempt_key
 from heimdall_proxy.plugins.scorers.inflight import InFlight
@@ -68,6 +70,15 @@ class PrefixCacheAffinityParams(SharedCountsParams):
     #: Pods that make requests wait for a decode slot delay a first token by a whole reply
     #: per request ahead, several times its prefill.
     learn_queue_delay: bool = True
+    #: Release a prefix that many recent requests shared at a smaller margin: when n recent
+    #: requests (decayed, this one included) shared the longest prefix a sticky pod holds,
+    #: the margin is divided by n ** sharedPrefixDiscount. A pod a shared system prompt
+    #: moves to is warm for all its later requests, while a conversation's history (n = 1)
+    #: keeps the whole margin (see prefix_popularity.py). Ours; the default 0 gives every
+    #: prefix the same margin (config/recommended.yaml sets 0.75).
+    shared_prefix_discount: float = Field(default=0.0, ge=0.0)
+    #: Requests over which that count decays by half.
+    popularity_half_life: float = Field(default=64.0, gt=0.0)
     #: Probability of not narrowing a request at all, so pods outside the sticky set keep
     #: seeing some of the prefix's traffic.
     exploration_probability: float = Field(default=0.0, ge=0.0, le=1.0)
@@ -114,6 +125,7 @@ class PrefixCacheAffinityFilter(SharesState, BasePlugin[PrefixCacheAffinityParam
         self._penalty = params.max_ttft_penalty_ms / 1000.0
         self.shared = shared_counters(self, params, self.inflight.totals)
         self.queue_delay = QueueDelay()
+        self.popularity = PrefixPopularity(params.popularity_half_life)
         # attempt key -> (pod, prompt tokens ahead, own prefill seconds, sent at), for the
         # streamed attempts whose first token has not been seen yet
         self._waiting: dict[str, tuple[str, float, float, float]] = {}
@@ -172,6 +184,7 @@ class PrefixCacheAffinityFilter(SharesState, BasePlugin[PrefixCacheAffinityParam
                 and r >= threshold
             )
             sticky = [endpoints[i] for i in at]
+        discount = self._discount(info, sticky)
         if not sticky or len(sticky) == len(endpoints):
             return endpoints
         p = self.params.exploration_probability
@@ -184,10 +197,24 @@ class PrefixCacheAffinityFilter(SharesState, BasePlugin[PrefixCacheAffinityParam
         best_other = min(
             self.estimated_ttft(e.name, info, prompt) for e in endpoints if e.name not in names
         )
-        margin = self._penalty + self.params.max_ttft_penalty_ratio * best_other
+        margin = (self._penalty + self.params.max_ttft_penalty_ratio * best_other) / discount
         if best_sticky > best_other + margin:
             return endpoints  # released: the prefix spreads to where the scorers send it
         return sticky
+
+    def _discount(self, info: PrefixCacheMatchInfo, sticky: list[Endpoint]) -> float:
+        """What the release margin is divided by: n ** sharedPrefixDiscount, n being how many
+        recent requests shared the longest prefix a sticky pod holds (this request is
+        counted: a request with no sticky pod counts for no prefix)."""
+        exponent = self.params.shared_prefix_discount
+        if not exponent:
+            return 1.0
+        key = None
+        if sticky:
+            depth = max(int(info.matched_blocks.get(e.name, 0.0)) for e in sticky)
+            if 0 < depth <= len(info.block_keys):
+                key = info.block_keys[depth - 1]
+        return math.pow(max(1.0, self.popularity.observe(key)), exponent)
 
     async def pre_request(self, ctx: RequestContext) -> None:
         info = self._match(ctx.state)

@@ -545,6 +545,7 @@ class PrecisePrefixCacheScorer(BasePlugin[PrecisePrefixCacheParams]):
             total_blocks=len(keys),
             prompt_tokens=len(tokens),
             matched_blocks=matched,
+            block_keys=keys,
         )
         state[self._keys_key] = keys
 

@@ -183,6 +183,7 @@ class PrefixCacheScorer(SharesState, BasePlugin[PrefixCacheParams]):
             total_blocks=len(keys),
             prompt_tokens=request.estimated_tokens(CHARS_PER_TOKEN),
             matched_blocks={pod: float(n) for pod, n in matched.items()},
+            block_keys=keys,
         )
         state[self.state_key] = info
         state[self._hashes_key] = _Hashes(block_size, keys)

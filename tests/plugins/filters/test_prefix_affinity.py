@@ -193,3 +193,51 @@ def test_several_named_instances_keep_their_own_threshold() -> None:
     assert names(strict.filter(match, req(), PODS)) == ["a"]
     assert names(loose.filter(match, req(), PODS)) == ["a", "b"]
     assert pset.resolved_profiles[0].filters == ["loose-affinity", "strict-affinity"]
+
+
+def keyed(matched: dict[str, float], keys: list[int], prompt_tokens: int = 1600) -> CycleState:
+    """A match whose prompt's chained block keys are `keys` (one per 16-token block)."""
+    s = CycleState()
+    s[KEY] = PrefixCacheMatchInfo(16, len(keys), prompt_tokens, matched, block_keys=keys)
+    return s
+
+
+SYSTEM = list(range(1000, 1100))  # one shared 100-block prefix
+OWN = [list(range(5000 + 100 * i, 5100 + 100 * i)) for i in range(40)]  # 40 distinct ones
+
+
+async def test_a_prefix_many_requests_share_is_released_at_a_smaller_margin() -> None:
+    # 500 ms = 8000 tokens; a is 6400 tokens (400 ms) later than an idle cold pod. A prefix
+    # only this request has (a conversation's history) keeps the whole margin and stays;
+    # one that ~20 recent requests shared is released at 500 / 20 ** 0.75 = 53 ms.
+    shared, own = (
+        make(maxTTFTPenaltyMs=500, sharedPrefixDiscount=0.75),
+        make(maxTTFTPenaltyMs=500, sharedPrefixDiscount=0.75),
+    )
+    for f in (shared, own):
+        await occupy(f, 0, 5)
+    for i in range(20):
+        shared.filter(keyed({"b": 100.0, "c": 100.0}, SYSTEM), req(), PODS)  # held elsewhere
+        own.filter(keyed({"b": 100.0, "c": 100.0}, OWN[i]), req(), PODS)
+    assert shared.popularity.count(SYSTEM[-1]) > 15
+    assert names(shared.filter(keyed({"a": 100.0}, SYSTEM), req(), PODS)) == ["a", "b", "c"]
+    assert names(own.filter(keyed({"a": 100.0}, OWN[30]), req(), PODS)) == ["a"]
+
+
+async def test_without_the_discount_every_prefix_keeps_the_margin() -> None:
+    f = make(maxTTFTPenaltyMs=500)  # sharedPrefixDiscount: 0, the default
+    await occupy(f, 0, 5)
+    for _ in range(20):
+        f.filter(keyed({"b": 100.0, "c": 100.0}, SYSTEM), req(), PODS)
+    assert names(f.filter(keyed({"a": 100.0}, SYSTEM), req(), PODS)) == ["a"]
+    assert len(f.popularity) == 0
+
+
+def test_the_prefix_counted_is_the_longest_a_sticky_pod_holds() -> None:
+    f = make(sharedPrefixDiscount=1.0)
+    # a holds the whole prompt, b its first 90 blocks: moving would give up all 100 blocks
+    f.filter(keyed({"a": 100.0, "b": 90.0}, SYSTEM), req(), PODS)
+    assert f.popularity.count(SYSTEM[99]) == 1.0
+    assert f.popularity.count(SYSTEM[89]) == 0.0
+    f.filter(keyed({}, OWN[0]), req(), PODS)  # cold: counted for no prefix
+    assert len(f.popularity) == 1
