@@ -103,7 +103,9 @@ class PrefixCacheAffinityFilter(SharesState, BasePlugin[PrefixCacheAffinityParam
     requests this gateway has in flight there + the prompt tokens this request would not
     find cached there) / `peakPrefillThroughput`, the tokens in flight priced instead at
     the delay they were seen to cause on that pod once it is learned (`learnQueueDelay`).
-    A cold request (no pod reaches the threshold) is not narrowed.
+    A cold request (no pod reaches the threshold) is not narrowed. With
+    `sharedPrefixDiscount` (ours), the margin shrinks for a prefix many recent requests
+    shared (prefix_popularity.py).
 
     PreRequest / ResponseComplete keep the prompt tokens in flight per pod, from scheduling
     until the response ends (as llm-d's in-flight load counts them): a pod busy decoding
@@ -126,6 +128,9 @@ class PrefixCacheAffinityFilter(SharesState, BasePlugin[PrefixCacheAffinityParam
         self.shared = shared_counters(self, params, self.inflight.totals)
         self.queue_delay = QueueDelay()
         self.popularity = PrefixPopularity(params.popularity_half_life)
+        # CycleState key of the shared prefix the filter priced, counted when the request
+        # is sent (pre_request), so retries' and the debug route's filtering count nothing
+        self._prefix_key = f"{PREFIX_CACHE_AFFINITY_FILTER_TYPE}/{name}#prefix"
         # attempt key -> (pod, prompt tokens ahead, own prefill seconds, sent at), for the
         # streamed attempts whose first token has not been seen yet
         self._waiting: dict[str, tuple[str, float, float, float]] = {}
@@ -184,7 +189,9 @@ class PrefixCacheAffinityFilter(SharesState, BasePlugin[PrefixCacheAffinityParam
                 and r >= threshold
             )
             sticky = [endpoints[i] for i in at]
-        discount = self._discount(info, sticky)
+        prefix = None
+        if sticky and self.params.shared_prefix_discount:
+            prefix = self._shared_prefix(state, info, sticky)
         if not sticky or len(sticky) == len(endpoints):
             return endpoints
         p = self.params.exploration_probability
@@ -197,24 +204,25 @@ class PrefixCacheAffinityFilter(SharesState, BasePlugin[PrefixCacheAffinityParam
         best_other = min(
             self.estimated_ttft(e.name, info, prompt) for e in endpoints if e.name not in names
         )
-        margin = (self._penalty + self.params.max_ttft_penalty_ratio * best_other) / discount
+        margin = self._penalty + self.params.max_ttft_penalty_ratio * best_other
+        if prefix is not None:  # n ** sharedPrefixDiscount, this request included
+            n = self.popularity.count(prefix) + 1.0
+            margin /= math.pow(n, self.params.shared_prefix_discount)
         if best_sticky > best_other + margin:
             return endpoints  # released: the prefix spreads to where the scorers send it
         return sticky
 
-    def _discount(self, info: PrefixCacheMatchInfo, sticky: list[Endpoint]) -> float:
-        """What the release margin is divided by: n ** sharedPrefixDiscount, n being how many
-        recent requests shared the longest prefix a sticky pod holds (this request is
-        counted: a request with no sticky pod counts for no prefix)."""
-        exponent = self.params.shared_prefix_discount
-        if not exponent:
-            return 1.0
-        key = None
-        if sticky:
-            depth = max(int(info.matched_blocks.get(e.name, 0.0)) for e in sticky)
-            if 0 < depth <= len(info.block_keys):
-                key = info.block_keys[depth - 1]
-        return math.pow(max(1.0, self.popularity.observe(key)), exponent)
+    def _shared_prefix(
+        self, state: CycleState, info: PrefixCacheMatchInfo, sticky: list[Endpoint]
+    ) -> int | None:
+        """The key of the longest prefix a sticky pod holds (what a move would give up), left
+        on `state` for pre_request to count when the request is sent."""
+        depth = max(int(info.matched_blocks.get(e.name, 0.0)) for e in sticky)
+        if not 0 < depth <= len(info.block_keys):
+            return None
+        key = info.block_keys[depth - 1]
+        state[self._prefix_key] = key
+        return key
 
     async def pre_request(self, ctx: RequestContext) -> None:
         info = self._match(ctx.state)
@@ -228,6 +236,9 @@ class PrefixCacheAffinityFilter(SharesState, BasePlugin[PrefixCacheAffinityParam
         self.inflight.add(pod, key, float(tokens))
         if self.shared is not None:
             self.shared.changed()
+        if self.params.shared_prefix_discount:
+            prefix = ctx.state.get(self._prefix_key)
+            self.popularity.observe(prefix if isinstance(prefix, int) else None)
 
     async def response_streaming(self, ctx: RequestContext, chunk: bytes) -> None:
         if not self._waiting or b"data:" not in chunk:

@@ -204,40 +204,62 @@ def keyed(matched: dict[str, float], keys: list[int], prompt_tokens: int = 1600)
 
 SYSTEM = list(range(1000, 1100))  # one shared 100-block prefix
 OWN = [list(range(5000 + 100 * i, 5100 + 100 * i)) for i in range(40)]  # 40 distinct ones
+SENT = iter(range(10**6))
+
+
+async def send(f: PrefixCacheAffinityFilter, s: CycleState, pod: int) -> list[str]:
+    """Filter a request, then send it to PODS[pod] (pre_request; it stays in flight)."""
+    kept = names(f.filter(s, req(), PODS))
+    c = ctx(req(data={"sent": next(SENT)}), PODS[pod], attempt=next(SENT))
+    c.state = s
+    await f.pre_request(c)
+    return kept
 
 
 async def test_a_prefix_many_requests_share_is_released_at_a_smaller_margin() -> None:
-    # 500 ms = 8000 tokens; a is 6400 tokens (400 ms) later than an idle cold pod. A prefix
-    # only this request has (a conversation's history) keeps the whole margin and stays;
-    # one that ~20 recent requests shared is released at 500 / 20 ** 0.75 = 53 ms.
-    shared, own = (
-        make(maxTTFTPenaltyMs=500, sharedPrefixDiscount=0.75),
-        make(maxTTFTPenaltyMs=500, sharedPrefixDiscount=0.75),
-    )
+    # 500 ms = 8000 tokens. While b and c take 20 requests each of a shared prefix (own:
+    # 20 distinct ones), a is 6400 tokens (400 ms) later than a cold pod. A prefix only this
+    # request has keeps the whole margin and stays; one that ~20 recent requests shared is
+    # released at 500 / 20 ** 0.75 = 53 ms.
+    shared = make(maxTTFTPenaltyMs=500, sharedPrefixDiscount=0.75)
+    own = make(maxTTFTPenaltyMs=500, sharedPrefixDiscount=0.75)
     for f in (shared, own):
         await occupy(f, 0, 5)
     for i in range(20):
-        shared.filter(keyed({"b": 100.0, "c": 100.0}, SYSTEM), req(), PODS)  # held elsewhere
-        own.filter(keyed({"b": 100.0, "c": 100.0}, OWN[i]), req(), PODS)
+        await send(shared, keyed({"b": 100.0, "c": 100.0}, SYSTEM), 1 + i % 2)
+        await send(own, keyed({"b": 100.0, "c": 100.0}, OWN[i]), 1 + i % 2)
     assert shared.popularity.count(SYSTEM[-1]) > 15
-    assert names(shared.filter(keyed({"a": 100.0}, SYSTEM), req(), PODS)) == ["a", "b", "c"]
-    assert names(own.filter(keyed({"a": 100.0}, OWN[30]), req(), PODS)) == ["a"]
+    # b and c now hold 16000 tokens each; d is idle and cold: a (8000 tokens) is 400 ms
+    # later than d
+    wide = [*PODS, ep("d")]
+    assert names(shared.filter(keyed({"a": 100.0}, SYSTEM), req(), wide)) == names(wide)
+    assert names(own.filter(keyed({"a": 100.0}, OWN[30]), req(), wide)) == ["a"]
 
 
 async def test_without_the_discount_every_prefix_keeps_the_margin() -> None:
     f = make(maxTTFTPenaltyMs=500)  # sharedPrefixDiscount: 0, the default
     await occupy(f, 0, 5)
-    for _ in range(20):
-        f.filter(keyed({"b": 100.0, "c": 100.0}, SYSTEM), req(), PODS)
-    assert names(f.filter(keyed({"a": 100.0}, SYSTEM), req(), PODS)) == ["a"]
+    for i in range(20):
+        await send(f, keyed({"b": 100.0, "c": 100.0}, SYSTEM), 1 + i % 2)
+    wide = [*PODS, ep("d")]
+    assert names(f.filter(keyed({"a": 100.0}, SYSTEM), req(), wide)) == ["a"]
     assert len(f.popularity) == 0
 
 
-def test_the_prefix_counted_is_the_longest_a_sticky_pod_holds() -> None:
+async def test_the_prefix_counted_is_the_longest_a_sticky_pod_holds() -> None:
     f = make(sharedPrefixDiscount=1.0)
     # a holds the whole prompt, b its first 90 blocks: moving would give up all 100 blocks
-    f.filter(keyed({"a": 100.0, "b": 90.0}, SYSTEM), req(), PODS)
+    await send(f, keyed({"a": 100.0, "b": 90.0}, SYSTEM), 0)
     assert f.popularity.count(SYSTEM[99]) == 1.0
     assert f.popularity.count(SYSTEM[89]) == 0.0
-    f.filter(keyed({}, OWN[0]), req(), PODS)  # cold: counted for no prefix
+    await send(f, keyed({}, OWN[0]), 1)  # cold: counted for no prefix
     assert len(f.popularity) == 1
+
+
+async def test_filtering_alone_counts_nothing() -> None:
+    """Retried scheduling and the debug route filter without sending: only a request that
+    is sent counts."""
+    f = make(sharedPrefixDiscount=1.0)
+    for _ in range(5):
+        f.filter(keyed({"a": 100.0}, SYSTEM), req(), PODS)
+    assert len(f.popularity) == 0
