@@ -71,8 +71,8 @@ class ServiceOptions:
     duplicate_window: int = 1024
     #: subscriber workers (each publisher always goes to the same one)
     concurrency: int = 2
-    #: worker processes decoding and rehashing vLLM's batches (conductor.prepare); 0: on
-    #: the event loop
+    #: worker processes decoding, rehashing and resolving vLLM's batches, owning their
+    #: publishers' engine-hash maps (conductor.prepare); 0: on the event loop
     ingest_workers: int = 0
 
 
@@ -246,8 +246,9 @@ class Conductor:
                 if type(again) is not PreparedBatch:
                     return  # cannot be: it was decoded before
                 batch = again
-                if key not in self.registrations:
-                    return
+                reg = self.registrations.get(key)
+                if reg is None:
+                    return  # unregistered meanwhile
             if batch.ops is not None:
                 if batch.ts > 0:
                     self.lag[key] = max(0.0, time.time() - batch.ts)
