@@ -16,7 +16,10 @@ Conductor.query with the token ids (hashing the prompt included); `query_by_hash
 hashes given; `a cold prompt` one of the same size that no instance holds (the walk stops
 at its first chunk, and only that chunk is hashed); `HTTP /query` a whole POST through
 aiohttp on localhost (client in the same process and on the same two CPUs as the server;
-encoding the body with orjson, checking and decoding it on the server included).
+encoding the body with orjson, checking and decoding it on the server included). Each
+latency row also gives the thread's CPU time per call and how many calls over 1 ms were
+preempted (an involuntary context switch while they ran): on a shared machine that tells
+a p99 the other jobs made from one the code made.
 
 Run: python bench/conductor.py [--instances 64] [--blocks 100000] [--workers 0,1,2]
 [--only-ingest]
