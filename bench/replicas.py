@@ -290,14 +290,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--sync-interval", help="syncInterval of the shared plugins (a duration)")
     parser.add_argument("--no-router", action="store_true", help="skip vllm-router round_robin")
     parser.add_argument("--out-dir", type=Path, default=compare.BENCH_DIR / "out" / "replicas")
-    parser.add_argument("--seeds", default="42",
-                        help="comma-separated workload seeds: one run of every shape per seed")
-    parser.add_argument("--variants", default=",".join(DEFAULT_VARIANTS),
-                        help=f"comma-separated, from {', '.join(VARIANTS)}; the first is the "
-                        "baseline of the ratios")
-    parser.add_argument("--trace", action="store_true",
-                        help="gateways at -v 3: the affinity filter's per-decision trace in "
-                        "their logs (bench/replica_trace.py reads it)")
+    parser.add_argument(
+        "--seeds",
+        default="42",
+        help="comma-separated workload seeds: one run of every shape per seed",
+    )
+    parser.add_argument(
+        "--variants",
+        default=",".join(DEFAULT_VARIANTS),
+        help=f"comma-separated, from {', '.join(VARIANTS)}; the first is the "
+        "baseline of the ratios",
+    )
+    parser.add_argument(
+        "--trace",
+        action="store_true",
+        help="gateways at -v 3: the affinity filter's per-decision trace in "
+        "their logs (bench/replica_trace.py reads it)",
+    )
     parser.add_argument("--json", type=Path)
     parser.add_argument("--markdown", type=Path)
     args = parser.parse_args(argv)
