@@ -277,7 +277,34 @@ def render(results: Sequence[Mapping[str, Any]], argv: Sequence[str], load: tupl
     body: list[str] = []
     for r in results:
         body += [*table(r), ""]
+    if len(results) > 1:
+        body += [*summary(results), ""]
     return "\n".join(head + body)
+
+
+def summary(results: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Every run's ratios to its own first variant, one line per shape and seed."""
+    labels = [r["label"] for r in results[0]["rows"][1:]]
+    lines = [
+        "#### Every run: E2E p95 and prefix hit rate against the first variant",
+        "",
+        "| shape | seed | " + " | ".join(f"{lb}: p95 / hit" for lb in labels) + " |",
+        "|---|---:|" + "---:|" * len(labels),
+    ]
+    for result in results:
+        base = result["rows"][0]
+        cells = []
+        for row in result["rows"][1:]:
+            p95, hit = row["e2e"]["p95"], row["prefix_hit_rate"]
+            bp95, bhit = base["e2e"]["p95"], base["prefix_hit_rate"]
+            cells.append(
+                f"{_f(p95 / bp95 if p95 and bp95 else None, '.3f')}x / "
+                f"{_f(hit / bhit if hit is not None and bhit else None, '.3f')}x"
+            )
+        lines.append(
+            f"| {result['shape']} | {result.get('seed', 42)} | " + " | ".join(cells) + " |"
+        )
+    return lines
 
 
 def main(argv: Sequence[str] | None = None) -> int:
