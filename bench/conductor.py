@@ -16,9 +16,13 @@ Conductor.query with the token ids (hashing the prompt included); `query_by_hash
 hashes given; `a cold prompt` one of the same size that no instance holds (the walk stops
 at its first chunk, and only that chunk is hashed); `HTTP /query` a whole POST through
 aiohttp on localhost (client in the same process and on the same two CPUs as the server;
-encoding the body with orjson, checking and decoding it on the server included).
+encoding the body with orjson, checking and decoding it on the server included). Each
+latency row also gives the thread's CPU time per call and how many calls over 1 ms were
+preempted (an involuntary context switch while they ran): on a shared machine that tells
+a p99 the other jobs made from one the code made.
 
-Run: python bench/conductor.py [--instances 64] [--blocks 100000] [--markdown]
+Run: python bench/conductor.py [--instances 64] [--blocks 100000] [--workers 0,1,2]
+[--only-ingest]
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ import gc
 import os
 import platform
 import random
+import resource
 import statistics
 import sys
 import time
@@ -159,6 +164,27 @@ def stagger(conductor: Conductor, regs: list[Registration], prompt: list[int]) -
         asyncio.run(conductor.apply(reg.key, batch))
 
 
+def _switches() -> int:
+    """Times this process was preempted so far (involuntary context switches)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_nivcsw
+
+
+def _latency_row(
+    name: str, wall: list[float], cpu: list[float], preempted: list[bool], count: str
+) -> str:
+    """A latency row: wall-clock percentiles, and what the other jobs on the machine did to
+    them: the thread's CPU time per call (what the code costs with a core of its own), and
+    how many calls over 1 ms were preempted (an involuntary context switch during the call)."""
+    p50, p99, worst = percentiles(wall)
+    c50, c99, _ = percentiles(cpu)
+    slow = [p for w, p in zip(wall, preempted, strict=True) if w > 1e-3]
+    return (
+        f"| {name} | p50 {p50:.3f} ms | p99 {p99:.3f} ms | max {worst:.3f} ms, {count}; CPU "
+        f"p50 {c50:.3f} / p99 {c99:.3f} ms; over 1 ms: {len(slow)}, {sum(slow)} of them "
+        f"preempted |"
+    )
+
+
 def percentiles(samples: list[float]) -> tuple[float, float, float]:
     qs = statistics.quantiles(samples, n=100, method="inclusive")
     return qs[49] * 1e3, qs[98] * 1e3, max(samples) * 1e3
@@ -192,7 +218,7 @@ def client_main(url: str, n: int, tokens: int) -> int:
 
 async def http_latency(
     conductor: Conductor, body: dict[str, Any], n: int, separate: bool
-) -> tuple[list[float], list[float]]:
+) -> tuple[list[float], tuple[list[float], list[float], list[bool]]]:
     """End-to-end latencies of POST /query, and the server's handling time of each (from the
     handler's start to its response built: body read, JSON, checks, hashing, index,
     answer). `separate`: the client is another process, so only the server's own time is
@@ -204,14 +230,20 @@ async def http_latency(
     app = create_app()
     app[CONDUCTOR] = conductor  # the populated one (its subscriber is started, unused)
     handled: list[float] = []
+    handled_cpu: list[float] = []
+    preempted: list[bool] = []
 
     @web.middleware
     async def timed(request: web.Request, handler: Any) -> web.StreamResponse:
+        s0 = _switches()
+        c0 = time.thread_time()
         t0 = time.perf_counter()
         try:
             return await handler(request)  # type: ignore[no-any-return]
         finally:
             handled.append(time.perf_counter() - t0)
+            handled_cpu.append(time.thread_time() - c0)
+            preempted.append(_switches() > s0)
 
     app.middlewares.insert(0, timed)
     runner = web.AppRunner(app, access_log=None)
@@ -234,7 +266,7 @@ async def http_latency(
             e2e = await _post_loop(url, body, n)
     finally:
         await runner.cleanup()
-    return e2e, handled[20:]
+    return e2e, (handled[20:], handled_cpu[20:], preempted[20:])
 
 
 def main() -> int:
@@ -246,9 +278,12 @@ def main() -> int:
     ap.add_argument("--http-queries", type=int, default=300)
     ap.add_argument(
         "--workers",
-        type=int,
-        default=max(1, (os.cpu_count() or 1) - 1),
-        help="ingest worker processes for the pipeline row (and 0, inline)",
+        default=f"0,{max(1, (os.cpu_count() or 1) - 1)}",
+        help="ingest worker process counts, one pipeline row each (0: on the event loop; "
+        "-1 or empty: no pipeline rows)",
+    )
+    ap.add_argument(
+        "--only-ingest", action="store_true", help="the vLLM ingest rows only, no queries"
     )
     ap.add_argument("--client", metavar="URL", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -284,7 +319,8 @@ def main() -> int:
     del payloads
     gc.collect()
 
-    for workers in sorted({0, args.workers}) if args.workers >= 0 else ():
+    counts = sorted({int(w) for w in args.workers.split(",") if w.strip() and int(w) >= 0})
+    for workers in counts:
         wall, cpu, wcpu, total, events = asyncio.run(
             ingest_pipeline(workers, args.instances, args.blocks)
         )
@@ -301,6 +337,9 @@ def main() -> int:
             f"workers {wcpu:.2f} s |"
         )
 
+    if args.only_ingest:
+        report(args, load, rows)
+        return 0
     prompt = [random.Random(3).randrange(128_000) for _ in range(args.prompt_tokens)]
     stagger(conductor, regs, prompt)
     body = {"model": MODEL, "token_ids": prompt, "block_size": BLOCK}
@@ -326,31 +365,43 @@ def main() -> int:
         ("query_by_hash", hashed),
         ("query, a cold prompt (no instance holds its first block)", cold),
     ):
-        samples = []
+        samples, cpu, preempted = [], [], []
         for _ in range(args.queries):
+            s0 = _switches()
+            c0 = time.thread_time()
             t0 = time.perf_counter()
             conductor.query(q)
             samples.append(time.perf_counter() - t0)
-        p50, p99, worst = percentiles(samples)
-        rows.append(
-            f"| {name} | p50 {p50:.3f} ms | p99 {p99:.3f} ms | max {worst:.3f} ms, "
-            f"{args.queries} queries |"
-        )
+            cpu.append(time.thread_time() - c0)
+            preempted.append(_switches() > s0)
+        rows.append(_latency_row(name, samples, cpu, preempted, f"{args.queries} queries"))
     for separate in (False, True):
         e2e, handled = asyncio.run(http_latency(conductor, body, args.http_queries, separate))
         where = "client in another process" if separate else "client in the same process"
-        for what, samples in (("end to end", e2e), ("server handling", handled)):
-            p50, p99, worst = percentiles(samples)
-            rows.append(
-                f"| HTTP POST /query, {what}, {where} | p50 {p50:.3f} ms | p99 {p99:.3f} ms "
-                f"| max {worst:.3f} ms, {args.http_queries} requests |"
+        p50, p99, worst = percentiles(e2e)
+        rows.append(
+            f"| HTTP POST /query, end to end, {where} | p50 {p50:.3f} ms | p99 {p99:.3f} ms "
+            f"| max {worst:.3f} ms, {args.http_queries} requests |"
+        )
+        rows.append(
+            _latency_row(
+                f"HTTP POST /query, server handling, {where}",
+                *handled,
+                f"{args.http_queries} requests",
             )
+        )
 
+    report(args, load, rows)
+    return 0
+
+
+def report(args: argparse.Namespace, load: tuple[float, float, float], rows: list[str]) -> None:
     cpu = cpu_model(platform.processor() or platform.machine())
+    end = os.getloadavg()
     print(
         f"Machine: {platform.machine()}, {os.cpu_count()} CPUs ({cpu}), Python "
         f"{platform.python_version()}, heimdall-proxy at {git_head() or '?'}; load average "
-        f"{load[0]:.1f} at start."
+        f"{load[0]:.1f} at start, {end[0]:.1f} at the end."
     )
     print(
         f"{args.instances} instances x {args.blocks:,} blocks of {BLOCK} tokens, query of "
@@ -358,7 +409,6 @@ def main() -> int:
     )
     print("| what | rate / p50 | blocks/s / p99 | detail |\n|---|---|---|---|")
     print("\n".join(rows))
-    return 0
 
 
 if __name__ == "__main__":

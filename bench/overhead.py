@@ -10,6 +10,13 @@ for ``--rounds`` rounds in alternating target order and reports the per-target m
 ratios the gateway is held to (>= 0.8x the bare forwarder's throughput, <= 0.5 ms added p50 at
 c=1).
 
+On a shared machine the absolute figures of two rounds can differ by 2x, so the ratios are also
+taken round by round (gateway and forwarder measured back to back) and reported as the median
+with the spread; the CPU each server spends per request (user + system, from /proc) is steadier
+than its throughput. ``--baseline DIR`` adds a fourth target, the gateway run from another copy
+of the code (``PYTHONPATH=DIR``, e.g. ``git archive main heimdall_proxy | tar -x -C DIR``), so
+before and after are interleaved in one invocation under the same load.
+
 Run: ``python bench/overhead.py [--duration 10] [--rounds 3] [--json OUT] [--markdown]``
 """
 
@@ -20,6 +27,7 @@ import contextlib
 import copy
 import datetime as dt
 import json
+import math
 import os
 import platform
 import re
@@ -49,11 +57,12 @@ from heimdall_proxy.framework.defaults import DEFAULT_EPP
 
 BENCH_DIR = Path(__file__).resolve().parent
 REPO_ROOT = BENCH_DIR.parent
-TARGETS = ("direct", "forwarder", "gateway")
+TARGETS = ("direct", "forwarder", "gateway", "baseline")
 TARGET_LABELS = {
     "direct": "direct upstream",
     "forwarder": "bare forwarder",
     "gateway": "gateway",
+    "baseline": "gateway baseline",
 }
 # Targets the gateway is held to.
 MIN_RPS_RATIO_VS_FORWARDER = 0.8
@@ -464,13 +473,34 @@ def gateway_argv(
         }.items():
             cmd = cmd.replace(key, value)
         return shlex.split(cmd)
+    return [*gateway_base_cmd(), *serve_args(args, port, config_path)]
+
+
+def gateway_base_cmd() -> list[str]:
+    """This checkout's gateway: the venv's `heimdall-proxy`, else `python -m heimdall_proxy`."""
     exe = shutil.which("heimdall-proxy")
     if exe is None:
         candidate = Path(sys.executable).parent / "heimdall-proxy"
         exe = str(candidate) if candidate.exists() else None
-    base = [exe] if exe else [sys.executable, "-m", "heimdall_proxy"]
+    return [exe] if exe else [sys.executable, "-m", "heimdall_proxy"]
+
+
+def baseline_argv(args: argparse.Namespace, port: int, config_path: Path) -> list[str]:
+    """The gateway from the code in --baseline (`-P`: the working directory, this checkout,
+    must not shadow it), with the same arguments as the gateway under test."""
     return [
-        *base,
+        "env",
+        f"PYTHONPATH={args.baseline}",
+        sys.executable,
+        "-P",
+        "-m",
+        "heimdall_proxy",
+        *serve_args(args, port, config_path),
+    ]
+
+
+def serve_args(args: argparse.Namespace, port: int, config_path: Path) -> list[str]:
+    return [
         "serve",
         "--config",
         str(config_path),
@@ -499,19 +529,19 @@ class TargetResults:
 
     @property
     def rps(self) -> float:
-        return statistics.median(r.rps for r in self.throughput)
+        return _median([r.rps for r in self.throughput])
 
     @property
     def p50_ms(self) -> float:
-        return statistics.median(r.p50_ms for r in self.latency)
+        return _median([r.p50_ms for r in self.latency])
 
     @property
     def p99_ms(self) -> float:
-        return statistics.median(r.p99_ms for r in self.latency)
+        return _median([r.p99_ms for r in self.latency])
 
     @property
     def c1_rps(self) -> float:
-        return statistics.median(r.rps for r in self.latency)
+        return _median([r.rps for r in self.latency])
 
     @property
     def cpu_us(self) -> float | None:
@@ -557,32 +587,96 @@ class TargetResults:
         }
 
 
+def _median(values: list[float]) -> float:
+    """The median, NaN for no values (e.g. the c=1 figures under --no-latency)."""
+    return statistics.median(values) if values else math.nan
+
+
+#: (numerator, denominator) target pairs compared round by round.
+ROUND_PAIRS = (("gateway", "forwarder"), ("baseline", "forwarder"), ("gateway", "baseline"))
+
+
+def round_ratios(num: TargetResults, den: TargetResults) -> dict[str, Any]:
+    """Throughput and CPU-per-request ratios of `num` over `den` in each round (the two were
+    measured minutes apart at most, under much the same load), with their median and range.
+    Pairs of medians taken over all rounds mix rounds run under different load; these do
+    not."""
+    pairs = list(zip(num.throughput, den.throughput, strict=False))
+    rps = [a.rps / b.rps for a, b in pairs if b.rps]
+    cpu = [
+        a.cpu_us_per_req / b.cpu_us_per_req
+        for a, b in pairs
+        if a.cpu_us_per_req and b.cpu_us_per_req
+    ]
+    out: dict[str, Any] = {"rps": rps, "cpu_per_req": cpu}
+    for key, values in (("rps", rps), ("cpu_per_req", cpu)):
+        if values:
+            out[f"{key}_median"] = statistics.median(values)
+            out[f"{key}_min"] = min(values)
+            out[f"{key}_max"] = max(values)
+    return out
+
+
 def compute_summary(results: dict[str, TargetResults]) -> dict[str, Any]:
     ratios: dict[str, float] = {}
     added: dict[str, float] = {}
     checks: dict[str, bool] = {}
-    d, f, g = (results.get(t) for t in TARGETS)
+    d, f, g = (results.get(t) for t in ("direct", "forwarder", "gateway"))
     if g and f:
         ratios["gateway_vs_forwarder_rps"] = g.rps / f.rps
-        added["gateway_minus_forwarder_p50_ms"] = g.p50_ms - f.p50_ms
         if g.cpu_us and f.cpu_us:
             ratios["gateway_vs_forwarder_cpu_per_req"] = g.cpu_us / f.cpu_us
         checks["rps_ratio_vs_forwarder_ok"] = (
             ratios["gateway_vs_forwarder_rps"] >= MIN_RPS_RATIO_VS_FORWARDER
         )
-        checks["added_p50_vs_forwarder_ok"] = (
-            added["gateway_minus_forwarder_p50_ms"] <= MAX_ADDED_P50_MS
-        )
+        if g.latency and f.latency:
+            added["gateway_minus_forwarder_p50_ms"] = g.p50_ms - f.p50_ms
+            checks["added_p50_vs_forwarder_ok"] = (
+                added["gateway_minus_forwarder_p50_ms"] <= MAX_ADDED_P50_MS
+            )
     if g and d:
         ratios["gateway_vs_direct_rps"] = g.rps / d.rps
-        added["gateway_minus_direct_p50_ms"] = g.p50_ms - d.p50_ms
-        checks["added_p50_vs_direct_ok"] = added["gateway_minus_direct_p50_ms"] <= MAX_ADDED_P50_MS
+        if g.latency and d.latency:
+            added["gateway_minus_direct_p50_ms"] = g.p50_ms - d.p50_ms
+            checks["added_p50_vs_direct_ok"] = (
+                added["gateway_minus_direct_p50_ms"] <= MAX_ADDED_P50_MS
+            )
     if f and d:
         ratios["forwarder_vs_direct_rps"] = f.rps / d.rps
-        added["forwarder_minus_direct_p50_ms"] = f.p50_ms - d.p50_ms
+        if f.latency and d.latency:
+            added["forwarder_minus_direct_p50_ms"] = f.p50_ms - d.p50_ms
+    per_round = {
+        f"{a}_vs_{b}": round_ratios(results[a], results[b])
+        for a, b in ROUND_PAIRS
+        if a in results and b in results
+    }
     # A verdict from runs with errors (or a dead server) means nothing.
     valid = not any(r.has_errors for r in results.values())
-    return {"ratios": ratios, "added_latency_ms": added, "checks": checks, "checks_valid": valid}
+    return {
+        "ratios": ratios,
+        "per_round": per_round,
+        "added_latency_ms": added,
+        "checks": checks,
+        "checks_valid": valid,
+    }
+
+
+def per_round_lines(summary: dict[str, Any]) -> list[str]:
+    """One line per compared pair: median and range of the round-by-round ratios."""
+    lines = []
+    for key, r in summary.get("per_round", {}).items():
+        num, _, den = key.partition("_vs_")
+        label = f"{TARGET_LABELS[num]} / {TARGET_LABELS[den]}"
+        parts = []
+        for name, field_ in (("rps", "rps"), ("CPU per request", "cpu_per_req")):
+            if f"{field_}_median" in r:
+                rounds = " ".join(f"{v:.2f}" for v in r[field_])
+                parts.append(
+                    f"{name} {r[f'{field_}_median']:.2f}x "
+                    f"[{r[f'{field_}_min']:.2f}-{r[f'{field_}_max']:.2f}] ({rounds})"
+                )
+        lines.append(f"{label}, per round: " + "; ".join(parts))
+    return lines
 
 
 def _us(value: float | None) -> str:
@@ -666,6 +760,10 @@ def text_report(
         )
     for label, value, target in rows:
         lines.append(f"{label:<36} {value:>10}   {target}".rstrip())
+    per_round = per_round_lines(summary)
+    if per_round:
+        lines.append("")
+        lines += per_round
     return "\n".join(lines)
 
 
@@ -712,7 +810,8 @@ def markdown_report(
         f"Machine: {m['arch']}, nproc={m['nproc']}, {m['cpu_model']}, Python {m['python']}, "
         f"{pkgs}, {m['wrk']}, kernel {m['kernel']}, git {m['git']}",
         "",
-        f"Load: wrk -t1, throughput at c={p['connections']}, latency at c=1, "
+        f"Load: wrk -t1, throughput at c={p['connections']}, "
+        f"{'latency at c=1' if p['latency_runs'] else 'no c=1 latency runs'}, "
         f"{p['duration']} s per run, {p['warmup']} s warm-up, median of {p['rounds']} rounds "
         "(alternating order). Request: POST /v1/chat/completions, small JSON body.",
         "",
@@ -763,6 +862,10 @@ def markdown_report(
             f"| <= {MAX_ADDED_P50_MS} ms "
             f"{_verdict(checks.get('added_p50_vs_forwarder_ok'), valid)} |"
         )
+    per_round = per_round_lines(summary)
+    if per_round:
+        out.append("")
+        out += [f"- {line}" for line in per_round]
     if meta.get("gateway_cmd_override"):
         out += ["", f"Note: gateway slot overridden with `{meta['gateway_cmd_override']}`."]
     return "\n".join(out)
@@ -799,6 +902,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--startup-timeout", type=float, default=60.0)
     parser.add_argument("--wrk-timeout", type=int, default=5, help="wrk per-request timeout (s)")
+    parser.add_argument(
+        "--baseline",
+        type=Path,
+        metavar="DIR",
+        help="also measure the gateway from the code in DIR (run with PYTHONPATH=DIR), "
+        "interleaved with the others; e.g. DIR from `git archive main heimdall_proxy`",
+    )
+    parser.add_argument(
+        "--no-latency",
+        action="store_true",
+        help="skip the c=1 latency runs (throughput and CPU per request only; half the time)",
+    )
     parser.add_argument("--json", type=Path, metavar="OUT", help="write all numbers here")
     parser.add_argument("--markdown", action="store_true", help="also print a markdown block")
     parser.add_argument("--keep-tmp", action="store_true", help="keep logs/config/lua temp dir")
@@ -810,6 +925,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     unknown = sorted(set(targets) - set(TARGETS))
     if unknown or not targets:
         parser.error(f"--targets: unknown {unknown}; choose from {','.join(TARGETS)}")
+    if args.baseline is not None:
+        if not (args.baseline / "heimdall_proxy").is_dir():
+            parser.error(f"--baseline: no heimdall_proxy package in {args.baseline}")
+        args.baseline = args.baseline.resolve()
+        targets.append("baseline")
+    elif "baseline" in targets:
+        parser.error("--targets baseline needs --baseline DIR")
     args.target_list = [t for t in TARGETS if t in targets]
     if args.duration < 1 or args.rounds < 1 or args.warmup < 0 or args.connections < 1:
         parser.error("--duration/--rounds/--connections must be >= 1 and --warmup >= 0")
@@ -839,7 +961,7 @@ def run(args: argparse.Namespace) -> int:
     servers: list[Server] = []
     failed = True
     try:
-        up_port, fw_port, gw_port = free_ports(3)
+        up_port, fw_port, gw_port, base_port = free_ports(4)
         upstream_url = f"http://127.0.0.1:{up_port}"
         chat = {
             "model": args.model,
@@ -899,6 +1021,12 @@ def run(args: argparse.Namespace) -> int:
             urls["gateway"] = f"http://127.0.0.1:{gw_port}"
             pgids["gateway"] = gw.popen.pid
             ready.append((gw, urls["gateway"]))
+        if "baseline" in args.target_list:
+            bl = start_server("baseline", baseline_argv(args, base_port, config_path), workdir)
+            servers.append(bl)
+            urls["baseline"] = f"http://127.0.0.1:{base_port}"
+            pgids["baseline"] = bl.popen.pid
+            ready.append((bl, urls["baseline"]))
 
         for server, base in ready[1:]:
             progress(f"waiting for {server.name}: {shlex.join(server.argv)}")
@@ -939,27 +1067,30 @@ def run(args: argparse.Namespace) -> int:
                     server_pgid=pgid,
                     upstream_pgid=upstream.popen.pid,
                 )
-                lat = measure(
-                    wrk,
-                    res.url,
-                    lua,
-                    connections=1,
-                    duration=args.duration,
-                    timeout_s=args.wrk_timeout,
-                    server_pgid=pgid,
-                    upstream_pgid=upstream.popen.pid,
-                )
                 res.throughput.append(tp)
-                res.latency.append(lat)
-                flag = ""
-                if tp.has_errors or lat.has_errors:
-                    flag = f"  ERRORS: c={args.connections}: {tp.error_summary()}; "
-                    flag += f"c=1: {lat.error_summary()}"
-                progress(
+                line = (
                     f"[round {rnd + 1}/{args.rounds}] {TARGET_LABELS[t]:<16} "
-                    f"{tp.rps:8.0f} rps, {_us(tp.cpu_us_per_req)} CPU/req (c={args.connections})   "
-                    f"p50 {lat.p50_ms:.3f} ms  p99 {lat.p99_ms:.3f} ms (c=1){flag}"
+                    f"{tp.rps:8.0f} rps, {_us(tp.cpu_us_per_req)} CPU/req (c={args.connections})"
                 )
+                flag = (
+                    f"  ERRORS: c={args.connections}: {tp.error_summary()}" if tp.has_errors else ""
+                )
+                if not args.no_latency:
+                    lat = measure(
+                        wrk,
+                        res.url,
+                        lua,
+                        connections=1,
+                        duration=args.duration,
+                        timeout_s=args.wrk_timeout,
+                        server_pgid=pgid,
+                        upstream_pgid=upstream.popen.pid,
+                    )
+                    res.latency.append(lat)
+                    line += f"   p50 {lat.p50_ms:.3f} ms  p99 {lat.p99_ms:.3f} ms (c=1)"
+                    if lat.has_errors:
+                        flag += f"  ERRORS: c=1: {lat.error_summary()}"
+                progress(line + flag)
             # Every server must have survived the round.
             for server in servers:
                 if server.popen.poll() is not None:
@@ -983,7 +1114,11 @@ def run(args: argparse.Namespace) -> int:
                 "model": args.model,
                 "request_body": chat,
                 "gateway_argv": next((s.argv for s in servers if s.name == "gateway"), None),
-                "gateway_config": config if "gateway" in args.target_list else None,
+                "baseline": str(args.baseline) if args.baseline else None,
+                "latency_runs": not args.no_latency,
+                "gateway_config": config
+                if {"gateway", "baseline"} & set(args.target_list)
+                else None,
             },
             "gateway_cmd_override": args.gateway_cmd,
         }

@@ -42,7 +42,7 @@ import yaml
 
 if __package__ in (None, ""):  # run as `python bench/replicas.py`
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench import compare, machine, matrix, runner
+from bench import compare, machine, matrix, runner, workloads
 
 #: The scorers that take redisConfig to share their state.
 SHAREABLE = frozenset(
@@ -92,6 +92,7 @@ def run_gateways(
     spec: compare.FleetSpec,
     out: Path,
     senders: int | None = None,
+    trace: bool = False,
 ) -> dict[str, Any]:
     """Run `workload` through `replicas` gateway processes with config `doc` on a fresh fleet,
     requests dealt to the first `senders` of them (all by default)."""
@@ -107,7 +108,8 @@ def run_gateways(
         try:
             for r in range(replicas):
                 port = compare.free_port()
-                argv = compare.router_command(target, pods, port, path, [])
+                extra = ["-v", "3"] if trace else []  # the affinity filter's trace lines
+                argv = compare.router_command(target, pods, port, path, extra)
                 procs.append(compare.Proc(f"{slug}-{r}", argv, logs / f"{slug}-r{r}.log").start())
                 urls.append(f"http://{compare.HOST}:{port}")
             for proc, url in zip(procs, urls, strict=True):
@@ -134,7 +136,9 @@ def run_gateways(
             for proc in procs:
                 proc.stop()
     cpu = sum(b - a for a, b in zip(cpu0, cpu1, strict=True))
-    return summarize(label, replicas, result.summary, cpu, len(workload.requests))
+    row = summarize(label, replicas, result.summary, cpu, len(workload.requests))
+    row["logs"] = [str(logs / f"{slug}-r{r}.log") for r in range(replicas)]
+    return row
 
 
 def summarize(
@@ -153,6 +157,19 @@ def summarize(
     }
 
 
+#: Short names of the variants (--variants), in the order they run.
+VARIANTS = ("one", "one-redis", "two-redis", "two-redis-to-one", "two-unshared", "one-again")
+DEFAULT_VARIANTS = VARIANTS[:5]
+
+
+def build_workload(shape: matrix.Shape, quick: bool, seed: int) -> Any:
+    """The matrix's workload for `shape` (matrix.build_workload), drawn with `seed`."""
+    preset = workloads.PRESETS[shape.preset]
+    overrides = {**shape.overrides, **(shape.quick if quick else {})}
+    params = workloads.apply_overrides(preset.params, overrides)
+    return preset.builder(params, seed=seed, name=shape.key)
+
+
 def run_shape(
     key: str,
     config: Path,
@@ -162,30 +179,38 @@ def run_shape(
     out: Path,
     router: bool,
     sync_interval: str | None = None,
+    seed: int = 42,
+    chosen: Sequence[str] = DEFAULT_VARIANTS,
+    trace: bool = False,
 ) -> dict[str, Any]:
     shape = matrix.SHAPES[key]
-    workload = matrix.build_workload(shape, quick)
-    sim_args = [*matrix.PRESETS[shape.preset].sim_args, *shape.sim_args,
+    workload = build_workload(shape, quick, seed)
+    sim_args = [*workloads.PRESETS[shape.preset].sim_args, *shape.sim_args,
                 "--max-num-seqs", str(matrix.SLOTS)]  # fmt: skip
     spec = compare.FleetSpec(pods, "sim-model", sim_args, 1.0, 42, "off", compare.sim_flags())
     with open(config, encoding="utf-8") as f:
         doc = yaml.safe_load(f) or {}
     prefix = f"heimdall:bench-replicas:{uuid.uuid4().hex[:8]}:"
     print(f"== {key}: {workload.describe()}", file=sys.stderr)
-    variants: list[tuple[str, dict[str, Any], int, str | None, int | None]] = [
-        ("1 replica", doc, 1, None, None),
-        ("1 replica + redis", {}, 1, prefix + "a:", None),
-        ("2 replicas + redis", {}, 2, prefix + "b:", None),
-        ("2 replicas + redis, all sent to one", {}, 2, prefix + "c:", 1),
-        ("2 replicas, not shared", doc, 2, None, None),
-    ]
+    variants: dict[str, tuple[str, dict[str, Any], int, str | None, int | None]] = {
+        "one": ("1 replica", doc, 1, None, None),
+        "one-redis": ("1 replica + redis", {}, 1, prefix + "a:", None),
+        "two-redis": ("2 replicas + redis", {}, 2, prefix + "b:", None),
+        "two-redis-to-one": ("2 replicas + redis, all sent to one", {}, 2, prefix + "c:", 1),
+        "two-unshared": ("2 replicas, not shared", doc, 2, None, None),
+        # the baseline once more, last: how far one replica's p95 moves against itself
+        "one-again": ("1 replica, again", doc, 1, None, None),
+    }
     rows = []
-    for label, d, n, kp, senders in variants:
+    for name in chosen:
+        label, d, n, kp, senders = variants[name]
         print(f"-- {label}", file=sys.stderr)
         if kp is not None:
             d = shared_config(doc, address, kp, sync_interval)
         try:
-            rows.append(run_gateways(label, d, n, workload, spec, out / key, senders))
+            rows.append(
+                run_gateways(label, d, n, workload, spec, out / f"{key}-{seed}", senders, trace)
+            )
         finally:
             if kp is not None:
                 drop_keys(address, kp)
@@ -206,7 +231,7 @@ def run_shape(
             )
         )
     return {"shape": key, "description": shape.description, "workload": workload.describe(),
-            "rows": rows}  # fmt: skip
+            "seed": seed, "rows": rows}  # fmt: skip
 
 
 def _f(v: float | None, fmt: str = ".2f") -> str:
@@ -219,7 +244,7 @@ def table(result: Mapping[str, Any]) -> list[str]:
     lines = [
         f"#### {result['description']}",
         "",
-        f"{result['workload']}.",
+        f"{result['workload']}; workload seed {result.get('seed', 42)}.",
         "",
         "| variant | total (s) | TTFT p95 | E2E p50 | E2E p95 | E2E p95 / 1 replica "
         "| prefix hit rate | hit rate / 1 replica | gateway CPU (s) | CPU ms / request | errors |",
@@ -252,7 +277,34 @@ def render(results: Sequence[Mapping[str, Any]], argv: Sequence[str], load: tupl
     body: list[str] = []
     for r in results:
         body += [*table(r), ""]
+    if len(results) > 1:
+        body += [*summary(results), ""]
     return "\n".join(head + body)
+
+
+def summary(results: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Every run's ratios to its own first variant, one line per shape and seed."""
+    labels = [r["label"] for r in results[0]["rows"][1:]]
+    lines = [
+        "#### Every run: E2E p95 and prefix hit rate against the first variant",
+        "",
+        "| shape | seed | " + " | ".join(f"{lb}: p95 / hit" for lb in labels) + " |",
+        "|---|---:|" + "---:|" * len(labels),
+    ]
+    for result in results:
+        base = result["rows"][0]
+        cells = []
+        for row in result["rows"][1:]:
+            p95, hit = row["e2e"]["p95"], row["prefix_hit_rate"]
+            bp95, bhit = base["e2e"]["p95"], base["prefix_hit_rate"]
+            cells.append(
+                f"{_f(p95 / bp95 if p95 and bp95 else None, '.3f')}x / "
+                f"{_f(hit / bhit if hit is not None and bhit else None, '.3f')}x"
+            )
+        lines.append(
+            f"| {result['shape']} | {result.get('seed', 42)} | " + " | ".join(cells) + " |"
+        )
+    return lines
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -265,6 +317,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--sync-interval", help="syncInterval of the shared plugins (a duration)")
     parser.add_argument("--no-router", action="store_true", help="skip vllm-router round_robin")
     parser.add_argument("--out-dir", type=Path, default=compare.BENCH_DIR / "out" / "replicas")
+    parser.add_argument(
+        "--seeds",
+        default="42",
+        help="comma-separated workload seeds: one run of every shape per seed",
+    )
+    parser.add_argument(
+        "--variants",
+        default=",".join(DEFAULT_VARIANTS),
+        help=f"comma-separated, from {', '.join(VARIANTS)}; the first is the "
+        "baseline of the ratios",
+    )
+    parser.add_argument(
+        "--trace",
+        action="store_true",
+        help="gateways at -v 3: the affinity filter's per-decision trace in "
+        "their logs (bench/replica_trace.py reads it)",
+    )
     parser.add_argument("--json", type=Path)
     parser.add_argument("--markdown", type=Path)
     args = parser.parse_args(argv)
@@ -281,7 +350,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.out_dir,
             not args.no_router,
             args.sync_interval,
+            int(seed),
+            args.variants.split(","),
+            args.trace,
         )
+        for seed in args.seeds.split(",")
         for key in args.shapes.split(",")
     ]
     text = render(results, raw, (load0, os.getloadavg()[0]), started)

@@ -9,8 +9,10 @@ keeps every medium under its own name (gpu, cpu, disk and anything else an engin
 and answers per medium and per DP rank rather than one tier-weighted figure.
 
 Engines that do not use the standard hash send token ids: their blocks are keyed by hashes
-recomputed from the tokens (kvcache.index.keys.event_keys), and a map from each publisher's
-engine hashes to ours is kept (bounded) so its removals and parent hashes can be resolved."""
+recomputed from the tokens, and a map from each publisher's engine hashes to ours is kept
+(bounded) so its removals and parent hashes can be resolved (conductor.engine_map: here, or
+in the ingest worker process the publisher's batches go to, which then hands the index
+resolved keys through `add` and `remove`)."""
 
 from __future__ import annotations
 
@@ -19,15 +21,9 @@ from dataclasses import dataclass, field
 from itertools import repeat
 from operator import or_
 
+from heimdall_proxy.conductor.engine_map import EngineMaps, Targets
 from heimdall_proxy.conductor.model import Cleared, Namespace, Removed, Stored, Stream
-from heimdall_proxy.kvcache.index.keys import (
-    EngineEntry,
-    engine_entries,
-    event_keys,
-    evict_oldest,
-    flatten_keys,
-    parent_of,
-)
+from heimdall_proxy.kvcache.index.keys import evict_oldest
 from heimdall_proxy.kvcache.index.stats import KVCacheStats
 from heimdall_proxy.kvcache.index.walk import WALK_CHUNK, RunWalker
 
@@ -89,8 +85,9 @@ class ConductorIndex:
         self.max_keys = max(64, max_keys)
         self.stats = stats or KVCacheStats()
         self.spaces: dict[Namespace, _Space] = {}
-        #: publisher -> namespace -> engine hash -> our key(s)
-        self._engine: dict[str, dict[Namespace, dict[int, EngineEntry]]] = {}
+        #: the engine-hash maps of the publishers whose events are resolved here (not by an
+        #: ingest worker process, conductor.prepare)
+        self.engines = EngineMaps(seed, self.max_keys, self.stats)
 
     # ---- writes ----------------------------------------------------------------------------
 
@@ -126,108 +123,39 @@ class ConductorIndex:
                     del d[key]
         return n
 
-    def _chained_stream(self, publisher: str, ev: Stored) -> Stream:
-        """Where a token-id event of `publisher` belongs: a request's cache_salt reaches only
-        a prompt's first block, so a block chained on a parent (or an offloading event, which
-        names known blocks) goes to the namespace that holds that parent (or those blocks),
-        if it is another salt of the event's own. Else the event's own stream."""
-        stream = ev.stream
-        ns = stream.namespace
-        if ev.parent_hash is not None:
-            probe = ev.parent_hash
-        elif ev.seq_hashes and not ev.has_tokens:
-            probe = ev.seq_hashes[0]
-        else:
-            return stream
-        maps = self._engine.get(publisher, {})
-        own = maps.get(ns)
-        if own is not None and probe in own:
-            return stream
-        for other, emap in maps.items():
-            if (
-                other != ns
-                and probe in emap
-                and (other.model, other.block_size, other.lora, other.tenant)
-                == (ns.model, ns.block_size, ns.lora, ns.tenant)
-            ):
-                return Stream(other, stream.backend_id, stream.medium, stream.dp_rank)
-        return stream
-
     def stored(self, publisher: str, ev: Stored) -> int:
         """Apply a `stored` event of `publisher`; returns the blocks indexed."""
-        stream = ev.stream if ev.token_ids is None else self._chained_stream(publisher, ev)
-        ns = stream.namespace
-        space = self._space(ns)
-        bit = space.bit((stream.backend_id, stream.dp_rank))
-        d = space.media.setdefault(stream.medium, {})
-        hashes = ev.seq_hashes
-        keys: Sequence[int]
         if ev.token_ids is None:
-            keys = hashes  # read only: the index keeps the ints, not the sequence
-        else:
-            emap = self._engine.setdefault(publisher, {}).setdefault(ns, {})
-            known = [emap.get(h) for h in hashes] if hashes and hashes[0] in emap else None
-            if known is not None and None not in known:
-                keys = flatten_keys(known)  # type: ignore[arg-type]  # stored again elsewhere
-            elif not ev.has_tokens:  # an offloading event: move what is known
-                keys = flatten_keys(v for v in map(emap.get, hashes) if v is not None)
-            else:
-                parent_key: int | None = None
-                if ev.parent_hash is not None:
-                    parent = emap.get(ev.parent_hash)
-                    if parent is None:
-                        self.stats.orphan_events += 1
-                        return 0
-                    parent_key = parent_of(parent)
-                computed = self._event_keys(ev, ns.block_size, parent_key)
-                if computed is None:
-                    self.stats.block_size_mismatch += 1
-                    return 0
-                keys, per = computed
-                emap.update(engine_entries(hashes, keys, per))
-                evict_oldest(emap, self.max_keys)
+            # read only: the index keeps the ints, not the sequence
+            return self.add(ev.stream, ev.seq_hashes)
+        resolved = self.engines.stored(publisher, ev)
+        return 0 if resolved is None else self.add(*resolved)
+
+    def add(self, stream: Stream, keys: Sequence[int]) -> int:
+        """Index standard `keys` as held by the stream's source in its medium (a stored
+        event resolved already, here or by an ingest worker); returns how many."""
+        space = self._space(stream.namespace)
+        bit = space.bit((stream.backend_id, stream.dp_rank))
+        d = space.media.get(stream.medium)
+        if d is None:
+            d = space.media[stream.medium] = {}
         self._set(d, bit, keys)
         self.stats.stored_blocks += len(keys)
         return len(keys)
-
-    def _event_keys(
-        self, ev: Stored, block_size: int, parent_key: int | None
-    ) -> tuple[list[int], int] | None:
-        """The standard keys of a token-carrying event chained on `parent_key`, and how many
-        each engine block spans: a worker's keys when it chained them on that same parent
-        (conductor.prepare), else chained here (from its local hashes when it sent them)."""
-        engine_block_size = ev.engine_block_size or block_size
-        if ev.keys is not None and ev.keys_parent == parent_key and engine_block_size > 0:
-            per, rest = divmod(engine_block_size, block_size)
-            n = min(len(ev.seq_hashes), len(ev.keys) // per) * per if not rest else 0
-            if n:
-                keys = ev.keys if len(ev.keys) == n else ev.keys[:n]
-                return (keys if type(keys) is list else list(keys)), per
-        return event_keys(
-            ev.token_ids or (),
-            engine_block_size,
-            len(ev.seq_hashes),
-            block_size,
-            self.seed,
-            parent_key,
-            ev.local_hashes,
-        )
 
     def removed(self, publisher: str, ev: Removed, engine_hashes: bool) -> int:
         """Apply a `removed` event; `engine_hashes`: its hashes are the engine's (resolved in
         whichever of the publisher's namespaces knows them). Returns the blocks removed."""
         stream = ev.stream
         if not engine_hashes:
-            targets = [(stream.namespace, list(ev.seq_hashes))]
+            targets: Targets = [(stream.namespace, list(ev.seq_hashes))]
         else:
-            targets = []
-            resolved = 0
-            for ns, emap in self._engine.get(publisher, {}).items():
-                found = [v for v in map(emap.get, ev.seq_hashes) if v is not None]
-                if found:
-                    resolved += len(found)
-                    targets.append((ns, flatten_keys(found)))
-            self.stats.unknown_removals += max(0, len(ev.seq_hashes) - resolved)
+            targets = self.engines.removed(publisher, ev)
+        return self.remove(stream, targets)
+
+    def remove(self, stream: Stream, targets: Targets) -> int:
+        """Unset the stream's source (its namespace aside) on the keys of `targets` in its
+        medium; returns the blocks removed."""
         n = 0
         for ns, keys in targets:
             space = self.spaces.get(ns)
@@ -289,7 +217,7 @@ class ConductorIndex:
             if not space.bits:
                 del self.spaces[ns]
         if publisher is not None:
-            self._engine.pop(publisher, None)
+            self.engines.drop(publisher)
         return n
 
     # ---- reads ------------------------------------------------------------------------------
@@ -372,7 +300,7 @@ class ConductorIndex:
 
     def has_engine_map(self, publisher: str) -> bool:
         """Whether `publisher` sent token ids with its own hashes (its removals name them)."""
-        return publisher in self._engine
+        return self.engines.has(publisher)
 
     def media_of(self, ns: Namespace) -> list[str]:
         space = self.spaces.get(ns)

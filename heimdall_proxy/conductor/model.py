@@ -112,17 +112,11 @@ class Stored:
     token_ids: Sequence[int] | None = None
     #: engine blocks of this many tokens (token_ids events); the stream's block size if None
     engine_block_size: int | None = None
-    #: the tokens' local hashes in the stream's block size, when a worker computed them
-    #: (conductor.prepare; `token_ids` is empty then), and the rolling keys it chained on
-    #: `keys_parent` (None: the root), used only if the index knows the parent by that key
-    local_hashes: Sequence[int] | None = None
-    keys: Sequence[int] | None = None
-    keys_parent: int | None = None
 
     @property
     def has_tokens(self) -> bool:
-        """Whether the blocks' content came with the event (token ids, or their hashes)."""
-        return bool(self.token_ids) or self.local_hashes is not None
+        """Whether the blocks' content came with the event (its token ids)."""
+        return bool(self.token_ids)
 
 
 @dataclass(slots=True)

@@ -24,7 +24,6 @@ from heimdall_proxy.conductor.model import (
     lora_identity,
     medium_name,
 )
-from heimdall_proxy.conductor.prepare import PreparedStored
 from heimdall_proxy.kvcache.events import AllBlocksCleared, BlockRemoved, BlockStored, EventBatch
 
 #: A publisher's streams by (lora_name, lora_id, cache_salt, medium) of its events.
@@ -35,9 +34,7 @@ StreamCache = dict[StreamKey, Stream]
 MAX_STREAMS = 4096
 
 
-def _stored_stream(
-    reg: Registration, ev: BlockStored | PreparedStored, streams: StreamCache | None
-) -> Stream:
+def _stored_stream(reg: Registration, ev: BlockStored, streams: StreamCache | None) -> Stream:
     """The stream of a stored event, from `streams` when this publisher made it before."""
     key = (ev.lora_name, ev.lora_id, ev.cache_salt, ev.medium)
     stream = streams.get(key) if streams is not None else None
@@ -60,9 +57,7 @@ def from_vllm(
     stored events share them rather than building a Namespace and a Stream each."""
     out: list[Event] = []
     for ev in batch.events:
-        if type(ev) is BlockStored or type(ev) is PreparedStored:
-            # a PreparedStored was hashed by a worker process (conductor.prepare)
-            prepared = ev if type(ev) is PreparedStored else None
+        if type(ev) is BlockStored:
             out.append(
                 Stored(
                     _stored_stream(reg, ev, streams),
@@ -71,9 +66,6 @@ def from_vllm(
                     parent_hash=ev.parent_block_hash,
                     token_ids=ev.token_ids,
                     engine_block_size=ev.block_size or reg.block_size,
-                    local_hashes=prepared.local if prepared is not None else None,
-                    keys=prepared.keys if prepared is not None else None,
-                    keys_parent=prepared.keys_parent if prepared is not None else None,
                 )
             )
         elif type(ev) is BlockRemoved:

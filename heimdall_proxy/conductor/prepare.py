@@ -1,25 +1,28 @@
-"""vLLM (and SGLang) batches decoded and rehashed in worker processes, off the event loop.
+"""vLLM (and SGLang) batches decoded, rehashed and resolved in worker processes.
 
-Rehashing a stored event to the standard keys is per-token and per-block work (msgpack
-decode, XXH3 per block, the rolling chain one Python step per block) that the index does
-not need to do itself. `ConductorPreparer` runs it in `processes` worker processes, each
-its own single-process pool: a publisher's batches always go to the same one
-(crc32 of its key), so a worker sees a publisher's whole stream in order.
+Turning a vLLM stored event into index keys is per-token and per-block work: msgpack
+decode, XXH3 per block, the rolling chain one step per block, and the publisher's map from
+engine hashes to standard keys (conductor.engine_map), read for the parent and written for
+every block. With `processes` > 0, `ConductorPreparer` runs all of it in worker processes,
+each its own single-process pool, and the worker owns the engine-hash maps of the
+publishers it serves: a publisher's batches always go to the same worker (crc32 of its
+key), which handles them in order, so the map evolves exactly as it would on the event
+loop. The worker ships resolved operations (stream + standard keys as u64 arrays, removals
+as (namespace, keys), clears); the event loop only sets and unsets bits in the index.
 
-For each BlockStored whose engine block size is a multiple of the publisher's registered
-block size, the worker computes the local hashes of its tokens (in the registered block
-size) and, when it can, the rolling keys too: from the root for an event without a parent,
-or from the parent's key when the worker saw the parent stored (it remembers, per
-publisher, the key each engine hash ended on; bounded by WORKER_MEMORY). It ships the
-keys, the parent key it assumed and the local hashes as arrays of u64 (a bytes copy
-pickles far faster than a list of ints), and drops the token ids.
+What changes a map outside the batches is ordered by a generation per publisher, kept by
+the service: dropping a publisher's blocks (a restart, unregistering, a registration
+replaced) bumps it. Every job carries the generation it was prepared under and a worker
+that sees a newer one starts that publisher's map afresh; a batch prepared under an older
+generation than the one current when it is applied is prepared again (the payload is kept
+for that), as the event loop would have seen it after the drop. AllBlocksCleared, which
+drops the map inline, is in the batch: the worker drops it at that point itself.
 
-The worker's memory is only a hint: the index (ConductorIndex.stored) takes the keys only
-when the parent it knows for the event is that same key, else it chains the local hashes
-itself. So a worker that missed a restart, a clear or an unregistration, or forgot a
-parent, costs time, never correctness, and the index's answer is the inline path's.
-
-A broken pool (a worker killed) falls back to decoding inline, as kvcache.prepare does."""
+A worker that dies takes its maps with it: `on_lost` tells the service, which drops every
+vLLM publisher's blocks (as for a restart; they are learned again from new events), and
+batches are decoded inline, on the loop's own maps, until the pool is started again
+(after BROKEN_BACKOFF seconds; the service drops them again then, since the loop's maps
+are not the new workers')."""
 
 from __future__ import annotations
 
@@ -33,182 +36,184 @@ from array import array
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from heimdall_proxy.kvcache.events import (
-    AllBlocksCleared,
-    BlockRemoved,
-    BlockStored,
-    EventBatch,
-    KVEvent,
-    decode_payloads,
-)
-from heimdall_proxy.kvcache.hashing import chain_keys, local_hashes
-from heimdall_proxy.kvcache.index.keys import evict_oldest
+from heimdall_proxy.conductor.engine_map import EngineMaps
+from heimdall_proxy.conductor.model import Cleared, Registration, Removed, Stored
+from heimdall_proxy.conductor.normalise import StreamCache, from_vllm
+from heimdall_proxy.kvcache.events import EventBatch, decode_payloads
+from heimdall_proxy.kvcache.index.stats import KVCacheStats
 from heimdall_proxy.kvcache.prepare import BROKEN_BACKOFF, _worker_init
 
 log = logging.getLogger(__name__)
 
-Prepared = EventBatch | str
-#: Engine hashes a worker remembers per publisher (the parents it can chain on).
-WORKER_MEMORY = 65_536
-#: publisher key -> its registered block size, None once it is not registered
-BlockSizeOf = Callable[[str], int | None]
+#: publisher key -> its registration, None once it is not registered
+RegistrationOf = Callable[[str], Registration | None]
+#: publisher key -> the generation of its blocks (bumped whenever they are dropped)
+GenerationOf = Callable[[str], int]
 
-# The worker process's memory of each publisher's engine hashes -> the key each engine block
-# ended on. It lives only in worker processes (module state there is the process's state);
-# prepare_in_worker is the only writer.
-_memory: dict[str, dict[int, int]] = {}
+#: Operation codes of a resolved batch (see PreparedBatch.ops).
+STORED, REMOVED, CLEARED = 0, 1, 2
 
 
 @dataclass(slots=True)
-class PreparedStored(BlockStored):
-    """A BlockStored as a worker prepared it: the token ids dropped for their `local`
-    hashes in the publisher's block size and, when the worker could chain them, the rolling
-    `keys` chained on `keys_parent` (None: the root)."""
+class PreparedBatch(EventBatch):
+    """A batch prepared under `generation` of its publisher, with its `payload` kept to
+    prepare it again should that generation be over when it is applied.
 
-    local: Sequence[int] | None = None
-    keys: list[int] | None = None
-    keys_parent: int | None = None
+    `ops` is None for a batch decoded on the event loop (its `events` are applied there, on
+    the loop's engine-hash maps); else a worker resolved it, in order:
+    `(STORED, stream, keys)` (keys: u64 bytes, None when the event was not placed),
+    `(REMOVED, stream, [(namespace, keys)])`, `(CLEARED, event)`; with what the worker
+    counted: orphans, block size mismatches, unknown removals, malformed events."""
 
-
-def prepare_stored(
-    ev: BlockStored, block_size: int, seed: int, memory: dict[int, int] | None
-) -> tuple[list[int], list[int] | None, int | None] | None:
-    """(local hashes, keys or None, the parent key they chain on) of `ev`'s tokens (see the
-    module docstring); `memory`: the publisher's engine hash -> key map to chain on and
-    extend, None for local hashes only. None for an event that cannot be hashed (a block
-    size mismatch, a token id outside u32): it is shipped as it is, for the index to count
-    exactly as inline."""
-    ebs = ev.block_size
-    if not ev.token_ids or ebs <= 0 or ebs % block_size:
-        return None
-    n = min(len(ev.block_hashes), len(ev.token_ids) // ebs)
-    tokens = ev.token_ids if len(ev.token_ids) == n * ebs else ev.token_ids[: n * ebs]
-    try:
-        local = local_hashes(tokens, block_size, seed)
-    except (ValueError, OverflowError, TypeError):
-        return None
-    if memory is None or not local:
-        return local, None, None
-    if ev.parent_block_hash is None:
-        parent = None
-    else:
-        parent = memory.get(ev.parent_block_hash)
-        if parent is None:
-            return local, None, None  # the index chains it, if it knows the parent
-    keys = chain_keys(local, seed, parent)
-    per = ebs // block_size
-    memory.update(zip(ev.block_hashes, keys[per - 1 :: per], strict=False))
-    evict_oldest(memory, WORKER_MEMORY)
-    return local, keys, parent
+    generation: int = 0
+    payload: bytes = b""
+    ops: list[tuple[Any, ...]] | None = None
+    orphans: int = 0
+    mismatches: int = 0
+    unknown_removals: int = 0
+    bad_events: int = 0
 
 
-def _u64s(values: Sequence[int]) -> bytes | list[int]:
-    """u64 values as one bytes object; anything outside that range stays a list."""
-    try:
-        return array("Q", values).tobytes()
-    except (OverflowError, TypeError):
-        return list(values)
+# ---- the worker process's side ---------------------------------------------------------------
+# Module state in a worker process is that process's: the engine-hash maps of the
+# publishers it serves, the generation each was built under, their streams.
+_maps: EngineMaps | None = None
+_generations: dict[str, int] = {}
+_streams: dict[str, StreamCache] = {}
 
 
-def _ints(packed: bytes | list[int]) -> list[int]:
-    return array("Q", packed).tolist() if isinstance(packed, bytes) else packed
+def _worker_maps(seed: int, max_keys: int) -> EngineMaps:
+    global _maps
+    if _maps is None or _maps.seed != seed or _maps.max_keys != max_keys:
+        _maps = EngineMaps(seed, max_keys, KVCacheStats())
+        _generations.clear()
+        _streams.clear()
+    return _maps
 
 
-def _lazy(packed: bytes | list[int]) -> Sequence[int]:
-    """An array over the bytes: its ints are made only if they are read (the index reads
-    local hashes only when it cannot take the worker's keys)."""
-    return array("Q", packed) if isinstance(packed, bytes) else packed
+def _start_over(maps: EngineMaps, pod: str, generation: int) -> None:
+    """Forget `pod`'s map unless it was built under `generation` (which becomes its own)."""
+    if _generations.get(pod) != generation:
+        maps.drop(pod)
+        _streams.pop(pod, None)
+        _generations[pod] = generation
 
 
-def _pack_event(ev: KVEvent, hashed: tuple[list[int], list[int] | None, int | None] | None
-                ) -> tuple[Any, ...]:  # fmt: skip
-    if type(ev) is BlockStored:
-        if hashed is None:
-            local = keys = parent = None
-            tokens = ev.token_ids
-        else:
-            local = _u64s(hashed[0])
-            keys = None if hashed[1] is None else _u64s(hashed[1])
-            parent = hashed[2]
-            tokens = []
-        return (0, _u64s(ev.block_hashes), ev.parent_block_hash, tokens, ev.block_size,
-                ev.lora_name, ev.medium, ev.lora_id, ev.cache_salt, local, keys,
-                parent)  # fmt: skip
-    if type(ev) is BlockRemoved:
-        return (1, _u64s(ev.block_hashes), ev.medium)
-    assert isinstance(ev, AllBlocksCleared)
-    return (2, ev.medium)
+def _u64s(values: Sequence[int]) -> bytes:
+    return array("Q", values).tobytes()
 
 
-def _unpack_event(t: tuple[Any, ...]) -> KVEvent:
-    if t[0] == 0:
-        _, hashes, parent, tokens, bs, lora_name, medium, lora_id, salt, local, keys, kp = t
-        if local is None:
-            return BlockStored(_ints(hashes), parent, tokens, bs, lora_name, medium, lora_id,
-                               salt)  # fmt: skip
-        return PreparedStored(_ints(hashes), parent, tokens, bs, lora_name, medium, lora_id,
-                              salt, None, _lazy(local), None if keys is None else _ints(keys),
-                              kp)  # fmt: skip
-    if t[0] == 1:
-        return BlockRemoved(_ints(t[1]), t[2])
-    return AllBlocksCleared(t[1])
-
-
-def unpack(packed: Iterable[Any]) -> list[Prepared]:
-    """The worker's answer as batches (PreparedStored for the events it hashed)."""
-    return [
-        p
-        if isinstance(p, str)
-        else EventBatch(p[0], [_unpack_event(e) for e in p[3]], p[1], p[2], p[4])
-        for p in packed
-    ]
+def _resolve(maps: EngineMaps, pod: str, reg: Registration, batch: EventBatch) -> tuple[Any, ...]:
+    """One decoded batch of `pod` as (ts, dp_rank, unknown, invalid, ops, orphans,
+    mismatches, unknown removals, malformed events): Conductor.apply_events's work up to the
+    index, with this process's maps."""
+    stats = maps.stats
+    orphans, mismatches, unknown = (
+        stats.orphan_events, stats.block_size_mismatch, stats.unknown_removals
+    )  # fmt: skip
+    ops: list[tuple[Any, ...]] = []
+    bad = 0
+    for ev in from_vllm(reg, batch, streams=_streams.setdefault(pod, {})):
+        try:
+            if type(ev) is Stored:
+                resolved = maps.stored(pod, ev)
+                if resolved is None:
+                    ops.append((STORED, ev.stream, None))
+                else:
+                    ops.append((STORED, resolved[0], _u64s(resolved[1])))
+            elif type(ev) is Removed:
+                targets = maps.removed(pod, ev)
+                ops.append((REMOVED, ev.stream, [(ns, _u64s(k)) for ns, k in targets]))
+            elif type(ev) is Cleared:
+                if ev.all_namespaces and ev.all_media:
+                    maps.drop(pod)  # as ConductorIndex.cleared drops it inline
+                ops.append((CLEARED, ev))
+        except (ValueError, OverflowError, TypeError):
+            bad += 1  # one malformed event; the others apply
+            ops.append(
+                (STORED, ev.stream, None) if type(ev) is Stored else (REMOVED, ev.stream, [])
+            )
+    return (
+        batch.ts, batch.dp_rank, batch.unknown, batch.invalid, ops,
+        stats.orphan_events - orphans, stats.block_size_mismatch - mismatches,
+        stats.unknown_removals - unknown, bad,
+    )  # fmt: skip
 
 
 def prepare_in_worker(
-    jobs: Sequence[tuple[str, int | None, bytes]], seed: int, memory: bool = True
+    jobs: Sequence[tuple[str, int, bytes]],
+    regs: dict[str, Registration | None],
+    seed: int,
+    max_keys: int,
 ) -> list[Any]:
-    """The worker processes' entry point: (publisher, its block size, payload) -> the packed
-    batches, in order. `memory`: chain on remembered parents (False: local hashes only)."""
+    """The worker processes' entry point: (publisher, generation, payload) -> the resolved
+    batches (or an undecodable payload's error message), in order; `regs`: the publishers'
+    registrations (None: no longer registered, the batch is decoded only)."""
+    maps = _worker_maps(seed, max_keys)
     out: list[Any] = []
-    for (pod, block_size, _), batch in zip(
+    for (pod, generation, _), batch in zip(
         jobs, decode_payloads(p for _, _, p in jobs), strict=True
     ):
+        _start_over(maps, pod, generation)
+        reg = regs.get(pod)
         if isinstance(batch, str):
             out.append(batch)
-            continue
-        mem = _memory.setdefault(pod, {}) if memory and block_size else None
-        events = [
-            _pack_event(
-                ev,
-                prepare_stored(ev, block_size, seed, mem)
-                if block_size and type(ev) is BlockStored
-                else None,
-            )
-            for ev in batch.events
-        ]
-        out.append((batch.ts, batch.dp_rank, batch.unknown, events, batch.invalid))
+        elif reg is None:
+            out.append((batch.ts, batch.dp_rank, batch.unknown, batch.invalid, [], 0, 0, 0, 0))
+        else:
+            out.append(_resolve(maps, pod, reg, batch))
     return out
 
 
-def forget_in_worker(pods: Sequence[str]) -> None:
-    """Drop the worker's memory of `pods` (their publishers restarted or went away)."""
-    for pod in pods:
-        _memory.pop(pod, None)
+def forget_in_worker(pod: str, generation: int) -> None:
+    """Free `pod`'s map unless it was built under `generation` or later (its publisher went
+    away: no job of it may come to say so)."""
+    if _maps is not None and _generations.get(pod, -1) < generation:
+        _maps.drop(pod)
+        _streams.pop(pod, None)
+        _generations.pop(pod, None)
 
 
+def worker_maps() -> dict[str, Any]:
+    """The worker's engine-hash maps (tests compare them with the event loop's)."""
+    return {} if _maps is None else _maps.maps
+
+
+def _unpacked(packed: Any, generation: int, payload: bytes) -> PreparedBatch | str:
+    if isinstance(packed, str):
+        return packed
+    ts, rank, unknown, invalid, ops, orphans, mismatches, unknown_removals, bad = packed
+    return PreparedBatch(
+        ts, [], rank, unknown, invalid, generation, payload, ops, orphans, mismatches,
+        unknown_removals, bad,
+    )  # fmt: skip
+
+
+# ---- the event loop's side ------------------------------------------------------------------
+
+
+@dataclass
 class ConductorPreparer:
-    """The subscriber's PrepareFor: batches decoded and hashed in `processes` worker
-    processes, or only decoded inline without (processes=0, or a broken pool)."""
+    """The subscriber's PrepareFor: batches resolved in `processes` worker processes, or
+    decoded inline without them (processes=0, or a broken pool). `on_lost`: the engine-hash
+    maps moved between the workers and the loop (a worker died, or the pool came back):
+    the service drops what they resolved."""
 
-    def __init__(self, block_size_of: BlockSizeOf, seed: int, processes: int = 0) -> None:
-        self.block_size_of = block_size_of
-        self.seed = seed
-        self.processes = max(0, processes)
-        self._pools: list[ProcessPoolExecutor] = []
-        self._broken_at = float("-inf")
+    registration_of: RegistrationOf
+    generation_of: GenerationOf
+    seed: int
+    max_keys: int
+    processes: int = 0
+    on_lost: Callable[[], None] = lambda: None
+    _pools: list[ProcessPoolExecutor] = field(default_factory=list)
+    _broken_at: float = float("-inf")
+    _was_broken: bool = False
+
+    def __post_init__(self) -> None:
+        self.processes = max(0, self.processes)
 
     def start(self) -> None:
         """Spawn the worker processes now, not on the first batch; a machine that cannot
@@ -221,14 +226,18 @@ class ConductorPreparer:
             for _ in range(self.processes):
                 pool = ProcessPoolExecutor(1, mp_context=context, initializer=_worker_init)
                 pools.append(pool)
-                pool.submit(forget_in_worker, [])
+                pool.submit(worker_maps)
         except (OSError, RuntimeError) as exc:
             log.warning("cannot start conductor ingest worker processes, decoding inline: %s", exc)
             for pool in pools:
                 pool.shutdown(wait=False, cancel_futures=True)
             self._broken_at = time.monotonic()
+            self._was_broken = True
             return
         self._pools = pools
+        if self._was_broken:  # the loop resolved batches meanwhile, on its own maps
+            self._was_broken = False
+            self.on_lost()
 
     async def close(self) -> None:
         pools, self._pools = self._pools, []
@@ -238,7 +247,35 @@ class ConductorPreparer:
     def _pool_of(self, pod: str) -> int:
         return zlib.crc32(pod.encode()) % len(self._pools)
 
-    async def prepare(self, pods: list[str], payloads: list[bytes]) -> Iterable[Prepared]:
+    def _inline(self, pods: list[str], payloads: list[bytes]) -> Iterable[EventBatch | str]:
+        if not self.processes:
+            return decode_payloads(payloads)
+        generation_of = self.generation_of
+        return (
+            batch
+            if isinstance(batch, str)
+            else PreparedBatch(
+                batch.ts,
+                batch.events,
+                batch.dp_rank,
+                batch.unknown,
+                batch.invalid,
+                generation_of(pod),
+                payload,
+            )
+            for pod, payload, batch in zip(pods, payloads, decode_payloads(payloads), strict=True)
+        )
+
+    def _broken(self) -> None:
+        log.error("a conductor ingest worker process died; decoding batches inline for now")
+        self._broken_at = time.monotonic()
+        self._was_broken = True
+        broken, self._pools = self._pools, []
+        for pool in broken:
+            pool.shutdown(wait=False, cancel_futures=True)
+        self.on_lost()
+
+    async def prepare(self, pods: list[str], payloads: list[bytes]) -> Iterable[EventBatch | str]:
         """The batches of `payloads` (sent by `pods`), in order; an undecodable one is its
         error message."""
         if not payloads:
@@ -248,10 +285,12 @@ class ConductorPreparer:
             self.start()
         pools = self._pools
         if not pools:
-            return decode_payloads(payloads)
+            return self._inline(pods, payloads)
+        generations = [self.generation_of(pod) for pod in pods]
         groups: dict[int, list[int]] = {}
         for i, pod in enumerate(pods):
             groups.setdefault(self._pool_of(pod), []).append(i)
+        regs = {pod: self.registration_of(pod) for pod in set(pods)}
         loop = asyncio.get_running_loop()
         try:
             results = await asyncio.gather(
@@ -259,28 +298,45 @@ class ConductorPreparer:
                     loop.run_in_executor(
                         pools[p],
                         prepare_in_worker,
-                        [(pods[i], self.block_size_of(pods[i]), payloads[i]) for i in idx],
+                        [(pods[i], generations[i], payloads[i]) for i in idx],
+                        {pods[i]: regs[pods[i]] for i in idx},
                         self.seed,
+                        self.max_keys,
                     )
                     for p, idx in groups.items()
                 )
             )
         except BrokenProcessPool:
-            log.error("a conductor ingest worker process died; decoding batches inline for now")
-            self._broken_at = time.monotonic()
-            broken, self._pools = self._pools, []
-            for pool in broken:
-                pool.shutdown(wait=False, cancel_futures=True)
-            return decode_payloads(payloads)
-        out: list[Prepared | None] = [None] * len(payloads)
+            self._broken()
+            return self._inline(pods, payloads)
+        out: list[EventBatch | str | None] = [None] * len(payloads)
         for idx, packed in zip(groups.values(), results, strict=True):
-            for i, batch in zip(idx, unpack(packed), strict=True):
-                out[i] = batch
+            for i, one in zip(idx, packed, strict=True):
+                out[i] = _unpacked(one, generations[i], payloads[i])
         return out  # type: ignore[return-value]  # every slot is filled
 
+    async def again(self, pod: str, payload: bytes) -> EventBatch | str:
+        """One batch prepared again, under its publisher's current generation."""
+        (batch,) = await self.prepare([pod], [payload])
+        return batch
+
     def forget(self, pod: str) -> None:
-        """Tell `pod`'s worker to drop its memory of it (fire and forget: the memory is a
-        hint the index checks, so a late forget only costs time)."""
+        """Tell `pod`'s worker to free its map (fire and forget: a later job of `pod`
+        starts it afresh anyway, by its generation)."""
         if self._pools:
             with contextlib.suppress(RuntimeError, BrokenProcessPool):
-                self._pools[self._pool_of(pod)].submit(forget_in_worker, [pod])
+                self._pools[self._pool_of(pod)].submit(
+                    forget_in_worker, pod, self.generation_of(pod)
+                )
+
+    async def maps(self) -> dict[str, Any]:
+        """Every worker's engine-hash maps, merged (tests)."""
+        out: dict[str, Any] = {}
+        for pool in self._pools:
+            out.update(await asyncio.wrap_future(pool.submit(worker_maps)))
+        return out
+
+
+def ints(packed: bytes) -> list[int]:
+    """u64 bytes from a worker as ints."""
+    return array("Q", packed).tolist()

@@ -32,7 +32,13 @@ from heimdall_proxy.conductor.mooncake import (
     from_mooncake,
 )
 from heimdall_proxy.conductor.normalise import StreamCache, from_vllm
-from heimdall_proxy.conductor.prepare import ConductorPreparer
+from heimdall_proxy.conductor.prepare import (
+    REMOVED,
+    STORED,
+    ConductorPreparer,
+    PreparedBatch,
+    ints,
+)
 from heimdall_proxy.conductor.standard import (
     DUPLICATE,
     RESTART,
@@ -65,8 +71,8 @@ class ServiceOptions:
     duplicate_window: int = 1024
     #: subscriber workers (each publisher always goes to the same one)
     concurrency: int = 2
-    #: worker processes decoding and rehashing vLLM's batches (conductor.prepare); 0: on
-    #: the event loop
+    #: worker processes decoding, rehashing and resolving vLLM's batches, owning their
+    #: publishers' engine-hash maps (conductor.prepare); 0: on the event loop
     ingest_workers: int = 0
 
 
@@ -103,8 +109,16 @@ class Conductor:
             duplicate_window=self.options.duplicate_window,
             topic_filter="",
         )
+        #: per publisher, bumped whenever its blocks are dropped (conductor.prepare orders
+        #: the workers' engine-hash maps by it)
+        self._generations: dict[str, int] = {}
         self.preparer = ConductorPreparer(
-            self._block_size_of, self.options.hash_seed, self.options.ingest_workers
+            self.registrations.get,
+            self._generation_of,
+            self.options.hash_seed,
+            self.index.max_keys,
+            self.options.ingest_workers,
+            self._maps_lost,
         )
         #: vLLM's (and SGLang's) publishers; standardized ones have their own decoder
         self.subscriber = KVEventsSubscriber(
@@ -124,9 +138,16 @@ class Conductor:
         #: per vLLM publisher, the streams of its current registration (normalise)
         self._streams: dict[str, StreamCache] = {}
 
-    def _block_size_of(self, key: str) -> int | None:
-        reg = self.registrations.get(key)
-        return reg.block_size if reg is not None else None
+    def _generation_of(self, key: str) -> int:
+        return self._generations.get(key, 0)
+
+    def _maps_lost(self) -> None:
+        """The engine-hash maps moved between the ingest workers and the event loop (a
+        worker died, or the pool came back): what they resolved cannot be removed any
+        more, so every vLLM publisher's blocks are dropped, as for a restart."""
+        for reg in list(self.registrations.values()):
+            if reg.type in (VLLM, SGLANG):
+                self._drop(reg)
 
     def _replay_of(self, key: str, endpoint: str) -> str | None:
         reg = self.registrations.get(key)
@@ -201,6 +222,7 @@ class Conductor:
 
     def _drop(self, reg: Registration) -> None:
         self.index.drop_source(reg.tenant_id, (reg.instance_id, reg.dp_rank), reg.key)
+        self._generations[reg.key] = self._generations.get(reg.key, 0) + 1
         self.preparer.forget(reg.key)
         self._streams.pop(reg.key, None)
         self.order.forget(reg.key)
@@ -216,6 +238,22 @@ class Conductor:
         if isinstance(batch, StandardBatch):
             self._apply_standard(key, reg, batch)
             return
+        if type(batch) is PreparedBatch:
+            while batch.generation != self._generation_of(key):
+                # prepared before the publisher's blocks were dropped: prepare it as if
+                # it came after (conductor.prepare)
+                again = await self.preparer.again(key, batch.payload)
+                if type(again) is not PreparedBatch:
+                    return  # cannot be: it was decoded before
+                batch = again
+                reg = self.registrations.get(key)
+                if reg is None:
+                    return  # unregistered meanwhile
+            if batch.ops is not None:
+                if batch.ts > 0:
+                    self.lag[key] = max(0.0, time.time() - batch.ts)
+                self._apply_resolved(key, batch)
+                return
         if batch.ts > 0:
             self.lag[key] = max(0.0, time.time() - batch.ts)
         if isinstance(batch, MooncakeBatch):
@@ -228,6 +266,29 @@ class Conductor:
             if streams is None:
                 streams = self._streams[key] = {}
             self.apply_events(key, from_vllm(reg, batch, streams=streams))
+
+    def _apply_resolved(self, key: str, batch: PreparedBatch) -> None:
+        """A batch an ingest worker resolved (conductor.prepare): only the index's bits are
+        left to set."""
+        index = self.index
+        counts = self.events
+        for op in batch.ops or ():
+            kind = op[0]
+            if kind == STORED:
+                counts.stored += 1
+                if op[2] is not None:
+                    index.add(op[1], ints(op[2]))
+            elif kind == REMOVED:
+                counts.removed += 1
+                index.remove(op[1], [(ns, ints(keys)) for ns, keys in op[2]])
+            else:
+                counts.cleared += 1
+                index.cleared(key, op[1])
+        stats = self.stats
+        stats.orphan_events += batch.orphans
+        stats.block_size_mismatch += batch.mismatches
+        stats.unknown_removals += batch.unknown_removals
+        stats.invalid_events += batch.bad_events
 
     def _apply_standard(self, key: str, reg: Registration, batch: StandardBatch) -> None:
         events = []

@@ -233,7 +233,12 @@ class SchedulerProfile:
                 raw = {e.name: float(scores.get(e.name, 0.0)) for e in endpoints}
                 pt.scorers.append(ScorerTrace(name, weight, raw))
             table: Mapping[str, float]
-            if isinstance(scores, DefaultScores) and scores.endpoints is endpoints:
+            # most scorers answer a plain dict: tell it apart without the ABC check
+            if (
+                type(scores) is not dict
+                and isinstance(scores, DefaultScores)
+                and scores.endpoints is endpoints
+            ):
                 default, table = scores.default, scores.changed
             else:
                 default, table = 0.0, scores

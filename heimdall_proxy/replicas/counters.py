@@ -7,8 +7,15 @@ the hash and returns the other live replicas' hashes, for every plugin's counter
 (see hub.py), so a tick is one round trip whatever the number of replicas, pods or plugins.
 A replica that dies stops refreshing its hash: its counts vanish after `ttl` (no delta is
 left behind to undo), and a restarted one starts from zero. Requests read the last pulled
-totals from memory: no I/O on the request path, at the price of up to one tick (plus the
-other replica's tick) of staleness."""
+totals from memory: no I/O on the request path.
+
+A tick with local changes also publishes the totals it wrote (`push_message`) on the
+counters' channel, and the other replicas take them as they arrive (`pushed`), without a
+round trip of their own. Pulling them at the receiver's next tick instead (as until
+2026-11-25) left a change unseen for about 5-20 ms on a loaded host, long enough for two
+replicas to pick the same idle pod (bench/RESULTS.md, "decision trace"). Every write
+carries the replica's sequence number, so a pull that was read before a push arrived
+cannot roll the pushed totals back."""
 
 from __future__ import annotations
 
@@ -18,16 +25,22 @@ from collections.abc import Callable, Mapping
 from importlib import resources
 from typing import Any
 
+import msgpack
+
 from heimdall_proxy.replicas.part import Part
 
 SCRIPT = (resources.files(__package__) / "lua" / "counters.lua").read_text(encoding="utf-8")
+#: The hash field holding a replica's sequence number (no pod name starts with a NUL).
+SEQ_FIELD = "\x00seq"
+_SEQ = SEQ_FIELD.encode()
 
 
 class ReplicaCounters(Part):
     """The other replicas' per-pod totals, kept fresh by the hub's tick, which also
     publishes `local()` (this replica's per-pod totals)."""
 
-    __slots__ = ("_local", "_others", "_pulled", "_ttl", "_ttl_ms", "prefix", "replica")
+    __slots__ = ("_by_replica", "_local", "_others", "_pulled", "_sent", "_seq", "_ttl",
+                 "_ttl_ms", "prefix", "replica")  # fmt: skip
 
     def __init__(
         self,
@@ -45,7 +58,12 @@ class ReplicaCounters(Part):
         self._ttl = ttl
         self._ttl_ms = max(1, int(ttl * 1000))
         self._others: dict[str, float] = {}
+        #: replica id -> (its sequence number, its per-pod totals), as last pulled or pushed
+        self._by_replica: dict[str, tuple[int, dict[str, float]]] = {}
         self._pulled = 0.0
+        self._seq = 0
+        #: The pod/value pairs of the last script_args (what a push announces).
+        self._sent: list[str] = []
 
     def others(self) -> Mapping[str, float]:
         """pod -> sum over the other live replicas, as of the last tick; empty when the last
@@ -69,22 +87,72 @@ class ReplicaCounters(Part):
         return self.prefix + "tick"
 
     def script_args(self) -> list[str | int]:
-        """This set's share of the script's ARGV: hash prefix, id, ttl, n, pod/value pairs."""
-        pairs: list[str] = []
+        """This set's share of the script's ARGV: hash prefix, id, ttl, n, pod/value pairs
+        (the sequence number first, under SEQ_FIELD)."""
+        self._seq += 1
+        pairs: list[str] = [SEQ_FIELD, str(self._seq)]
         for pod, value in self._local().items():
             if value:
                 pairs += (pod, repr(float(value)))
+        self._sent = pairs
         return [self.prefix + "r:", self.replica, self._ttl_ms, len(pairs) // 2, *pairs]
 
+    def push_message(self) -> bytes:
+        """What the tick that ran script_args publishes on `channel`: the same totals."""
+        return msgpack.packb([self.replica, self._sent])  # type: ignore[no-any-return]
+
+    def pushed(self, message: bytes) -> bool:
+        """Take another replica's push (push_message); False when `message` is not one (an
+        older replica's bare notification: the caller ticks instead)."""
+        try:
+            replica, flat = msgpack.unpackb(message)
+            seq, totals = _parse([f.encode() for f in flat])
+        except (ValueError, TypeError, msgpack.UnpackException):
+            return False
+        if replica == self.replica:
+            return True
+        known = self._by_replica.get(replica)
+        if known is None or seq > known[0]:
+            self._by_replica[replica] = (seq, totals)
+            self._others = _sum(self._by_replica)
+        return True
+
     def take(self, flat: list[Any]) -> None:
-        """The script's reply for this set: the other replicas' pod/value pairs."""
-        others: dict[str, float] = {}
-        for i in range(0, len(flat) - 1, 2):
-            pod = flat[i].decode()
-            others[pod] = others.get(pod, 0.0) + float(flat[i + 1])
-        self._others = others
+        """The script's reply for this set: each other live replica's id and totals. A
+        replica missing from it is gone; one pushed more recently than this was read keeps
+        its pushed totals."""
+        by_replica: dict[str, tuple[int, dict[str, float]]] = {}
+        i = 0
+        while i < len(flat):
+            replica, n = flat[i].decode(), int(flat[i + 1])
+            seq, totals = _parse(flat[i + 2 : i + 2 + n])
+            known = self._by_replica.get(replica)
+            by_replica[replica] = known if known is not None and known[0] > seq else (seq, totals)
+            i += 2 + n
+        self._by_replica = by_replica
+        self._others = _sum(by_replica)
         self._pulled = time.monotonic()
 
     def withdraw_keys(self) -> tuple[str, str, str]:
         """(hash, sorted set, member) to delete on a clean stop."""
         return self.prefix + "r:" + self.replica, self.zset, self.replica
+
+
+def _parse(flat: list[bytes]) -> tuple[int, dict[str, float]]:
+    """(sequence number, pod -> value) from a replica's flattened hash."""
+    seq = 0
+    totals: dict[str, float] = {}
+    for i in range(0, len(flat) - 1, 2):
+        if flat[i] == _SEQ:
+            seq = int(flat[i + 1])
+        else:
+            totals[flat[i].decode()] = float(flat[i + 1])
+    return seq, totals
+
+
+def _sum(by_replica: Mapping[str, tuple[int, Mapping[str, float]]]) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for _seq, totals in by_replica.values():
+        for pod, value in totals.items():
+            out[pod] = out.get(pod, 0.0) + value
+    return out

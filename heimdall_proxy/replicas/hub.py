@@ -15,12 +15,14 @@ number of plugins: most of a tick's CPU is the client's per-round-trip overhead 
 0.15-0.2 ms with redis-py). A hub ticks at the shortest `syncInterval` of its parts, and
 sooner when a part is poked (at most every MIN_GAP).
 
-A tick that carried a local change also publishes the hub's id on each part's channel; every
-other replica's hub listens there and ticks at once. Without it a change made on one replica
-reached the others only at their next tick, up to a `syncInterval` later: two requests
-arriving at two replicas within that window were both routed as if the other did not exist
-(bench/RESULTS.md, "one sync hub"). An idle replica still ticks every `syncInterval`, so a
-lost notification only delays, never loses, a change."""
+A tick that carried a local change also publishes on the parts' channels, and every other
+replica's hub listens there: each set of counters publishes the totals it just wrote, which
+the others take as they arrive (no round trip of theirs); a journal that sent records
+publishes the hub's id, and the others tick at once to read them. Without it a change made
+on one replica reached the others only at their next tick, up to a `syncInterval` later: two
+requests arriving at two replicas within that window were both routed as if the other did
+not exist (bench/RESULTS.md, "one sync hub" and "decision trace"). An idle replica still
+ticks every `syncInterval`, so a lost notification only delays, never loses, a change."""
 
 from __future__ import annotations
 
@@ -198,14 +200,27 @@ class SyncHub:
                     pubsub = self._redis.pubsub(ignore_subscribe_messages=True)
                     await asyncio.sleep(LISTEN_POLL)
                     continue
-                if msg is not None and msg.get("data") != self._id:
-                    self._ticker.poke()
+                if msg is not None:
+                    self._notified(msg)
         finally:
             with contextlib.suppress(Exception):
                 await pubsub.aclose()  # type: ignore[no-untyped-call]
             # redis-py closes a pubsub connection without waiting for it: a loop turn lets
             # its transport finish closing before the loop may be closed
             await asyncio.sleep(0)
+
+    def _notified(self, msg: dict[str, Any]) -> None:
+        """Another replica's tick: take the counters it pushed, or tick to read its records
+        (also when a push cannot be read: an older replica only names itself)."""
+        channel, data = msg.get("channel"), msg.get("data")
+        if isinstance(channel, bytes):
+            channel = channel.decode()
+        takers = [c for c in self._counters if c.channel == channel]
+        # every taker takes it (a list, not a short-circuiting generator)
+        if takers and isinstance(data, bytes) and all([c.pushed(data) for c in takers]):
+            return
+        if data != self._id:
+            self._ticker.poke()
 
     async def sync(self) -> None:
         """One round trip for every part: publish what changed here, take in the others'."""
@@ -217,8 +232,7 @@ class SyncHub:
             return
         sent = [(j, out) for j in journals if (out := j.outgoing()) is not None]
         reads = _distinct_keys(journals)
-        notify = sorted({p.channel for p in (*counters, *journals)}) if self._dirty else []
-        self._dirty = False
+        notify, self._dirty = self._dirty, False
         for attempt in (0, 1):
             pipe = self._redis.pipeline(transaction=False)
             if counters:
@@ -230,8 +244,12 @@ class SyncHub:
                     pipe.xadd(j.key, entry, maxlen=j.max_entries, approximate=True)  # type: ignore[arg-type]
             for group in reads:
                 pipe.xread({j.key: j.last for j in group}, count=READ_BATCH)
-            for channel in notify:  # last: the others tick once this tick's writes are in
-                pipe.publish(channel, self._id)
+            if notify:  # last: the others read this tick's writes once told
+                for c in counters:  # the totals themselves: taken without a round trip
+                    pipe.publish(c.channel, c.push_message())
+                if attempt == 0:  # new journal records: the others tick to read them
+                    for channel in sorted({j.channel for j, _out in sent}):
+                        pipe.publish(channel, self._id)
             try:
                 replies = await pipe.execute()
             except NoScriptError:

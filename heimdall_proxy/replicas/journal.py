@@ -50,10 +50,12 @@ class Journal(Part):
         self.applied = 0
         self.dropped = 0
 
-    def append(self, record: list[Any]) -> None:
-        """Queue a record and ask for a tick soon (no I/O)."""
+    def append(self, record: list[Any], *, poke: bool = True) -> None:
+        """Queue a record and ask for a tick soon (no I/O). `poke=False`: the record waits
+        for the next tick, poked by something else or at most one interval away."""
         self._pending.append(record)
-        self.poke()
+        if poke:
+            self.poke()
 
     @property
     def channel(self) -> str:

@@ -38,7 +38,8 @@ class Answers:
     def __init__(self, hooks: Hooks, metrics: GatewayMetrics, outliers: OutlierDetector) -> None:
         self.metrics = metrics
         self.outliers = outliers
-        self.streaming = hooks.response_streaming
+        #: None when no plugin follows chunks: one test per chunk, no call.
+        self.streaming = hooks.response_streaming if hooks.response_streaming.active else None
 
     def observe_answer(self, ctx: RequestContext, payload: bytes) -> None:
         """A whole answer: its arrival is its time to first token, and its usage counts."""
@@ -114,7 +115,7 @@ class Answers:
                 first_at = time.monotonic()
                 model = ctx.request.model or UNKNOWN_MODEL
                 self.metrics.ttft.labels(model, model).observe(first_at - ctx.request.received_at)
-            if streaming:
+            if streaming is not None:
                 await streaming.run(ctx, chunk)
         self.count(ctx)
         if usage is not None:

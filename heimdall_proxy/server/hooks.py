@@ -18,16 +18,19 @@ Hook = Callable[..., Awaitable[None]]
 class HookPoint:
     """The plugins implementing one extension point, as (name, bound method) pairs."""
 
-    __slots__ = ("hooks", "point")
+    __slots__ = ("active", "hooks", "point")
 
     def __init__(self, point: str, plugins: Sequence[object]) -> None:
         self.point = point
         self.hooks: tuple[tuple[object, Hook], ...] = tuple(
             (getattr(p, "name", p), getattr(p, point)) for p in plugins
         )
+        #: Whether any plugin implements the point: a plain attribute, which the relay tests
+        #: several times per request (`bool(point)` would be a Python-level call each time).
+        self.active = bool(self.hooks)
 
     def __bool__(self) -> bool:
-        return bool(self.hooks)
+        return self.active
 
     async def run(self, *args: Any) -> None:
         """Call every hook in declaration order. A failing hook is logged and never fails the

@@ -173,7 +173,7 @@ class Relay:
         on to the next pod."""
         target = ctx.target
         hooks = self.hooks
-        if hooks.pre_request:
+        if hooks.pre_request.active:
             await hooks.pre_request.run(ctx)
         upstream: aiohttp.ClientResponse | None = None
         complete = False
@@ -207,7 +207,7 @@ class Relay:
                 ctx.error = f"status {upstream.status}"
                 self._attempt_failed(ctx, str(upstream.status), None)
                 return None
-            if hooks.response_received:
+            if hooks.response_received.active:
                 await hooks.response_received.run(ctx)
             out_headers = client_response_headers(upstream.headers)
             if ctx.response_headers:
@@ -226,7 +226,7 @@ class Relay:
             self.answers.count(ctx)
             if 200 <= upstream.status < 300:
                 self.answers.observe_answer(ctx, payload)
-            if hooks.response_complete:  # before the answer is sent: hooks may add headers
+            if hooks.response_complete.active:  # before the answer is sent: hooks may add headers
                 finished = True
                 await hooks.response_complete.run(ctx)
                 out_headers.update(ctx.response_headers)
@@ -241,7 +241,7 @@ class Relay:
                     upstream.release()
                 else:
                     upstream.close()
-            if hooks.response_complete and not finished:
+            if hooks.response_complete.active and not finished:
                 await hooks.response_complete.run(ctx)
 
     def _attempt_failed(self, ctx: RequestContext, stage: str, exc: BaseException | None) -> None:

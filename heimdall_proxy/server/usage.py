@@ -14,10 +14,13 @@ from typing import Any
 
 import orjson
 
+#: dict first: a parsed answer holds plain dicts, and `Mapping` alone is an ABC check.
+_DICT_OR_MAPPING = (dict, Mapping)
+
 
 def usage_counts(usage: Any) -> tuple[int | None, int | None]:
     """(prompt tokens, output tokens) of a `usage` object, None where absent."""
-    if not isinstance(usage, Mapping):
+    if not isinstance(usage, _DICT_OR_MAPPING):
         return None, None
     prompt = usage.get("prompt_tokens", usage.get("input_tokens"))
     output = usage.get("completion_tokens", usage.get("output_tokens"))
@@ -28,9 +31,13 @@ def usage_counts(usage: Any) -> tuple[int | None, int | None]:
 
 
 def body_usage(body: bytes) -> tuple[int | None, int | None]:
-    """Usage of a non-streamed JSON answer."""
-    if b'"usage"' not in body:
+    """Usage of a non-streamed JSON answer (or of one SSE event's JSON)."""
+    at = body.rfind(b'"usage"')
+    if at < 0:
         return None, None
+    tail = _top_level_usage(body, at)
+    if tail is not None:
+        return tail
     try:
         doc = orjson.loads(body)
     except orjson.JSONDecodeError:
@@ -40,6 +47,27 @@ def body_usage(body: bytes) -> tuple[int | None, int | None]:
     usage = doc.get("usage")
     if usage is None and isinstance(doc.get("response"), dict):  # a Responses API event
         usage = doc["response"].get("usage")
+    return usage_counts(usage)
+
+
+def _top_level_usage(body: bytes, at: int) -> tuple[int | None, int | None] | None:
+    """The usage read from the document's tail alone, without parsing the whole answer
+    (whose choices may be many kB of text): pods put `usage` last or nearly so, and
+    `{` + body[at:] is valid JSON exactly when the `"usage"` at `at` is a key of the top-level
+    object (one nested deeper leaves closing brackets over; one inside a string is escaped,
+    so not preceded by `{` or `,`). None when that does not hold: the caller parses it all."""
+    i = at - 1
+    while i >= 0 and body[i] in b" \t\r\n":
+        i -= 1
+    if i < 0 or body[i] not in b"{,":
+        return None
+    try:
+        doc = orjson.loads(b"{" + body[at:])
+    except orjson.JSONDecodeError:
+        return None
+    usage = doc.get("usage")
+    if usage is None:  # `"usage": null`: a Responses API event may carry it in `response`
+        return None
     return usage_counts(usage)
 
 
@@ -54,11 +82,11 @@ def ask_for_usage(request: Any) -> bool:
     if request.api not in ("chat", "completions") or not request.stream:
         return False
     options = request.data.get("stream_options")
-    if isinstance(options, Mapping) and options.get("include_usage"):
+    if isinstance(options, _DICT_OR_MAPPING) and options.get("include_usage"):
         return False
     merged = (
         {**options, "include_usage": True}
-        if isinstance(options, Mapping)
+        if isinstance(options, _DICT_OR_MAPPING)
         else {"include_usage": True}
     )
     request.set_data({**request.data, "stream_options": merged})

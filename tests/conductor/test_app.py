@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from dataclasses import replace
 from typing import Any
 
 import aiohttp
@@ -26,6 +27,16 @@ from tests.kvcache.vllm_wire import Publisher, batch, cleared, removed, stored, 
 @pytest.fixture
 async def client(aiohttp_client: Any) -> TestClient[Any, Any]:
     app = create_app(ServiceOptions(replay_timeout=0.3, max_query_tokens=4096, max_instances=3))
+    out: TestClient[Any, Any] = await aiohttp_client(app)
+    return out
+
+
+@pytest.fixture(params=[0, 1], ids=["inline", "worker"])
+async def either_client(aiohttp_client: Any, request: Any) -> TestClient[Any, Any]:
+    """`client`'s app, its vLLM batches resolved on the event loop or in a worker process
+    (which then owns the engine-hash maps)."""
+    options = ServiceOptions(replay_timeout=0.3, max_query_tokens=4096, max_instances=3)
+    app = create_app(replace(options, ingest_workers=request.param))
     out: TestClient[Any, Any] = await aiohttp_client(app)
     return out
 
@@ -140,8 +151,11 @@ async def test_dp_ranks_tenants_salts_and_lora(
 
 
 async def test_gap_replay_restart_and_unregister(
-    client: TestClient[Any, Any], ctx: zmq.asyncio.Context, caplog: pytest.LogCaptureFixture
+    either_client: TestClient[Any, Any],
+    ctx: zmq.asyncio.Context,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
+    client = either_client
     pub = Publisher(ctx, replay=True)
     conductor = client.app[CONDUCTOR]
     try:
@@ -161,6 +175,13 @@ async def test_gap_replay_restart_and_unregister(
         await pub.publish(batch([engine_stored(0, 1)]), seq=0)
         await eventually_query(client, q(), "vllm-0", 4)
         assert conductor.stats.publisher_restarts == 1
+        # ... and its engine hashes from before are unknown: a child of one is an orphan
+        await pub.publish(batch([engine_stored(3, 1, parent=1002)]))
+        await eventually(lambda: conductor.stats.orphan_events == 1)
+        await pub.publish(batch([engine_stored(1, 1, parent=1000)]))
+        await eventually_query(client, q(), "vllm-0", 8)
+        await pub.publish(batch([removed([1001])]))
+        await eventually_query(client, q(), "vllm-0", 4)
         # AllBlocksCleared
         await pub.publish(batch([cleared()]))
         await eventually_query(client, q(), "vllm-0", 0)

@@ -1,7 +1,9 @@
-"""Worker-process ingest (conductor.prepare): real spawned worker processes behind the real
-subscriber pipeline give exactly the index, engine-hash maps and counters of decoding and
-hashing on the event loop, whatever the batches hold; the index takes a worker's keys only
-when they were chained on the parent it knows."""
+"""Worker-process ingest (conductor.prepare): real spawned worker processes, which own the
+engine-hash maps of the publishers they serve, behind the real subscriber pipeline give
+exactly the index, engine-hash maps and counters of decoding and resolving on the event
+loop, whatever the batches hold; a batch prepared before its publisher's blocks were
+dropped is prepared again; a dead worker's publishers are dropped, then served inline, then
+by a new pool."""
 
 from __future__ import annotations
 
@@ -15,13 +17,12 @@ import pytest
 import zmq.asyncio
 from aiohttp.test_utils import TestClient
 
+from heimdall_proxy.conductor import prepare
 from heimdall_proxy.conductor.app import CONDUCTOR, create_app
 from heimdall_proxy.conductor.hashing import seq_hashes
-from heimdall_proxy.conductor.index import ConductorIndex
-from heimdall_proxy.conductor.model import Namespace, Registration, Stored, Stream
-from heimdall_proxy.conductor.prepare import prepare_stored
+from heimdall_proxy.conductor.model import Registration
+from heimdall_proxy.conductor.prepare import PreparedBatch
 from heimdall_proxy.conductor.service import Conductor, ServiceOptions
-from heimdall_proxy.kvcache.events import BlockStored
 from tests.conductor.test_app import register
 from tests.helpers import BS, TOKENS, eventually_query, q
 from tests.kvcache.vllm_wire import Publisher, batch, cleared, removed, stored
@@ -79,7 +80,11 @@ def script() -> list[tuple[str, bytes]]:
     return out
 
 
-async def ingest(workers: int, payloads: list[tuple[str, bytes]]) -> Conductor:
+async def ingest(
+    workers: int, payloads: list[tuple[str, bytes]]
+) -> tuple[Conductor, dict[str, Any]]:
+    """The conductor after `payloads`, and its engine-hash maps (the workers' with
+    workers)."""
     conductor = Conductor(ServiceOptions(ingest_workers=workers))
     await conductor.start()
     try:
@@ -94,12 +99,16 @@ async def ingest(workers: int, payloads: list[tuple[str, bytes]]) -> Conductor:
         await conductor.subscriber.drain()
         if workers:
             assert len(conductor.preparer._pools) == workers  # really in worker processes
+            assert conductor.index.engines.maps == {}  # the workers own them
+            maps = await conductor.preparer.maps()
+        else:
+            maps = conductor.index.engines.maps
     finally:
         await conductor.stop()
-    return conductor
+    return conductor, maps
 
 
-def snapshot(conductor: Conductor) -> dict[str, Any]:
+def snapshot(conductor: Conductor, maps: dict[str, Any]) -> dict[str, Any]:
     index = conductor.index
     stats = conductor.stats
     return {
@@ -112,7 +121,7 @@ def snapshot(conductor: Conductor) -> dict[str, Any]:
             }
             for ns, s in index.spaces.items()
         },
-        "engine": index._engine,
+        "engine": maps,
         "events": conductor.events,
         "stats": {
             k: getattr(stats, k)
@@ -132,8 +141,8 @@ def snapshot(conductor: Conductor) -> dict[str, Any]:
 
 async def test_worker_processes_build_the_same_index_as_inline() -> None:
     payloads = script()
-    inline = snapshot(await ingest(0, payloads))
-    workers = snapshot(await ingest(2, payloads))
+    inline = snapshot(*await ingest(0, payloads))
+    workers = snapshot(*await ingest(2, payloads))
     assert workers == inline
     stats = inline["stats"]
     # the script did reach every case
@@ -142,35 +151,42 @@ async def test_worker_processes_build_the_same_index_as_inline() -> None:
     assert stats["unknown_removals"] == 1 and stats["removed_blocks"] == 1
 
 
-def test_the_index_takes_a_workers_keys_only_on_the_parent_it_knows() -> None:
-    ns = Namespace("m", BS, "", "", "default")
-    stream = Stream(ns, "a", "gpu", 0)
-    index = ConductorIndex(SEED)
-    index.stored("p", Stored(stream, 1, [1], token_ids=TOKENS[:BS], engine_block_size=BS))
-    ev = BlockStored([2, 3], 1, TOKENS[BS : 3 * BS], BS, None, None)
-    memory = {1: 12345}  # the worker remembers a wrong key for the parent
-    hashed = prepare_stored(ev, BS, SEED, memory)
-    assert hashed is not None
-    local, keys, parent = hashed
-    assert parent == 12345 and keys is not None
-    index.stored(
-        "p",
-        Stored(stream, 2, [2, 3], parent_hash=1, token_ids=[], engine_block_size=BS,
-               local_hashes=local, keys=keys, keys_parent=parent),
-    )  # fmt: skip
-    want = seq_hashes(TOKENS[: 3 * BS], BS)
-    assert index.query(ns, want, ["a"])["a"].longest == 3  # chained here, on the right parent
-    assert index.query(ns, [want[0], *keys], ["a"])["a"].longest == 1  # not the worker's keys
-    # the right parent: the worker's keys are the standard's
-    memory = {1: want[0]}
-    _, keys, _ = prepare_stored(BlockStored([2, 3], 1, TOKENS[BS : 3 * BS], BS, None, None),
-                                BS, SEED, memory) or ([], None, None)  # fmt: skip
-    assert keys == want[1:3] and memory == {1: want[0], 2: want[1], 3: want[2]}
+async def test_a_batch_prepared_before_a_drop_is_prepared_again() -> None:
+    """A publisher restarts between a batch's preparing (its parent known to the worker) and
+    its applying: applied, it must be what the event loop would make of it after the drop,
+    an orphan, and the worker's map must not keep the blocks it chained."""
+    conductor = Conductor(ServiceOptions(ingest_workers=1))
+    await conductor.start()
+    try:
+        a = reg("a")
+        conductor.register(a)
+        await conductor.subscriber.feed(a.key, batch([st([1, 2], blocks(0, 2))]))
+        await conductor.subscriber.drain()
+        ns = a.namespace()
+        want = seq_hashes(T[: 4 * BS], BS)
+        assert conductor.index.query(ns, want, ["a"])["a"].longest == 2
+        (early,) = await conductor.preparer.prepare(
+            [a.key], [batch([st([3, 4], blocks(2, 2), parent=2)])]
+        )
+        assert type(early) is PreparedBatch and early.ops  # resolved by the worker
+        assert early.ops[0][2] is not None  # on the parent it knew
+        await conductor.forget(a.key)  # the subscriber's verdict: the publisher restarted
+        await conductor.apply(a.key, early)
+        assert conductor.index.query(ns, want, ["a"]) == {}
+        assert conductor.stats.orphan_events == 1
+        assert await conductor.preparer.maps() == {a.key: {ns: {}}}  # as inline: nothing
+        # the restarted publisher's new chain is resolved as usual
+        await conductor.subscriber.feed(a.key, batch([st([9], blocks(0, 1))]))
+        await conductor.subscriber.drain()
+        assert conductor.index.query(ns, want, ["a"])["a"].longest == 1
+    finally:
+        await conductor.stop()
 
 
-async def test_a_killed_worker_falls_back_to_decoding_inline(
-    aiohttp_client: Any, ctx: zmq.asyncio.Context
+async def test_a_killed_worker_drops_its_publishers_then_they_are_served_inline_and_again(
+    aiohttp_client: Any, ctx: zmq.asyncio.Context, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setattr(prepare, "BROKEN_BACKOFF", 1.0)
     client: TestClient[Any, Any] = await aiohttp_client(
         create_app(ServiceOptions(replay_timeout=0.3, ingest_workers=1))
     )
@@ -184,9 +200,23 @@ async def test_a_killed_worker_falls_back_to_decoding_inline(
         (pid,) = pool._processes  # type: ignore[union-attr]
         os.kill(pid, signal.SIGKILL)  # a worker this test's conductor started
         await asyncio.sleep(0.2)
+        # the map of blocks 1, 2 died with the worker: they are dropped, and a child of
+        # them is an orphan; a new chain is served inline
         await pub.publish(batch([st([3, 4], TOKENS[2 * BS : 4 * BS], parent=2)]))
-        await eventually_query(client, q(), "vllm-0", 4 * BS)
+        await pub.publish(batch([st([5], TOKENS[:BS])]))
+        await eventually_query(client, q(), "vllm-0", BS)
         assert not conductor.preparer._pools  # replaced only after BROKEN_BACKOFF
+        assert conductor.stats.orphan_events == 1
+        assert conductor.index.engines.maps  # inline: the loop's own map
+        await asyncio.sleep(1.1)
+        # a new pool: the loop's maps are not its, so the blocks are dropped again, and the
+        # new worker serves the publisher
+        await pub.publish(batch([st([6, 7], TOKENS[: 2 * BS])]))
+        await pub.publish(batch([st([8], TOKENS[2 * BS : 3 * BS], parent=7)]))
+        await eventually_query(client, q(), "vllm-0", 3 * BS)
+        assert len(conductor.preparer._pools) == 1
+        assert conductor.index.engines.maps == {}
+        assert await conductor.preparer.maps() != {}
     finally:
         await pub.close()
 

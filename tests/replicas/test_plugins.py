@@ -140,3 +140,41 @@ async def test_the_affinity_filter_counts_the_other_replicas_prompt_tokens(ns: s
     finally:
         await a.stop()
         await b.stop()
+
+
+async def test_the_affinity_filter_learns_the_queue_price_from_every_replica(ns: str) -> None:
+    params = PrefixCacheAffinityParams.model_validate(shared(ns))
+    a = PrefixCacheAffinityFilter("f", params, None)  # type: ignore[arg-type]
+    b = PrefixCacheAffinityFilter("f", params, None)  # type: ignore[arg-type]
+    await a.start()
+    await b.start()
+    late = PrefixCacheAffinityFilter("f", params, None)  # type: ignore[arg-type]
+    default = 1.0 / 16000
+    try:
+        # one request stays in flight on p0, so each streamed one after it has tokens ahead
+        await a.pre_request(ctx(completion("word " * 4000), ep("p0")))
+        for _ in range(4):  # QueueDelay's minimum before a pod's own price is used
+            c = ctx(completion("word " * 400, stream=True), ep("p0"))
+            await a.pre_request(c)
+            await a.response_streaming(c, b'data: {"choices": []}\n\n')
+            await a.response_complete(c)
+        learned = a.queue_delay.seconds_per_token("p0", default)
+        assert learned != default
+        assert b.queue_delay.seconds_per_token("p0", default) == default
+        assert a.journal is not None and b.journal is not None
+        await a.journal.sync()
+        await b.journal.sync()
+        assert b.queue_delay.seconds_per_token("p0", default) == pytest.approx(learned)
+        # a replica started later reads the samples still kept
+        await late.start()
+        assert late.queue_delay.seconds_per_token("p0", default) == pytest.approx(learned)
+    finally:
+        await late.stop()
+        await a.stop()
+        await b.stop()
+
+
+def test_the_affinity_filter_shares_no_samples_when_it_learns_none(ns: str) -> None:
+    params = PrefixCacheAffinityParams.model_validate(shared(ns, learnQueueDelay=False))
+    f = PrefixCacheAffinityFilter("f", params, None)  # type: ignore[arg-type]
+    assert f.shared is not None and f.journal is None

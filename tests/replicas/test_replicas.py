@@ -251,25 +251,68 @@ async def test_a_killed_replica_process_stops_counting(ns: str) -> None:
         assert live.others() == {}
 
 
-async def test_a_change_on_one_replica_makes_the_others_tick(ns: str) -> None:
-    """Both hubs tick only every 60 s on their own: b sees a's new count only because a's
-    tick announced it and b's listener ticked."""
-    a_local: dict[str, float] = {}
-    a, b = counters(ns, a_local), counters(ns, {})
-    a.interval = b.interval = 60.0
+async def test_new_journal_records_make_the_others_tick(ns: str) -> None:
+    """Both hubs tick only every 60 s on their own: b gets a's record only because a's tick
+    announced it and b's listener ticked."""
+    got: list[list[object]] = []
+    a, b = journal(ns, []), journal(ns, got)
     ha, hb = SyncHub(REDIS_URL), SyncHub(REDIS_URL)
     try:
         await hb.add(b)
         await ha.add(a)
         await asyncio.sleep(LISTEN_POLL * 2)  # b's listener has subscribed
-        assert b.others() == {}
-        a_local["pod-0"] = 2.0
-        a.changed()
+        a.append(["x"])
         async with asyncio.timeout(10.0):
-            while b.others() != {"pod-0": 2.0}:  # noqa: ASYNC110 - state of another task
+            while got != [["x"]]:  # noqa: ASYNC110 - state of another task
                 await asyncio.sleep(0.01)
     finally:
         await ha.remove(a)
         await hb.remove(b)
         await ha.stop()
         await hb.stop()
+
+
+async def test_counts_are_pushed_to_the_others_without_a_tick_of_theirs(ns: str) -> None:
+    """b's hub is kept from ticking (its lock held, its interval 60 s): a's new count still
+    reaches b, carried by the notification itself."""
+    a_local: dict[str, float] = {}
+    a, b = counters(ns, a_local), counters(ns, {})
+    ha, hb = SyncHub(REDIS_URL), SyncHub(REDIS_URL)
+    try:
+        await hb.add(b)
+        await ha.add(a)
+        await asyncio.sleep(LISTEN_POLL * 2)  # b's listener has subscribed
+        assert b.others() == {}
+        async with hb._lock:  # no tick of b's can run
+            a_local["pod-0"] = 2.0
+            a.changed()
+            async with asyncio.timeout(10.0):
+                while b.others() != {"pod-0": 2.0}:  # noqa: ASYNC110 - state of another task
+                    await asyncio.sleep(0.01)
+    finally:
+        await ha.remove(a)
+        await hb.remove(b)
+        await ha.stop()
+        await hb.stop()
+
+
+async def test_a_pull_read_before_a_push_does_not_roll_it_back(ns: str) -> None:
+    a_local = {"pod-0": 2.0}
+    a, b = counters(ns, a_local), counters(ns, {})
+    async with replica(a) as ha, replica(b) as hb:
+        await ha.sync()  # written: 2
+        a_local["pod-0"] = 5.0
+        a.script_args()  # a newer set of totals, pushed but not (yet) written
+        assert b.pushed(a.push_message())
+        assert b.others() == {"pod-0": 5.0}
+        await hb.sync()  # reads the older hash
+        assert b.others() == {"pod-0": 5.0}
+        a_local["pod-0"] = 7.0
+        await ha.sync()
+        await hb.sync()
+        assert b.others() == {"pod-0": 7.0}
+
+
+def test_a_bare_notification_is_not_taken_for_a_push(ns: str) -> None:
+    """An older replica announces a tick with its hub id only: the hub ticks instead."""
+    assert not counters(ns, {}).pushed(b"0123456789abcdef")

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import aiohttp
+import orjson
+import pytest
 
-from heimdall_proxy.server.usage import StreamUsage, body_usage
+from heimdall_proxy.server.usage import StreamUsage, body_usage, usage_counts
 from tests.conftest import GatewayFactory, PodFactory, make_config
 
 LABELS = {"model_name": "sim-model", "target_model_name": "sim-model"}
@@ -28,6 +30,53 @@ async def test_whole_and_streamed_answers_feed_ttft_tpot_and_token_counts(
     assert gw.metric("inference_objective_input_tokens_sum", LABELS) == 2 * usage["prompt_tokens"]
     assert gw.metric("inference_objective_output_tokens_sum", LABELS) == 8
     assert gw.metric("inference_objective_request_tpot_seconds_count", LABELS) == 1
+
+
+def _usage_by_full_parse(body: bytes) -> tuple[int | None, int | None]:
+    """The reference: parse the whole document, read `usage` (or `response.usage`)."""
+    try:
+        doc = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return None, None
+    if not isinstance(doc, dict):
+        return None, None
+    usage = doc.get("usage")
+    if usage is None and isinstance(doc.get("response"), dict):
+        usage = doc["response"].get("usage")
+    return usage_counts(usage)
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"id": "x", "choices": [{"text": "hi"}], "usage": {"prompt_tokens": 3, '
+        b'"completion_tokens": 5, "prompt_tokens_details": {"cached_tokens": 1}}}',
+        # not the last key
+        b'{"usage": {"prompt_tokens": 3, "completion_tokens": 5}, "model": "m"}',
+        # nested only (a Responses API event): the tail is not a document, the whole is read
+        b'{"type": "response.completed", "response": {"id": "r", "usage": '
+        b'{"input_tokens": 2, "output_tokens": 7}}, "sequence_number": 9}',
+        b'{"response": {"usage": {"input_tokens": 2, "output_tokens": 7}}}',
+        # top-level null, the real one nested
+        b'{"usage": null, "response": {"usage": {"input_tokens": 1, "output_tokens": 2}}}',
+        # "usage" inside strings, as a value, escaped, or nested in a list
+        b'{"choices": [{"text": "say \\"usage\\": {\\"prompt_tokens\\": 9}"}]}',
+        b'{"choices": [{"text": "x\\"usage"}], "usage": {"completion_tokens": 4}}',
+        b'{"type": "usage", "n": 1}',
+        b'{"a": "usage"}',
+        b'[{"usage": {"prompt_tokens": 1}}]',
+        b'{"data": [{"usage": {"prompt_tokens": 1}}], "usage": {"prompt_tokens": 8}}',
+        b'{"data": [{"usage": {"prompt_tokens": 1}}]}',
+        # duplicate keys: the last wins either way
+        b'{"usage": {"prompt_tokens": 1}, "usage": {"prompt_tokens": 2}}',
+        # broken documents
+        b'{"a": "x"usage": {"prompt_tokens": 1}}',
+        b'{"choices": [], "usage": {"prompt_tokens": 1}',
+        b'{ \n "usage" : {"prompt_tokens": 6, "completion_tokens": 1} }',
+    ],
+)
+def test_usage_read_from_the_tail_agrees_with_a_full_parse(body: bytes) -> None:
+    assert body_usage(body) == _usage_by_full_parse(body)
 
 
 def test_usage_is_read_from_every_api_shape() -> None:

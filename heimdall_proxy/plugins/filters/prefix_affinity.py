@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 import random
 import time
+from typing import Any
 
 from pydantic import Field
 
@@ -31,20 +32,23 @@ from heimdall_proxy.framework.types import (
     InferenceRequest,
     RequestContext,
 )
+from heimdall_proxy.plugins.filters import affinity_trace
 from heimdall_proxy.plugins.filters.prefix_popularity import PrefixPopularity
 from heimdall_proxy.plugins.filters.queue_delay import QueueDelay
 from heimdall_proxy.plugins.scorers.active_request import attempt_key
 from heimdall_proxy.plugins.scorers.inflight import InFlight
 from heimdall_proxy.plugins.scorers.shared_state import (
     SharedCountsParams,
+    SharedJournalParams,
     SharesState,
     shared_counters,
+    shared_journal,
 )
 
 PREFIX_CACHE_AFFINITY_FILTER_TYPE = "prefix-cache-affinity-filter"
 
 
-class PrefixCacheAffinityParams(SharedCountsParams):
+class PrefixCacheAffinityParams(SharedCountsParams, SharedJournalParams):
     #: A pod is sticky when it holds at least this fraction of the prompt's blocks (the
     #: reference's default).
     affinity_threshold: float = Field(default=0.80, ge=0.0, le=1.0)
@@ -89,6 +93,10 @@ class PrefixCacheAffinityParams(SharedCountsParams):
     char_to_token_multiplier: float = Field(default=0.25, gt=0.0)
     #: A request in flight longer than this stops counting (its end was never seen).
     request_timeout: Duration = 600.0
+    #: Extension, with `redisConfig`: journal entries of queue-delay samples kept for
+    #: replicas that start later. The price weighs the last few dozen samples most
+    #: (queue_delay.py), so a short history is enough.
+    history_entries: int = Field(default=1000, gt=0)
 
 
 @register(PREFIX_CACHE_AFFINITY_FILTER_TYPE, PrefixCacheAffinityParams)
@@ -115,7 +123,10 @@ class PrefixCacheAffinityFilter(SharesState, BasePlugin[PrefixCacheAffinityParam
     With `redisConfig` / `valkeyConfig` (an extension), the prompt tokens in flight are those
     of every live gateway replica, shared as active-request-scorer shares its counts
     (heimdall_proxy.replicas); without it, a replica sees only its own share and releases a
-    hot prefix too late."""
+    hot prefix too late. The queue price is then learned from every replica's first tokens
+    too (a journal of samples): each replica learning from its own half alone priced the same
+    pod up to 15% apart from the other and from a single gateway, enough to flip a keep or
+    release decision now and then (bench/RESULTS.md, "decision trace")."""
 
     type = PREFIX_CACHE_AFFINITY_FILTER_TYPE
 
@@ -131,6 +142,8 @@ class PrefixCacheAffinityFilter(SharesState, BasePlugin[PrefixCacheAffinityParam
         # CycleState key of the shared prefix the filter priced, counted when the request
         # is sent (pre_request), so retries' and the debug route's filtering count nothing
         self._prefix_key = f"{PREFIX_CACHE_AFFINITY_FILTER_TYPE}/{name}#prefix"
+        if params.learn_queue_delay:
+            self.journal = shared_journal(self, params, self._learned)
         # attempt key -> (pod, prompt tokens ahead, own prefill seconds, sent at), for the
         # streamed attempts whose first token has not been seen yet
         self._waiting: dict[str, tuple[str, float, float, float]] = {}
@@ -208,9 +221,40 @@ class PrefixCacheAffinityFilter(SharesState, BasePlugin[PrefixCacheAffinityParam
         if prefix is not None:  # n ** sharedPrefixDiscount, this request included
             n = self.popularity.count(prefix) + 1.0
             margin /= math.pow(n, self.params.shared_prefix_discount)
-        if best_sticky > best_other + margin:
+        released = best_sticky > best_other + margin
+        if affinity_trace.enabled():
+            self._trace_filter(request, info, prompt, endpoints, names, released, margin)
+        if released:
             return endpoints  # released: the prefix spreads to where the scorers send it
         return sticky
+
+    def _replica(self) -> str:
+        return self.shared.replica if self.shared is not None else ""
+
+    def _trace_filter(
+        self,
+        request: InferenceRequest,
+        info: PrefixCacheMatchInfo,
+        prompt: int,
+        endpoints: list[Endpoint],
+        sticky: set[str],
+        released: bool,
+        margin: float,
+    ) -> None:
+        pods = [e.name for e in endpoints]
+        est = {p: self.estimated_ttft(p, info, prompt) for p in pods}
+        others = dict(self.shared.others()) if self.shared is not None else {}
+        local = {p: self.inflight.total(p) for p in pods}
+        price = {p: self._queue_price(p) for p in pods}
+        affinity_trace.emit(
+            "filter",
+            request.request_id,
+            self._replica(),
+            sticky=sorted(sticky),
+            released=released,
+            margin=margin,
+            view=affinity_trace.view(pods, local, others, price, est),
+        )
 
     def _shared_prefix(
         self, state: CycleState, info: PrefixCacheMatchInfo, sticky: list[Endpoint]
@@ -239,6 +283,8 @@ class PrefixCacheAffinityFilter(SharesState, BasePlugin[PrefixCacheAffinityParam
         if self.params.shared_prefix_discount:
             prefix = ctx.state.get(self._prefix_key)
             self.popularity.observe(prefix if isinstance(prefix, int) else None)
+        if affinity_trace.enabled():
+            affinity_trace.emit("start", key, self._replica(), pod=pod, tokens=tokens)
 
     async def response_streaming(self, ctx: RequestContext, chunk: bytes) -> None:
         if not self._waiting or b"data:" not in chunk:
@@ -246,7 +292,19 @@ class PrefixCacheAffinityFilter(SharesState, BasePlugin[PrefixCacheAffinityParam
         entry = self._waiting.pop(attempt_key(ctx), None)
         if entry is not None:
             pod, ahead, own, sent = entry
-            self.queue_delay.observe(pod, ahead, time.monotonic() - sent - own)
+            delay = time.monotonic() - sent - own
+            self.queue_delay.observe(pod, ahead, delay)
+            if self.journal is not None and ahead > 0.0:
+                # rides on the next tick: the price moves slowly, no tick of its own needed
+                self.journal.append([pod, ahead, delay], poke=False)
+            if affinity_trace.enabled():
+                affinity_trace.emit("first", attempt_key(ctx), self._replica(), pod=pod,
+                                    ahead=ahead, delay=delay)  # fmt: skip
+
+    def _learned(self, record: list[Any]) -> None:
+        """Another replica's queue-delay sample (pod, tokens ahead, delay seconds)."""
+        pod, ahead, delay = record
+        self.queue_delay.observe(str(pod), float(ahead), float(delay))
 
     async def response_complete(self, ctx: RequestContext) -> None:
         key = attempt_key(ctx)
@@ -254,3 +312,5 @@ class PrefixCacheAffinityFilter(SharesState, BasePlugin[PrefixCacheAffinityParam
         self.inflight.remove(ctx.target.name, key)
         if self.shared is not None:
             self.shared.changed()
+        if affinity_trace.enabled():
+            affinity_trace.emit("end", key, self._replica(), pod=ctx.target.name)

@@ -75,7 +75,7 @@ def request_text(request: InferenceRequest) -> str:
         if isinstance(messages, list):
             parts: list[str] = []
             for msg in messages:
-                if isinstance(msg, Mapping):
+                if isinstance(msg, (dict, Mapping)):  # dict first: no ABC check
                     parts.append(f"\x1e{msg.get('role', '')}\x1f")
                     content_text(msg.get("content"), parts, mark_media=True)
             return "".join(parts)

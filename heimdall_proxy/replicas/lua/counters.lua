@@ -5,8 +5,9 @@
 --   prefix of the per-replica hashes (the replica id is appended), this replica's id,
 --   time to live of a replica's entries (ms: a replica that stops publishing is gone),
 --   n, then n pairs pod, value
--- Returns one array per set: pod, value, pod, value, ... over the other replicas (a pod
--- may repeat).
+-- Returns one array per set: for each other live replica, its id, the length of its
+-- hash's flattened field/value list, then that list (pod, value, ...; the field "\0seq"
+-- carries the replica's publish sequence number).
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local result = {}
@@ -27,6 +28,8 @@ for g = 1, #KEYS do
   for _, r in ipairs(redis.call('ZRANGE', KEYS[g], 0, -1)) do
     if r ~= me then
       local h = redis.call('HGETALL', prefix .. r)
+      out[#out + 1] = r
+      out[#out + 1] = #h
       for i = 1, #h do out[#out + 1] = h[i] end
     end
   end

@@ -1,0 +1,125 @@
+"""Engine hashes -> standard keys, per publisher: how a token-id event becomes index keys.
+
+Engines that do not use the standard hash (vLLM, SGLang, a standardized publisher sending
+token ids) name their blocks by their own hashes. Their stored events carry token ids, from
+which the standard keys are recomputed (chained on the parent's key), and each publisher
+keeps a map from its engine hashes to our keys so that a later event's parent, and its
+removals, can be resolved.
+
+The map is its own object, not part of the index, so that it can live where the events are
+decoded: on the event loop with the index (ConductorIndex owns one), or in the ingest worker
+process that a publisher's batches always go to (conductor.prepare), which then ships the
+index only resolved keys. Either way the same code decides, so the answers are the same."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from heimdall_proxy.conductor.model import Namespace, Removed, Stored, Stream
+from heimdall_proxy.kvcache.index.keys import (
+    EngineEntry,
+    engine_entries,
+    event_keys,
+    evict_oldest,
+    flatten_keys,
+    parent_of,
+)
+from heimdall_proxy.kvcache.index.stats import KVCacheStats
+
+#: (namespace, our keys) a removal resolved to: one per namespace of the publisher
+Targets = list[tuple[Namespace, list[int]]]
+
+
+class EngineMaps:
+    """publisher -> namespace -> engine hash -> our key(s), at most `max_keys` entries per
+    publisher and namespace (the oldest written evicted first). Counts what it cannot
+    resolve in `stats` (orphans, block size mismatches, unknown removals)."""
+
+    def __init__(self, seed: int, max_keys: int, stats: KVCacheStats) -> None:
+        self.seed = seed
+        self.max_keys = max_keys
+        self.stats = stats
+        self.maps: dict[str, dict[Namespace, dict[int, EngineEntry]]] = {}
+
+    def has(self, publisher: str) -> bool:
+        """Whether `publisher` sent token ids with its own hashes (its removals name them)."""
+        return publisher in self.maps
+
+    def drop(self, publisher: str) -> None:
+        self.maps.pop(publisher, None)
+
+    def chained_stream(self, publisher: str, ev: Stored) -> Stream:
+        """Where a token-id event of `publisher` belongs: a request's cache_salt reaches only
+        a prompt's first block, so a block chained on a parent (or an offloading event, which
+        names known blocks) goes to the namespace that holds that parent (or those blocks),
+        if it is another salt of the event's own. Else the event's own stream."""
+        stream = ev.stream
+        ns = stream.namespace
+        if ev.parent_hash is not None:
+            probe = ev.parent_hash
+        elif ev.seq_hashes and not ev.has_tokens:
+            probe = ev.seq_hashes[0]
+        else:
+            return stream
+        maps = self.maps.get(publisher, {})
+        own = maps.get(ns)
+        if own is not None and probe in own:
+            return stream
+        for other, emap in maps.items():
+            if (
+                other != ns
+                and probe in emap
+                and (other.model, other.block_size, other.lora, other.tenant)
+                == (ns.model, ns.block_size, ns.lora, ns.tenant)
+            ):
+                return Stream(other, stream.backend_id, stream.medium, stream.dp_rank)
+        return stream
+
+    def stored(self, publisher: str, ev: Stored) -> tuple[Stream, Sequence[int]] | None:
+        """The stream and standard keys of a token-id `stored` event (`ev.token_ids` is not
+        None), the map updated; None when it cannot be placed (an orphan: its parent is
+        unknown; or an engine block size that is no multiple of the stream's), counted."""
+        stream = self.chained_stream(publisher, ev)
+        ns = stream.namespace
+        hashes = ev.seq_hashes
+        emap = self.maps.setdefault(publisher, {}).setdefault(ns, {})
+        known = [emap.get(h) for h in hashes] if hashes and hashes[0] in emap else None
+        if known is not None and None not in known:
+            return stream, flatten_keys(known)  # type: ignore[arg-type]  # stored elsewhere
+        if not ev.has_tokens:  # an offloading event: move what is known
+            return stream, flatten_keys(v for v in map(emap.get, hashes) if v is not None)
+        parent_key: int | None = None
+        if ev.parent_hash is not None:
+            parent = emap.get(ev.parent_hash)
+            if parent is None:
+                self.stats.orphan_events += 1
+                return None
+            parent_key = parent_of(parent)
+        computed = event_keys(
+            ev.token_ids or (),
+            ev.engine_block_size or ns.block_size,
+            len(hashes),
+            ns.block_size,
+            self.seed,
+            parent_key,
+        )
+        if computed is None:
+            self.stats.block_size_mismatch += 1
+            return None
+        keys, per = computed
+        emap.update(engine_entries(hashes, keys, per))
+        evict_oldest(emap, self.max_keys)
+        return stream, keys
+
+    def removed(self, publisher: str, ev: Removed) -> Targets:
+        """The keys a removal of engine hashes names, in whichever of the publisher's
+        namespaces knows them; hashes none knows are counted."""
+        targets: Targets = []
+        resolved = 0
+        for ns, emap in self.maps.get(publisher, {}).items():
+            found = [v for v in map(emap.get, ev.seq_hashes) if v is not None]
+            if found:
+                resolved += len(found)
+                targets.append((ns, flatten_keys(found)))
+        self.stats.unknown_removals += max(0, len(ev.seq_hashes) - resolved)
+        return targets
