@@ -77,7 +77,8 @@ class OutstandingWorkScorer(SharesState, BasePlugin[OutstandingWorkParams]):
     """Tracks, per pod, the work of every request this gateway has in flight there, in
     decode-token units: `prefillTokenWeight * prompt tokens` (those the pod does not already
     hold, by `prefixPluginType`/`prefixPluginName`'s match when it ran) until the first
-    response byte arrives (prefill done), plus the output tokens still to come (the request's
+    streamed chunk arrives (prefill done; not the response headers, which vLLM sends
+    before prefill), plus the output tokens still to come (the request's
     max_tokens / max_completion_tokens / max_output_tokens, times n, else
     `defaultOutputTokens`), counted down by one per streamed SSE event. Prompt tokens are the
     tokenizer's when one ran, else characters * charToTokenMultiplier.
@@ -154,20 +155,22 @@ class OutstandingWorkScorer(SharesState, BasePlugin[OutstandingWorkParams]):
         if self.shared is not None:
             self.shared.changed()
 
-    async def response_received(self, ctx: RequestContext) -> None:
-        work = self._work.get(attempt_key(ctx))
-        if work is not None and work.prefill:
-            work.prefill = 0.0
-            self.inflight.update(ctx.target.name, attempt_key(ctx), work.total)
+    # No response_received: the reference calls it when the pod's response headers arrive,
+    # and vLLM sends a stream's headers as soon as it accepts the request, before prefill.
+    # Prefill is over when the first body bytes come: the first streamed chunk.
 
     async def response_streaming(self, ctx: RequestContext, chunk: bytes) -> None:
-        work = self._work.get(attempt_key(ctx))
-        if work is None or work.decode_left <= 0.0:
+        key = attempt_key(ctx)
+        work = self._work.get(key)
+        if work is None:
             return
+        before = work.total
+        work.prefill = 0.0
         events = chunk.count(b"data:")
         if events:
             work.decode_left = max(0.0, work.decode_left - events)
-            self.inflight.update(ctx.target.name, attempt_key(ctx), work.total)
+        if work.total != before:
+            self.inflight.update(ctx.target.name, key, work.total)
 
     async def response_complete(self, ctx: RequestContext) -> None:
         key = attempt_key(ctx)
