@@ -80,7 +80,10 @@ class OutstandingWorkScorer(SharesState, BasePlugin[OutstandingWorkParams]):
     streamed chunk arrives (prefill done; not the response headers, which vLLM sends
     before prefill), plus the output tokens still to come (the request's
     max_tokens / max_completion_tokens / max_output_tokens, times n, else
-    `defaultOutputTokens`), counted down by one per streamed SSE event. Prompt tokens are the
+    `defaultOutputTokens`), counted down by one per streamed SSE event. A non-streamed
+    request shows no progress until its answer: its work counts in full until it completes.
+    Every attempt's work is removed at response_complete, which the relay runs for every
+    attempt, on success, upstream failure, retry or client disconnect alike. Prompt tokens are the
     tokenizer's when one ran, else characters * charToTokenMultiplier.
 
     Score: `1 - work / max work` over the candidates (all idle -> 1.0), so the pod with the
@@ -96,7 +99,7 @@ class OutstandingWorkScorer(SharesState, BasePlugin[OutstandingWorkParams]):
         super().__init__(name, params, handle)
         self.inflight = InFlight(params.request_timeout)
         # Progress of each attempt; dropped at response_complete, which the server calls once
-        # per pre_request whatever happens, so it never outgrows the requests in flight.
+        # per attempt whatever happens, so it never outgrows the requests in flight.
         self._work: dict[str, _Work] = {}
         self._p = params
         self.shared = shared_counters(self, params, self.inflight.totals)
