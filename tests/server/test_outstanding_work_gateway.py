@@ -137,3 +137,25 @@ async def test_a_client_gone_during_pre_request_leaves_no_work(
             await sent
     await eventually(lambda: scorer.work(pod.name) == 0.0)
     assert pod.pod.received == []
+
+
+async def test_a_non_streamed_request_counts_down_once_a_stream_showed_the_pace(
+    start_pod: PodFactory, start_gateway: GatewayFactory
+) -> None:
+    pod = await start_pod(time_scale=1.0, step_base=0.05)  # about 20 tokens a second
+    gw = await start_gateway(make_config([pod], WORK_EPP))
+    scorer = scorer_of(gw)
+    body = {"model": "sim-model", "prompt": PROMPT, "max_tokens": 4}
+    async with aiohttp.ClientSession() as http:
+        async with http.post(f"{gw.url}/v1/completions", json={**body, "stream": True}) as r:
+            await r.read()
+        # About three seconds of decoding, which the pod's answer alone would not show.
+        sent = asyncio.create_task(
+            http.post(f"{gw.url}/v1/completions", json={**body, "max_tokens": 60})
+        )
+        await eventually(lambda: pod.pod.running == 1)
+        # Prefill gone and at least ten tokens counted down, while the request still runs.
+        await eventually(lambda: pod.pod.running == 1 and 1.0 <= scorer.work(pod.name) < 50)
+        async with await sent as r:
+            assert r.status == 200
+    assert scorer.work(pod.name) == 0.0
