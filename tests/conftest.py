@@ -55,6 +55,18 @@ class RunningGateway:
         value = self.metric("inference_objective_running_requests", {"model_name": model})
         return value or 0.0
 
+    async def settled(self, within: float = 10.0) -> None:
+        """Wait until the gateway's view of every pod is idle: its last scrape showed nothing
+        waiting or running, and started after the last request sent there (the scrape
+        cadence calls that pod quiet). A pod is scraped as soon as a request is sent to it,
+        which catches that request in its queue, and then only once per metrics interval: a
+        test sending requests one after the other can otherwise have queue-scorer see a
+        request that finished several requests ago (see datalayer/cadence.py)."""
+        refresher = self.gateway.refresher
+        assert refresher is not None, "the gateway does not scrape its pods"
+        cadence, pool = refresher.cadence, self.gateway.pool
+        await eventually(lambda: all(cadence.pod(e.name).quiet for e in pool.endpoints()), within)
+
 
 PodFactory = Callable[..., Awaitable[RunningPod]]
 GatewayFactory = Callable[..., Awaitable[RunningGateway]]

@@ -28,7 +28,7 @@ async def test_sigterm_turns_unready_then_drains(tmp_path: Path) -> None:
     cfg.write_text(f"endpoints:\n- name: p0\n  url: http://127.0.0.1:{pod_port}\n")
     gw = await asyncio.create_subprocess_exec(
         py, "-m", "heimdall_proxy", "serve", "--config", str(cfg), "--host", "127.0.0.1",
-        "--port", str(gw_port), "--drain-delay", "1.5s", stderr=asyncio.subprocess.DEVNULL,
+        "--port", str(gw_port), "--drain-delay", "3s", stderr=asyncio.subprocess.DEVNULL,
     )  # fmt: skip
     base = f"http://127.0.0.1:{gw_port}"
     try:
@@ -36,9 +36,17 @@ async def test_sigterm_turns_unready_then_drains(tmp_path: Path) -> None:
         await wait_http(base + "/ready")
         async with aiohttp.ClientSession() as http:
             gw.send_signal(signal.SIGTERM)
-            await asyncio.sleep(0.3)
-            async with http.get(base + "/ready") as r:
-                assert r.status == 503 and (await r.json())["draining"] is True
+            # The gateway turns unready when its loop runs the signal handler: polled, since a
+            # loaded machine can take longer than any fixed wait (the listener stays open for
+            # the drain delay).
+            deadline = time.monotonic() + 2.5
+            while True:
+                async with http.get(base + "/ready") as r:
+                    if r.status == 503:
+                        assert (await r.json())["draining"] is True
+                        break
+                assert time.monotonic() < deadline, "still ready after SIGTERM"
+                await asyncio.sleep(0.02)
             body = {"model": "sim-model", "prompt": "hi", "max_tokens": 1}
             async with http.post(base + "/v1/completions", json=body) as r:
                 assert r.status == 200  # still served while draining
@@ -59,10 +67,24 @@ WORKER_SCRIPT = textwrap.dedent(
         p = EventPreparer(16, "m", processes=1)
         p.start()
         await p.prepare([b"\\x90"])
-        pids = [int(x) for x in os.listdir("/proc") if x.isdigit()]
-        mine = [x for x in pids if open(f"/proc/{x}/stat").read().split()[3] == str(os.getpid())]
-        print(" ".join(map(str, mine)), flush=True)
+        print(" ".join(map(str, children(os.getpid()))), flush=True)
         await asyncio.sleep(600)
+
+    def children(ppid):
+        # Other processes on the machine come and go between listdir and open (one that is
+        # gone is skipped, not a crash that prints nothing), and a process's name, which
+        # comes before its parent's pid, may hold spaces: the fields after the last ")".
+        out = []
+        for x in os.listdir("/proc"):
+            if x.isdigit():
+                try:
+                    with open(f"/proc/{x}/stat") as f:
+                        fields = f.read().rpartition(")")[2].split()
+                except OSError:
+                    continue
+                if fields[1] == str(ppid):
+                    out.append(int(x))
+        return out
 
     asyncio.run(main())
     """
@@ -87,8 +109,9 @@ async def test_kv_event_workers_die_with_a_sigkilled_gateway() -> None:
 
 
 def _alive(pid: int) -> bool:
+    """Whether `pid` runs (a zombie has exited; a name may hold spaces, hence the last ")")."""
     try:
         with open(f"/proc/{pid}/stat") as f:
-            return f.read().split()[2] != "Z"
+            return f.read().rpartition(")")[2].split()[0] != "Z"
     except OSError:
         return False

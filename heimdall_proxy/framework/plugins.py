@@ -179,7 +179,8 @@ class ResponseStreaming(Protocol):
 class ResponseComplete(Protocol):
     async def response_complete(self, ctx: RequestContext) -> None:
         """The attempt ended: response fully sent, upstream failed, or the client went away
-        (`ctx.error` says which). Always called, exactly once per pre_request."""
+        (`ctx.error` says which). Always called, exactly once per attempt, also when the
+        client went away while the pre_request hooks ran (some of them may not have)."""
         ...
 
 

@@ -173,14 +173,18 @@ class Relay:
         on to the next pod."""
         target = ctx.target
         hooks = self.hooks
-        if hooks.pre_request.active:
-            await hooks.pre_request.run(ctx)
         upstream: aiohttp.ClientResponse | None = None
         complete = False
         finished = False  # response_complete ran (a whole answer runs it before sending)
         tokens = ctx.request.estimated_tokens()
         self.load.acquire(target.name, tokens)
         try:
+            # Inside the try: a client that disconnects while a pre_request hook awaits (a
+            # Redis write, say) still gets response_complete, which undoes what the hooks
+            # that already ran counted (the reference runs it for any request that failed or
+            # was dropped after a pod was scheduled).
+            if hooks.pre_request.active:
+                await hooks.pre_request.run(ctx)
             headers = base_headers
             if ctx.upstream_headers:
                 headers = base_headers.copy()

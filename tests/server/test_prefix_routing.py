@@ -34,6 +34,12 @@ def long_prompt(topic: str) -> str:
 
 
 async def send(http: aiohttp.ClientSession, gw: RunningGateway, body: dict[str, Any]) -> str:
+    """Send one request once the gateway has seen every pod idle: the routing asserted here
+    is prefix-cache-scorer's and no-hit-lru-scorer's, and queue-scorer (weight 1) reading a
+    scrape that caught the previous request in a pod's queue ties a cold request's
+    least-recently-used pod with the next one (no-hit-lru's ranks differ by 1/2 x weight 2),
+    which the picker breaks at random."""
+    await gw.settled()
     path = "/v1/chat/completions" if "messages" in body else "/v1/completions"
     async with http.post(
         f"{gw.url}{path}", json={"model": "sim-model", "max_tokens": 2, **body}

@@ -3,6 +3,7 @@ pod, not the number of requests, so one heavy request weighs more than ten short
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from itertools import compress
 from typing import Any
@@ -24,6 +25,7 @@ from heimdall_proxy.framework.types import (
 )
 from heimdall_proxy.plugins.scorers.active_request import attempt_key
 from heimdall_proxy.plugins.scorers.inflight import InFlight
+from heimdall_proxy.plugins.scorers.pace import Pace
 from heimdall_proxy.plugins.scorers.shared_state import (
     SharedCountsParams,
     SharesState,
@@ -60,12 +62,25 @@ def output_limit(data: Mapping[str, Any], default: int) -> int:
     return default
 
 
-class _Work:
-    __slots__ = ("decode_left", "prefill")
+#: Seconds between two count-downs of the non-streamed requests' work (each walks them all).
+DECAY_INTERVAL = 0.05
 
-    def __init__(self, prefill: float, decode_left: float) -> None:
+
+class _Work:
+    __slots__ = ("decode", "decode_left", "events", "first_at", "last_at", "pod", "prefill",
+                 "sent_at")  # fmt: skip
+
+    def __init__(self, pod: str, prefill: float, decode: float, sent_at: float) -> None:
+        self.pod = pod
         self.prefill = prefill
-        self.decode_left = decode_left
+        self.decode = decode
+        self.decode_left = decode
+        self.sent_at = sent_at
+        #: When the first streamed chunk and the latest SSE event arrived (0: not yet), and
+        #: how many events came: the pod's pace, observed.
+        self.first_at = 0.0
+        self.last_at = 0.0
+        self.events = 0
 
     @property
     def total(self) -> float:
@@ -77,9 +92,17 @@ class OutstandingWorkScorer(SharesState, BasePlugin[OutstandingWorkParams]):
     """Tracks, per pod, the work of every request this gateway has in flight there, in
     decode-token units: `prefillTokenWeight * prompt tokens` (those the pod does not already
     hold, by `prefixPluginType`/`prefixPluginName`'s match when it ran) until the first
-    response byte arrives (prefill done), plus the output tokens still to come (the request's
+    streamed chunk arrives (prefill done; not the response headers, which vLLM sends
+    before prefill), plus the output tokens still to come (the request's
     max_tokens / max_completion_tokens / max_output_tokens, times n, else
-    `defaultOutputTokens`), counted down by one per streamed SSE event. Prompt tokens are the
+    `defaultOutputTokens`), counted down by one per streamed SSE event. A non-streamed
+    request shows no progress until its answer: once the pod's streams have shown its pace
+    (moving averages of time to first chunk and time per output token, pace.py), its work is
+    counted down by the time it has been out at that pace (prefill gone after the time to
+    first chunk, then one output token per time per token, down to one token while it runs);
+    before that, it counts in full until it completes.
+    Every attempt's work is removed at response_complete, which the relay runs for every
+    attempt, on success, upstream failure, retry or client disconnect alike. Prompt tokens are the
     tokenizer's when one ran, else characters * charToTokenMultiplier.
 
     Score: `1 - work / max work` over the candidates (all idle -> 1.0), so the pod with the
@@ -95,8 +118,14 @@ class OutstandingWorkScorer(SharesState, BasePlugin[OutstandingWorkParams]):
         super().__init__(name, params, handle)
         self.inflight = InFlight(params.request_timeout)
         # Progress of each attempt; dropped at response_complete, which the server calls once
-        # per pre_request whatever happens, so it never outgrows the requests in flight.
+        # per attempt whatever happens, so it never outgrows the requests in flight.
         self._work: dict[str, _Work] = {}
+        #: The non-streamed attempts among them, counted down by time (_decay).
+        self._unstreamed: dict[str, _Work] = {}
+        self._pace: dict[str, Pace] = {}
+        self._next_decay = 0.0
+        #: The clock of sends, chunks and count-downs (a test sets its own).
+        self.clock = time.monotonic
         self._p = params
         self.shared = shared_counters(self, params, self.inflight.totals)
 
@@ -123,6 +152,7 @@ class OutstandingWorkScorer(SharesState, BasePlugin[OutstandingWorkParams]):
     def work(self, pod: str) -> float:
         """Outstanding work on `pod`, in decode-token units (all replicas' when shared)."""
         self.inflight.expire()
+        self._decay()
         others = self.shared.others().get(pod, 0.0) if self.shared is not None else 0.0
         return self.inflight.total(pod) + others
 
@@ -130,6 +160,7 @@ class OutstandingWorkScorer(SharesState, BasePlugin[OutstandingWorkParams]):
         self, state: CycleState, request: InferenceRequest, endpoints: list[Endpoint]
     ) -> Mapping[str, float]:
         self.inflight.expire()
+        self._decay()
         total = self.inflight.total
         if self.shared is None:
             loads = self.inflight.totals_of(CandidateNames.of(endpoints).names)
@@ -149,29 +180,68 @@ class OutstandingWorkScorer(SharesState, BasePlugin[OutstandingWorkParams]):
     async def pre_request(self, ctx: RequestContext) -> None:
         prefill, decode = self.estimate(ctx.request, self._cached_share(ctx))
         key = attempt_key(ctx)
-        self._work[key] = _Work(prefill, decode)
+        work = self._work[key] = _Work(ctx.target.name, prefill, decode, self.clock())
+        if not ctx.request.stream:
+            self._unstreamed[key] = work
         self.inflight.add(ctx.target.name, key, prefill + decode)
         if self.shared is not None:
             self.shared.changed()
 
-    async def response_received(self, ctx: RequestContext) -> None:
-        work = self._work.get(attempt_key(ctx))
-        if work is not None and work.prefill:
-            work.prefill = 0.0
-            self.inflight.update(ctx.target.name, attempt_key(ctx), work.total)
+    # No response_received: the reference calls it when the pod's response headers arrive,
+    # and vLLM sends a stream's headers as soon as it accepts the request, before prefill.
+    # Prefill is over when the first body bytes come: the first streamed chunk.
 
     async def response_streaming(self, ctx: RequestContext, chunk: bytes) -> None:
-        work = self._work.get(attempt_key(ctx))
-        if work is None or work.decode_left <= 0.0:
+        key = attempt_key(ctx)
+        work = self._work.get(key)
+        if work is None:
             return
+        before = work.total
+        work.prefill = 0.0
         events = chunk.count(b"data:")
         if events:
+            now = self.clock()
+            if not work.first_at:
+                work.first_at = now
+            work.last_at = now
+            work.events += events
             work.decode_left = max(0.0, work.decode_left - events)
-            self.inflight.update(ctx.target.name, attempt_key(ctx), work.total)
+        if work.total != before:
+            self.inflight.update(ctx.target.name, key, work.total)
 
     async def response_complete(self, ctx: RequestContext) -> None:
         key = attempt_key(ctx)
-        self._work.pop(key, None)
+        work = self._work.pop(key, None)
+        self._unstreamed.pop(key, None)
+        if work is not None and work.first_at and ctx.error is None:
+            # A stream that ran to its end: its pace is the pod's, now.
+            tpot = (work.last_at - work.first_at) / (work.events - 1) if work.events > 1 else None
+            self._pace.setdefault(work.pod, Pace()).observe(work.first_at - work.sent_at, tpot)
         self.inflight.remove(ctx.target.name, key)
         if self.shared is not None:
+            self.shared.changed()
+
+    def _decay(self) -> None:
+        """Count down the non-streamed attempts' work by the time each has been out, at its
+        pod's observed pace; at most every DECAY_INTERVAL (each call walks them all)."""
+        if not self._unstreamed:
+            return
+        now = self.clock()
+        if now < self._next_decay:
+            return
+        self._next_decay = now + DECAY_INTERVAL
+        changed = False
+        for key, work in self._unstreamed.items():
+            pace = self._pace.get(work.pod)
+            done = None if pace is None else pace.tokens_done(now - work.sent_at)
+            if done is None or done < 0.0:
+                continue  # no pace known yet, or still prefilling by it
+            before = work.total
+            work.prefill = 0.0
+            # Never below one token: the request is still running, whatever the pace says.
+            work.decode_left = max(min(1.0, work.decode), work.decode - done)
+            if work.total != before:
+                self.inflight.update(work.pod, key, work.total)
+                changed = True
+        if changed and self.shared is not None:
             self.shared.changed()

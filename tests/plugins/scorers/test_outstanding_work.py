@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from heimdall_proxy.framework.prefix import PrefixCacheMatchInfo, prefix_match_key
@@ -42,7 +44,9 @@ async def test_progress_prefill_then_streamed_tokens_then_complete() -> None:
     c = ctx(completion(100, 10), pod)  # type: ignore[arg-type]
     await scorer.pre_request(c)
     assert scorer.work("p") == pytest.approx(20 + 10)
-    await scorer.response_received(c)
+    # Not a ResponseReceived plugin: the headers of a stream come before prefill is done.
+    assert not hasattr(scorer, "response_received")
+    await scorer.response_streaming(c, b": keep-alive\n\n")  # the first bytes: prefill done
     assert scorer.work("p") == pytest.approx(10)
     await scorer.response_streaming(c, b'data: {"a":1}\n\ndata: {"a":2}\n\n')
     assert scorer.work("p") == pytest.approx(8)
@@ -88,3 +92,64 @@ async def test_real_token_ids_are_used_when_present() -> None:
     r = req("completions", {"prompt": "x" * 4000, "max_tokens": 1})
     r.token_ids = [1, 2, 3]
     assert scorer.estimate(r) == (3.0, 1.0)
+
+
+class Clock:
+    """The scorer's clock, moved by the test (no sleeping, no timing asserted)."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def run_stream(scorer: OutstandingWorkScorer, clock: Clock, pod: object, **kw: Any) -> None:
+    """A stream on `pod`: first chunk 0.5 s after it was sent, then one token every 0.1 s."""
+    r = completion(100, 10)
+    r.stream = True  # type: ignore[attr-defined]
+    c = ctx(r, pod, **kw)  # type: ignore[arg-type]
+    await scorer.pre_request(c)
+    for dt in (0.5, 0.1, 0.1, 0.1):
+        clock.now += dt
+        await scorer.response_streaming(c, b"data: {}\n\n")
+    await scorer.response_complete(c)
+
+
+async def test_a_non_streamed_request_counts_down_at_the_pods_observed_pace() -> None:
+    scorer, clock, pod = make(), Clock(), ep("p")
+    scorer.clock = clock
+    plain = ctx(completion(100, 10), pod)  # type: ignore[arg-type]
+    await scorer.pre_request(plain)
+    clock.now += 60.0
+    assert scorer.work("p") == pytest.approx(20 + 10)  # no stream seen yet: no pace, in full
+    await scorer.response_complete(plain)
+
+    await run_stream(scorer, clock, pod)  # time to first chunk 0.5 s, 0.1 s per token
+    c = ctx(completion(100, 10), pod, attempt=1)  # type: ignore[arg-type]
+    await scorer.pre_request(c)
+    clock.now += 0.4  # still prefilling by that pace
+    assert scorer.work("p") == pytest.approx(20 + 10)
+    clock.now += 0.4  # 0.3 s past the first token: 3 tokens out
+    assert scorer.work("p") == pytest.approx(7)
+    clock.now += 60.0  # past its limit by the pace, but not answered: one token left
+    assert scorer.work("p") == pytest.approx(1)
+    await scorer.response_complete(c)
+    assert scorer.work("p") == 0.0
+
+
+async def test_only_streams_that_ran_to_their_end_set_the_pace() -> None:
+    scorer, clock, pod = make(), Clock(), ep("p")
+    scorer.clock = clock
+    r = completion(100, 10)
+    r.stream = True  # type: ignore[attr-defined]
+    broken = ctx(r, pod)  # type: ignore[arg-type]
+    await scorer.pre_request(broken)
+    clock.now += 0.5
+    await scorer.response_streaming(broken, b"data: {}\n\n")
+    broken.error = "read failed"
+    await scorer.response_complete(broken)
+    c = ctx(completion(100, 10), pod, attempt=1)  # type: ignore[arg-type]
+    await scorer.pre_request(c)
+    clock.now += 60.0
+    assert scorer.work("p") == pytest.approx(20 + 10)

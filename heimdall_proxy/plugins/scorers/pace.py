@@ -1,0 +1,32 @@
+"""Each pod's observed pace, from the streams the gateway relays: time to first chunk and time
+per output token. outstanding-work-scorer uses it to count down the work of requests that
+are not streamed, which show no progress of their own until their answer arrives."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+#: Weight of the newest sample in the moving averages: a pod's pace follows its batch size,
+#: which changes within seconds, so a few recent streams count more than a long history.
+ALPHA = 0.2
+
+
+@dataclass(slots=True)
+class Pace:
+    """Moving averages of one pod's streams (None until one was observed)."""
+
+    ttft: float | None = None
+    tpot: float | None = None
+
+    def observe(self, ttft: float, tpot: float | None) -> None:
+        self.ttft = ttft if self.ttft is None else self.ttft + ALPHA * (ttft - self.ttft)
+        if tpot is not None and tpot > 0.0:
+            self.tpot = tpot if self.tpot is None else self.tpot + ALPHA * (tpot - self.tpot)
+
+    def tokens_done(self, elapsed: float) -> float | None:
+        """Output tokens a request sent `elapsed` seconds ago has produced by this pace,
+        negative while it would still be prefilling; None before both averages exist (then
+        nothing is assumed)."""
+        if self.ttft is None or self.tpot is None:
+            return None
+        return (elapsed - self.ttft) / self.tpot
