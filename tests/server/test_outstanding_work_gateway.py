@@ -37,20 +37,22 @@ def scorer_of(gw: RunningGateway) -> OutstandingWorkScorer:
     return scorer
 
 
-async def test_a_streams_prefill_counts_until_its_first_chunk_not_its_headers(
+async def test_a_streams_prefill_stops_counting_at_its_headers(
     start_pod: PodFactory, start_gateway: GatewayFactory
 ) -> None:
     # Each engine step of this pod lasts half a second, its first (the prefill) included; like
-    # vLLM, it sends a stream's response headers before that step ends.
+    # vLLM, it sends a stream's response headers before that step ends. The prefill work goes
+    # with the headers (ResponseReceived), the output tokens with the stream.
     pod = await start_pod(time_scale=1.0, step_base=0.5)
     gw = await start_gateway(make_config([pod], WORK_EPP))
     scorer = scorer_of(gw)
     body = {"model": "sim-model", "prompt": PROMPT, "max_tokens": 2, "stream": True}
     async with aiohttp.ClientSession() as http:
-        async with http.post(f"{gw.url}/v1/completions", json=body) as r:
+        sent = asyncio.create_task(http.post(f"{gw.url}/v1/completions", json=body))
+        await eventually(lambda: pod.pod.running == 1)
+        async with await sent as r:
             assert r.status == 200
-            # Headers only: the pod has not prefilled yet, all the work is outstanding.
-            assert scorer.work(pod.name) == pytest.approx(PREFILL + 2)
+            assert scorer.work(pod.name) == pytest.approx(2)  # headers: prefill gone
             await r.content.readuntil(b"\n\n")  # the first token's event
             await eventually(lambda: scorer.work(pod.name) == pytest.approx(1))
             await r.read()

@@ -91,9 +91,9 @@ class _Work:
 class OutstandingWorkScorer(SharesState, BasePlugin[OutstandingWorkParams]):
     """Tracks, per pod, the work of every request this gateway has in flight there, in
     decode-token units: `prefillTokenWeight * prompt tokens` (those the pod does not already
-    hold, by `prefixPluginType`/`prefixPluginName`'s match when it ran) until the first
-    streamed chunk arrives (prefill done; not the response headers, which vLLM sends
-    before prefill), plus the output tokens still to come (the request's
+    hold, by `prefixPluginType`/`prefixPluginName`'s match when it ran) until the response
+    headers arrive (ResponseReceived; vLLM sends a stream's before prefill, see
+    response_received), plus the output tokens still to come (the request's
     max_tokens / max_completion_tokens / max_output_tokens, times n, else
     `defaultOutputTokens`), counted down by one per streamed SSE event. A non-streamed
     request shows no progress until its answer: once the pod's streams have shown its pace
@@ -187,9 +187,16 @@ class OutstandingWorkScorer(SharesState, BasePlugin[OutstandingWorkParams]):
         if self.shared is not None:
             self.shared.changed()
 
-    # No response_received: the reference calls it when the pod's response headers arrive,
-    # and vLLM sends a stream's headers as soon as it accepts the request, before prefill.
-    # Prefill is over when the first body bytes come: the first streamed chunk.
+    async def response_received(self, ctx: RequestContext) -> None:
+        # The pod's response headers. vLLM sends a stream's at once, before prefill, so this
+        # drops a stream's prefill at dispatch; holding it until the first chunk (truer) was
+        # measured worse with the default weights (bench/RESULTS.md, "prefill until the
+        # first chunk"): the scale 1 - work / max lets long prompts' prefill crowd out the
+        # decode signal.
+        work = self._work.get(attempt_key(ctx))
+        if work is not None and work.prefill:
+            work.prefill = 0.0
+            self.inflight.update(ctx.target.name, attempt_key(ctx), work.total)
 
     async def response_streaming(self, ctx: RequestContext, chunk: bytes) -> None:
         key = attempt_key(ctx)

@@ -44,9 +44,7 @@ async def test_progress_prefill_then_streamed_tokens_then_complete() -> None:
     c = ctx(completion(100, 10), pod)  # type: ignore[arg-type]
     await scorer.pre_request(c)
     assert scorer.work("p") == pytest.approx(20 + 10)
-    # Not a ResponseReceived plugin: the headers of a stream come before prefill is done.
-    assert not hasattr(scorer, "response_received")
-    await scorer.response_streaming(c, b": keep-alive\n\n")  # the first bytes: prefill done
+    await scorer.response_received(c)  # the headers: prefill stops counting
     assert scorer.work("p") == pytest.approx(10)
     await scorer.response_streaming(c, b'data: {"a":1}\n\ndata: {"a":2}\n\n')
     assert scorer.work("p") == pytest.approx(8)
