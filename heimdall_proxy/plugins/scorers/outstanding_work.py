@@ -199,21 +199,19 @@ class OutstandingWorkScorer(SharesState, BasePlugin[OutstandingWorkParams]):
             self.inflight.update(ctx.target.name, attempt_key(ctx), work.total)
 
     async def response_streaming(self, ctx: RequestContext, chunk: bytes) -> None:
+        # Prefill went with the headers (response_received, which the relay runs first).
         key = attempt_key(ctx)
         work = self._work.get(key)
-        if work is None:
-            return
-        before = work.total
-        work.prefill = 0.0
         events = chunk.count(b"data:")
-        if events:
-            now = self.clock()
-            if not work.first_at:
-                work.first_at = now
-            work.last_at = now
-            work.events += events
+        if work is None or not events:
+            return
+        now = self.clock()
+        if not work.first_at:
+            work.first_at = now
+        work.last_at = now
+        work.events += events
+        if work.decode_left > 0.0:
             work.decode_left = max(0.0, work.decode_left - events)
-        if work.total != before:
             self.inflight.update(ctx.target.name, key, work.total)
 
     async def response_complete(self, ctx: RequestContext) -> None:
