@@ -167,7 +167,7 @@ class InferenceRequest:
 
 #: For isinstance on the request path: a parsed body holds plain dicts, which match `dict`
 #: at once; `Mapping` alone goes through the ABC machinery (_abc_instancecheck) every time.
-_DICT_OR_MAPPING = (dict, Mapping)
+DICT_OR_MAPPING = (dict, Mapping)
 
 
 def content_text(content: Any, out: list[str], *, mark_media: bool = False) -> None:
@@ -180,7 +180,7 @@ def content_text(content: Any, out: list[str], *, mark_media: bool = False) -> N
         for part in content:
             if isinstance(part, str):
                 out.append(part)
-            elif isinstance(part, _DICT_OR_MAPPING):
+            elif isinstance(part, DICT_OR_MAPPING):
                 text = part.get("text")
                 if isinstance(text, str):
                     out.append(text)
@@ -195,7 +195,7 @@ def extract_prompt_text(api: ApiKind, data: Mapping[str, Any]) -> str:
         messages = data.get("messages")
         if isinstance(messages, list):
             for msg in messages:
-                if isinstance(msg, _DICT_OR_MAPPING):
+                if isinstance(msg, DICT_OR_MAPPING):
                     content_text(msg.get("content"), out)
     elif api == "completions":
         prompt = data.get("prompt")
@@ -212,7 +212,7 @@ def extract_prompt_text(api: ApiKind, data: Mapping[str, Any]) -> str:
             out.append(inp)
         elif isinstance(inp, list):
             for item in inp:
-                if isinstance(item, _DICT_OR_MAPPING):
+                if isinstance(item, DICT_OR_MAPPING):
                     content_text(item.get("content"), out)
                     if item.get("type") == "input_text":
                         content_text([item], out)

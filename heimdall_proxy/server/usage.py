@@ -9,18 +9,16 @@ SSE events (vLLM sends one token per event unless it batches)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 import orjson
 
-#: dict first: a parsed answer holds plain dicts, and `Mapping` alone is an ABC check.
-_DICT_OR_MAPPING = (dict, Mapping)
+from heimdall_proxy.framework.types import DICT_OR_MAPPING
 
 
 def usage_counts(usage: Any) -> tuple[int | None, int | None]:
     """(prompt tokens, output tokens) of a `usage` object, None where absent."""
-    if not isinstance(usage, _DICT_OR_MAPPING):
+    if not isinstance(usage, DICT_OR_MAPPING):
         return None, None
     prompt = usage.get("prompt_tokens", usage.get("input_tokens"))
     output = usage.get("completion_tokens", usage.get("output_tokens"))
@@ -82,11 +80,11 @@ def ask_for_usage(request: Any) -> bool:
     if request.api not in ("chat", "completions") or not request.stream:
         return False
     options = request.data.get("stream_options")
-    if isinstance(options, _DICT_OR_MAPPING) and options.get("include_usage"):
+    if isinstance(options, DICT_OR_MAPPING) and options.get("include_usage"):
         return False
     merged = (
         {**options, "include_usage": True}
-        if isinstance(options, _DICT_OR_MAPPING)
+        if isinstance(options, DICT_OR_MAPPING)
         else {"include_usage": True}
     )
     request.set_data({**request.data, "stream_options": merged})

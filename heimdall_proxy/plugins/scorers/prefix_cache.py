@@ -15,6 +15,7 @@ from heimdall_proxy.framework.handle import PluginHandle
 from heimdall_proxy.framework.prefix import PrefixCacheMatchInfo, prefix_match_key
 from heimdall_proxy.framework.registry import register
 from heimdall_proxy.framework.types import (
+    DICT_OR_MAPPING,
     CandidateNames,
     CycleState,
     DefaultScores,
@@ -75,7 +76,7 @@ def request_text(request: InferenceRequest) -> str:
         if isinstance(messages, list):
             parts: list[str] = []
             for msg in messages:
-                if isinstance(msg, (dict, Mapping)):  # dict first: no ABC check
+                if isinstance(msg, DICT_OR_MAPPING):
                     parts.append(f"\x1e{msg.get('role', '')}\x1f")
                     content_text(msg.get("content"), parts, mark_media=True)
             return "".join(parts)
