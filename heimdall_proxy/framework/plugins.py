@@ -202,6 +202,22 @@ class ChecksPeers(Protocol):
 
 
 @runtime_checkable
+class Inherits(Protocol):
+    """A plugin whose learned state (an index, an in-flight ledger, a trained model, stored
+    responses) is worth keeping across a config reload. The reload calls `inherit` on the new
+    instance with the instance of the same name and type that it replaces, after both are
+    built and before the new one starts. Return None when the state was taken over, or why
+    it was not (the plugin then starts empty, as on a restart).
+
+    The state is shared, not copied: the old instance keeps serving its requests in flight
+    on the same objects, so their completions land where the new instance reads. Hence
+    neither instance's `stop` may clear or close what it shares (a rejected reload stops
+    the new instance while the old one goes on)."""
+
+    def inherit(self, previous: Any) -> str | None: ...
+
+
+@runtime_checkable
 class Lifecycle(Protocol):
     """Plugins with background work (subscribers, refreshers)."""
 

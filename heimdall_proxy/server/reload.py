@@ -68,10 +68,11 @@ class ConfigReloader:
             return False
         self.applied += 1
         log.info(
-            "config reloaded from %s: %d endpoints, %d plugins",
+            "config reloaded from %s: %d endpoints, %d plugins (state kept: %s)",
             self.path,
             len(config.endpoints),
             len(self.gateway.plugins.plugins),
+            ", ".join(self.gateway.routing.inherited) or "none",
         )
         return True
 

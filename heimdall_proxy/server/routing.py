@@ -25,6 +25,7 @@ from heimdall_proxy.datalayer.refresher import PoolRefresher, RefreshOptions
 from heimdall_proxy.datalayer.vllm_metrics import needed_families
 from heimdall_proxy.framework.flowcontrol import InFlightLoad
 from heimdall_proxy.framework.handle import PluginHandle
+from heimdall_proxy.framework.inherit import inherit_state
 from heimdall_proxy.framework.loader import PluginSet, build_plugins
 from heimdall_proxy.framework.registry import Registry
 from heimdall_proxy.observability import GatewayMetrics
@@ -74,6 +75,12 @@ class Routing:
         extra = [PluginConfig(type="response-header-handler")] if options.response_header else []
         self.plugins: PluginSet = build_plugins(
             config.epp, registry, handle, metrics.plugin_timer, extra
+        )
+        #: Plugins that took over the learned state of the ones of the replaced config.
+        self.inherited: list[str] = (
+            inherit_state(previous.plugins.plugins, self.plugins.plugins)
+            if previous is not None
+            else []
         )
         self.outliers = OutlierDetector(
             config.outlier_detection, lambda pod: metrics.ejections.labels(pod).inc()

@@ -18,6 +18,7 @@ from pydantic import Field, field_validator
 
 from heimdall_proxy.framework.base import BasePlugin
 from heimdall_proxy.framework.handle import PluginHandle
+from heimdall_proxy.framework.inherit import changed
 from heimdall_proxy.framework.params import Duration, PluginParams
 from heimdall_proxy.framework.prefix import read_prefix_match
 from heimdall_proxy.framework.registry import register
@@ -173,6 +174,20 @@ class PredictedLatencyProducer(BasePlugin[PredictedLatencyProducerParams]):
         self._sampler = TokenSampler(params.sampling_mean)
         #: per pod, its attempts in start order (the oldest first)
         self._pending: dict[str, dict[str, _Attempt]] = {}
+
+    def inherit(self, previous: PredictedLatencyProducer) -> str | None:
+        """A reload keeps the in-flight ledger and the metrics, and the trained model unless
+        what it is trained on (`streamingMode`) or when it may answer (`minSamples`) changed."""
+        self.inflight = previous.inflight
+        self.inflight.timeout = self.params.request_timeout
+        self._attempts = previous._attempts
+        self._pending = previous._pending
+        self.metrics = previous.metrics
+        reason = changed(previous.params, self.params, "streaming_mode", "min_samples")
+        if reason is not None:
+            return f"the model starts untrained: {reason}"
+        self.predictor = previous.predictor
+        return None
 
     @property
     def streaming_mode(self) -> bool:

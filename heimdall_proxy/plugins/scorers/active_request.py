@@ -59,6 +59,14 @@ class ActiveRequestScorer(SharesState, BasePlugin[ActiveRequestParams]):
         self._busy = params.max_busy_score
         self.shared = shared_counters(self, params, self.inflight.counts)
 
+    def inherit(self, previous: ActiveRequestScorer) -> str | None:
+        """A reload keeps the ledger: the requests still running on the old plugins count
+        against their pods here too (else every pod looks idle at the swap)."""
+        self.inflight = previous.inflight
+        self.inflight.timeout = self.params.request_timeout
+        self.shared = shared_counters(self, self.params, self.inflight.counts)
+        return None
+
     def count(self, pod: str) -> int:
         """Requests in flight to `pod`, through this replica and (shared) the others."""
         self.inflight.expire()

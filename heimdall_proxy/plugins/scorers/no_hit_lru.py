@@ -59,6 +59,12 @@ class NoHitLRUScorer(SharesState, BasePlugin[NoHitLRUParams]):
         self._cold_key = f"{prefix_match_key(self.type, name)}#cold"
         self.journal = shared_journal(self, params, self._apply)
 
+    def inherit(self, previous: NoHitLRUScorer) -> str | None:
+        """A reload keeps the LRU: which pods took cold requests lately does not depend on
+        the parameters (a smaller `lruSize` trims it at the next cold request)."""
+        self._lru = previous._lru
+        return None
+
     def _touch(self, pod: str) -> None:
         self._lru[pod] = None
         self._lru.move_to_end(pod)

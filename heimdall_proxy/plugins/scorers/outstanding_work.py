@@ -129,6 +129,17 @@ class OutstandingWorkScorer(SharesState, BasePlugin[OutstandingWorkParams]):
         self._p = params
         self.shared = shared_counters(self, params, self.inflight.totals)
 
+    def inherit(self, previous: OutstandingWorkScorer) -> str | None:
+        """A reload keeps the work in flight and the pods' pace: the old requests still run
+        (their completions, through the old instance, settle the same ledger)."""
+        self.inflight = previous.inflight
+        self.inflight.timeout = self.params.request_timeout
+        self._work = previous._work
+        self._unstreamed = previous._unstreamed
+        self._pace = previous._pace
+        self.shared = shared_counters(self, self.params, self.inflight.totals)
+        return None
+
     def estimate(self, request: InferenceRequest, cached_share: float = 0.0) -> tuple[float, float]:
         """(prefill work, decode work) of a request, in decode-token units, on a pod that
         already holds `cached_share` of its prompt."""

@@ -12,6 +12,7 @@ from pydantic import Field, model_validator
 from heimdall_proxy.datalayer.vllm_metrics import CACHE_CONFIG
 from heimdall_proxy.framework.base import BasePlugin
 from heimdall_proxy.framework.handle import PluginHandle
+from heimdall_proxy.framework.inherit import changed
 from heimdall_proxy.framework.prefix import PrefixCacheMatchInfo, prefix_match_key
 from heimdall_proxy.framework.registry import register
 from heimdall_proxy.framework.types import (
@@ -134,6 +135,15 @@ class PrefixCacheScorer(SharesState, BasePlugin[PrefixCacheParams]):
         self.state_key = prefix_match_key(self.type, name)
         self._hashes_key = f"{self.state_key}#hashes"
         self.journal = shared_journal(self, params, self._apply)
+
+    def inherit(self, previous: PrefixCacheScorer) -> str | None:
+        """A reload keeps the index while the keys keep their meaning (same block size and
+        tuning); a new `lruCapacityPerServer` applies from the next request on."""
+        reason = changed(previous.params, self.params, "block_size_tokens", "auto_tune")
+        if reason is None:
+            self.index = previous.index
+            self.index.set_default_capacity(self.params.lru_capacity_per_server)
+        return reason
 
     def _apply(self, record: list[object]) -> None:
         """Another replica sent the blocks `keys` to `pod` (capacity as it saw it)."""

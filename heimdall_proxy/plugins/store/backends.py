@@ -60,6 +60,14 @@ class InMemoryBackend:
     def __len__(self) -> int:
         return len(self._entries)
 
+    def set_limits(self, other: InMemoryBackend) -> None:
+        """Take `other`'s limits (a reload's new parameters): the count and size limits from
+        the next put on, the ttl for entries stored from now on."""
+        self.ttl = other.ttl
+        self.max_entries = other.max_entries
+        self.max_entry_bytes = other.max_entry_bytes
+        self.max_total_bytes = other.max_total_bytes
+
     async def start(self) -> None:
         return None
 

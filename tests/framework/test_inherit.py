@@ -1,0 +1,169 @@
+"""What a reload keeps (framework.inherit): plugins built from the new config take over the
+learned state of the same-named plugins of the old one, share it with them while the old
+requests finish, and start empty (saying why) when the state's meaning changed."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import pytest
+
+from heimdall_proxy.builtins import load_builtin_plugins
+from heimdall_proxy.config import parse_config
+from heimdall_proxy.datalayer.pool import EndpointPool
+from heimdall_proxy.framework.handle import PluginHandle
+from heimdall_proxy.framework.inherit import inherit_state
+from heimdall_proxy.framework.loader import PluginSet, build_plugins
+from heimdall_proxy.framework.types import CycleState
+from heimdall_proxy.plugins.producers.predicted_latency import PredictedLatencyProducer
+from heimdall_proxy.plugins.scorers.active_request import ActiveRequestScorer
+from heimdall_proxy.plugins.scorers.no_hit_lru import NoHitLRUScorer
+from heimdall_proxy.plugins.scorers.outstanding_work import OutstandingWorkScorer
+from heimdall_proxy.plugins.scorers.prefix_cache import PrefixCacheScorer
+from heimdall_proxy.plugins.store.responses_store import ResponsesStore
+from tests.helpers import ep
+from tests.plugins.helpers import ctx, req
+
+PODS = [ep("pod-a"), ep("pod-b")]
+PROMPT = "You are a careful assistant who answers in full sentences. " * 8
+
+
+def doc(**overrides: dict[str, Any]) -> dict[str, Any]:
+    """Every plugin that keeps state, with `overrides` as parameters by type."""
+    types = [
+        "prefix-cache-scorer",
+        "no-hit-lru-scorer",
+        "active-request-scorer",
+        "outstanding-work-scorer",
+        "predicted-latency-producer",
+        "responses-store",
+        "max-score-picker",
+    ]
+    return {
+        "featureGates": ["prepareDataPlugins"],
+        "plugins": [{"type": t, "parameters": overrides.get(t, {})} for t in types],
+        "endpoints": [{"name": p.name, "url": p.url} for p in PODS],
+    }
+
+
+def build(d: dict[str, Any]) -> PluginSet:
+    cfg = parse_config(d, "test.yaml")
+    handle = PluginHandle(EndpointPool(cfg.endpoints), frozenset(cfg.epp.feature_gates))
+    return build_plugins(cfg.epp, load_builtin_plugins(), handle)
+
+
+def get(pset: PluginSet, cls: type[Any]) -> Any:
+    (found,) = [p for p in pset.plugins.values() if isinstance(p, cls)]
+    return found
+
+
+async def serve_one(pset: PluginSet, target: int = 0) -> Any:
+    """Schedule-side state of one request sent to PODS[target] (its pre_request hooks run);
+    the context, to complete it later."""
+    c = ctx(req(data={"messages": [{"role": "user", "content": PROMPT}]}), PODS[target])
+    c.state = CycleState()
+    get(pset, PrefixCacheScorer).score(c.state, c.request, PODS)
+    get(pset, NoHitLRUScorer).score(c.state, c.request, PODS)
+    for cls in (PrefixCacheScorer, NoHitLRUScorer, ActiveRequestScorer, OutstandingWorkScorer):
+        await get(pset, cls).pre_request(c)
+    return c
+
+
+async def test_a_reload_keeps_every_plugins_state_and_shares_it_with_the_old_requests() -> None:
+    old = build(doc())
+    running = await serve_one(old)
+    await get(old, ResponsesStore).backend.put("resp_1", b'{"owner": ""}')
+
+    new = build(doc())
+    kept = inherit_state(old.plugins, new.plugins)
+
+    assert sorted(kept) == sorted(
+        [
+            "prefix-cache-scorer",
+            "no-hit-lru-scorer",
+            "active-request-scorer",
+            "outstanding-work-scorer",
+            "predicted-latency-producer",
+            "responses-store",
+        ]
+    )
+    # the prompt still matches where it was sent, the LRU remembers the cold request ...
+    probe = ctx(req(data={"messages": [{"role": "user", "content": PROMPT}]}), PODS[1])
+    info = get(new, PrefixCacheScorer).match(probe.state, probe.request, PODS)
+    assert set(info.matched_blocks) == {"pod-a"}
+    assert get(new, NoHitLRUScorer).last_used() == ["pod-a"]
+    # ... the request still running counts against its pod ...
+    assert get(new, ActiveRequestScorer).count("pod-a") == 1
+    assert get(new, OutstandingWorkScorer).work("pod-a") > 0
+    # ... and the stored response can still be continued
+    assert await get(new, ResponsesStore).backend.get("resp_1") == b'{"owner": ""}'
+    assert (
+        get(new, PredictedLatencyProducer).predictor is get(old, PredictedLatencyProducer).predictor
+    )
+
+    # the old request ends on the old plugins: the new ones see it gone
+    for cls in (ActiveRequestScorer, OutstandingWorkScorer):
+        await get(old, cls).response_complete(running)
+    assert get(new, ActiveRequestScorer).count("pod-a") == 0
+    assert get(new, OutstandingWorkScorer).work("pod-a") == 0
+
+
+async def test_a_state_whose_meaning_changed_starts_empty_and_says_why(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    old = build(doc())
+    await serve_one(old)
+    new = build(
+        doc(
+            **{
+                "prefix-cache-scorer": {"blockSizeTokens": 32},
+                "predicted-latency-producer": {"streamingMode": True},
+            }
+        )
+    )
+    with caplog.at_level(logging.INFO, logger="heimdall_proxy.framework.inherit"):
+        kept = inherit_state(old.plugins, new.plugins)
+
+    assert "prefix-cache-scorer" not in kept and "predicted-latency-producer" not in kept
+    assert "blockSizeTokens changed" in caplog.text
+    assert "the model starts untrained: streamingMode changed" in caplog.text
+    probe = ctx(req(data={"messages": [{"role": "user", "content": PROMPT}]}), PODS[1])
+    assert not get(new, PrefixCacheScorer).match(probe.state, probe.request, PODS).matched_blocks
+    old_lat, new_lat = get(old, PredictedLatencyProducer), get(new, PredictedLatencyProducer)
+    assert new_lat.predictor is not old_lat.predictor
+    assert new_lat.inflight is old_lat.inflight  # the ledger is kept all the same
+    # a new lruCapacityPerServer is not a new meaning: the index is kept, with the new bound
+    newer = build(
+        doc(**{"prefix-cache-scorer": {"blockSizeTokens": 32, "lruCapacityPerServer": 7}})
+    )
+    assert "prefix-cache-scorer" in inherit_state(new.plugins, newer.plugins)
+
+
+def test_a_name_taken_by_another_type_inherits_nothing() -> None:
+    old = build(doc())
+    d = doc()
+    d["plugins"][2] = {"type": "queue-scorer", "name": "active-request-scorer"}
+    assert "active-request-scorer" not in inherit_state(old.plugins, build(d).plugins)
+
+
+async def test_the_store_keeps_its_entries_under_the_new_limits() -> None:
+    old = build(doc())
+    backend = get(old, ResponsesStore).backend
+    for i in range(3):
+        await backend.put(f"resp_{i}", b"x")
+    new = build(doc(**{"responses-store": {"storeConfig": {"inMemoryConfig": {"maxEntries": 2}}}}))
+    assert "responses-store" in inherit_state(old.plugins, new.plugins)
+    store = get(new, ResponsesStore)
+    await store.backend.put("resp_3", b"x")
+    assert len(store.backend) == 2  # the new bound, applied at the next put
+    assert await store.backend.get("resp_3") == b"x"
+
+
+def test_a_tiered_store_is_not_carried_over(caplog: pytest.LogCaptureFixture) -> None:
+    old = build(doc())
+    tiered = {"storeConfig": {"tieredConfig": {"redis": {"address": "redis://127.0.0.1:6379"}}}}
+    new = build(doc(**{"responses-store": tiered}))
+    with caplog.at_level(logging.INFO, logger="heimdall_proxy.framework.inherit"):
+        assert "responses-store" not in inherit_state(old.plugins, new.plugins)
+    assert "a tiered one reads its tiers" in caplog.text
