@@ -21,8 +21,6 @@ import warnings
 from collections.abc import Sequence
 
 import numpy as np
-from sklearn.exceptions import ConvergenceWarning
-from sklearn.linear_model import SGDRegressor
 
 #: Predictions never go below this (seconds): a linear model may extrapolate below zero.
 MIN_PREDICTION = 1e-4
@@ -56,6 +54,10 @@ class OnlineLatencyModel:
         factor_alpha: float = 0.1,
         eta0: float = 0.02,
     ) -> None:
+        # Imported here: scikit-learn (with scipy) takes most of a second to import, which
+        # every gateway start paid whether or not a latency plugin was configured.
+        from sklearn.linear_model import SGDRegressor
+
         self.regressor = SGDRegressor(
             loss="squared_error",
             penalty="l2",
@@ -133,6 +135,8 @@ class OnlineLatencyModel:
         y = np.asarray(self._pending_y, dtype=float)
         self._pending_x.clear()
         self._pending_y.clear()
+        from sklearn.exceptions import ConvergenceWarning
+
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", ConvergenceWarning)
             self.regressor.partial_fit(x, y)
