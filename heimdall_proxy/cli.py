@@ -472,6 +472,26 @@ def _load(path: str | None) -> GatewayConfig:
     return parse_config(yaml.safe_load(_demo_config_text()), "<embedded recommended.yaml>")
 
 
+def raise_open_files_limit() -> None:
+    """Raise this process's soft limit of open files to its hard limit. A gateway holds a
+    scrape connection, upstream connections and, with KV events, a subscription per pod, so
+    a thousand pods pass the usual soft limit of 1,024; Go's runtime raises it the same way
+    for GIE's and llm-d's EPP, so their users never met it."""
+    try:
+        import resource
+    except ImportError:  # pragma: no cover - not on Windows
+        return
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    # Linux refuses an infinite limit (it is capped by fs.nr_open): ask for 2**20 then.
+    target = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
+    if soft == resource.RLIM_INFINITY or soft >= target:
+        return
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    except (ValueError, OSError) as exc:
+        log.warning("could not raise the open files limit from %d to %d: %s", soft, target, exc)
+
+
 def _run(coro: Coroutine[Any, Any, None]) -> None:
     try:
         import uvloop
@@ -710,6 +730,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         setup_logging(args.verbosity, "text")
         return check_config(args.config)
     setup_logging(args.verbosity, args.log_format)
+    raise_open_files_limit()
     if args.command == "sim":
         _run(_sim(args))
         return 0

@@ -129,3 +129,25 @@ def test_the_demo_runs_the_recommended_config() -> None:
     from heimdall_proxy.cli import _demo_config_text
 
     assert (ROOT / "config" / "recommended.yaml").read_text() == _demo_config_text()
+
+
+def test_the_open_files_limit_is_raised_to_the_hard_limit() -> None:
+    # a real child process started with a low soft limit, as many hosts set it (1,024)
+    import resource
+    import subprocess
+
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    if hard != resource.RLIM_INFINITY and hard <= 256:
+        pytest.skip("the hard limit leaves nothing to raise")
+    code = (
+        "import resource; from heimdall_proxy.cli import raise_open_files_limit; "
+        "raise_open_files_limit(); print(*resource.getrlimit(resource.RLIMIT_NOFILE))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard)),
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    got_soft, got_hard = map(int, out.stdout.split())
+    assert got_hard == hard
+    assert got_soft == (hard if hard != resource.RLIM_INFINITY else 1 << 20)

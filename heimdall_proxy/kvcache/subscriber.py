@@ -70,6 +70,11 @@ DRAIN_MAX = 256
 STOP_TIMEOUT = 5.0
 
 
+#: Sockets one subscriber's ZMQ context may open: one SUB per pod, a replay DEALER while a
+#: gap is repaired, the bound socket.
+MAX_SOCKETS = 1 << 16
+
+
 @dataclass(slots=True)
 class SubscriberOptions:
     topic_filter: str = "kv@"
@@ -148,6 +153,9 @@ class KVEventsSubscriber:
         if self._ctx is not None:
             return
         self._ctx = zmq.asyncio.Context()
+        # libzmq's default (1,023 sockets per context) would fail the subscription of every
+        # pod past about the thousandth ("Too many open files"); the slots cost 8 bytes each.
+        self._ctx.set(zmq.MAX_SOCKETS, MAX_SOCKETS)
         n = max(1, self.options.concurrency)
         self._queues = [asyncio.Queue(self.options.queue_size) for _ in range(n)]
         self._tasks = [

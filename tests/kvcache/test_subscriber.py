@@ -300,3 +300,18 @@ async def test_stop_ends_a_worker_whose_apply_absorbed_the_cancellation(
         await asyncio.wait_for(sub.stop(), 3)  # well inside STOP_TIMEOUT: the worker ended
     finally:
         await pub.close()
+
+
+async def test_a_thousand_and_more_pods_are_all_followed(ctx: zmq.asyncio.Context) -> None:
+    # libzmq's default of 1,023 sockets per context used to fail every subscription past it
+    pub = Publisher(ctx, replay=False)
+    silent = [pod(f"p{i}", "tcp://127.0.0.1:9") for i in range(1100)]  # nothing listens
+    sink = Sink()
+    sub = await follow(Pool([*silent, pod("last", pub.endpoint)]), sink, replay_port_offset=0)
+    try:
+        await until_live(pub, sub.received, "last", within=20.0)
+        await pub.publish(ev(7))
+        await eventually(lambda: sink.tokens() == [7])
+    finally:
+        await sub.stop()
+        await pub.close()
