@@ -20,10 +20,8 @@ from heimdall_proxy.framework.types import CycleState
 from heimdall_proxy.kvcache.events import decode_batch
 from heimdall_proxy.kvcache.index import CostAwareMemoryIndex, InMemoryIndex, parse_bytes
 from heimdall_proxy.kvcache.index.redis import RedisIndex
-from heimdall_proxy.plugins.scorers.precise_prefix_cache import (
-    PrecisePrefixCacheParams,
-    PrecisePrefixCacheScorer,
-)
+from heimdall_proxy.plugins.scorers.precise_prefix_cache import PrecisePrefixCacheScorer
+from heimdall_proxy.plugins.scorers.precise_prefix_params import PrecisePrefixCacheParams
 from heimdall_proxy.tokenization import InProcessTokenizer
 from heimdall_proxy.tokenization.local import LocalTokenizer
 from heimdall_proxy.tokenization.uds import UDSTokenizerClient
