@@ -620,7 +620,7 @@ def conductor(args: argparse.Namespace) -> int:
 
 def tokenizer_server(args: argparse.Namespace) -> int:
     from heimdall_proxy.tokenization.resolve import TokenizerNotFoundError
-    from heimdall_proxy.tokenization.uds import run_server
+    from heimdall_proxy.tokenization.uds_server import run_server
 
     try:
         if not (args.model or args.sim_model or args.mistral_model or args.load_on_demand):
@@ -629,7 +629,7 @@ def tokenizer_server(args: argparse.Namespace) -> int:
             )
         from heimdall_proxy.sim.tokens import SimRequestTokenizer
         from heimdall_proxy.tokenization.mistral import load_mistral_models
-        from heimdall_proxy.tokenization.uds import ServedTokenizer
+        from heimdall_proxy.tokenization.uds_server import ServedTokenizer
 
         # the composition root hands the simulator's tokenization in: tokenization/ never
         # imports the simulator

@@ -23,7 +23,8 @@ from heimdall_proxy.framework.handle import PluginHandle
 from heimdall_proxy.framework.loader import build_plugins
 from heimdall_proxy.plugins.scorers.precise_prefix_cache import PrecisePrefixCacheScorer
 from heimdall_proxy.tokenization.mistral import MistralRequestTokenizer, mistral_file
-from heimdall_proxy.tokenization.uds import TokenizerServiceError, UDSTokenizerClient
+from heimdall_proxy.tokenization.uds import UDSTokenizerClient
+from heimdall_proxy.tokenization.uds_wire import TokenizerServiceError
 from tests.helpers import hub_cache
 
 DATA = Path(mistral_common.__file__).parent / "data"

@@ -20,15 +20,9 @@ import pytest
 from heimdall_proxy.tokenization.local import LocalTokenizer
 from heimdall_proxy.tokenization.tokenizerpb import tokenizer_pb2 as pb
 from heimdall_proxy.tokenization.tokenizerpb import tokenizer_pb2_grpc as pb_grpc
-from heimdall_proxy.tokenization.uds import (
-    TokenizerServer,
-    TokenizerServiceError,
-    UDSTokenizerClient,
-    from_value,
-    load_model,
-    to_value,
-    uds_model_name,
-)
+from heimdall_proxy.tokenization.uds import UDSTokenizerClient, uds_model_name
+from heimdall_proxy.tokenization.uds_server import TokenizerServer, load_model
+from heimdall_proxy.tokenization.uds_wire import TokenizerServiceError, from_value, to_value
 
 CHAT = {"messages": [{"role": "user", "content": "hello world"}]}
 

@@ -22,7 +22,7 @@ from heimdall_proxy.framework.types import CycleState
 from heimdall_proxy.plugins.prepare.tokenizer import TokenizerParams, TokenizerPlugin
 from heimdall_proxy.plugins.scorers.prefix_cache import PrefixCacheScorer
 from heimdall_proxy.tokenization.local import LocalTokenizer
-from heimdall_proxy.tokenization.uds import TokenizerServer
+from heimdall_proxy.tokenization.uds_server import TokenizerServer
 from tests.conftest import GatewayFactory, PodFactory, make_config
 from tests.plugins.helpers import req
 from tests.tokenization.model import make_model_dir
