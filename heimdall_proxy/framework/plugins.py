@@ -205,14 +205,16 @@ class ChecksPeers(Protocol):
 class Inherits(Protocol):
     """A plugin whose learned state (an index, an in-flight ledger, a trained model, stored
     responses) is worth keeping across a config reload. The reload calls `inherit` on the new
-    instance with the instance of the same name and type that it replaces, after both are
-    built and before the new one starts. Return None when the state was taken over, or why
-    it was not (the plugin then starts empty, as on a restart).
+    instance with the instance of the same name and type that it replaces, once the new one
+    has started and right before it takes new requests (nothing can fail the reload after
+    that). Return None when the state was taken over, or why it was not (the plugin then
+    keeps its own empty state, as on a restart).
 
     The state is shared, not copied: the old instance keeps serving its requests in flight
     on the same objects, so their completions land where the new instance reads. Hence
-    neither instance's `stop` may clear or close what it shares (a rejected reload stops
-    the new instance while the old one goes on)."""
+    neither instance's `stop` may clear or close what it shares, and whatever was built at
+    construction around the state (a publisher of its totals, a journal's apply) must reach
+    it through the attribute, so that it follows the swap."""
 
     def inherit(self, previous: Any) -> str | None: ...
 

@@ -167,6 +167,7 @@ class Gateway:
                 self.load, previous=old,
             )  # fmt: skip
             await new.start(self._session, self._data_session, self._timeouts)
+            new.inherit(old)
             old.unpublish()
             self.routing = new
             new.publish()

@@ -77,11 +77,7 @@ class Routing:
             config.epp, registry, handle, metrics.plugin_timer, extra
         )
         #: Plugins that took over the learned state of the ones of the replaced config.
-        self.inherited: list[str] = (
-            inherit_state(previous.plugins.plugins, self.plugins.plugins)
-            if previous is not None
-            else []
-        )
+        self.inherited: list[str] = []
         self.outliers = OutlierDetector(
             config.outlier_detection, lambda pod: metrics.ejections.labels(pod).inc()
         )
@@ -102,6 +98,12 @@ class Routing:
         #: Set once a reload replaced it; only then is its idleness signalled.
         self.retired = False
         self._idle = asyncio.Event()
+
+    def inherit(self, previous: Routing) -> None:
+        """Take over what the replaced routing's plugins learned (framework.inherit). Called
+        once this routing has started, right before it takes new requests: from then on
+        nothing can fail the reload, so the hand-over is never undone."""
+        self.inherited = inherit_state(previous.plugins.plugins, self.plugins.plugins)
 
     def leave(self) -> None:
         """A request that took this routing (and counted itself in `in_flight`) is over."""

@@ -102,6 +102,11 @@ async def test_a_reload_keeps_every_plugins_state_and_shares_it_with_the_old_req
         get(new, PredictedLatencyProducer).predictor is get(old, PredictedLatencyProducer).predictor
     )
 
+    # to other replicas the ledger is published once, by the new plugins only
+    for cls in (ActiveRequestScorer, OutstandingWorkScorer):
+        assert get(old, cls)._published() == {}
+        assert set(get(new, cls)._published()) == {"pod-a"}
+
     # the old request ends on the old plugins: the new ones see it gone
     for cls in (ActiveRequestScorer, OutstandingWorkScorer):
         await get(old, cls).response_complete(running)

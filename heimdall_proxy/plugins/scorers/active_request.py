@@ -57,15 +57,22 @@ class ActiveRequestScorer(SharesState, BasePlugin[ActiveRequestParams]):
         self.inflight = InFlight(params.request_timeout)
         self._idle = params.idle_threshold
         self._busy = params.max_busy_score
-        self.shared = shared_counters(self, params, self.inflight.counts)
+        #: Set when a reload handed the ledger to this plugin's successor (which publishes it).
+        self.handed_over = False
+        self.shared = shared_counters(self, params, self._published)
 
     def inherit(self, previous: ActiveRequestScorer) -> str | None:
         """A reload keeps the ledger: the requests still running on the old plugins count
         against their pods here too (else every pod looks idle at the swap)."""
         self.inflight = previous.inflight
         self.inflight.timeout = self.params.request_timeout
-        self.shared = shared_counters(self, self.params, self.inflight.counts)
+        previous.handed_over = True
         return None
+
+    def _published(self) -> Mapping[str, float]:
+        """What this replica publishes to the others: the ledger, unless a reload handed it
+        over (both instances publishing it, under their own ids, would count it twice)."""
+        return {} if self.handed_over else self.inflight.counts()
 
     def count(self, pod: str) -> int:
         """Requests in flight to `pod`, through this replica and (shared) the others."""

@@ -127,7 +127,9 @@ class OutstandingWorkScorer(SharesState, BasePlugin[OutstandingWorkParams]):
         #: The clock of sends, chunks and count-downs (a test sets its own).
         self.clock = time.monotonic
         self._p = params
-        self.shared = shared_counters(self, params, self.inflight.totals)
+        #: Set when a reload handed the ledger to this plugin's successor (which publishes it).
+        self.handed_over = False
+        self.shared = shared_counters(self, params, self._published)
 
     def inherit(self, previous: OutstandingWorkScorer) -> str | None:
         """A reload keeps the work in flight and the pods' pace: the old requests still run
@@ -137,8 +139,12 @@ class OutstandingWorkScorer(SharesState, BasePlugin[OutstandingWorkParams]):
         self._work = previous._work
         self._unstreamed = previous._unstreamed
         self._pace = previous._pace
-        self.shared = shared_counters(self, self.params, self.inflight.totals)
+        previous.handed_over = True
         return None
+
+    def _published(self) -> Mapping[str, float]:
+        """The ledger's totals, or nothing once handed over (as active-request-scorer's)."""
+        return {} if self.handed_over else self.inflight.totals()
 
     def estimate(self, request: InferenceRequest, cached_share: float = 0.0) -> tuple[float, float]:
         """(prefill work, decode work) of a request, in decode-token units, on a pod that
