@@ -29,17 +29,20 @@ PODS = [ep("pod-a"), ep("pod-b")]
 PROMPT = "You are a careful assistant who answers in full sentences. " * 8
 
 
+#: Every plugin type that keeps state worth a reload (each declared once, named after it).
+STATEFUL = [
+    "prefix-cache-scorer",
+    "no-hit-lru-scorer",
+    "active-request-scorer",
+    "outstanding-work-scorer",
+    "predicted-latency-producer",
+    "responses-store",
+]
+
+
 def doc(**overrides: dict[str, Any]) -> dict[str, Any]:
-    """Every plugin that keeps state, with `overrides` as parameters by type."""
-    types = [
-        "prefix-cache-scorer",
-        "no-hit-lru-scorer",
-        "active-request-scorer",
-        "outstanding-work-scorer",
-        "predicted-latency-producer",
-        "responses-store",
-        "max-score-picker",
-    ]
+    """Every plugin that keeps state, and a picker, with `overrides` as parameters by type."""
+    types = [*STATEFUL, "max-score-picker"]
     return {
         "featureGates": ["prepareDataPlugins"],
         "plugins": [{"type": t, "parameters": overrides.get(t, {})} for t in types],
@@ -78,16 +81,7 @@ async def test_a_reload_keeps_every_plugins_state_and_shares_it_with_the_old_req
     new = build(doc())
     kept = inherit_state(old.plugins, new.plugins)
 
-    assert sorted(kept) == sorted(
-        [
-            "prefix-cache-scorer",
-            "no-hit-lru-scorer",
-            "active-request-scorer",
-            "outstanding-work-scorer",
-            "predicted-latency-producer",
-            "responses-store",
-        ]
-    )
+    assert sorted(kept) == sorted(STATEFUL)
     # the prompt still matches where it was sent, the LRU remembers the cold request ...
     probe = ctx(req(data={"messages": [{"role": "user", "content": PROMPT}]}), PODS[1])
     info = get(new, PrefixCacheScorer).match(probe.state, probe.request, PODS)
