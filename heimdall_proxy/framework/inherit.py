@@ -20,13 +20,18 @@ log = logging.getLogger(__name__)
 
 def inherit_state(previous: Mapping[str, object], plugins: Mapping[str, object]) -> list[str]:
     """Hand every plugin in `plugins` its predecessor's state; the names of those that took
-    it over. A plugin that declines is logged with its reason."""
+    it over. A plugin that declines is logged with its reason, one that raises with the
+    error: the reload goes on (it is past the point where it could be refused)."""
     kept: list[str] = []
     for name, plugin in plugins.items():
         old = previous.get(name)
         if old is None or type(old) is not type(plugin) or not isinstance(plugin, Inherits):
             continue
-        reason = plugin.inherit(old)
+        try:
+            reason = plugin.inherit(old)
+        except Exception:
+            log.exception("plugin %r could not take over its predecessor's state", name)
+            continue
         if reason is None:
             kept.append(name)
         else:

@@ -166,3 +166,18 @@ def test_a_tiered_store_is_not_carried_over(caplog: pytest.LogCaptureFixture) ->
     with caplog.at_level(logging.INFO, logger="heimdall_proxy.framework.inherit"):
         assert "responses-store" not in inherit_state(old.plugins, new.plugins)
     assert "a tiered one reads its tiers" in caplog.text
+
+
+def test_a_plugin_whose_inherit_raises_is_logged_and_the_others_go_on(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a deliberately broken plugin: its inherit is replaced by one that raises
+    old, new = build(doc()), build(doc())
+
+    def broken(previous: Any) -> str | None:
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(get(new, NoHitLRUScorer), "inherit", broken)
+    kept = inherit_state(old.plugins, new.plugins)
+    assert "no-hit-lru-scorer" not in kept and "prefix-cache-scorer" in kept
+    assert "could not take over its predecessor's state" in caplog.text
