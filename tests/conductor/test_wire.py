@@ -4,6 +4,7 @@ find their keys by identity), in a cache that stays bounded."""
 
 from __future__ import annotations
 
+import dataclasses
 import pickle
 
 from heimdall_proxy.conductor import wire
@@ -51,3 +52,18 @@ def test_the_caches_stay_bounded() -> None:
         interned.stream(("m", 16, f"salt-{i}", "", "t", "pod", "gpu", 0))
     assert len(interned._namespaces) <= limit
     assert len(interned._streams) <= limit
+
+
+def test_every_field_crosses() -> None:
+    # a field added to one of the dataclasses must be added to its tuple too
+    for obj, sent in (
+        (NS, namespace_fields(NS)),
+        (REG, registration_fields(REG)),
+        (STREAM, stream_fields(STREAM)),
+    ):
+        names = [f.name for f in dataclasses.fields(obj)]
+        flat = [
+            *(getattr(NS, f.name) for f in dataclasses.fields(NS)),
+            *(getattr(obj, n) for n in names if n != "namespace"),
+        ] if obj is STREAM else [getattr(obj, n) for n in names]  # fmt: skip
+        assert list(sent) == flat
