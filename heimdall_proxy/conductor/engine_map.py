@@ -78,25 +78,41 @@ class EngineMaps:
     def stored(self, publisher: str, ev: Stored) -> tuple[Stream, Sequence[int]] | None:
         """The stream and standard keys of a token-id `stored` event (`ev.token_ids` is not
         None), the map updated; None when it cannot be placed (an orphan: its parent is
-        unknown; or an engine block size that is no multiple of the stream's), counted."""
-        stream = self.chained_stream(publisher, ev)
-        ns = stream.namespace
+        unknown; or an engine block size that is no multiple of the stream's), counted.
+
+        Every vLLM block goes through here, on the loop or in an ingest worker: the usual
+        case (the parent in the event's own namespace, or none) costs two probes of the map
+        and one update, without the search of `chained_stream`."""
+        maps = self.maps.get(publisher)
+        if maps is None:
+            maps = self.maps[publisher] = {}
+        stream = ev.stream
+        parent_hash = ev.parent_hash
         hashes = ev.seq_hashes
-        emap = self.maps.setdefault(publisher, {}).setdefault(ns, {})
-        known = [emap.get(h) for h in hashes] if hashes and hashes[0] in emap else None
-        if known is not None and None not in known:
-            return stream, flatten_keys(known)  # type: ignore[arg-type]  # stored elsewhere
-        if not ev.has_tokens:  # an offloading event: move what is known
+        emap = maps.get(stream.namespace)
+        parent = None if emap is None or parent_hash is None else emap.get(parent_hash)
+        if parent is None and (parent_hash is not None or (hashes and not ev.token_ids)):
+            stream = self.chained_stream(publisher, ev)  # may be another salt's namespace
+            emap = maps.get(stream.namespace)
+            if emap is not None and parent_hash is not None:
+                parent = emap.get(parent_hash)
+        if emap is None:
+            emap = maps[stream.namespace] = {}
+        if hashes and hashes[0] in emap:
+            known = list(map(emap.get, hashes))
+            if None not in known:
+                return stream, flatten_keys(known)  # type: ignore[arg-type]  # stored elsewhere
+        if not ev.token_ids:  # an offloading event: move what is known
             return stream, flatten_keys(v for v in map(emap.get, hashes) if v is not None)
         parent_key: int | None = None
-        if ev.parent_hash is not None:
-            parent = emap.get(ev.parent_hash)
+        if parent_hash is not None:
             if parent is None:
                 self.stats.orphan_events += 1
                 return None
-            parent_key = parent_of(parent)
+            parent_key = parent if type(parent) is int else parent_of(parent)
+        ns = stream.namespace
         computed = event_keys(
-            ev.token_ids or (),
+            ev.token_ids,
             ev.engine_block_size or ns.block_size,
             len(hashes),
             ns.block_size,
@@ -107,8 +123,11 @@ class EngineMaps:
             self.stats.block_size_mismatch += 1
             return None
         keys, per = computed
-        emap.update(engine_entries(hashes, keys, per))
-        evict_oldest(emap, self.max_keys)
+        # fewer keys than hashes when the tokens stop short: only blocks with keys are mapped
+        pairs = zip(hashes, keys, strict=False) if per == 1 else engine_entries(hashes, keys, per)
+        emap.update(pairs)
+        if len(emap) > self.max_keys:
+            evict_oldest(emap, self.max_keys)
         return stream, keys
 
     def removed(self, publisher: str, ev: Removed) -> Targets:

@@ -106,7 +106,8 @@ class ConductorIndex:
                 m = get(key, 0)
                 if not m & bit:
                     d[key] = m | bit
-        self.stats.evicted_keys += evict_oldest(d, self.max_keys)
+        if len(d) > self.max_keys:
+            self.stats.evicted_keys += evict_oldest(d, self.max_keys)
 
     @staticmethod
     def _unset(d: dict[int, int], bit: int, keys: Iterable[int]) -> int:
@@ -134,8 +135,9 @@ class ConductorIndex:
     def add(self, stream: Stream, keys: Sequence[int]) -> int:
         """Index standard `keys` as held by the stream's source in its medium (a stored
         event resolved already, here or by an ingest worker); returns how many."""
-        space = self._space(stream.namespace)
-        bit = space.bit((stream.backend_id, stream.dp_rank))
+        space = self.spaces.get(stream.namespace) or self._space(stream.namespace)
+        source = (stream.backend_id, stream.dp_rank)
+        bit = space.bits.get(source) or space.bit(source)
         d = space.media.get(stream.medium)
         if d is None:
             d = space.media[stream.medium] = {}

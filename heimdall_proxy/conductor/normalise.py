@@ -59,13 +59,14 @@ def from_vllm(
     for ev in batch.events:
         if type(ev) is BlockStored:
             out.append(
-                Stored(
+                Stored(  # positional (every vLLM event): base_block_idx, parent_hash, ...
                     _stored_stream(reg, ev, streams),
                     event_id,
                     ev.block_hashes,
-                    parent_hash=ev.parent_block_hash,
-                    token_ids=ev.token_ids,
-                    engine_block_size=ev.block_size or reg.block_size,
+                    None,
+                    ev.parent_block_hash,
+                    ev.token_ids,
+                    ev.block_size or reg.block_size,
                 )
             )
         elif type(ev) is BlockRemoved:

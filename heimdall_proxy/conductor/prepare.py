@@ -42,6 +42,13 @@ from typing import Any
 from heimdall_proxy.conductor.engine_map import EngineMaps
 from heimdall_proxy.conductor.model import Cleared, Registration, Removed, Stored
 from heimdall_proxy.conductor.normalise import StreamCache, from_vllm
+from heimdall_proxy.conductor.wire import (
+    Interned,
+    RegistrationFields,
+    namespace_fields,
+    registration_fields,
+    stream_fields,
+)
 from heimdall_proxy.kvcache.events import EventBatch, decode_payloads
 from heimdall_proxy.kvcache.index.stats import KVCacheStats
 from heimdall_proxy.kvcache.prepare import BROKEN_BACKOFF, _worker_init
@@ -65,8 +72,9 @@ class PreparedBatch(EventBatch):
     `ops` is None for a batch decoded on the event loop (its `events` are applied there, on
     the loop's engine-hash maps); else a worker resolved it, in order:
     `(STORED, stream, keys)` (keys: u64 bytes, None when the event was not placed),
-    `(REMOVED, stream, [(namespace, keys)])`, `(CLEARED, event)`; with what the worker
-    counted: orphans, block size mismatches, unknown removals, malformed events."""
+    `(REMOVED, stream, [(namespace, keys)])`, `(CLEARED, event)`, streams and namespaces
+    as conductor.wire's tuples; with what the worker counted: orphans, block size
+    mismatches, unknown removals, malformed events."""
 
     generation: int = 0
     payload: bytes = b""
@@ -83,6 +91,7 @@ class PreparedBatch(EventBatch):
 _maps: EngineMaps | None = None
 _generations: dict[str, int] = {}
 _streams: dict[str, StreamCache] = {}
+_interned = Interned()
 
 
 def _worker_maps(seed: int, max_keys: int) -> EngineMaps:
@@ -115,27 +124,32 @@ def _resolve(maps: EngineMaps, pod: str, reg: Registration, batch: EventBatch) -
         stats.orphan_events, stats.block_size_mismatch, stats.unknown_removals
     )  # fmt: skip
     ops: list[tuple[Any, ...]] = []
+    append = ops.append
+    stored = maps.stored
     bad = 0
-    for ev in from_vllm(reg, batch, streams=_streams.setdefault(pod, {})):
+    streams = _streams.get(pod)
+    if streams is None:
+        streams = _streams[pod] = {}
+    for ev in from_vllm(reg, batch, streams=streams):
         try:
             if type(ev) is Stored:
-                resolved = maps.stored(pod, ev)
+                resolved = stored(pod, ev)
                 if resolved is None:
-                    ops.append((STORED, ev.stream, None))
+                    append((STORED, stream_fields(ev.stream), None))
                 else:
-                    ops.append((STORED, resolved[0], _u64s(resolved[1])))
+                    keys = array("Q", resolved[1]).tobytes()
+                    append((STORED, stream_fields(resolved[0]), keys))
             elif type(ev) is Removed:
-                targets = maps.removed(pod, ev)
-                ops.append((REMOVED, ev.stream, [(ns, _u64s(k)) for ns, k in targets]))
+                targets = [(namespace_fields(ns), _u64s(k)) for ns, k in maps.removed(pod, ev)]
+                ops.append((REMOVED, stream_fields(ev.stream), targets))
             elif type(ev) is Cleared:
                 if ev.all_namespaces and ev.all_media:
                     maps.drop(pod)  # as ConductorIndex.cleared drops it inline
                 ops.append((CLEARED, ev))
         except (ValueError, OverflowError, TypeError):
             bad += 1  # one malformed event; the others apply
-            ops.append(
-                (STORED, ev.stream, None) if type(ev) is Stored else (REMOVED, ev.stream, [])
-            )
+            fields = stream_fields(ev.stream)
+            ops.append((STORED, fields, None) if type(ev) is Stored else (REMOVED, fields, []))
     return (
         batch.ts, batch.dp_rank, batch.unknown, batch.invalid, ops,
         stats.orphan_events - orphans, stats.block_size_mismatch - mismatches,
@@ -144,21 +158,27 @@ def _resolve(maps: EngineMaps, pod: str, reg: Registration, batch: EventBatch) -
 
 
 def prepare_in_worker(
-    jobs: Sequence[tuple[str, int, bytes]],
-    regs: dict[str, Registration | None],
+    pods: Sequence[str],
+    generations: Sequence[int],
+    payloads: Sequence[bytes],
+    regs: dict[str, RegistrationFields | None],
     seed: int,
     max_keys: int,
 ) -> list[Any]:
-    """The worker processes' entry point: (publisher, generation, payload) -> the resolved
-    batches (or an undecodable payload's error message), in order; `regs`: the publishers'
-    registrations (None: no longer registered, the batch is decoded only)."""
+    """The worker processes' entry point: the payloads of `pods` under `generations` -> the
+    resolved batches (or an undecodable payload's error message), in order; `regs`: the
+    publishers' registrations as conductor.wire's tuples (None: no longer registered, the
+    batch is decoded only). Three lists rather than a tuple per job: less to pickle."""
     maps = _worker_maps(seed, max_keys)
+    registrations = {
+        pod: None if fields is None else _interned.registration(fields)
+        for pod, fields in regs.items()
+    }
     out: list[Any] = []
-    for (pod, generation, _), batch in zip(
-        jobs, decode_payloads(p for _, _, p in jobs), strict=True
-    ):
-        _start_over(maps, pod, generation)
-        reg = regs.get(pod)
+    for pod, generation, batch in zip(pods, generations, decode_payloads(payloads), strict=True):
+        if _generations.get(pod) != generation:
+            _start_over(maps, pod, generation)
+        reg = registrations.get(pod)
         if isinstance(batch, str):
             out.append(batch)
         elif reg is None:
@@ -288,9 +308,15 @@ class ConductorPreparer:
             return self._inline(pods, payloads)
         generations = [self.generation_of(pod) for pod in pods]
         groups: dict[int, list[int]] = {}
-        for i, pod in enumerate(pods):
-            groups.setdefault(self._pool_of(pod), []).append(i)
-        regs = {pod: self.registration_of(pod) for pod in set(pods)}
+        if len(pools) == 1:
+            groups[0] = list(range(len(pods)))
+        else:
+            for i, pod in enumerate(pods):
+                groups.setdefault(self._pool_of(pod), []).append(i)
+        regs: dict[str, RegistrationFields | None] = {}
+        for pod in set(pods):
+            reg = self.registration_of(pod)
+            regs[pod] = None if reg is None else registration_fields(reg)
         loop = asyncio.get_running_loop()
         try:
             results = await asyncio.gather(
@@ -298,7 +324,9 @@ class ConductorPreparer:
                     loop.run_in_executor(
                         pools[p],
                         prepare_in_worker,
-                        [(pods[i], generations[i], payloads[i]) for i in idx],
+                        [pods[i] for i in idx],
+                        [generations[i] for i in idx],
+                        [payloads[i] for i in idx],
                         {pods[i]: regs[pods[i]] for i in idx},
                         self.seed,
                         self.max_keys,

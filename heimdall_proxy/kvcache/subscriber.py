@@ -406,10 +406,10 @@ class KVEventsSubscriber:
     async def _enqueue(self, pod: str, payload: bytes | None) -> None:
         if self._queues:
             queue = self._queue_of(pod)
-            if queue.full():
+            try:
+                queue.put_nowait((pod, payload))  # checks for room itself: once per batch
+            except asyncio.QueueFull:
                 await queue.put((pod, payload))  # back-pressure: wait for the workers
-            else:
-                queue.put_nowait((pod, payload))
 
     def _enqueue_nowait(self, pod: str, payload: bytes | None) -> None:
         if self._queues:

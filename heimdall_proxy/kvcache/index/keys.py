@@ -12,7 +12,7 @@ from collections.abc import Iterable, Sequence
 from itertools import islice
 from typing import Any
 
-from heimdall_proxy.kvcache.hashing import chain_keys, local_hashes
+from heimdall_proxy.kvcache.hashing import block_keys, chain_keys
 from heimdall_proxy.kvcache.index.base import StoredBlocks
 from heimdall_proxy.kvcache.index.stats import KVCacheStats
 
@@ -35,13 +35,10 @@ def event_keys(
     per = engine_block_size // block_size
     if local is None:
         n = min(n_hashes, len(token_ids) // engine_block_size)
-        if len(token_ids) != n * engine_block_size:
-            token_ids = token_ids[: n * engine_block_size]
-        local = local_hashes(token_ids, block_size, seed)
-    else:
-        n = min(n_hashes, len(local) // per)
-        if len(local) != n * per:
-            local = local[: n * per]
+        return block_keys(token_ids, block_size, seed, parent_key, n * per), per
+    n = min(n_hashes, len(local) // per)
+    if len(local) != n * per:
+        local = local[: n * per]
     return chain_keys(local, seed, parent_key), per
 
 
