@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import gc
 import logging
 import signal
 from collections.abc import Awaitable, Callable
@@ -21,6 +20,7 @@ from heimdall_proxy.framework.errors import RequestError
 from heimdall_proxy.framework.registry import Registry
 from heimdall_proxy.framework.types import ApiKind
 from heimdall_proxy.server.auth import Auth
+from heimdall_proxy.server.collector import settle
 from heimdall_proxy.server.connections import protocol_factory
 from heimdall_proxy.server.debug import DEBUG_PREFIX, DEBUG_ROUTES, debug_handler
 from heimdall_proxy.server.errors import error_response, render
@@ -210,10 +210,9 @@ async def serve(app: web.Application, options: ServerOptions, banner: str | None
         log.info("heimdall-proxy listening on http://%s:%d", options.host, options.port)
         if banner:
             print(banner, flush=True)
-        # Everything alive now (modules, config, plugins) lives as long as the process: keep
-        # it out of the collector's generations, so collections only walk request garbage.
-        gc.collect()
-        gc.freeze()
+        # Everything alive now lives as long as the process; requests' garbage is mostly
+        # freed by reference counting (server/collector.py).
+        settle()
         stop = asyncio.Event()
         for sig in (signal.SIGINT, signal.SIGTERM):
             with contextlib.suppress(NotImplementedError):
