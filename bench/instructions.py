@@ -5,11 +5,13 @@ cores, other benches running), which hides any change of a few microseconds. Thi
 counts instead. Each server under test (the bare aiohttp forwarder, the gateway, and with
 `--baseline DIR` the gateway from another copy of the code) runs under
 `valgrind --tool=callgrind` in front of the same `bench/fast_upstream.py` (run natively). After
-a warm-up, the bench reads the server's instruction counter (`callgrind_control -e Ir`), sends
-`--requests` sequential requests on one keep-alive connection (the body of
-bench/overhead.py), reads it again, then reads it across an idle window as long as the load
-took; instructions per request = (load - idle) / requests. Instruction counts do not depend on
-the machine's load: repeats agree within a fraction of a percent.
+a warm-up the bench reads the server's instruction counter (`callgrind_control -e Ir`) over a
+short idle window (its rate per second), then over `--repeat` windows of `--requests`
+requests (the body of bench/overhead.py) sent on `--connections` keep-alive connections;
+instructions per request = (window - idle rate x its length) / requests. Instruction counts
+do not depend on the machine's load: repeats agree within about 1%. With more than one
+connection requests overlap as under wrk, so what only concurrency costs (the collector
+walking the requests in flight) is counted too.
 
 `--calls` counts calls the same way, with the servers run under bench/callcount.py (cProfile
 switched on and off by signals): Python functions and the builtins they call, per request,
@@ -20,7 +22,7 @@ health scrapes, every 0.1-5 s by default) is set to once a minute: it is a cost 
 not per request (issue 17 item 1 measures it), and its cadence follows the traffic, so an
 idle window could not subtract it. `--keep-background` leaves the defaults.
 
-Run: `python bench/instructions.py [--requests 300] [--repeat 2] [--calls]
+Run: `python bench/instructions.py [--requests 320] [--repeat 2] [--connections 16] [--calls]
 [--base-config config/recommended.yaml] [--baseline DIR] [--json OUT] [--markdown]`
 """
 
@@ -80,19 +82,17 @@ CHAT = {
 
 @dataclass
 class Window:
-    """One measured window: the count over `requests` requests, and over an idle window as
-    long as the load took."""
+    """One measured window: the count over `requests` requests, and the idle count (the
+    idle rate times the window's length) taken off it."""
 
     requests: int
     load: float
     seconds: float
     idle: float
-    idle_seconds: float
 
     @property
     def per_request(self) -> float:
-        idle = self.idle * self.seconds / self.idle_seconds if self.idle_seconds else 0.0
-        return (self.load - idle) / self.requests
+        return (self.load - self.idle) / self.requests
 
 
 @dataclass
@@ -157,23 +157,22 @@ class Client:
 
 
 class Meter:
-    """Reads a running server's count (instructions or calls) on demand."""
+    """Counts what a running server does between `start` and `stop`."""
 
-    def read(self) -> float:  # pragma: no cover - interface
+    def start(self) -> None:
         raise NotImplementedError
 
-    def window_start(self) -> None:
-        return None
-
-    def window_end(self) -> dict[str, float]:
-        return {}
+    def stop(self) -> tuple[float, dict[str, float]]:
+        """The count since `start`, and per function where the meter knows it."""
+        raise NotImplementedError
 
 
 class Instructions(Meter):
-    """The instructions callgrind counted so far in process `pid`, over all its threads."""
+    """The instructions callgrind counts in process `pid`, over all its threads."""
 
     def __init__(self, pid: int) -> None:
         self.pid = pid
+        self.before = 0.0
 
     def read(self) -> float:
         proc = subprocess.run(
@@ -188,22 +187,27 @@ class Instructions(Meter):
             raise HarnessError(f"callgrind_control gave no counts:\n{proc.stdout}{proc.stderr}")
         return float(sum(int(c.replace(",", "")) for c in counts))
 
+    def start(self) -> None:
+        self.before = self.read()
+
+    def stop(self) -> tuple[float, dict[str, float]]:
+        return self.read() - self.before, {}
+
 
 class Calls(Meter):
-    """Calls cProfile counted in process `pid` (bench/callcount.py) between the window's
-    start and end signals."""
+    """The calls cProfile counts in process `pid` (run under bench/callcount.py): SIGUSR1
+    starts a profile, SIGUSR2 writes it out."""
 
     def __init__(self, pid: int, prefix: str) -> None:
         self.pid = pid
         self.prefix = prefix
         self.dumps = 0
-        self.last: dict[str, float] = {}
 
-    def window_start(self) -> None:
+    def start(self) -> None:
         os.kill(self.pid, signal.SIGUSR1)
-        time.sleep(0.3)
+        time.sleep(0.3)  # the handler runs when the server's loop next wakes
 
-    def window_end(self) -> dict[str, float]:
+    def stop(self) -> tuple[float, dict[str, float]]:
         os.kill(self.pid, signal.SIGUSR2)
         self.dumps += 1
         path = Path(f"{self.prefix}.{self.dumps}.prof")
@@ -213,40 +217,35 @@ class Calls(Meter):
                 raise HarnessError(f"no profile at {path}")
             time.sleep(0.1)
         stats = pstats.Stats(str(path)).stats  # type: ignore[attr-defined]
-        self.last = {
-            f"{file}:{line}({fn})": float(ncalls)
-            for (file, line, fn), (_, ncalls, *_rest) in stats.items()
-        }
-        return self.last
+        per_fn: Counter[str] = Counter()
+        for (file, line, fn), (_, ncalls, *_rest) in stats.items():
+            per_fn[f"{_short(file)}:{line}({ADDRESS_RE.sub('', fn)})"] += ncalls
+        return float(sum(per_fn.values())), dict(per_fn)
 
 
-def measure_window(counter: Meter, client: Client, n: int) -> tuple[Window, dict[str, float]]:
-    """Counts over `n` requests, then over an idle window of the same length."""
-    n = client.requests(n)
-    if isinstance(counter, Calls):
-        counter.window_start()
-        seconds = client.send(n)
-        load_functions = counter.window_end()
-        counter.window_start()
-        t0 = time.monotonic()
-        time.sleep(seconds)
-        idle_functions = counter.window_end()
-        idle_seconds = time.monotonic() - t0
-        load = sum(load_functions.values())
-        idle = sum(idle_functions.values())
-        scale = seconds / idle_seconds
-        per_fn = {
-            k: (v - idle_functions.get(k, 0.0) * scale) / n for k, v in load_functions.items()
-        }
-        return Window(n, load, seconds, idle, idle_seconds), per_fn
-    before = counter.read()
-    seconds = client.send(n)
-    after = counter.read()
+def measure_idle(meter: Meter, seconds: float) -> tuple[float, dict[str, float]]:
+    """The count per second without requests, in total and per function. The window is
+    shorter than the upstream connections' keep-alive (4 s), so it does not count their
+    closing (nor the next window their reopening)."""
+    meter.start()
     t0 = time.monotonic()
     time.sleep(seconds)
-    idle_after = counter.read()
-    idle_seconds = time.monotonic() - t0
-    return Window(n, after - before, seconds, idle_after - after, idle_seconds), {}
+    total, per_fn = meter.stop()
+    elapsed = time.monotonic() - t0
+    return total / elapsed, {k: v / elapsed for k, v in per_fn.items()}
+
+
+def measure_window(
+    meter: Meter, client: Client, n: int, idle: tuple[float, dict[str, float]]
+) -> tuple[Window, dict[str, float]]:
+    """Counts over `n` requests, less the idle rate over as long."""
+    n = client.requests(n)
+    meter.start()
+    seconds = client.send(n)
+    total, load_fn = meter.stop()
+    rate, idle_fn = idle
+    per_fn = {k: (v - idle_fn.get(k, 0.0) * seconds) / n for k, v in load_fn.items()}
+    return Window(n, total, seconds, rate * seconds), per_fn
 
 
 # --------------------------------------------------------------------------------------------
@@ -329,7 +328,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             base = f"http://127.0.0.1:{port}"
             deadline = time.monotonic() + args.startup_timeout
             wait_ready(server, f"{base}/v1/chat/completions", "chat", deadline, chat_body)
-            counter: Meter = (
+            meter: Meter = (
                 Calls(server.popen.pid, prefix) if args.calls else Instructions(server.popen.pid)
             )
             client = Client(port, args.connections)
@@ -337,15 +336,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 client.send(args.warmup)
                 res = results[target] = TargetCount(target)
                 totals: Counter[str] = Counter()
+                idle = measure_idle(meter, args.idle_seconds)
                 for i in range(args.repeat):
-                    window, per_fn = measure_window(counter, client, args.requests)
+                    window, per_fn = measure_window(meter, client, args.requests, idle)
                     res.windows.append(window)
                     totals.update(per_fn)
                     progress(
                         f"  {target} window {i + 1}: {window.per_request:,.0f} "
                         f"{'calls' if args.calls else 'instructions'} per request "
-                        f"({window.requests} requests in {window.seconds:.1f} s; idle "
-                        f"{window.idle:,.0f} in {window.idle_seconds:.1f} s)"
+                        f"({window.requests} requests in {window.seconds:.1f} s, idle count "
+                        f"{window.idle:,.0f} taken off)"
                     )
                 res.functions = {k: v / args.repeat for k, v in totals.items()}
             finally:
@@ -416,15 +416,22 @@ def summarise(
 
 
 def _is_aiohttp(key: str) -> bool:
-    return "/aiohttp/" in key
+    return key.startswith("aiohttp/")
 
 
 def _short(key: str) -> str:
-    """A function's key without the directories up to its package."""
-    for marker in ("/site-packages/", "/heimdall_proxy/", "/lib/python3"):
+    """A source file's path from its package on (site-packages, the gateway's package, the
+    standard library), so that two copies of the gateway's code compare function by
+    function."""
+    for marker in ("/site-packages/", "/heimdall_proxy/"):
         if marker in key:
             return key.split(marker, 1)[1]
-    return key
+    return STDLIB_RE.sub("", key)
+
+
+STDLIB_RE = re.compile(r"^.*/lib/python3\.\d+/")
+#: "<built-in method __new__ of type object at 0x7f...>": the address differs per process
+ADDRESS_RE = re.compile(r" at 0x[0-9a-f]+")
 
 
 def text_report(out: dict[str, Any]) -> str:
@@ -442,7 +449,7 @@ def text_report(out: dict[str, Any]) -> str:
         if key in out:
             lines.append("")
             lines.append(f"calls per request, gateway minus {key.removeprefix('diff_vs_')}:")
-            lines += [f"  {v:+8.1f}  {_short(k)}" for k, v in out[key]]
+            lines += [f"  {v:+8.1f}  {k}" for k, v in out[key]]
     return "\n".join(lines)
 
 
@@ -470,11 +477,14 @@ def progress(msg: str) -> None:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    p.add_argument("--requests", type=int, default=300, help="requests per window (300)")
+    p.add_argument("--requests", type=int, default=320, help="requests per window (320)")
     p.add_argument("--repeat", type=int, default=2, help="windows per target, median (2)")
     p.add_argument("--warmup", type=int, default=100, help="requests before counting (100)")
     p.add_argument(
-        "--connections", type=int, default=1, help="concurrent keep-alive connections (1)"
+        "--idle-seconds", type=float, default=2.0, help="idle window after the warm-up (2)"
+    )
+    p.add_argument(
+        "--connections", type=int, default=16, help="concurrent keep-alive connections (16)"
     )
     p.add_argument("--targets", default="forwarder,gateway", help="of forwarder,gateway")
     p.add_argument("--baseline", type=Path, metavar="DIR", help="also the gateway from DIR")
