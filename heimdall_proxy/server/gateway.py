@@ -255,7 +255,9 @@ class Gateway:
                 ).inc()
                 return render(exc)
 
-            running = self.metrics.running.labels(model_label)
+            metrics = self.metrics
+            series = metrics.models.get(model_label) or metrics.model_series(model_label)
+            running = series.running or series.running_child()
             running.inc()
             try:
                 assert routing.relay is not None, "the gateway is not started"
@@ -269,7 +271,7 @@ class Gateway:
                 if decision.admission is not None:
                     decision.admission.finish()
                 running.dec()
-                self.metrics.duration.labels(model_label, model_label).observe(
+                (series.duration or series.histogram("duration")).observe(
                     time.perf_counter() - started
                 )
         finally:

@@ -227,9 +227,7 @@ class Relay:
                 return None
             complete = True
             ctx.response_body = payload
-            self.answers.count(ctx)
-            if 200 <= upstream.status < 300:
-                self.answers.observe_answer(ctx, payload)
+            self.answers.whole(ctx, payload)
             if hooks.response_complete.active:  # before the answer is sent: hooks may add headers
                 finished = True
                 await hooks.response_complete.run(ctx)
