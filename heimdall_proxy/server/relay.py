@@ -176,7 +176,7 @@ class Relay:
         upstream: aiohttp.ClientResponse | None = None
         complete = False
         finished = False  # response_complete ran (a whole answer runs it before sending)
-        tokens = ctx.request.estimated_tokens()
+        tokens = ctx.request.estimated_tokens() if self.load.count_tokens else 0
         self.load.acquire(target.name, tokens)
         try:
             # Inside the try: a client that disconnects while a pre_request hook awaits (a
