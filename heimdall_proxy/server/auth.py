@@ -21,6 +21,8 @@ from aiohttp import web
 from heimdall_proxy.framework.errors import RequestError
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+#: A route handler that is handed the authenticated caller.
+CallerHandler = Callable[[web.Request, str], Awaitable[web.StreamResponse]]
 
 _CALLER = web.RequestKey("caller", str)
 
@@ -51,10 +53,8 @@ class Auth:
         self._keys = tuple(k.encode() for k in api_keys if k)
         self._admin = tuple(k.encode() for k in admin_keys if k)
         self.owner_header = owner_header or None
-
-    @property
-    def enabled(self) -> bool:
-        return bool(self._keys or self._admin)
+        #: Whether requests need a key (a plain attribute: `caller` runs on every request).
+        self.enabled = bool(self._keys or self._admin)
 
     @staticmethod
     def _matches(given: bytes, keys: tuple[bytes, ...]) -> bool:
@@ -98,6 +98,17 @@ class Auth:
         def guarded(request: web.Request) -> Awaitable[web.StreamResponse]:
             request[_CALLER] = self.caller(request, admin)
             return handler(request)
+
+        guarded.__name__ = getattr(handler, "__name__", "guarded")
+        return guarded
+
+    def guard_caller(self, handler: CallerHandler, admin: bool = False) -> Handler:
+        """`guard` for a handler that takes the caller as an argument (the inference routes):
+        the same checks, without keeping the caller on the request and reading it back
+        (four Python calls per request through aiohttp's request mapping)."""
+
+        def guarded(request: web.Request) -> Awaitable[web.StreamResponse]:
+            return handler(request, self.caller(request, admin))
 
         guarded.__name__ = getattr(handler, "__name__", "guarded")
         return guarded

@@ -26,7 +26,6 @@ from heimdall_proxy.framework.registry import Registry
 from heimdall_proxy.framework.types import ApiKind
 from heimdall_proxy.observability import GatewayMetrics
 from heimdall_proxy.server.answers import UNKNOWN_MODEL
-from heimdall_proxy.server.auth import caller_of
 from heimdall_proxy.server.director import Director
 from heimdall_proxy.server.errors import render
 from heimdall_proxy.server.flow.controller import FlowController
@@ -187,7 +186,8 @@ class Gateway:
 
     async def _read_body(self, request: web.Request) -> bytes:
         limit = self.options.max_body_bytes
-        if request.content_length is not None and request.content_length > limit:
+        declared = request.content_length
+        if declared is not None and declared > limit:
             raise RequestError(
                 413, f"The request body exceeds {limit} bytes.", code="request_too_large"
             )
@@ -209,27 +209,30 @@ class Gateway:
                 413, f"The request body exceeds {limit} bytes.", code="request_too_large"
             ) from exc
 
-    def handle(self, request: web.Request, api: ApiKind) -> Coroutine[Any, Any, web.StreamResponse]:
-        """Serve one inference request end to end (await the result). A plain function that
-        hands back the coroutine to await, so tracing off adds no coroutine frame."""
+    def handle(
+        self, request: web.Request, api: ApiKind, caller: str = ""
+    ) -> Coroutine[Any, Any, web.StreamResponse]:
+        """Serve one inference request of `caller` (as the auth guard identified it) end to
+        end (await the result). A plain function that hands back the coroutine to await, so
+        tracing off adds no coroutine frame."""
         if self.tracing is not None:
-            return self._handle_traced(request, api, self.tracing)
-        return self._handle(request, api, None)
+            return self._handle_traced(request, api, caller, self.tracing)
+        return self._handle(request, api, caller, None)
 
     async def _handle_traced(
-        self, request: web.Request, api: ApiKind, tracing: Tracing
+        self, request: web.Request, api: ApiKind, caller: str, tracing: Tracing
     ) -> web.StreamResponse:
         spans = tracing.request(request.method, request.path, request.headers)
         status: int | None = 500
         try:
-            response = await self._handle(request, api, spans)
+            response = await self._handle(request, api, caller, spans)
             status = response.status
             return response
         finally:
             spans.end(status)
 
     async def _handle(
-        self, request: web.Request, api: ApiKind, spans: RequestTrace | None
+        self, request: web.Request, api: ApiKind, caller: str, spans: RequestTrace | None
     ) -> web.StreamResponse:
         """The routing in force when a request arrives serves it to its end, whatever a
         reload does meanwhile."""
@@ -245,7 +248,7 @@ class Gateway:
                     request.path,
                     body,
                     request.headers,
-                    caller=caller_of(request),
+                    caller=caller,
                     spans=spans,
                 )
                 model_label = decision.request.model
