@@ -105,7 +105,10 @@ class Relay:
         budget.in_flight += 1
         try:
             while True:
-                ctx = RequestContext(ireq, state, result, target, prefill=prefill, attempt=attempt)
+                ctx = RequestContext(
+                    ireq, state, result, target, prefill=prefill, attempt=attempt,
+                    key=f"{ireq.request_id}:{attempt}",
+                )  # fmt: skip
                 if spans is None:
                     response = await self._attempt(request, ctx, body, headers, another_pod)
                 else:
