@@ -21,8 +21,6 @@ from aiohttp import web
 from heimdall_proxy.framework.errors import RequestError
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-#: A route handler that is handed the authenticated caller.
-CallerHandler = Callable[[web.Request, str], Awaitable[web.StreamResponse]]
 
 _CALLER = web.RequestKey("caller", str)
 
@@ -55,6 +53,9 @@ class Auth:
         self.owner_header = owner_header or None
         #: Whether requests need a key (a plain attribute: `caller` runs on every request).
         self.enabled = bool(self._keys or self._admin)
+        #: Whether `caller` depends on the request at all: without keys and without an owner
+        #: header every caller is "" and nothing is refused.
+        self.identifies = self.enabled or self.owner_header is not None
 
     @staticmethod
     def _matches(given: bytes, keys: tuple[bytes, ...]) -> bool:
@@ -98,17 +99,6 @@ class Auth:
         def guarded(request: web.Request) -> Awaitable[web.StreamResponse]:
             request[_CALLER] = self.caller(request, admin)
             return handler(request)
-
-        guarded.__name__ = getattr(handler, "__name__", "guarded")
-        return guarded
-
-    def guard_caller(self, handler: CallerHandler, admin: bool = False) -> Handler:
-        """`guard` for a handler that takes the caller as an argument (the inference routes):
-        the same checks, without keeping the caller on the request and reading it back
-        (four Python calls per request through aiohttp's request mapping)."""
-
-        def guarded(request: web.Request) -> Awaitable[web.StreamResponse]:
-            return handler(request, self.caller(request, admin))
 
         guarded.__name__ = getattr(handler, "__name__", "guarded")
         return guarded

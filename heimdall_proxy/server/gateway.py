@@ -10,8 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Coroutine
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import aiohttp
 from aiohttp import web
@@ -73,8 +72,21 @@ class Gateway:
         self._retiring: set[asyncio.Task[None]] = set()
         #: Set on SIGTERM while the drain delay runs: /ready answers 503.
         self.draining = False
-        #: OpenTelemetry spans per request (server/tracing.py); None, the default, is off.
-        self.tracing: Tracing | None = configure(options.otel)
+        #: Serves one inference request of a caller end to end (await the result): with
+        #: tracing off the untraced coroutine function itself, so no function runs in
+        #: between on every request; set with `tracing`.
+        self.handle: Callable[[web.Request, ApiKind, str], Awaitable[web.StreamResponse]]
+        self.tracing = configure(options.otel)
+
+    @property
+    def tracing(self) -> Tracing | None:
+        """OpenTelemetry spans per request (server/tracing.py); None, the default, is off."""
+        return self._tracing
+
+    @tracing.setter
+    def tracing(self, tracing: Tracing | None) -> None:
+        self._tracing = tracing
+        self.handle = self._handle if tracing is None else self._handle_traced
 
     # The routing in force, by its parts (route handlers and tests read these).
     @property
@@ -209,20 +221,12 @@ class Gateway:
                 413, f"The request body exceeds {limit} bytes.", code="request_too_large"
             ) from exc
 
-    def handle(
-        self, request: web.Request, api: ApiKind, caller: str = ""
-    ) -> Coroutine[Any, Any, web.StreamResponse]:
-        """Serve one inference request of `caller` (as the auth guard identified it) end to
-        end (await the result). A plain function that hands back the coroutine to await, so
-        tracing off adds no coroutine frame."""
-        if self.tracing is not None:
-            return self._handle_traced(request, api, caller, self.tracing)
-        return self._handle(request, api, caller, None)
-
     async def _handle_traced(
-        self, request: web.Request, api: ApiKind, caller: str, tracing: Tracing
+        self, request: web.Request, api: ApiKind, caller: str = ""
     ) -> web.StreamResponse:
-        spans = tracing.request(request.method, request.path, request.headers)
+        """`_handle` inside a request span."""
+        assert self._tracing is not None
+        spans = self._tracing.request(request.method, request.path, request.headers)
         status: int | None = 500
         try:
             response = await self._handle(request, api, caller, spans)
@@ -232,9 +236,14 @@ class Gateway:
             spans.end(status)
 
     async def _handle(
-        self, request: web.Request, api: ApiKind, caller: str, spans: RequestTrace | None
+        self,
+        request: web.Request,
+        api: ApiKind,
+        caller: str = "",
+        spans: RequestTrace | None = None,
     ) -> web.StreamResponse:
-        """The routing in force when a request arrives serves it to its end, whatever a
+        """Serve one inference request of `caller` (as the auth guard identified it) end to
+        end. The routing in force when a request arrives serves it to its end, whatever a
         reload does meanwhile."""
         started = time.perf_counter()
         model_label = UNKNOWN_MODEL
