@@ -498,7 +498,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         action="store_true",
         help="keep the gateway's default scrape intervals (their cost is then in the counts)",
     )
-    p.add_argument("--startup-timeout", type=float, default=180.0)
+    p.add_argument("--startup-timeout", type=float, default=600.0)
     p.add_argument("--json", type=Path, metavar="OUT")
     p.add_argument("--markdown", action="store_true")
     p.add_argument("--keep-tmp", action="store_true")
