@@ -19,7 +19,7 @@ from multidict import CIMultiDict
 from yarl import URL
 
 from heimdall_proxy.config import OutlierDetectionConfig
-from heimdall_proxy.framework.disagg import read_plan
+from heimdall_proxy.framework.disagg import DISAGG_PLAN_KEY, read_plan
 from heimdall_proxy.framework.errors import RequestError
 from heimdall_proxy.framework.flowcontrol import InFlightLoad
 from heimdall_proxy.framework.spans import SPANS_KEY
@@ -78,7 +78,7 @@ class Relay:
         headers = upstream_request_headers(request.headers)
         # a disaggregated plan's encode and prefill hops, once, before any decode attempt
         prefill: Endpoint | None = None
-        if read_plan(state) is not None:
+        if DISAGG_PLAN_KEY in state and read_plan(state) is not None:  # no call without one
             prefill, body = await self.hops.run(ireq, state, headers, body)
         if decision.admission is not None:
             decision.admission.sent()
