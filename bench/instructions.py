@@ -29,7 +29,6 @@ Run: `python bench/instructions.py [--requests 320] [--repeat 2] [--connections 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import datetime as dt
 import http.client
 import json
@@ -60,6 +59,7 @@ from bench.overhead import (
     BENCH_DIR,
     HarnessError,
     Server,
+    _raise_on_signal,
     build_gateway_config,
     free_ports,
     start_server,
@@ -519,11 +519,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    # SIGTERM and SIGHUP unwind like Ctrl-C, so the servers started are stopped
+    signal.signal(signal.SIGTERM, _raise_on_signal)
+    signal.signal(signal.SIGHUP, _raise_on_signal)
     try:
         out = run(args)
     except HarnessError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        print("interrupted; servers stopped", file=sys.stderr)
+        return 130
     print(text_report(out))
     if args.markdown:
         print()
@@ -535,5 +541,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    with contextlib.suppress(KeyboardInterrupt):
-        sys.exit(main())
+    sys.exit(main())
