@@ -24,6 +24,7 @@ from heimdall_proxy.loopmetrics import (
     GaugeFamily,
     HistogramFamily,
 )
+from heimdall_proxy.series import ModelSeries
 
 # The *_created series double the exposition for no use to a dashboard.
 disable_created_metrics()  # type: ignore[no-untyped-call]
@@ -284,8 +285,15 @@ class GatewayMetrics:
             self.plugin_duration,
         ]
         self.registry.register(FamiliesCollector(families))
+        #: model label -> its request-path series; read as
+        #: `metrics.models.get(model) or metrics.model_series(model)` (series.py)
+        self.models: dict[str, ModelSeries] = {}
         self._pool_collector = _PoolCollector(pool, pool_name)
         self.registry.register(self._pool_collector)
+
+    def model_series(self, model: str) -> ModelSeries:
+        series = self.models[model] = ModelSeries(self, model)
+        return series
 
     def use_pool(self, pool: EndpointPool) -> None:
         """Read the per-pod gauges from `pool` from now on (a reloaded config's pool)."""

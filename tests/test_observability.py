@@ -244,3 +244,27 @@ def test_breaker_states_and_opens_are_exported() -> None:
     )
     assert opens == 1
     assert hasattr(TokenizerPlugin, "breakers")  # the real plugins report theirs
+
+
+def test_model_series_children_appear_on_first_use_like_labels() -> None:
+    """A model's series holds no child until it is used, so the exposition is the same as
+    with `labels()` calls: a model never streamed has no TPOT series."""
+    metrics = GatewayMetrics(make_pool())
+    series = metrics.models.get("m") or metrics.model_series("m")
+    assert metrics.models["m"] is series
+    text = generate_latest(metrics.registry).decode()
+    assert 'inference_objective_running_requests{model_name="m"}' not in text
+    (series.running or series.running_child()).inc()
+    (series.ttft or series.histogram("ttft")).observe(0.2)
+    key = ("pod-a", 200)
+    (series.served.get(key) or series.served_child(*key)).inc()
+    (series.served.get(key) or series.served_child(*key)).inc()
+    get = metrics.registry.get_sample_value
+    labels = {"model_name": "m", "target_model_name": "m"}
+    assert get("inference_objective_running_requests", {"model_name": "m"}) == 1.0
+    assert get("inference_objective_request_ttft_seconds_count", labels) == 1.0
+    assert (
+        get("inference_objective_request_total", {**labels, "pod": "pod-a", "code": "200"}) == 2.0
+    )
+    assert get("inference_objective_request_tpot_seconds_count", labels) is None
+    assert series.ttft is metrics.ttft.labels("m", "m")

@@ -18,11 +18,15 @@ class InFlightLoad:
     """Per-pod requests and estimated prompt tokens in flight through this gateway, plus the
     admitted requests not yet sent. Single-threaded (the event loop), so plain counters."""
 
-    __slots__ = ("pending", "requests", "sent", "tokens")
+    __slots__ = ("count_tokens", "pending", "requests", "sent", "tokens")
 
     def __init__(self) -> None:
         self.requests: dict[str, int] = {}
         self.tokens: dict[str, int] = {}
+        #: Whether anything reads `tokens` (a detector in tokens or hybrid mode sets it).
+        #: Until then the relay does not estimate a request's prompt tokens for the ledger:
+        #: that walks the messages, and with the EPP's default plugins nothing else does.
+        self.count_tokens = False
         #: Admitted by flow control, not yet sent to a pod.
         self.pending = 0
         #: Requests ever sent to each pod: the data layer compares it between scrapes to

@@ -68,3 +68,10 @@ def read_prefix_match(
     left something else under that key)."""
     info = state.get(prefix_match_key(plugin_type, plugin_name))
     return info if isinstance(info, PrefixCacheMatchInfo) else None
+
+
+def match_at(state: CycleState, key: str) -> PrefixCacheMatchInfo | None:
+    """`read_prefix_match` by a key its caller made once with `prefix_match_key` (plugins
+    read the match several times per request; the key is the same every time)."""
+    info = state.get(key)
+    return info if isinstance(info, PrefixCacheMatchInfo) else None

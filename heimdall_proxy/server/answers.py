@@ -12,6 +12,7 @@ from multidict import CIMultiDict
 
 from heimdall_proxy.framework.types import RequestContext
 from heimdall_proxy.observability import GatewayMetrics
+from heimdall_proxy.series import ModelSeries
 from heimdall_proxy.server.hooks import Hooks
 from heimdall_proxy.server.outliers import OutlierDetector
 from heimdall_proxy.server.usage import (
@@ -41,29 +42,42 @@ class Answers:
         #: None when no plugin follows chunks: one test per chunk, no call.
         self.streaming = hooks.response_streaming if hooks.response_streaming.active else None
 
-    def observe_answer(self, ctx: RequestContext, payload: bytes) -> None:
-        """A whole answer: its arrival is its time to first token, and its usage counts."""
+    def whole(self, ctx: RequestContext, payload: bytes) -> None:
+        """A whole answer: counted as served and, when it is a success, its arrival is its
+        time to first token and its usage counts."""
         model = ctx.request.model or UNKNOWN_MODEL
-        self.metrics.ttft.labels(model, model).observe(time.monotonic() - ctx.request.received_at)
+        series = self.metrics.models.get(model) or self.metrics.model_series(model)
+        key = (ctx.target.name, ctx.status)
+        (series.served.get(key) or series.served_child(*key)).inc()
+        if ctx.status is None or not 200 <= ctx.status < 300:
+            return
+        (series.ttft or series.histogram("ttft")).observe(
+            time.monotonic() - ctx.request.received_at
+        )
         prompt, output = body_usage(payload)
         if prompt is not None:
-            self.metrics.input_tokens.labels(model, model).observe(prompt)
+            (series.input_tokens or series.histogram("input_tokens")).observe(prompt)
         if output is not None:
-            self.metrics.output_tokens.labels(model, model).observe(output)
+            (series.output_tokens or series.histogram("output_tokens")).observe(output)
 
     def _observe_stream(self, ctx: RequestContext, usage: StreamUsage, first_at: float) -> None:
-        model = ctx.request.model or UNKNOWN_MODEL
+        series = self._series(ctx)
         if usage.prompt is not None:
-            self.metrics.input_tokens.labels(model, model).observe(usage.prompt)
+            (series.input_tokens or series.histogram("input_tokens")).observe(usage.prompt)
         output = usage.output_tokens
-        self.metrics.output_tokens.labels(model, model).observe(output)
+        (series.output_tokens or series.histogram("output_tokens")).observe(output)
         if output > 1 and first_at:
             tpot = (time.monotonic() - first_at) / (output - 1)
-            self.metrics.tpot.labels(model, model).observe(tpot)
+            (series.tpot or series.histogram("tpot")).observe(tpot)
+
+    def _series(self, ctx: RequestContext) -> ModelSeries:
+        model = ctx.request.model or UNKNOWN_MODEL
+        return self.metrics.models.get(model) or self.metrics.model_series(model)
 
     def count(self, ctx: RequestContext) -> None:
-        model = ctx.request.model or UNKNOWN_MODEL
-        self.metrics.requests.labels(model, model, ctx.target.name, str(ctx.status)).inc()
+        series = self._series(ctx)
+        key = (ctx.target.name, ctx.status)
+        (series.served.get(key) or series.served_child(*key)).inc()
 
     async def stream(
         self,
@@ -113,8 +127,10 @@ class Answers:
             if first:
                 first = False
                 first_at = time.monotonic()
-                model = ctx.request.model or UNKNOWN_MODEL
-                self.metrics.ttft.labels(model, model).observe(first_at - ctx.request.received_at)
+                series = self._series(ctx)
+                (series.ttft or series.histogram("ttft")).observe(
+                    first_at - ctx.request.received_at
+                )
             if streaming is not None:
                 await streaming.run(ctx, chunk)
         self.count(ctx)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import gc
 import logging
 import signal
 from collections.abc import Awaitable, Callable
@@ -21,6 +20,7 @@ from heimdall_proxy.framework.errors import RequestError
 from heimdall_proxy.framework.registry import Registry
 from heimdall_proxy.framework.types import ApiKind
 from heimdall_proxy.server.auth import Auth
+from heimdall_proxy.server.collector import settle
 from heimdall_proxy.server.connections import protocol_factory
 from heimdall_proxy.server.debug import DEBUG_PREFIX, DEBUG_ROUTES, debug_handler
 from heimdall_proxy.server.errors import error_response, render
@@ -98,13 +98,22 @@ async def unrouted(request: web.Request) -> web.StreamResponse:
 UNROUTED_PATH = "/{tail:.*}"
 
 
-def _inference(gateway: Gateway, api: ApiKind) -> Handler:
-    """The route handler for `api`: a plain function handing back the gateway's coroutine
-    (no frame of its own to pass through on every suspension, no app lookup per request).
-    The gateway object lives as long as the app; a reload swaps its routing, not it."""
+def _inference(gateway: Gateway, auth: Auth, api: ApiKind, admin: bool = False) -> Handler:
+    """The route handler for `api`, behind `auth` (`admin`: an admin key needed): one plain
+    function that authenticates and hands back the gateway's coroutine. No frame of its own
+    to pass through on every suspension, no app lookup, and no keeping the caller on the
+    request to read it back (aiohttp's request mapping: four Python calls). The gateway
+    object lives as long as the app; a reload swaps its routing, not it."""
+    caller = auth.caller
+    if not auth.identifies:  # no keys, no owner header: every caller is "" and none refused
 
-    def handler(request: web.Request) -> Awaitable[web.StreamResponse]:
-        return gateway.handle(request, api)
+        def handler(request: web.Request) -> Awaitable[web.StreamResponse]:
+            return gateway.handle(request, api, "")
+
+    else:
+
+        def handler(request: web.Request) -> Awaitable[web.StreamResponse]:
+            return gateway.handle(request, api, caller(request, admin))
 
     handler.__name__ = f"handle_{api}"
     return handler
@@ -155,12 +164,11 @@ def create_app(
     app.cleanup_ctx.append(gateway.lifespan)
     auth = Auth(options.api_keys, options.admin_api_keys, options.owner_header)
     user, admin = auth.guard, functools.partial(auth.guard, admin=True)
-    other = _inference(gateway, "other")
     routes: list[tuple[str, str, Handler]] = [
-        ("POST", "/v1/completions", user(_inference(gateway, "completions"))),
-        ("POST", "/v1/chat/completions", user(_inference(gateway, "chat"))),
-        ("POST", "/v1/responses", user(_inference(gateway, "responses"))),
-        ("POST", "/v1/embeddings", user(other)),
+        ("POST", "/v1/completions", _inference(gateway, auth, "completions")),
+        ("POST", "/v1/chat/completions", _inference(gateway, auth, "chat")),
+        ("POST", "/v1/responses", _inference(gateway, auth, "responses")),
+        ("POST", "/v1/embeddings", _inference(gateway, auth, "other")),
         ("GET", "/v1/models", user(list_models)),
         ("GET", "/v1/responses/{response_id}", user(get_response)),
         ("DELETE", "/v1/responses/{response_id}", user(delete_response)),
@@ -170,7 +178,8 @@ def create_app(
         ("GET", "/metrics", metrics),
     ]
     # Anything else a pod serves (adapter loading, /tokenize, ...) only when allowlisted.
-    routes += [("POST", path, admin(other)) for path in options.allow_routes]
+    other = _inference(gateway, auth, "other", admin=True)
+    routes += [("POST", path, other) for path in options.allow_routes]
     if options.debug_routes:
         routes += [
             ("POST", DEBUG_PREFIX + path, admin(debug_handler(api, path)))
@@ -210,10 +219,9 @@ async def serve(app: web.Application, options: ServerOptions, banner: str | None
         log.info("heimdall-proxy listening on http://%s:%d", options.host, options.port)
         if banner:
             print(banner, flush=True)
-        # Everything alive now (modules, config, plugins) lives as long as the process: keep
-        # it out of the collector's generations, so collections only walk request garbage.
-        gc.collect()
-        gc.freeze()
+        # Everything alive now lives as long as the process; requests' garbage is mostly
+        # freed by reference counting (server/collector.py).
+        settle()
         stop = asyncio.Event()
         for sig in (signal.SIGINT, signal.SIGTERM):
             with contextlib.suppress(NotImplementedError):

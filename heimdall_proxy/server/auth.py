@@ -51,10 +51,11 @@ class Auth:
         self._keys = tuple(k.encode() for k in api_keys if k)
         self._admin = tuple(k.encode() for k in admin_keys if k)
         self.owner_header = owner_header or None
-
-    @property
-    def enabled(self) -> bool:
-        return bool(self._keys or self._admin)
+        #: Whether requests need a key (a plain attribute: `caller` runs on every request).
+        self.enabled = bool(self._keys or self._admin)
+        #: Whether `caller` depends on the request at all: without keys and without an owner
+        #: header every caller is "" and nothing is refused.
+        self.identifies = self.enabled or self.owner_header is not None
 
     @staticmethod
     def _matches(given: bytes, keys: tuple[bytes, ...]) -> bool:

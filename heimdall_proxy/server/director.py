@@ -57,7 +57,11 @@ def untrusted_fields(ireq: InferenceRequest, trust_transfer_params: bool) -> Non
     trusts its clients) and, on /v1/responses, `request_id` (vLLM makes it the response id,
     so a client could otherwise name, and overwrite, another caller's stored response)."""
     data = ireq.data
-    drop = [f for f in TRANSFER_FIELDS if f in data] if not trust_transfer_params else []
+    drop = []
+    if not trust_transfer_params:
+        for name in TRANSFER_FIELDS:  # a loop, not a comprehension: no frame per request
+            if name in data:
+                drop.append(name)
     if ireq.api == "responses" and "request_id" in data:
         drop.append("request_id")
     if drop:
@@ -126,7 +130,7 @@ class Director:
         spans: RequestTrace | None = None,
     ) -> Decision:
         state = CycleState()
-        if ask_for_usage(ireq):
+        if ireq.stream and ask_for_usage(ireq):  # only a stream may need to ask
             state[USAGE_ASKED_KEY] = True
         if trace is not None:
             state[TRACE_KEY] = trace
@@ -178,7 +182,10 @@ class Director:
                 if not self.pool.endpoints():
                     raise NoEndpointsError("the pool has no endpoints")
                 found = self.pool.healthy() or self.pool.endpoints()
-            return self.outliers.filter(found) if self.outliers is not None else found
+            outliers = self.outliers
+            if outliers is None or not outliers.any_ejected:  # the usual case: no call
+                return found
+            return outliers.filter(found)
         except ModelNotFoundError as exc:
             raise RequestError(
                 404,

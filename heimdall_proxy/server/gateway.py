@@ -10,8 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Coroutine
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import aiohttp
 from aiohttp import web
@@ -26,7 +25,6 @@ from heimdall_proxy.framework.registry import Registry
 from heimdall_proxy.framework.types import ApiKind
 from heimdall_proxy.observability import GatewayMetrics
 from heimdall_proxy.server.answers import UNKNOWN_MODEL
-from heimdall_proxy.server.auth import caller_of
 from heimdall_proxy.server.director import Director
 from heimdall_proxy.server.errors import render
 from heimdall_proxy.server.flow.controller import FlowController
@@ -74,8 +72,21 @@ class Gateway:
         self._retiring: set[asyncio.Task[None]] = set()
         #: Set on SIGTERM while the drain delay runs: /ready answers 503.
         self.draining = False
-        #: OpenTelemetry spans per request (server/tracing.py); None, the default, is off.
-        self.tracing: Tracing | None = configure(options.otel)
+        #: Serves one inference request of a caller end to end (await the result): with
+        #: tracing off the untraced coroutine function itself, so no function runs in
+        #: between on every request; set with `tracing`.
+        self.handle: Callable[[web.Request, ApiKind, str], Awaitable[web.StreamResponse]]
+        self.tracing = configure(options.otel)
+
+    @property
+    def tracing(self) -> Tracing | None:
+        """OpenTelemetry spans per request (server/tracing.py); None, the default, is off."""
+        return self._tracing
+
+    @tracing.setter
+    def tracing(self, tracing: Tracing | None) -> None:
+        self._tracing = tracing
+        self.handle = self._handle if tracing is None else self._handle_traced
 
     # The routing in force, by its parts (route handlers and tests read these).
     @property
@@ -188,7 +199,8 @@ class Gateway:
 
     async def _read_body(self, request: web.Request) -> bytes:
         limit = self.options.max_body_bytes
-        if request.content_length is not None and request.content_length > limit:
+        declared = request.content_length
+        if declared is not None and declared > limit:
             raise RequestError(
                 413, f"The request body exceeds {limit} bytes.", code="request_too_large"
             )
@@ -210,29 +222,29 @@ class Gateway:
                 413, f"The request body exceeds {limit} bytes.", code="request_too_large"
             ) from exc
 
-    def handle(self, request: web.Request, api: ApiKind) -> Coroutine[Any, Any, web.StreamResponse]:
-        """Serve one inference request end to end (await the result). A plain function that
-        hands back the coroutine to await, so tracing off adds no coroutine frame."""
-        if self.tracing is not None:
-            return self._handle_traced(request, api, self.tracing)
-        return self._handle(request, api, None)
-
     async def _handle_traced(
-        self, request: web.Request, api: ApiKind, tracing: Tracing
+        self, request: web.Request, api: ApiKind, caller: str = ""
     ) -> web.StreamResponse:
-        spans = tracing.request(request.method, request.path, request.headers)
+        """`_handle` inside a request span."""
+        assert self._tracing is not None
+        spans = self._tracing.request(request.method, request.path, request.headers)
         status: int | None = 500
         try:
-            response = await self._handle(request, api, spans)
+            response = await self._handle(request, api, caller, spans)
             status = response.status
             return response
         finally:
             spans.end(status)
 
     async def _handle(
-        self, request: web.Request, api: ApiKind, spans: RequestTrace | None
+        self,
+        request: web.Request,
+        api: ApiKind,
+        caller: str = "",
+        spans: RequestTrace | None = None,
     ) -> web.StreamResponse:
-        """The routing in force when a request arrives serves it to its end, whatever a
+        """Serve one inference request of `caller` (as the auth guard identified it) end to
+        end. The routing in force when a request arrives serves it to its end, whatever a
         reload does meanwhile."""
         started = time.perf_counter()
         model_label = UNKNOWN_MODEL
@@ -246,7 +258,7 @@ class Gateway:
                     request.path,
                     body,
                     request.headers,
-                    caller=caller_of(request),
+                    caller=caller,
                     spans=spans,
                 )
                 model_label = decision.request.model
@@ -256,7 +268,9 @@ class Gateway:
                 ).inc()
                 return render(exc)
 
-            running = self.metrics.running.labels(model_label)
+            metrics = self.metrics
+            series = metrics.models.get(model_label) or metrics.model_series(model_label)
+            running = series.running or series.running_child()
             running.inc()
             try:
                 assert routing.relay is not None, "the gateway is not started"
@@ -270,7 +284,7 @@ class Gateway:
                 if decision.admission is not None:
                     decision.admission.finish()
                 running.dec()
-                self.metrics.duration.labels(model_label, model_label).observe(
+                (series.duration or series.histogram("duration")).observe(
                     time.perf_counter() - started
                 )
         finally:

@@ -44,7 +44,8 @@ def upstream_request_headers(headers: CIMultiDictProxy[str]) -> CIMultiDict[str]
     """The client's headers minus hop-by-hop ones, Host, Content-Length, Content-Encoding and
     any header the gateway owns (`mif-*`, `x-gateway-*`, `x-decoder-host-port`,
     `x-prefiller-host-port`)."""
-    listed = _connection_tokens(headers)
+    # the usual HTTP/1.1 keep-alive message lists nothing: no call for it
+    listed = _connection_tokens(headers) if "connection" in headers else _NONE
     drop = _REQUEST_DROP_OWNED | listed if listed else _REQUEST_DROP_OWNED
     out: CIMultiDict[str] = CIMultiDict()
     add = out.add
@@ -59,7 +60,7 @@ def upstream_request_headers(headers: CIMultiDictProxy[str]) -> CIMultiDict[str]
 def client_response_headers(headers: CIMultiDictProxy[str]) -> CIMultiDict[str]:
     """The upstream's response headers minus hop-by-hop ones and Content-Length (the relay
     sets its own framing)."""
-    listed = _connection_tokens(headers)
+    listed = _connection_tokens(headers) if "connection" in headers else _NONE
     drop = _RESPONSE_DROP | listed if listed else _RESPONSE_DROP
     out: CIMultiDict[str] = CIMultiDict()
     add = out.add

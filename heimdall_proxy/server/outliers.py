@@ -41,7 +41,8 @@ class OutlierDetector:
         self._pods: dict[str, _PodState] = {}
         self._on_eject = on_eject
         self._clock = clock
-        self._any_ejected = False
+        #: Whether a pod may be ejected now (`filter` keeps every candidate while not).
+        self.any_ejected = False
 
     def success(self, pod: str) -> None:
         state = self._pods.get(pod)
@@ -65,7 +66,7 @@ class OutlierDetector:
             state.until = self._clock() + hold
             state.failures = 0
             state.on_trial = True
-            self._any_ejected = True
+            self.any_ejected = True
             log.warning("pod %s ejected for %.0fs after failing", pod, hold)
             if self._on_eject is not None:
                 self._on_eject(pod)
@@ -76,11 +77,11 @@ class OutlierDetector:
 
     def filter(self, candidates: list[Endpoint]) -> list[Endpoint]:
         """The candidates not ejected; all of them when every one is (panic mode)."""
-        if not self._any_ejected:
+        if not self.any_ejected:
             return candidates
         now = self._clock()
         pods = self._pods
         kept = [e for e in candidates if (s := pods.get(e.name)) is None or s.until <= now]
         if len(kept) == len(candidates):
-            self._any_ejected = any(s.until > now for s in pods.values())
+            self.any_ejected = any(s.until > now for s in pods.values())
         return kept or candidates

@@ -19,7 +19,7 @@ from multidict import CIMultiDict
 from yarl import URL
 
 from heimdall_proxy.config import OutlierDetectionConfig
-from heimdall_proxy.framework.disagg import read_plan
+from heimdall_proxy.framework.disagg import DISAGG_PLAN_KEY, read_plan
 from heimdall_proxy.framework.errors import RequestError
 from heimdall_proxy.framework.flowcontrol import InFlightLoad
 from heimdall_proxy.framework.spans import SPANS_KEY
@@ -78,7 +78,7 @@ class Relay:
         headers = upstream_request_headers(request.headers)
         # a disaggregated plan's encode and prefill hops, once, before any decode attempt
         prefill: Endpoint | None = None
-        if read_plan(state) is not None:
+        if DISAGG_PLAN_KEY in state and read_plan(state) is not None:  # no call without one
             prefill, body = await self.hops.run(ireq, state, headers, body)
         if decision.admission is not None:
             decision.admission.sent()
@@ -105,7 +105,10 @@ class Relay:
         budget.in_flight += 1
         try:
             while True:
-                ctx = RequestContext(ireq, state, result, target, prefill=prefill, attempt=attempt)
+                ctx = RequestContext(
+                    ireq, state, result, target, prefill=prefill, attempt=attempt,
+                    key=f"{ireq.request_id}:{attempt}",
+                )  # fmt: skip
                 if spans is None:
                     response = await self._attempt(request, ctx, body, headers, another_pod)
                 else:
@@ -176,7 +179,7 @@ class Relay:
         upstream: aiohttp.ClientResponse | None = None
         complete = False
         finished = False  # response_complete ran (a whole answer runs it before sending)
-        tokens = ctx.request.estimated_tokens()
+        tokens = ctx.request.estimated_tokens() if self.load.count_tokens else 0
         self.load.acquire(target.name, tokens)
         try:
             # Inside the try: a client that disconnects while a pre_request hook awaits (a
@@ -227,9 +230,7 @@ class Relay:
                 return None
             complete = True
             ctx.response_body = payload
-            self.answers.count(ctx)
-            if 200 <= upstream.status < 300:
-                self.answers.observe_answer(ctx, payload)
+            self.answers.whole(ctx, payload)
             if hooks.response_complete.active:  # before the answer is sent: hooks may add headers
                 finished = True
                 await hooks.response_complete.run(ctx)

@@ -23,7 +23,7 @@ from pydantic import Field
 from heimdall_proxy.framework.base import BasePlugin
 from heimdall_proxy.framework.handle import PluginHandle
 from heimdall_proxy.framework.params import Duration
-from heimdall_proxy.framework.prefix import PrefixCacheMatchInfo, read_prefix_match
+from heimdall_proxy.framework.prefix import PrefixCacheMatchInfo, match_at, prefix_match_key
 from heimdall_proxy.framework.registry import register
 from heimdall_proxy.framework.types import (
     CandidateNames,
@@ -147,10 +147,10 @@ class PrefixCacheAffinityFilter(SharesState, BasePlugin[PrefixCacheAffinityParam
         # attempt key -> (pod, prompt tokens ahead, own prefill seconds, sent at), for the
         # streamed attempts whose first token has not been seen yet
         self._waiting: dict[str, tuple[str, float, float, float]] = {}
+        self._prefix_key = prefix_match_key(params.prefix_plugin_type, params.prefix_plugin_name)
 
     def _match(self, state: CycleState) -> PrefixCacheMatchInfo | None:
-        p = self.params
-        return read_prefix_match(state, p.prefix_plugin_type, p.prefix_plugin_name)
+        return match_at(state, self._prefix_key)
 
     def _prompt_tokens(self, request: InferenceRequest) -> int:
         if request.token_ids is not None:
@@ -272,7 +272,7 @@ class PrefixCacheAffinityFilter(SharesState, BasePlugin[PrefixCacheAffinityParam
         info = self._match(ctx.state)
         tokens = info.prompt_tokens if info is not None and info.prompt_tokens else 0
         tokens = tokens or self._prompt_tokens(ctx.request)
-        pod, key = ctx.target.name, attempt_key(ctx)
+        pod, key = ctx.target.name, ctx.key or attempt_key(ctx)
         if self.params.learn_queue_delay and ctx.request.data.get("stream") is True:
             own = info.uncached_tokens(pod) if info is not None else tokens
             ahead = self._busy(pod)
@@ -289,7 +289,7 @@ class PrefixCacheAffinityFilter(SharesState, BasePlugin[PrefixCacheAffinityParam
     async def response_streaming(self, ctx: RequestContext, chunk: bytes) -> None:
         if not self._waiting or b"data:" not in chunk:
             return
-        entry = self._waiting.pop(attempt_key(ctx), None)
+        entry = self._waiting.pop(ctx.key or attempt_key(ctx), None)
         if entry is not None:
             pod, ahead, own, sent = entry
             delay = time.monotonic() - sent - own
@@ -298,7 +298,7 @@ class PrefixCacheAffinityFilter(SharesState, BasePlugin[PrefixCacheAffinityParam
                 # rides on the next tick: the price moves slowly, no tick of its own needed
                 self.journal.append([pod, ahead, delay], poke=False)
             if affinity_trace.enabled():
-                affinity_trace.emit("first", attempt_key(ctx), self._replica(), pod=pod,
+                affinity_trace.emit("first", ctx.key or attempt_key(ctx), self._replica(), pod=pod,
                                     ahead=ahead, delay=delay)  # fmt: skip
 
     def _learned(self, record: list[Any]) -> None:
@@ -307,7 +307,7 @@ class PrefixCacheAffinityFilter(SharesState, BasePlugin[PrefixCacheAffinityParam
         self.queue_delay.observe(str(pod), float(ahead), float(delay))
 
     async def response_complete(self, ctx: RequestContext) -> None:
-        key = attempt_key(ctx)
+        key = ctx.key or attempt_key(ctx)
         self._waiting.pop(key, None)
         self.inflight.remove(ctx.target.name, key)
         if self.shared is not None:

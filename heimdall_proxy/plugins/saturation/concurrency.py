@@ -40,6 +40,8 @@ class ConcurrencyDetector(BasePlugin[ConcurrencyDetectorParams]):
         mode = params.concurrency_mode
         self._by_requests = mode in ("requests", "hybrid")
         self._by_tokens = mode in ("tokens", "hybrid")
+        if self._by_tokens:
+            self.load.count_tokens = True
 
     def saturation(self, endpoints: Sequence[Endpoint]) -> float:
         if not endpoints:

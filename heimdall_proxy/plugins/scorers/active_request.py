@@ -33,7 +33,9 @@ class ActiveRequestParams(SharedCountsParams):
 
 
 def attempt_key(ctx: RequestContext) -> str:
-    return f"{ctx.request.request_id}:{ctx.attempt}"
+    """The key of `ctx`'s attempt: `ctx.key`, which the relay sets (a context made
+    elsewhere, e.g. in a test, gets the same string made here)."""
+    return ctx.key or f"{ctx.request.request_id}:{ctx.attempt}"
 
 
 @register(ACTIVE_REQUEST_SCORER_TYPE, ActiveRequestParams)
@@ -97,11 +99,11 @@ class ActiveRequestScorer(SharesState, BasePlugin[ActiveRequestParams]):
         return out
 
     async def pre_request(self, ctx: RequestContext) -> None:
-        self.inflight.add(ctx.target.name, attempt_key(ctx))
+        self.inflight.add(ctx.target.name, ctx.key or attempt_key(ctx))
         if self.shared is not None:
             self.shared.changed()
 
     async def response_complete(self, ctx: RequestContext) -> None:
-        self.inflight.remove(ctx.target.name, attempt_key(ctx))
+        self.inflight.remove(ctx.target.name, ctx.key or attempt_key(ctx))
         if self.shared is not None:
             self.shared.changed()

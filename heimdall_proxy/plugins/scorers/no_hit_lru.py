@@ -9,7 +9,7 @@ from pydantic import Field
 
 from heimdall_proxy.framework.base import BasePlugin
 from heimdall_proxy.framework.handle import PluginHandle
-from heimdall_proxy.framework.prefix import prefix_match_key, read_prefix_match
+from heimdall_proxy.framework.prefix import match_at, prefix_match_key
 from heimdall_proxy.framework.registry import register
 from heimdall_proxy.framework.types import (
     CycleState,
@@ -57,6 +57,7 @@ class NoHitLRUScorer(SharesState, BasePlugin[NoHitLRUParams]):
         super().__init__(name, params, handle)
         self._lru: OrderedDict[str, None] = OrderedDict()
         self._cold_key = f"{prefix_match_key(self.type, name)}#cold"
+        self._prefix_key = prefix_match_key(params.prefix_plugin_type, params.prefix_plugin_name)
         self.journal = shared_journal(self, params, self._apply)
 
     def inherit(self, previous: NoHitLRUScorer) -> str | None:
@@ -103,9 +104,7 @@ class NoHitLRUScorer(SharesState, BasePlugin[NoHitLRUParams]):
         cold = state.get(self._cold_key)
         if isinstance(cold, bool):
             return cold
-        info = read_prefix_match(
-            state, self.params.prefix_plugin_type, self.params.prefix_plugin_name
-        )
+        info = match_at(state, self._prefix_key)
         cold = info is None or not info.has_hit()
         state[self._cold_key] = cold
         return cold

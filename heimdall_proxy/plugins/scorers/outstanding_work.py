@@ -13,7 +13,7 @@ from pydantic import Field
 from heimdall_proxy.framework.base import BasePlugin
 from heimdall_proxy.framework.handle import PluginHandle
 from heimdall_proxy.framework.params import Duration
-from heimdall_proxy.framework.prefix import read_prefix_match
+from heimdall_proxy.framework.prefix import match_at, prefix_match_key
 from heimdall_proxy.framework.registry import register
 from heimdall_proxy.framework.types import (
     CandidateNames,
@@ -120,6 +120,7 @@ class OutstandingWorkScorer(SharesState, BasePlugin[OutstandingWorkParams]):
         # Progress of each attempt; dropped at response_complete, which the server calls once
         # per attempt whatever happens, so it never outgrows the requests in flight.
         self._work: dict[str, _Work] = {}
+        self._prefix_key = prefix_match_key(params.prefix_plugin_type, params.prefix_plugin_name)
         #: The non-streamed attempts among them, counted down by time (_decay).
         self._unstreamed: dict[str, _Work] = {}
         self._pace: dict[str, Pace] = {}
@@ -160,8 +161,7 @@ class OutstandingWorkScorer(SharesState, BasePlugin[OutstandingWorkParams]):
         """Share of the prompt the target pod holds, by the prefix plugin's match (0 when it
         did not run): a cached prefix costs the pod no prefill, and counting it made pods
         serving a hot prefix look several times busier than they were."""
-        p = self._p
-        info = read_prefix_match(ctx.state, p.prefix_plugin_type, p.prefix_plugin_name)
+        info = match_at(ctx.state, self._prefix_key)
         if info is None or info.prompt_tokens <= 0:
             return 0.0
         return min(1.0, info.cached_tokens(ctx.target.name) / info.prompt_tokens)
@@ -196,7 +196,7 @@ class OutstandingWorkScorer(SharesState, BasePlugin[OutstandingWorkParams]):
 
     async def pre_request(self, ctx: RequestContext) -> None:
         prefill, decode = self.estimate(ctx.request, self._cached_share(ctx))
-        key = attempt_key(ctx)
+        key = ctx.key or attempt_key(ctx)
         work = self._work[key] = _Work(ctx.target.name, prefill, decode, self.clock())
         if not ctx.request.stream:
             self._unstreamed[key] = work
@@ -210,14 +210,14 @@ class OutstandingWorkScorer(SharesState, BasePlugin[OutstandingWorkParams]):
         # measured worse with the default weights (bench/RESULTS.md, "prefill until the
         # first chunk"): the scale 1 - work / max lets long prompts' prefill crowd out the
         # decode signal.
-        work = self._work.get(attempt_key(ctx))
+        work = self._work.get(ctx.key or attempt_key(ctx))
         if work is not None and work.prefill:
             work.prefill = 0.0
-            self.inflight.update(ctx.target.name, attempt_key(ctx), work.total)
+            self.inflight.update(ctx.target.name, ctx.key or attempt_key(ctx), work.total)
 
     async def response_streaming(self, ctx: RequestContext, chunk: bytes) -> None:
         # Prefill went with the headers (response_received, which the relay runs first).
-        key = attempt_key(ctx)
+        key = ctx.key or attempt_key(ctx)
         work = self._work.get(key)
         events = chunk.count(b"data:")
         if work is None or not events:
@@ -232,7 +232,7 @@ class OutstandingWorkScorer(SharesState, BasePlugin[OutstandingWorkParams]):
             self.inflight.update(ctx.target.name, key, work.total)
 
     async def response_complete(self, ctx: RequestContext) -> None:
-        key = attempt_key(ctx)
+        key = ctx.key or attempt_key(ctx)
         work = self._work.pop(key, None)
         self._unstreamed.pop(key, None)
         if work is not None and work.first_at and ctx.error is None:

@@ -61,8 +61,13 @@ class Admission:
             self._controller.load.pending -= 1
 
     def finish(self) -> None:
-        self.sent()
-        self._controller.wake()
+        # `sent()` and the controller's `wake()`, inline: this runs for every request
+        controller = self._controller
+        if self._pending:
+            self._pending = False
+            controller.load.pending -= 1
+        if controller.queued:
+            controller._wake.set()
 
 
 class FlowController:

@@ -86,3 +86,12 @@ def test_concurrency_modes() -> None:
     handle.load.acquire("b", 1)
     handle.load.acquire("b", 1)
     assert by_req.filter(CycleState(), REQ, pods) == pods  # all over: keep all
+
+
+def test_only_a_token_reading_detector_has_the_ledger_count_tokens() -> None:
+    """The relay estimates prompt tokens for the ledger only when something reads them."""
+    handle = PluginHandle(EndpointPool([]))
+    ConcurrencyDetector("r", ConcurrencyDetectorParams(maxConcurrency=2), handle)
+    assert handle.load.count_tokens is False
+    ConcurrencyDetector("t", ConcurrencyDetectorParams(concurrencyMode="tokens"), handle)
+    assert handle.load.count_tokens is True
