@@ -18,24 +18,27 @@ from heimdall_proxy.framework.plugins import Inherits
 log = logging.getLogger(__name__)
 
 
-def inherit_state(previous: Mapping[str, object], plugins: Mapping[str, object]) -> list[str]:
-    """Hand every plugin in `plugins` its predecessor's state; the names of those that took
-    it over. A plugin that declines is logged with its reason, one that raises with the
-    error: the reload goes on (it is past the point where it could be refused)."""
+def inherit_state(
+    previous: Mapping[str, object], plugins: Mapping[str, object], gone: frozenset[str]
+) -> list[str]:
+    """Hand every plugin in `plugins` its predecessor's state, less what it kept for the pods
+    in `gone`; the names of those that took all of it over. What a plugin did not take is
+    logged with its reason, a plugin that raises with the error: the reload goes on (it is
+    past the point where it could be refused)."""
     kept: list[str] = []
     for name, plugin in plugins.items():
         old = previous.get(name)
         if old is None or type(old) is not type(plugin) or not isinstance(plugin, Inherits):
             continue
         try:
-            reason = plugin.inherit(old)
+            reason = plugin.inherit(old, gone)
         except Exception:
             log.exception("plugin %r could not take over its predecessor's state", name)
             continue
         if reason is None:
             kept.append(name)
         else:
-            log.info("plugin %r starts with empty state after the reload: %s", name, reason)
+            log.info("plugin %r after the reload: %s", name, reason)
     return kept
 
 

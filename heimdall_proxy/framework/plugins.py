@@ -207,8 +207,10 @@ class Inherits(Protocol):
     responses) is worth keeping across a config reload. The reload calls `inherit` on the new
     instance with the instance of the same name and type that it replaces, once the new one
     has started and right before it takes new requests (nothing can fail the reload after
-    that). Return None when the state was taken over, or why it was not (the plugin then
-    keeps its own empty state, as on a restart).
+    that), and the pods whose per-pod state is stale: gone from the pool, or back under the
+    same name at another URL (a fresh server). Return None when the whole state was taken
+    over, or what was not and why (that part starts empty, as on a restart). Take all or
+    nothing of each part: check first, assign last, so that a raise leaves both as they were.
 
     The state is shared, not copied: the old instance keeps serving its requests in flight
     on the same objects, so their completions land where the new instance reads. Hence
@@ -216,7 +218,7 @@ class Inherits(Protocol):
     construction around the state (a publisher of its totals, a journal's apply) must reach
     it through the attribute, so that it follows the swap."""
 
-    def inherit(self, previous: Any) -> str | None: ...
+    def inherit(self, previous: Any, gone: frozenset[str]) -> str | None: ...
 
 
 @runtime_checkable

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import importlib
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -23,6 +24,9 @@ class PluginSpec:
     params: type[PluginParams]
     #: Feature gate the plugin needs (e.g. "prepareDataPlugins"); None when ungated.
     feature_gate: str | None = None
+    #: Modules the plugin imports when it is built rather than when its module is (heavy
+    #: libraries a gateway without the plugin should not load): `preload` imports them.
+    imports: tuple[str, ...] = ()
 
 
 class Registry:
@@ -68,6 +72,15 @@ class Registry:
     def get(self, type_name: str) -> PluginSpec | None:
         return self._specs.get(type_name)
 
+    def preload(self, type_names: Iterable[str]) -> None:
+        """Import what building plugins of these types will import. A config reload runs it
+        in a thread first, so building the plugins on the event loop does not stall it
+        (scikit-learn takes about a second)."""
+        for name in type_names:
+            spec = self._specs.get(name)
+            for module in spec.imports if spec is not None else ():
+                importlib.import_module(module)
+
     def types(self) -> list[str]:
         return sorted(self._specs)
 
@@ -87,13 +100,15 @@ def register(
     *,
     feature_gate: str | None = None,
     aliases: tuple[str, ...] = (),
+    imports: tuple[str, ...] = (),
 ) -> Callable[[T], T]:
-    """Declare a plugin class: its type name (and aliases), parameter model and feature gate.
-    Declaring registers nothing; `Registry.add` does, in the composition root."""
+    """Declare a plugin class: its type name (and aliases), parameter model, feature gate and
+    the modules it imports when built (`PluginSpec.imports`). Declaring registers nothing;
+    `Registry.add` does, in the composition root."""
 
     def decorator(cls: T) -> T:
         specs = tuple(
-            PluginSpec(name, cls, params, feature_gate)  # type: ignore[arg-type]
+            PluginSpec(name, cls, params, feature_gate, imports)  # type: ignore[arg-type]
             for name in (type_name, *aliases)
         )
         setattr(cls, _SPECS, specs)

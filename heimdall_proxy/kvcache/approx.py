@@ -23,10 +23,6 @@ class ApproxPrefixIndex:
         self._holders: dict[int, set[str]] = {}
         self._lrus: dict[str, OrderedDict[int, None]] = {}
 
-    def set_default_capacity(self, capacity: int) -> None:
-        """Keys per pod when `add` is given no capacity (applied at a pod's next add)."""
-        self._default_capacity = capacity
-
     def add(self, pod: str, keys: Iterable[int], capacity: int | None = None) -> None:
         """Record that `pod` now holds `keys` (most recent last); evict its least recently
         added keys beyond `capacity` (the default capacity when None)."""

@@ -116,6 +116,11 @@ class OnlineLatencyModel:
         if len(self._pending_y) >= self.batch_size:
             self.flush()
 
+    def forget(self, pod: str) -> None:
+        """Drop `pod`'s speed factor (it is back at the fleet's reference speed)."""
+        if self.factors.pop(pod, None) is not None:
+            self.factors_version += 1
+
     def raise_factor(self, pod: str, elapsed: float, base: float) -> None:
         """A censored observation: a request on `pod` whose shared prediction was `base` has
         been running for `elapsed` seconds and is not done, so the pod's factor is at least

@@ -119,6 +119,17 @@ class LatencyPredictor:
         self._factors = np.empty((0, 2))
         self._factors_at: tuple[Sequence[str], int, int] = ((), -1, -1)
 
+    def forget(self, pod: str) -> None:
+        """Drop what was learned of `pod` alone (its speed factors): a config reload took it
+        out, or put a new server under its name."""
+        self.ttft.forget(pod)
+        self.tpot.forget(pod)
+
+    def set_min_samples(self, min_samples: int) -> None:
+        """Observations each model needs before it predicts (a reload's new `minSamples`)."""
+        self.ttft.min_samples = min_samples
+        self.tpot.min_samples = min_samples
+
     def _weights(self) -> np.ndarray:
         """Both models' coefficients as one (features + 1) x 2 matrix, the last row the
         intercepts; rebuilt only after a training step changed either model."""

@@ -173,6 +173,7 @@ class Gateway:
             if self._session is None or self._data_session is None:
                 raise RuntimeError("the gateway is not started")
             old = self.routing
+            await asyncio.to_thread(self.registry.preload, (p.type for p in config.epp.plugins))
             new = Routing(
                 config, self.options, self.registry, self.metrics, self.flow_metrics,
                 self.load, previous=old,

@@ -103,7 +103,12 @@ class Routing:
         """Take over what the replaced routing's plugins learned (framework.inherit). Called
         once this routing has started, right before it takes new requests: from then on
         nothing can fail the reload, so the hand-over is never undone."""
-        self.inherited = inherit_state(previous.plugins.plugins, self.plugins.plugins)
+        gone = frozenset(
+            e.name
+            for e in previous.pool.endpoints()
+            if (now := self.pool.get(e.name)) is None or now.url != e.url
+        )
+        self.inherited = inherit_state(previous.plugins.plugins, self.plugins.plugins, gone)
 
     def leave(self) -> None:
         """A request that took this routing (and counted itself in `in_flight`) is over."""

@@ -5,6 +5,7 @@ requests finish, and start empty (saying why) when the state's meaning changed."
 from __future__ import annotations
 
 import logging
+import sys
 from typing import Any
 
 import pytest
@@ -15,6 +16,7 @@ from heimdall_proxy.datalayer.pool import EndpointPool
 from heimdall_proxy.framework.handle import PluginHandle
 from heimdall_proxy.framework.inherit import inherit_state
 from heimdall_proxy.framework.loader import PluginSet, build_plugins
+from heimdall_proxy.framework.registry import register
 from heimdall_proxy.framework.types import CycleState
 from heimdall_proxy.plugins.producers.predicted_latency import PredictedLatencyProducer
 from heimdall_proxy.plugins.scorers.active_request import ActiveRequestScorer
@@ -26,6 +28,7 @@ from tests.helpers import ep
 from tests.plugins.helpers import ctx, req
 
 PODS = [ep("pod-a"), ep("pod-b")]
+NONE: frozenset[str] = frozenset()
 PROMPT = "You are a careful assistant who answers in full sentences. " * 8
 
 
@@ -79,7 +82,7 @@ async def test_a_reload_keeps_every_plugins_state_and_shares_it_with_the_old_req
     await get(old, ResponsesStore).backend.put("resp_1", b'{"owner": ""}')
 
     new = build(doc())
-    kept = inherit_state(old.plugins, new.plugins)
+    kept = inherit_state(old.plugins, new.plugins, NONE)
 
     assert sorted(kept) == sorted(STATEFUL)
     # the prompt still matches where it was sent, the LRU remembers the cold request ...
@@ -122,7 +125,7 @@ async def test_a_state_whose_meaning_changed_starts_empty_and_says_why(
         )
     )
     with caplog.at_level(logging.INFO, logger="heimdall_proxy.framework.inherit"):
-        kept = inherit_state(old.plugins, new.plugins)
+        kept = inherit_state(old.plugins, new.plugins, NONE)
 
     assert "prefix-cache-scorer" not in kept and "predicted-latency-producer" not in kept
     assert "blockSizeTokens changed" in caplog.text
@@ -136,14 +139,14 @@ async def test_a_state_whose_meaning_changed_starts_empty_and_says_why(
     newer = build(
         doc(**{"prefix-cache-scorer": {"blockSizeTokens": 32, "lruCapacityPerServer": 7}})
     )
-    assert "prefix-cache-scorer" in inherit_state(new.plugins, newer.plugins)
+    assert "prefix-cache-scorer" in inherit_state(new.plugins, newer.plugins, NONE)
 
 
 def test_a_name_taken_by_another_type_inherits_nothing() -> None:
     old = build(doc())
     d = doc()
     d["plugins"][2] = {"type": "queue-scorer", "name": "active-request-scorer"}
-    assert "active-request-scorer" not in inherit_state(old.plugins, build(d).plugins)
+    assert "active-request-scorer" not in inherit_state(old.plugins, build(d).plugins, NONE)
 
 
 async def test_the_store_keeps_its_entries_under_the_new_limits() -> None:
@@ -152,7 +155,7 @@ async def test_the_store_keeps_its_entries_under_the_new_limits() -> None:
     for i in range(3):
         await backend.put(f"resp_{i}", b"x")
     new = build(doc(**{"responses-store": {"storeConfig": {"inMemoryConfig": {"maxEntries": 2}}}}))
-    assert "responses-store" in inherit_state(old.plugins, new.plugins)
+    assert "responses-store" in inherit_state(old.plugins, new.plugins, NONE)
     store = get(new, ResponsesStore)
     await store.backend.put("resp_3", b"x")
     assert len(store.backend) == 2  # the new bound, applied at the next put
@@ -164,8 +167,8 @@ def test_a_tiered_store_is_not_carried_over(caplog: pytest.LogCaptureFixture) ->
     tiered = {"storeConfig": {"tieredConfig": {"redis": {"address": "redis://127.0.0.1:6379"}}}}
     new = build(doc(**{"responses-store": tiered}))
     with caplog.at_level(logging.INFO, logger="heimdall_proxy.framework.inherit"):
-        assert "responses-store" not in inherit_state(old.plugins, new.plugins)
-    assert "a tiered one reads its tiers" in caplog.text
+        assert "responses-store" not in inherit_state(old.plugins, new.plugins, NONE)
+    assert "entries not carried over: only an in-memory store's are" in caplog.text
 
 
 def test_a_plugin_whose_inherit_raises_is_logged_and_the_others_go_on(
@@ -178,6 +181,47 @@ def test_a_plugin_whose_inherit_raises_is_logged_and_the_others_go_on(
         raise RuntimeError("boom")
 
     monkeypatch.setattr(get(new, NoHitLRUScorer), "inherit", broken)
-    kept = inherit_state(old.plugins, new.plugins)
+    kept = inherit_state(old.plugins, new.plugins, NONE)
     assert "no-hit-lru-scorer" not in kept and "prefix-cache-scorer" in kept
     assert "could not take over its predecessor's state" in caplog.text
+
+
+async def test_the_state_of_pods_gone_or_replaced_is_dropped() -> None:
+    old = build(doc())
+    await serve_one(old, target=0)
+    await serve_one(old, target=1)
+    new = build(doc())
+    inherit_state(old.plugins, new.plugins, frozenset({"pod-a"}))
+    probe = ctx(req(data={"messages": [{"role": "user", "content": PROMPT}]}), PODS[1])
+    info = get(new, PrefixCacheScorer).match(probe.state, probe.request, PODS)
+    assert set(info.matched_blocks) == {"pod-b"}  # pod-a's cache is another server's now
+    assert get(new, NoHitLRUScorer).last_used() == []  # pod-a took the one cold request
+    # its requests still in flight count until they end
+    assert get(new, ActiveRequestScorer).count("pod-a") == 1
+
+
+def test_records_of_other_replicas_are_applied_once_by_the_successor() -> None:
+    old = build(doc())
+    new = build(doc())
+    inherit_state(old.plugins, new.plugins, NONE)
+    # both journals read the stream while the old requests drain: only the new one applies
+    get(old, NoHitLRUScorer)._apply(["pod-a"])
+    assert get(new, NoHitLRUScorer).last_used() == []
+    get(new, NoHitLRUScorer)._apply(["pod-b"])
+    assert get(new, NoHitLRUScorer).last_used() == ["pod-b"]
+
+
+def test_a_reload_can_import_what_building_its_plugins_will_import_beforehand() -> None:
+    # what the reload runs in a thread before building the new plugins on the event loop
+    registry = load_builtin_plugins()
+    spec = registry.get("predicted-latency-producer")
+    assert spec is not None and spec.imports == ("sklearn.linear_model",)
+
+    @register("lazy-test-plugin", imports=("colorsys",))
+    class Lazy:
+        pass
+
+    registry.add(Lazy)
+    sys.modules.pop("colorsys", None)
+    registry.preload(["queue-scorer", "lazy-test-plugin", "no-such-type"])
+    assert "colorsys" in sys.modules

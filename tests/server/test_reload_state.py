@@ -42,6 +42,14 @@ async def test_prompts_stay_on_the_pod_holding_their_prefix_across_a_reload(
         # prompt kept its pod with chance 1/3: all six about once in 700 runs).
         assert [await sent_to(http, gw, p) for p in prompts] == before
 
+        # pod-0 replaced by a fresh server under the same name: what it held is forgotten
+        index = gw.gateway.routing.plugins.plugins["prefix-cache-scorer"].index  # type: ignore[attr-defined]
+        assert (index.size("pod-0") > 0) == ("pod-0" in before)  # (all six on pod-1: 1 in 64)
+        fresh = await start_pod(name="pod-0")
+        await gw.gateway.reload(make_config([fresh, *pods[1:]], PREFIX_EPP))
+        assert index.size("pod-0") == 0
+        assert (index.size("pod-1") > 0) == ("pod-1" in before)
+
 
 async def test_a_conversation_continues_across_a_reload(
     start_pod: PodFactory, start_gateway: GatewayFactory

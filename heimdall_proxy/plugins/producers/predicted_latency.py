@@ -141,7 +141,11 @@ def _record(
             violation_total.labels(*labels).inc()
 
 
-@register(PREDICTED_LATENCY_PRODUCER_TYPE, PredictedLatencyProducerParams)
+@register(
+    PREDICTED_LATENCY_PRODUCER_TYPE,
+    PredictedLatencyProducerParams,
+    imports=("sklearn.linear_model",),  # the latency model's regression (latency/model.py)
+)
 class PredictedLatencyProducer(BasePlugin[PredictedLatencyProducerParams]):
     """Producer, PreRequest, ResponseStreaming, ResponseComplete, MetricsSource.
 
@@ -175,18 +179,24 @@ class PredictedLatencyProducer(BasePlugin[PredictedLatencyProducerParams]):
         #: per pod, its attempts in start order (the oldest first)
         self._pending: dict[str, dict[str, _Attempt]] = {}
 
-    def inherit(self, previous: PredictedLatencyProducer) -> str | None:
-        """A reload keeps the in-flight ledger and the metrics, and the trained model unless
-        what it is trained on (`streamingMode`) or when it may answer (`minSamples`) changed."""
+    def inherit(self, previous: PredictedLatencyProducer, gone: frozenset[str]) -> str | None:
+        """A reload keeps the in-flight ledger and the metrics, and the trained model (less
+        the speed factors of the pods `gone`, under the new `minSamples`) with the attempts
+        it trains on, unless what it is trained on (`streamingMode`) changed: then the old
+        attempts train the old model to the end, and the new one starts untrained."""
         self.inflight = previous.inflight
         self.inflight.timeout = self.params.request_timeout
-        self._attempts = previous._attempts
-        self._pending = previous._pending
         self.metrics = previous.metrics
-        reason = changed(previous.params, self.params, "streaming_mode", "min_samples")
+        reason = changed(previous.params, self.params, "streaming_mode")
         if reason is not None:
             return f"the model starts untrained: {reason}"
-        self.predictor = previous.predictor
+        predictor = previous.predictor
+        for pod in gone:
+            predictor.forget(pod)
+        predictor.set_min_samples(self.params.min_samples)
+        self.predictor = predictor
+        self._attempts = previous._attempts
+        self._pending = previous._pending
         return None
 
     @property

@@ -59,11 +59,9 @@ class ActiveRequestScorer(SharesState, BasePlugin[ActiveRequestParams]):
         self.inflight = InFlight(params.request_timeout)
         self._idle = params.idle_threshold
         self._busy = params.max_busy_score
-        #: Set when a reload handed the ledger to this plugin's successor (which publishes it).
-        self.handed_over = False
         self.shared = shared_counters(self, params, self._published)
 
-    def inherit(self, previous: ActiveRequestScorer) -> str | None:
+    def inherit(self, previous: ActiveRequestScorer, gone: frozenset[str]) -> str | None:
         """A reload keeps the ledger: the requests still running on the old plugins count
         against their pods here too (else every pod looks idle at the swap)."""
         self.inflight = previous.inflight

@@ -60,10 +60,13 @@ class NoHitLRUScorer(SharesState, BasePlugin[NoHitLRUParams]):
         self._prefix_key = prefix_match_key(params.prefix_plugin_type, params.prefix_plugin_name)
         self.journal = shared_journal(self, params, self._apply)
 
-    def inherit(self, previous: NoHitLRUScorer) -> str | None:
-        """A reload keeps the LRU: which pods took cold requests lately does not depend on
-        the parameters (a smaller `lruSize` trims it at the next cold request)."""
+    def inherit(self, previous: NoHitLRUScorer, gone: frozenset[str]) -> str | None:
+        """A reload keeps the LRU, less the pods `gone`: which pods took cold requests lately
+        does not depend on the parameters (a smaller `lruSize` trims it at the next one)."""
+        for pod in gone:
+            previous._lru.pop(pod, None)
         self._lru = previous._lru
+        previous.handed_over = True
         return None
 
     def _touch(self, pod: str) -> None:
@@ -74,7 +77,7 @@ class NoHitLRUScorer(SharesState, BasePlugin[NoHitLRUParams]):
 
     def _apply(self, record: list[object]) -> None:
         """Another replica sent a cold request to the pod `record` names."""
-        if record and isinstance(record[0], str):
+        if record and isinstance(record[0], str) and not self.handed_over:
             self._touch(record[0])
 
     def check_peers(self, plugins: Mapping[str, object]) -> None:

@@ -128,13 +128,14 @@ class OutstandingWorkScorer(SharesState, BasePlugin[OutstandingWorkParams]):
         #: The clock of sends, chunks and count-downs (a test sets its own).
         self.clock = time.monotonic
         self._p = params
-        #: Set when a reload handed the ledger to this plugin's successor (which publishes it).
-        self.handed_over = False
         self.shared = shared_counters(self, params, self._published)
 
-    def inherit(self, previous: OutstandingWorkScorer) -> str | None:
-        """A reload keeps the work in flight and the pods' pace: the old requests still run
-        (their completions, through the old instance, settle the same ledger)."""
+    def inherit(self, previous: OutstandingWorkScorer, gone: frozenset[str]) -> str | None:
+        """A reload keeps the work in flight and the pods' pace (less the pods `gone`): the
+        old requests still run (their completions, through the old instance, settle the same
+        ledger)."""
+        for pod in gone:
+            previous._pace.pop(pod, None)
         self.inflight = previous.inflight
         self.inflight.timeout = self.params.request_timeout
         self._work = previous._work

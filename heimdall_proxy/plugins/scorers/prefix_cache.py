@@ -136,17 +136,23 @@ class PrefixCacheScorer(SharesState, BasePlugin[PrefixCacheParams]):
         self._hashes_key = f"{self.state_key}#hashes"
         self.journal = shared_journal(self, params, self._apply)
 
-    def inherit(self, previous: PrefixCacheScorer) -> str | None:
-        """A reload keeps the index while the keys keep their meaning (same block size and
-        tuning); a new `lruCapacityPerServer` applies from the next request on."""
+    def inherit(self, previous: PrefixCacheScorer, gone: frozenset[str]) -> str | None:
+        """A reload keeps the index, less the pods `gone`, while the keys keep their meaning
+        (same block size and tuning); a new `lruCapacityPerServer` bounds each pod's keys
+        from its next request on."""
         reason = changed(previous.params, self.params, "block_size_tokens", "auto_tune")
-        if reason is None:
-            self.index = previous.index
-            self.index.set_default_capacity(self.params.lru_capacity_per_server)
-        return reason
+        if reason is not None:
+            return f"the index starts empty: {reason}"
+        for pod in gone:
+            previous.index.forget(pod)
+        self.index = previous.index
+        previous.handed_over = True
+        return None
 
     def _apply(self, record: list[object]) -> None:
         """Another replica sent the blocks `keys` to `pod` (capacity as it saw it)."""
+        if self.handed_over:
+            return  # the successor applies it to the same index
         pod, capacity, keys = record
         if isinstance(pod, str) and isinstance(capacity, int) and isinstance(keys, bytes):
             self.index.add(pod, unblob(keys), capacity)

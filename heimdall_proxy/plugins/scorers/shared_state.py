@@ -109,6 +109,9 @@ class SharesState:
 
     shared: ReplicaCounters | None = None
     journal: Journal | None = None
+    #: Set when a config reload handed this plugin's state to its successor: from then on
+    #: the successor publishes it and applies the other replicas' records to it.
+    handed_over: bool = False
 
     async def start(self) -> None:
         for part in (self.shared, self.journal):

@@ -98,16 +98,17 @@ class ResponsesStore(BasePlugin[ResponsesStoreParams]):
         #: that continues a stream the moment it saw the final event
         self._staged: dict[str, bytes] = {}
 
-    def inherit(self, previous: ResponsesStore) -> str | None:
+    def inherit(self, previous: ResponsesStore, gone: frozenset[str]) -> str | None:
         """A reload keeps an in-memory store's entries (else every conversation in it ends:
         `previous_response_id` would be answered 404), under the new limits. A tiered store
         needs nothing: its entries are read back from Redis / MongoDB."""
         old, new = previous.backend, self.backend
         if not isinstance(old, InMemoryBackend) or not isinstance(new, InMemoryBackend):
-            return "only an in-memory store is carried over; a tiered one reads its tiers"
+            return "entries not carried over: only an in-memory store's are (tiered: read back)"
         old.set_limits(new)
         self.backend = old
         self._staged = previous._staged
+        self.write_failures = previous.write_failures
         return None
 
     async def start(self) -> None:
