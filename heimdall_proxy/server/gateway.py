@@ -70,6 +70,8 @@ class Gateway:
         self._timeouts: dict[bool, aiohttp.ClientTimeout] = {}
         self._reloading = asyncio.Lock()
         self._retiring: set[asyncio.Task[None]] = set()
+        #: Routings a reload replaced and that are not stopped yet.
+        self._replaced: set[Routing] = set()
         #: Set on SIGTERM while the drain delay runs: /ready answers 503.
         self.draining = False
         #: Serves one inference request of a caller end to end (await the result): with
@@ -156,9 +158,7 @@ class Gateway:
         finally:
             if self.tracing is not None:
                 self.tracing.shutdown()
-            for task in list(self._retiring):
-                task.cancel()
-            await asyncio.gather(*self._retiring, return_exceptions=True)
+            await self.stop_replaced()
             await self.routing.stop()
             await self._data_session.close()
             await self._session.close()
@@ -183,6 +183,7 @@ class Gateway:
             old.unpublish()
             self.routing = new
             new.publish()
+            self._replaced.add(old)
             task = asyncio.create_task(self._retire(old))
             self._retiring.add(task)
             task.add_done_callback(self._retiring.discard)
@@ -196,7 +197,22 @@ class Gateway:
                 old.in_flight,
                 self.options.drain_timeout,
             )
-        await old.stop()
+        await self._stop_replaced(old)
+
+    async def stop_replaced(self) -> None:
+        """Stop the routings reloads replaced, now, whatever they still serve (shutdown).
+        Cancelling their wait for the drain (or cancelling it before it ran) stops nothing:
+        their plugins must still leave the replicas' hub and close their clients."""
+        for task in list(self._retiring):
+            task.cancel()
+        await asyncio.gather(*self._retiring, return_exceptions=True)
+        for old in list(self._replaced):
+            await self._stop_replaced(old)
+
+    async def _stop_replaced(self, old: Routing) -> None:
+        if old in self._replaced:  # once, whether the drain or shutdown gets here first
+            self._replaced.discard(old)
+            await old.stop()
 
     async def _read_body(self, request: web.Request) -> bytes:
         limit = self.options.max_body_bytes

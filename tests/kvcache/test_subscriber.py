@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import resource
 from typing import Any
 
 import pytest
 import zmq
 import zmq.asyncio
 
+from heimdall_proxy.cli import raise_open_files_limit
 from heimdall_proxy.framework.types import Endpoint
 from heimdall_proxy.kvcache.events import AllBlocksCleared, BlockStored, EventBatch
 from heimdall_proxy.kvcache.hashing import local_hashes, namespace_seed
@@ -303,7 +305,11 @@ async def test_stop_ends_a_worker_whose_apply_absorbed_the_cancellation(
 
 
 async def test_a_thousand_and_more_pods_are_all_followed(ctx: zmq.asyncio.Context) -> None:
-    # libzmq's default of 1,023 sockets per context used to fail every subscription past it
+    # libzmq's default of 1,023 sockets per context used to fail every subscription past it.
+    # A socket takes two descriptors or more: raise the soft limit as the CLI does.
+    raise_open_files_limit()
+    if resource.getrlimit(resource.RLIMIT_NOFILE)[0] < 4 * 1100:
+        pytest.skip("the open files limit cannot be raised to what 1,100 sockets take")
     pub = Publisher(ctx, replay=False)
     silent = [pod(f"p{i}", "tcp://127.0.0.1:9") for i in range(1100)]  # nothing listens
     sink = Sink()

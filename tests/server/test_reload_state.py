@@ -74,3 +74,21 @@ async def test_a_conversation_continues_across_a_reload(
         if q.path == "/v1/responses" and "What is my name?" in str(q.json()["input"])
     ]  # fmt: skip
     assert body["input"][0] == {"type": "message", "role": "user", "content": "My name is Ada."}
+
+
+async def test_a_shutdown_during_a_drain_still_stops_the_replaced_routing(
+    start_pod: PodFactory, start_gateway: GatewayFactory
+) -> None:
+    pod = await start_pod(time_scale=1.0)  # a stream of 100 tokens takes about a second
+    gw = await start_gateway(make_config([pod], PREFIX_EPP))
+    old = gw.gateway.routing
+    body = {"model": MODEL, "prompt": "a long story", "max_tokens": 100, "stream": True}
+    async with aiohttp.ClientSession() as http:
+        async with http.post(gw.url + "/v1/completions", json=body) as r:
+            assert r.status == 200
+            await r.content.readline()  # streaming: the old routing has a request in flight
+            await gw.gateway.reload(make_config([pod], PREFIX_EPP))
+            assert old.in_flight == 1 and old.refresher is not None and old.refresher._running
+            await gw.gateway.stop_replaced()  # what shutdown does, while the stream runs
+            assert old.in_flight == 1
+    assert not old.refresher._running  # the old routing was stopped all the same
