@@ -39,8 +39,8 @@ class ReplicaCounters(Part):
     """The other replicas' per-pod totals, kept fresh by the hub's tick, which also
     publishes `local()` (this replica's per-pod totals)."""
 
-    __slots__ = ("_by_replica", "_local", "_others", "_pulled", "_sent", "_seq", "_ttl",
-                 "_ttl_ms", "prefix", "replica")  # fmt: skip
+    __slots__ = ("_by_replica", "_ignored", "_local", "_others", "_pulled", "_sent", "_seq",
+                 "_ttl", "_ttl_ms", "prefix", "replica")  # fmt: skip
 
     def __init__(
         self,
@@ -64,6 +64,8 @@ class ReplicaCounters(Part):
         self._seq = 0
         #: The pod/value pairs of the last script_args (what a push announces).
         self._sent: list[str] = []
+        #: Ids left out of the others' totals (`ignore`).
+        self._ignored: set[str] = set()
 
     def others(self) -> Mapping[str, float]:
         """pod -> sum over the other live replicas, as of the last tick; empty when the last
@@ -72,6 +74,14 @@ class ReplicaCounters(Part):
         if time.monotonic() - self._pulled > self._ttl:
             return {}
         return self._others
+
+    def ignore(self, replica: str) -> None:
+        """Leave `replica` out of the others' totals from now on: this process's other
+        instance of the same plugin across a config reload (one replica, whose ledger the
+        two instances share and only the new one publishes)."""
+        self._ignored.add(replica)
+        if self._by_replica.pop(replica, None) is not None:
+            self._others = _sum(self._by_replica)
 
     def changed(self) -> None:
         """This replica's totals changed: publish them at the next opportunity (MIN_GAP)."""
@@ -109,7 +119,7 @@ class ReplicaCounters(Part):
             seq, totals = _parse([f.encode() for f in flat])
         except (ValueError, TypeError, msgpack.UnpackException):
             return False
-        if replica == self.replica:
+        if replica == self.replica or replica in self._ignored:
             return True
         known = self._by_replica.get(replica)
         if known is None or seq > known[0]:
@@ -125,6 +135,9 @@ class ReplicaCounters(Part):
         i = 0
         while i < len(flat):
             replica, n = flat[i].decode(), int(flat[i + 1])
+            if replica in self._ignored:
+                i += 2 + n
+                continue
             seq, totals = _parse(flat[i + 2 : i + 2 + n])
             known = self._by_replica.get(replica)
             by_replica[replica] = known if known is not None and known[0] > seq else (seq, totals)

@@ -12,6 +12,10 @@ from heimdall_proxy.plugins.filters.prefix_affinity import (
     PrefixCacheAffinityFilter,
     PrefixCacheAffinityParams,
 )
+from heimdall_proxy.plugins.scorers.active_request import (
+    ActiveRequestParams,
+    ActiveRequestScorer,
+)
 from heimdall_proxy.plugins.scorers.no_hit_lru import NoHitLRUParams, NoHitLRUScorer
 from heimdall_proxy.plugins.scorers.outstanding_work import (
     OutstandingWorkParams,
@@ -178,3 +182,22 @@ def test_the_affinity_filter_shares_no_samples_when_it_learns_none(ns: str) -> N
     params = PrefixCacheAffinityParams.model_validate(shared(ns, learnQueueDelay=False))
     f = PrefixCacheAffinityFilter("f", params, None)  # type: ignore[arg-type]
     assert f.shared is not None and f.journal is None
+
+
+async def test_a_reloaded_replica_counts_its_requests_once_on_every_side(ns: str) -> None:
+    # old and new: one gateway's plugin before and after a config reload; other: a replica
+    params = ActiveRequestParams.model_validate(shared(ns))
+    old, new, other = (ActiveRequestScorer("a", params, None) for _ in range(3))  # type: ignore[arg-type]
+    for scorer in (old, new, other):
+        await scorer.start()
+    try:
+        for i in range(3):
+            await old.pre_request(ctx(req(), ep("p0"), attempt=i))
+        await old.shared.sync()  # type: ignore[union-attr]
+        assert new.inherit(old, frozenset()) is None
+        for scorer in (old, new, other, old, new, other):  # everyone has read everyone
+            await scorer.shared.sync()  # type: ignore[union-attr]
+        assert old.count("p0") == new.count("p0") == other.count("p0") == 3
+    finally:
+        for scorer in (old, new, other):
+            await scorer.stop()

@@ -66,7 +66,7 @@ class ActiveRequestScorer(SharesState, BasePlugin[ActiveRequestParams]):
         against their pods here too (else every pod looks idle at the swap)."""
         self.inflight = previous.inflight
         self.inflight.timeout = self.params.request_timeout
-        previous.handed_over = True
+        self.hand_over(previous)
         return None
 
     def _published(self) -> Mapping[str, float]:

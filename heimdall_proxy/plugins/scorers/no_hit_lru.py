@@ -66,7 +66,7 @@ class NoHitLRUScorer(SharesState, BasePlugin[NoHitLRUParams]):
         for pod in gone:
             previous._lru.pop(pod, None)
         self._lru = previous._lru
-        previous.handed_over = True
+        self.hand_over(previous)
         return None
 
     def _touch(self, pod: str) -> None:

@@ -141,7 +141,7 @@ class OutstandingWorkScorer(SharesState, BasePlugin[OutstandingWorkParams]):
         self._work = previous._work
         self._unstreamed = previous._unstreamed
         self._pace = previous._pace
-        previous.handed_over = True
+        self.hand_over(previous)
         return None
 
     def _published(self) -> Mapping[str, float]:

@@ -146,7 +146,7 @@ class PrefixCacheScorer(SharesState, BasePlugin[PrefixCacheParams]):
         for pod in gone:
             previous.index.forget(pod)
         self.index = previous.index
-        previous.handed_over = True
+        self.hand_over(previous)
         return None
 
     def _apply(self, record: list[object]) -> None:

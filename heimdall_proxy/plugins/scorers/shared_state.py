@@ -113,6 +113,16 @@ class SharesState:
     #: the successor publishes it and applies the other replicas' records to it.
     handed_over: bool = False
 
+    def hand_over(self, previous: SharesState) -> None:
+        """A config reload gave `previous`'s state to this instance: from now on only this one
+        publishes it and applies the other replicas' records to it, and each instance's
+        counters leave the other's id out (both are this replica; counting the other's
+        publication too would count its requests twice)."""
+        previous.handed_over = True
+        if self.shared is not None and previous.shared is not None:
+            self.shared.ignore(previous.shared.replica)
+            previous.shared.ignore(self.shared.replica)
+
     async def start(self) -> None:
         for part in (self.shared, self.journal):
             if part is not None:
