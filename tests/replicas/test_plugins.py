@@ -158,16 +158,16 @@ async def test_the_affinity_filter_learns_the_queue_price_from_every_replica(ns:
             await a.pre_request(c)
             await a.response_streaming(c, b'data: {"choices": []}\n\n')
             await a.response_complete(c)
-        learned = a.queue_delay.seconds_per_token("p0", default)
+        learned = a.queue_price.seconds_per_token("p0")
         assert learned != default
-        assert b.queue_delay.seconds_per_token("p0", default) == default
+        assert b.queue_price.seconds_per_token("p0") == default
         assert a.journal is not None and b.journal is not None
         await a.journal.sync()
         await b.journal.sync()
-        assert b.queue_delay.seconds_per_token("p0", default) == pytest.approx(learned)
+        assert b.queue_price.seconds_per_token("p0") == pytest.approx(learned)
         # a replica started later reads the samples still kept
         await late.start()
-        assert late.queue_delay.seconds_per_token("p0", default) == pytest.approx(learned)
+        assert late.queue_price.seconds_per_token("p0") == pytest.approx(learned)
     finally:
         await late.stop()
         await a.stop()

@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import math
 import random
-import time
-from typing import Any
 
 from pydantic import Field
 
@@ -34,7 +32,7 @@ from heimdall_proxy.framework.types import (
 )
 from heimdall_proxy.plugins.filters import affinity_trace
 from heimdall_proxy.plugins.filters.prefix_popularity import PrefixPopularity
-from heimdall_proxy.plugins.filters.queue_delay import QueueDelay
+from heimdall_proxy.plugins.filters.queue_price import QueuePrice
 from heimdall_proxy.plugins.scorers.active_request import attempt_key
 from heimdall_proxy.plugins.scorers.inflight import InFlight
 from heimdall_proxy.plugins.scorers.shared_state import (
@@ -137,16 +135,14 @@ class PrefixCacheAffinityFilter(SharesState, BasePlugin[PrefixCacheAffinityParam
         self._seconds_per_token = 1.0 / params.peak_prefill_throughput
         self._penalty = params.max_ttft_penalty_ms / 1000.0
         self.shared = shared_counters(self, params, self.inflight.totals)
-        self.queue_delay = QueueDelay()
+        self.queue_price = QueuePrice(self._seconds_per_token)
+        if params.learn_queue_delay:
+            self.journal = shared_journal(self, params, self.queue_price.learned)
+            self.queue_price.journal = self.journal
         self.popularity = PrefixPopularity(params.popularity_half_life)
         # CycleState key of the shared prefix the filter priced, counted when the request
         # is sent (pre_request), so retries' and the debug route's filtering count nothing
         self._prefix_key = f"{PREFIX_CACHE_AFFINITY_FILTER_TYPE}/{name}#prefix"
-        if params.learn_queue_delay:
-            self.journal = shared_journal(self, params, self._learned)
-        # attempt key -> (pod, prompt tokens ahead, own prefill seconds, sent at), for the
-        # streamed attempts whose first token has not been seen yet
-        self._waiting: dict[str, tuple[str, float, float, float]] = {}
 
     def _match(self, state: CycleState) -> PrefixCacheMatchInfo | None:
         p = self.params
@@ -176,7 +172,7 @@ class PrefixCacheAffinityFilter(SharesState, BasePlugin[PrefixCacheAffinityParam
         """Seconds of delay per prompt token in flight on `pod`."""
         if not self.params.learn_queue_delay:
             return self._seconds_per_token
-        return self.queue_delay.seconds_per_token(pod, self._seconds_per_token)
+        return self.queue_price.seconds_per_token(pod)
 
     def filter(
         self, state: CycleState, request: InferenceRequest, endpoints: list[Endpoint]
@@ -275,8 +271,7 @@ class PrefixCacheAffinityFilter(SharesState, BasePlugin[PrefixCacheAffinityParam
         pod, key = ctx.target.name, attempt_key(ctx)
         if self.params.learn_queue_delay and ctx.request.data.get("stream") is True:
             own = info.uncached_tokens(pod) if info is not None else tokens
-            ahead = self._busy(pod)
-            self._waiting[key] = (pod, ahead, own * self._seconds_per_token, time.monotonic())
+            self.queue_price.sent(key, pod, self._busy(pod), own)
         self.inflight.add(pod, key, float(tokens))
         if self.shared is not None:
             self.shared.changed()
@@ -287,28 +282,17 @@ class PrefixCacheAffinityFilter(SharesState, BasePlugin[PrefixCacheAffinityParam
             affinity_trace.emit("start", key, self._replica(), pod=pod, tokens=tokens)
 
     async def response_streaming(self, ctx: RequestContext, chunk: bytes) -> None:
-        if not self._waiting or b"data:" not in chunk:
+        if not self.queue_price.waiting or b"data:" not in chunk:
             return
-        entry = self._waiting.pop(attempt_key(ctx), None)
-        if entry is not None:
-            pod, ahead, own, sent = entry
-            delay = time.monotonic() - sent - own
-            self.queue_delay.observe(pod, ahead, delay)
-            if self.journal is not None and ahead > 0.0:
-                # rides on the next tick: the price moves slowly, no tick of its own needed
-                self.journal.append([pod, ahead, delay], poke=False)
-            if affinity_trace.enabled():
-                affinity_trace.emit("first", attempt_key(ctx), self._replica(), pod=pod,
-                                    ahead=ahead, delay=delay)  # fmt: skip
-
-    def _learned(self, record: list[Any]) -> None:
-        """Another replica's queue-delay sample (pod, tokens ahead, delay seconds)."""
-        pod, ahead, delay = record
-        self.queue_delay.observe(str(pod), float(ahead), float(delay))
+        sample = self.queue_price.first_token(attempt_key(ctx))
+        if sample is not None and affinity_trace.enabled():
+            pod, ahead, delay = sample
+            affinity_trace.emit("first", attempt_key(ctx), self._replica(), pod=pod,
+                                ahead=ahead, delay=delay)  # fmt: skip
 
     async def response_complete(self, ctx: RequestContext) -> None:
         key = attempt_key(ctx)
-        self._waiting.pop(key, None)
+        self.queue_price.forget(key)
         self.inflight.remove(ctx.target.name, key)
         if self.shared is not None:
             self.shared.changed()
