@@ -33,6 +33,7 @@ from heimdall_proxy.framework.types import (
 from heimdall_proxy.plugins.filters import affinity_trace
 from heimdall_proxy.plugins.filters.prefix_popularity import PrefixPopularity
 from heimdall_proxy.plugins.filters.queue_price import QueuePrice
+from heimdall_proxy.plugins.filters.shared_popularity import SharedPopularity
 from heimdall_proxy.plugins.scorers.active_request import attempt_key
 from heimdall_proxy.plugins.scorers.inflight import InFlight
 from heimdall_proxy.plugins.scorers.shared_state import (
@@ -124,7 +125,9 @@ class PrefixCacheAffinityFilter(SharesState, BasePlugin[PrefixCacheAffinityParam
     hot prefix too late. The queue price is then learned from every replica's first tokens
     too (a journal of samples): each replica learning from its own half alone priced the same
     pod up to 15% apart from the other and from a single gateway, enough to flip a keep or
-    release decision now and then (bench/RESULTS.md, "decision trace")."""
+    release decision now and then (bench/RESULTS.md, "decision trace"). The requests the
+    prefix popularity counts are every replica's too (`sharedPrefixDiscount`, riding on the
+    counters' pushes, shared_popularity.py)."""
 
     type = PREFIX_CACHE_AFFINITY_FILTER_TYPE
 
@@ -140,6 +143,12 @@ class PrefixCacheAffinityFilter(SharesState, BasePlugin[PrefixCacheAffinityParam
             self.journal = shared_journal(self, params, self.queue_price.learned)
             self.queue_price.journal = self.journal
         self.popularity = PrefixPopularity(params.popularity_half_life)
+        #: With sharing, the popularity counts every replica's requests (the others' ride
+        #: on the counters' pushes, shared_popularity.py), as one gateway's would.
+        self._shared_popularity: SharedPopularity | None = None
+        if self.shared is not None and params.shared_prefix_discount:
+            self._shared_popularity = SharedPopularity(self.popularity)
+            self.shared.rider = self._shared_popularity
         # CycleState key of the shared prefix the filter priced, counted when the request
         # is sent (pre_request), so retries' and the debug route's filtering count nothing
         self._prefix_key = f"{PREFIX_CACHE_AFFINITY_FILTER_TYPE}/{name}#prefix"
@@ -277,7 +286,11 @@ class PrefixCacheAffinityFilter(SharesState, BasePlugin[PrefixCacheAffinityParam
             self.shared.changed()
         if self.params.shared_prefix_discount:
             prefix = ctx.state.get(self._prefix_key)
-            self.popularity.observe(prefix if isinstance(prefix, int) else None)
+            shared_key = prefix if isinstance(prefix, int) else None
+            if self._shared_popularity is not None:
+                self._shared_popularity.observe(shared_key)
+            else:
+                self.popularity.observe(shared_key)
         if affinity_trace.enabled():
             affinity_trace.emit("start", key, self._replica(), pod=pod, tokens=tokens)
 
