@@ -98,12 +98,6 @@ class ReplicaCounters(Part):
         """This replica's totals changed: publish them at the next opportunity (MIN_GAP)."""
         self.poke()
 
-    def drifted(self) -> None:
-        """This replica's totals moved by a little (a stream's count-down): push them with
-        the next tick, scheduled or poked, instead of leaving the others to pull them at
-        theirs (up to two intervals late), and without a tick of their own."""
-        self.touch()
-
     @property
     def zset(self) -> str:
         """The sorted set of live replicas (the script's key for this set of counters)."""

@@ -117,11 +117,6 @@ class SyncHub:
         self._dirty = True
         self._ticker.poke()
 
-    def touch(self) -> None:
-        """A local change not worth a tick of its own: the next tick, scheduled or poked,
-        publishes it to the others (no I/O, no wake-up)."""
-        self._dirty = True
-
     def channels(self) -> set[str]:
         """Where a tick with local changes is announced (one per part's state)."""
         return {p.channel for p in self.parts}

@@ -33,12 +33,6 @@ class Part(ABC):
         if self.hub is not None:
             self.hub.poke()
 
-    def touch(self) -> None:
-        """Something changed locally by a little: publish it with the next tick, which is
-        at most one interval away (no I/O, no tick of its own)."""
-        if self.hub is not None:
-            self.hub.touch()
-
     async def sync(self) -> None:
         """One tick of the hub now (every part's, this one's included); raises what the
         round trip raises. Tests drive the sync with it."""

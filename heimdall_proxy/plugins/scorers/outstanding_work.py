@@ -197,8 +197,6 @@ class OutstandingWorkScorer(SharesState, BasePlugin[OutstandingWorkParams]):
         if work is not None and work.prefill:
             work.prefill = 0.0
             self.inflight.update(ctx.target.name, attempt_key(ctx), work.total)
-            if self.shared is not None:
-                self.shared.drifted()
 
     async def response_streaming(self, ctx: RequestContext, chunk: bytes) -> None:
         # Prefill went with the headers (response_received, which the relay runs first).
@@ -215,8 +213,6 @@ class OutstandingWorkScorer(SharesState, BasePlugin[OutstandingWorkParams]):
         if work.decode_left > 0.0:
             work.decode_left = max(0.0, work.decode_left - events)
             self.inflight.update(ctx.target.name, key, work.total)
-            if self.shared is not None:  # pushed with the next tick, not one of its own
-                self.shared.drifted()
 
     async def response_complete(self, ctx: RequestContext) -> None:
         key = attempt_key(ctx)
