@@ -15,7 +15,10 @@ measures, against a real Redis, the gateway-side CPU time and the wall time of o
 Each timed tick follows a local change (the hub poked), so it also publishes its
 notification, as a tick under traffic does. The last row is what the other replica spends on
 one such notification of a counters set: taking the pushed totals (since 2026-11-25; before,
-it ticked, a round trip as in the first row).
+it ticked, a round trip as in the first row). On code where a push carries a rider (the
+affinity filter's prefix popularity, shared_popularity.py), recommended.yaml's affinity
+counters carry one routed request's prefix key per tick, as they do under traffic, and a
+last row times taking such a push.
 
 It reports the mean over `--n` ticks, after a warm-up. Multiplying by the tick rate gives
 the CPU share: e.g. 50 ticks/s when idle at the default 20 ms.
@@ -33,6 +36,7 @@ import time
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -51,10 +55,20 @@ class Replicas:
     """A set of shared parts on two replicas ("mine", timed, and "other"), each part of
     "mine" in one hub (`split=False`) or in a hub of its own (`split=True`)."""
 
-    def __init__(self, address: str, prefix: str, counters: int, journals: int, split: bool):
+    def __init__(
+        self,
+        address: str,
+        prefix: str,
+        counters: int,
+        journals: int,
+        split: bool,
+        rider: bool = False,
+    ):
         self.address, self.split = address, split
         self.mine = self._parts(prefix, counters, journals)
         self.other = self._parts(prefix, counters, journals)
+        #: The first counters set carries the popularity rider (recommended.yaml's filter).
+        self.popularity = popularity_rider(self.mine[0]) if rider and counters else None
         self.hubs: list[SyncHub] = []
         self.other_hub = SyncHub(address, background=False)
 
@@ -95,6 +109,8 @@ class Replicas:
         for part in self.mine:
             if isinstance(part, Journal):
                 part.append(["pod-0", 31250, KEYS])
+        if self.popularity is not None:
+            self.popularity.observe(10**12 + 63)  # the routed request's shared prefix
         for hub in self.hubs:
             hub.poke()  # a local change: the tick notifies the others
         c0, w0 = time.process_time(), time.perf_counter()
@@ -109,7 +125,7 @@ async def measure(address: str, n: int) -> dict[str, tuple[float, float]]:
         "counters tick (4 pods, 1 other replica)": Replicas(address, prefix + "a:", 1, 0, False),
         "journal tick (64-block prompt out, one in)": Replicas(address, prefix + "b:", 0, 1, False),
         "recommended.yaml: 2 counters + 1 journal, one hub (1 round trip)": Replicas(
-            address, prefix + "c:", 2, 1, False
+            address, prefix + "c:", 2, 1, False, rider=True
         ),
         "recommended.yaml: 2 counters + 1 journal, a hub each (3 round trips)": Replicas(
             address, prefix + "d:", 2, 1, True
@@ -136,19 +152,41 @@ async def measure(address: str, n: int) -> dict[str, tuple[float, float]]:
     pushed = take_pushes(address, n)
     if pushed is not None:
         out["the other replica takes a counters push (4 pods)"] = pushed
+    pushed = take_pushes(address, n, rider=True)
+    if pushed is not None:
+        out["the other replica takes a counters push (4 pods) with one request's prefix"] = pushed
     return out
 
 
-def take_pushes(address: str, n: int) -> tuple[float, float] | None:
+def popularity_rider(part: ReplicaCounters | Journal) -> Any:
+    """The affinity filter's popularity rider on `part`, or None on code without riders."""
+    try:
+        from heimdall_proxy.plugins.filters.prefix_popularity import PrefixPopularity
+        from heimdall_proxy.plugins.filters.shared_popularity import SharedPopularity
+    except ImportError:
+        return None
+    if not isinstance(part, ReplicaCounters) or not hasattr(part, "rider"):
+        return None
+    part.rider = SharedPopularity(PrefixPopularity())
+    return part.rider
+
+
+def take_pushes(address: str, n: int, rider: bool = False) -> tuple[float, float] | None:
     """(CPU, wall) microseconds the receiving replica spends on one pushed counters
-    message, or None on code without pushes."""
+    message (with `rider`: carrying one request's prefix key), or None on code without
+    pushes (or riders)."""
     mine = ReplicaCounters(address, "x:", lambda: LOCAL, 60.0, 30.0)
     other = ReplicaCounters(address, "x:", lambda: {}, 60.0, 30.0)
     if not hasattr(other, "pushed"):
         return None
+    sender = popularity_rider(mine) if rider else None
+    if rider and (sender is None or popularity_rider(other) is None):
+        return None
     messages = []
     for _ in range(n):
         mine.script_args()
+        if sender is not None:
+            sender.observe(10**12 + 63)
         messages.append(mine.push_message())
     c0, w0 = time.process_time(), time.perf_counter()
     for message in messages:

@@ -30,6 +30,7 @@ import copy
 import datetime as dt
 import json
 import os
+import statistics
 import sys
 import time
 import uuid
@@ -279,6 +280,8 @@ def render(results: Sequence[Mapping[str, Any]], argv: Sequence[str], load: tupl
         body += [*table(r), ""]
     if len(results) > 1:
         body += [*summary(results), ""]
+    if len({r.get("seed", 42) for r in results}) > 1:
+        body += [*spread(results), ""]
     return "\n".join(head + body)
 
 
@@ -304,6 +307,44 @@ def summary(results: Sequence[Mapping[str, Any]]) -> list[str]:
         lines.append(
             f"| {result['shape']} | {result.get('seed', 42)} | " + " | ".join(cells) + " |"
         )
+    return lines
+
+
+def ratios(result: Mapping[str, Any], row: Mapping[str, Any]) -> tuple[float, float] | None:
+    """(E2E p95, prefix hit rate) of `row` over the result's first row, None if missing."""
+    base = result["rows"][0]
+    p95, hit = row["e2e"]["p95"], row["prefix_hit_rate"]
+    bp95, bhit = base["e2e"]["p95"], base["prefix_hit_rate"]
+    if not (p95 and bp95 and hit is not None and bhit):
+        return None
+    return p95 / bp95, hit / bhit
+
+
+def spread(results: Sequence[Mapping[str, Any]], limit: float = 0.05) -> list[str]:
+    """Per shape and variant, over the seeds: median and range of the ratios to the first
+    variant, and how many seeds fall outside 1 +- `limit`. A single replica run again
+    ("1 replica, again") shows how far the ratio moves with no change at all: the noise
+    the other variants' spread is to be read against."""
+    by: dict[tuple[str, str], list[tuple[float, float]]] = {}
+    for result in results:
+        for row in result["rows"][1:]:
+            r = ratios(result, row)
+            if r is not None:
+                by.setdefault((result["shape"], row["label"]), []).append(r)
+    lines = [
+        "#### Over the seeds: ratios to the first variant, median [min, max]",
+        "",
+        f"| shape | variant | seeds | E2E p95 | p95 outside 1 +- {limit:g} "
+        f"| prefix hit rate | hit outside 1 +- {limit:g} |",
+        "|---|---|---:|---|---:|---|---:|",
+    ]
+    for (shape, label), values in by.items():
+        cells = []
+        for i in (0, 1):
+            v = sorted(x[i] for x in values)
+            out = sum(1 for x in v if abs(x - 1.0) > limit)
+            cells += [f"{statistics.median(v):.3f}x [{v[0]:.3f}, {v[-1]:.3f}]", str(out)]
+        lines.append(f"| {shape} | {label} | {len(values)} | " + " | ".join(cells) + " |")
     return lines
 
 
@@ -336,7 +377,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--json", type=Path)
     parser.add_argument("--markdown", type=Path)
+    parser.add_argument(
+        "--spread",
+        type=Path,
+        nargs="+",
+        metavar="JSON",
+        help="run nothing: print the per-seed ratios and their spread of earlier runs' --json",
+    )
     args = parser.parse_args(argv)
+    if args.spread:
+        loaded = [r for path in args.spread for r in json.loads(path.read_text())]
+        print("\n".join([*summary(loaded), "", *spread(loaded)]))
+        return 0
     raw = list(sys.argv[1:] if argv is None else argv)
     started = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
     load0 = os.getloadavg()[0]

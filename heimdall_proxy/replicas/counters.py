@@ -15,19 +15,27 @@ round trip of their own. Pulling them at the receiver's next tick instead (as un
 2026-11-25) left a change unseen for about 5-20 ms on a loaded host, long enough for two
 replicas to pick the same idle pod (bench/RESULTS.md, "decision trace"). Every write
 carries the replica's sequence number, so a pull that was read before a push arrived
-cannot roll the pushed totals back."""
+cannot roll the pushed totals back.
+
+A push can also carry a rider's payload (`Rider`): events the other replicas apply as the
+push arrives, such as the affinity filter's count of requests per shared prefix. They cost
+no round trip and no message of their own, and are delivered at most once, as a
+notification is (a push lost to a broken connection loses them)."""
 
 from __future__ import annotations
 
+import logging
 import time
 import uuid
 from collections.abc import Callable, Mapping
 from importlib import resources
-from typing import Any
+from typing import Any, Protocol
 
 import msgpack
 
 from heimdall_proxy.replicas.part import Part
+
+log = logging.getLogger(__name__)
 
 SCRIPT = (resources.files(__package__) / "lua" / "counters.lua").read_text(encoding="utf-8")
 #: The hash field holding a replica's sequence number (no pod name starts with a NUL).
@@ -35,12 +43,23 @@ SEQ_FIELD = "\x00seq"
 _SEQ = SEQ_FIELD.encode()
 
 
+class Rider(Protocol):
+    """Events that ride on a set of counters' pushes to the other replicas."""
+
+    def outgoing(self) -> Any:
+        """The events since the last push (msgpack-able; now taken), or None for none."""
+
+    def incoming(self, payload: Any) -> None:
+        """Apply another replica's events (`outgoing`'s, decoded); ValueError or TypeError
+        for a payload that is not one (dropped and logged)."""
+
+
 class ReplicaCounters(Part):
     """The other replicas' per-pod totals, kept fresh by the hub's tick, which also
-    publishes `local()` (this replica's per-pod totals)."""
+    publishes `local()` (this replica's per-pod totals), and `rider`'s events with them."""
 
     __slots__ = ("_by_replica", "_ignored", "_local", "_others", "_pulled", "_sent", "_seq",
-                 "_ttl", "_ttl_ms", "prefix", "replica")  # fmt: skip
+                 "_ttl", "_ttl_ms", "prefix", "replica", "rider")  # fmt: skip
 
     def __init__(
         self,
@@ -66,6 +85,8 @@ class ReplicaCounters(Part):
         self._sent: list[str] = []
         #: Ids left out of the others' totals (`ignore`).
         self._ignored: set[str] = set()
+        #: Carried by every push from now on (set before the part joins a hub).
+        self.rider: Rider | None = None
 
     def others(self) -> Mapping[str, float]:
         """pod -> sum over the other live replicas, as of the last tick; empty when the last
@@ -108,16 +129,24 @@ class ReplicaCounters(Part):
         return [self.prefix + "r:", self.replica, self._ttl_ms, len(pairs) // 2, *pairs]
 
     def push_message(self) -> bytes:
-        """What the tick that ran script_args publishes on `channel`: the same totals."""
-        return msgpack.packb([self.replica, self._sent])  # type: ignore[no-any-return]
+        """What the tick that ran script_args publishes on `channel`: the same totals, and
+        the rider's events since the last push (taken now: a retried tick does not send
+        them twice)."""
+        payload = self.rider.outgoing() if self.rider is not None else None
+        if payload is None:
+            return msgpack.packb([self.replica, self._sent])  # type: ignore[no-any-return]
+        return msgpack.packb([self.replica, self._sent, payload])  # type: ignore[no-any-return]
 
     def pushed(self, message: bytes) -> bool:
         """Take another replica's push (push_message); False when `message` is not one (an
-        older replica's bare notification: the caller ticks instead)."""
+        older replica's bare notification: the caller ticks instead). The rider's events
+        are applied whatever the totals' sequence number: each push carries new ones."""
         try:
-            replica, flat = msgpack.unpackb(message)
+            replica, flat, *rest = msgpack.unpackb(message)
+            if not isinstance(replica, str) or not isinstance(flat, list):
+                return False
             seq, totals = _parse([f.encode() for f in flat])
-        except (ValueError, TypeError, msgpack.UnpackException):
+        except (ValueError, TypeError, AttributeError, msgpack.UnpackException):
             return False
         if replica == self.replica or replica in self._ignored:
             return True
@@ -125,6 +154,11 @@ class ReplicaCounters(Part):
         if known is None or seq > known[0]:
             self._by_replica[replica] = (seq, totals)
             self._others = _sum(self._by_replica)
+        if rest and self.rider is not None:
+            try:
+                self.rider.incoming(rest[0])
+            except (ValueError, TypeError) as exc:
+                log.debug("%s: a push's events from %s dropped: %s", self.prefix, replica, exc)
         return True
 
     def take(self, flat: list[Any]) -> None:

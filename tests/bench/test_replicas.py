@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from bench.replicas import shared_config
+from bench.replicas import shared_config, spread
 
 
 def test_redis_config_goes_on_the_shareable_plugins_only() -> None:
@@ -26,3 +26,26 @@ def test_redis_config_goes_on_the_shareable_plugins_only() -> None:
     assert plugins[1]["parameters"] == {"redisConfig": rc, "syncInterval": "50ms"}
     assert "parameters" not in plugins[2]
     assert "parameters" not in doc["config"]["plugins"][1]  # the input is left as it was
+
+
+def row(label: str, p95: float, hit: float) -> dict[str, object]:
+    return {"label": label, "e2e": {"p95": p95}, "prefix_hit_rate": hit}
+
+
+def test_the_spread_gives_each_variants_median_and_range_over_the_seeds() -> None:
+    results = [
+        {
+            "shape": "hot-prefix",
+            "seed": seed,
+            "rows": [row("1 replica", 2.0, 0.9), row("pair", p95, 0.9), row("again", 2.0, hit)],
+        }
+        for seed, p95, hit in ((1, 2.0, 0.9), (2, 2.2, 0.9), (3, 1.92, 0.81))
+    ]
+    lines = spread(results)
+    assert (
+        "| hot-prefix | pair | 3 | 1.000x [0.960, 1.100] | 1 | 1.000x [1.000, 1.000] | 0 |" in lines
+    )
+    assert (
+        "| hot-prefix | again | 3 | 1.000x [1.000, 1.000] | 0 | 1.000x [0.900, 1.000] | 1 |"
+        in lines
+    )

@@ -18,6 +18,7 @@ from heimdall_proxy.framework.inherit import inherit_state
 from heimdall_proxy.framework.loader import PluginSet, build_plugins
 from heimdall_proxy.framework.registry import register
 from heimdall_proxy.framework.types import CycleState
+from heimdall_proxy.plugins.filters.prefix_affinity import PrefixCacheAffinityFilter
 from heimdall_proxy.plugins.producers.predicted_latency import PredictedLatencyProducer
 from heimdall_proxy.plugins.scorers.active_request import ActiveRequestScorer
 from heimdall_proxy.plugins.scorers.no_hit_lru import NoHitLRUScorer
@@ -35,6 +36,7 @@ PROMPT = "You are a careful assistant who answers in full sentences. " * 8
 #: Every plugin type that keeps state worth a reload (each declared once, named after it).
 STATEFUL = [
     "prefix-cache-scorer",
+    "prefix-cache-affinity-filter",
     "no-hit-lru-scorer",
     "active-request-scorer",
     "outstanding-work-scorer",
@@ -71,8 +73,11 @@ async def serve_one(pset: PluginSet, target: int = 0) -> Any:
     c.state = CycleState()
     get(pset, PrefixCacheScorer).score(c.state, c.request, PODS)
     get(pset, NoHitLRUScorer).score(c.state, c.request, PODS)
+    affinity = get(pset, PrefixCacheAffinityFilter)
+    affinity.filter(c.state, c.request, PODS)
     for cls in (PrefixCacheScorer, NoHitLRUScorer, ActiveRequestScorer, OutstandingWorkScorer):
         await get(pset, cls).pre_request(c)
+    await affinity.pre_request(c)
     return c
 
 
@@ -92,6 +97,7 @@ async def test_a_reload_keeps_every_plugins_state_and_shares_it_with_the_old_req
     assert get(new, NoHitLRUScorer).last_used() == ["pod-a"]
     # ... the request still running counts against its pod ...
     assert get(new, ActiveRequestScorer).count("pod-a") == 1
+    assert get(new, PrefixCacheAffinityFilter).inflight.total("pod-a") > 0
     assert get(new, OutstandingWorkScorer).work("pod-a") > 0
     # ... and the stored response can still be continued
     assert await get(new, ResponsesStore).backend.get("resp_1") == b'{"owner": ""}'
@@ -100,7 +106,7 @@ async def test_a_reload_keeps_every_plugins_state_and_shares_it_with_the_old_req
     )
 
     # to other replicas the ledger is published once, by the new plugins only
-    for cls in (ActiveRequestScorer, OutstandingWorkScorer):
+    for cls in (ActiveRequestScorer, OutstandingWorkScorer, PrefixCacheAffinityFilter):
         assert get(old, cls)._published() == {}
         assert set(get(new, cls)._published()) == {"pod-a"}
 
@@ -145,7 +151,10 @@ async def test_a_state_whose_meaning_changed_starts_empty_and_says_why(
 def test_a_name_taken_by_another_type_inherits_nothing() -> None:
     old = build(doc())
     d = doc()
-    d["plugins"][2] = {"type": "queue-scorer", "name": "active-request-scorer"}
+    d["plugins"][STATEFUL.index("active-request-scorer")] = {
+        "type": "queue-scorer",
+        "name": "active-request-scorer",
+    }
     assert "active-request-scorer" not in inherit_state(old.plugins, build(d).plugins, NONE)
 
 

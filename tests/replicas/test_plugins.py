@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator
 
@@ -22,8 +23,10 @@ from heimdall_proxy.plugins.scorers.outstanding_work import (
     OutstandingWorkScorer,
 )
 from heimdall_proxy.plugins.scorers.prefix_cache import PrefixCacheParams, PrefixCacheScorer
+from heimdall_proxy.replicas.hub import LISTEN_POLL
 from tests.helpers import ep
 from tests.kvcache.redisns import REDIS_URL, redis_namespace
+from tests.plugins.filters.test_prefix_affinity import SYSTEM, keyed
 from tests.plugins.helpers import ctx, req
 from tests.plugins.scorers.test_prefix_cache import LONG, completion, route
 
@@ -162,16 +165,16 @@ async def test_the_affinity_filter_learns_the_queue_price_from_every_replica(ns:
             await a.pre_request(c)
             await a.response_streaming(c, b'data: {"choices": []}\n\n')
             await a.response_complete(c)
-        learned = a.queue_delay.seconds_per_token("p0", default)
+        learned = a.queue_price.seconds_per_token("p0")
         assert learned != default
-        assert b.queue_delay.seconds_per_token("p0", default) == default
+        assert b.queue_price.seconds_per_token("p0") == default
         assert a.journal is not None and b.journal is not None
         await a.journal.sync()
         await b.journal.sync()
-        assert b.queue_delay.seconds_per_token("p0", default) == pytest.approx(learned)
+        assert b.queue_price.seconds_per_token("p0") == pytest.approx(learned)
         # a replica started later reads the samples still kept
         await late.start()
-        assert late.queue_delay.seconds_per_token("p0", default) == pytest.approx(learned)
+        assert late.queue_price.seconds_per_token("p0") == pytest.approx(learned)
     finally:
         await late.stop()
         await a.stop()
@@ -201,3 +204,36 @@ async def test_a_reloaded_replica_counts_its_requests_once_on_every_side(ns: str
     finally:
         for scorer in (old, new, other):
             await scorer.stop()
+
+
+async def test_the_affinity_filters_popularity_counts_every_replicas_requests(ns: str) -> None:
+    """The filters' hub ticks only when poked (60 s interval): a's requests reach b's count
+    in the pushes a's counters send anyway."""
+    params = PrefixCacheAffinityParams.model_validate(shared(ns, sharedPrefixDiscount=0.75))
+    a = PrefixCacheAffinityFilter("f", params, None)  # type: ignore[arg-type]
+    b = PrefixCacheAffinityFilter("f", params, None)  # type: ignore[arg-type]
+    await a.start()
+    await b.start()
+    try:
+        await asyncio.sleep(LISTEN_POLL * 2)  # the hub's listener has subscribed
+        for i in range(10):
+            c = ctx(completion(f"turn {i}"), ep("p1"), attempt=i)
+            c.state = keyed({"p1": 100.0}, SYSTEM)
+            a.filter(c.state, c.request, [ep("p0"), ep("p1")])  # leaves the prefix to count
+            await a.pre_request(c)
+        assert a.popularity.count(SYSTEM[-1]) > 9
+        async with asyncio.timeout(10.0):
+            while b.popularity.count(SYSTEM[-1]) != a.popularity.count(SYSTEM[-1]):  # noqa: ASYNC110
+                await asyncio.sleep(0.01)
+    finally:
+        await a.stop()
+        await b.stop()
+
+
+def test_the_popularity_rides_on_no_push_without_the_discount(ns: str) -> None:
+    f = PrefixCacheAffinityFilter(
+        "f",
+        PrefixCacheAffinityParams.model_validate(shared(ns)),
+        None,  # type: ignore[arg-type]
+    )
+    assert f.shared is not None and f.shared.rider is None

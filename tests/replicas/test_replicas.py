@@ -10,6 +10,7 @@ import contextlib
 import sys
 from collections.abc import AsyncIterator, Mapping
 
+import msgpack
 import pytest
 import redis.asyncio as aioredis
 
@@ -316,3 +317,78 @@ async def test_a_pull_read_before_a_push_does_not_roll_it_back(ns: str) -> None:
 def test_a_bare_notification_is_not_taken_for_a_push(ns: str) -> None:
     """An older replica announces a tick with its hub id only: the hub ticks instead."""
     assert not counters(ns, {}).pushed(b"0123456789abcdef")
+
+
+class Events:
+    """A rider recording what it receives and sending what it is given."""
+
+    def __init__(self) -> None:
+        self.out: list[object] = []
+        self.got: list[object] = []
+
+    def outgoing(self) -> object:
+        out, self.out = self.out, []
+        return out or None
+
+    def incoming(self, payload: object) -> None:
+        if not isinstance(payload, list):
+            raise TypeError("not a list")
+        self.got.append(payload)
+
+
+async def test_a_riders_events_go_with_the_push(ns: str) -> None:
+    """b's hub never ticks (lock held, 60 s interval): a's events reach b's rider in the
+    push that carries a's totals."""
+    a_local: dict[str, float] = {}
+    a, b = counters(ns, a_local), counters(ns, {})
+    a.rider, b.rider = Events(), Events()
+    ha, hb = SyncHub(REDIS_URL), SyncHub(REDIS_URL)
+    try:
+        await hb.add(b)
+        await ha.add(a)
+        await asyncio.sleep(LISTEN_POLL * 2)  # b's listener has subscribed
+        async with hb._lock:
+            a_local["pod-0"] = 1.0
+            a.rider.out = [1, None, 2]
+            a.changed()
+            async with asyncio.timeout(10.0):
+                while not b.rider.got:  # noqa: ASYNC110 - state of another task
+                    await asyncio.sleep(0.01)
+            assert b.rider.got == [[1, None, 2]]
+            assert b.others() == {"pod-0": 1.0}
+            assert a.rider.got == []  # its own push is not applied to itself
+    finally:
+        await ha.remove(a)
+        await hb.remove(b)
+        await ha.stop()
+        await hb.stop()
+
+
+async def test_a_push_carries_a_riders_events_once_and_whatever_its_sequence(ns: str) -> None:
+    a_local = {"pod-0": 2.0}
+    a, b = counters(ns, a_local), counters(ns, {})
+    a.rider, b.rider = Events(), Events()
+    async with replica(a), replica(b):
+        a_local["pod-0"] = 3.0
+        a.script_args()
+        a.rider.out = [5]
+        first = a.push_message()
+        assert a.push_message() != first  # a retried tick's push: the events went in the first
+        assert b.pushed(first)
+        assert b.pushed(first)  # the same totals again: not newer, but the events count
+        assert b.rider.got == [[5], [5]]
+        assert b.others() == {"pod-0": 3.0}
+
+
+async def test_a_bad_rider_payload_is_dropped_and_the_totals_taken(ns: str) -> None:
+    a_local = {"pod-0": 2.0}
+    a, b = counters(ns, a_local), counters(ns, {})
+    b.rider = Events()
+    async with replica(a), replica(b):
+        a_local["pod-0"] = 3.0
+        a.script_args()  # newer totals than b pulled when it joined
+        assert b.pushed(msgpack.packb([a.replica, a._sent, "not a list"]))
+        assert b.rider.got == []
+        assert b.others() == {"pod-0": 3.0}
+        for bad in (msgpack.packb([[1], [], 1]), msgpack.packb(7), msgpack.packb(["r", 5])):
+            assert not b.pushed(bad)

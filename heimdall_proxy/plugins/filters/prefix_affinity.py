@@ -15,13 +15,14 @@ from __future__ import annotations
 
 import math
 import random
-import time
+from collections.abc import Mapping
 from typing import Any
 
 from pydantic import Field
 
 from heimdall_proxy.framework.base import BasePlugin
 from heimdall_proxy.framework.handle import PluginHandle
+from heimdall_proxy.framework.inherit import changed
 from heimdall_proxy.framework.params import Duration
 from heimdall_proxy.framework.prefix import PrefixCacheMatchInfo, match_at, prefix_match_key
 from heimdall_proxy.framework.registry import register
@@ -34,7 +35,8 @@ from heimdall_proxy.framework.types import (
 )
 from heimdall_proxy.plugins.filters import affinity_trace
 from heimdall_proxy.plugins.filters.prefix_popularity import PrefixPopularity
-from heimdall_proxy.plugins.filters.queue_delay import QueueDelay
+from heimdall_proxy.plugins.filters.queue_price import QueuePrice
+from heimdall_proxy.plugins.filters.shared_popularity import SharedPopularity
 from heimdall_proxy.plugins.scorers.active_request import attempt_key
 from heimdall_proxy.plugins.scorers.inflight import InFlight
 from heimdall_proxy.plugins.scorers.shared_state import (
@@ -126,7 +128,9 @@ class PrefixCacheAffinityFilter(SharesState, BasePlugin[PrefixCacheAffinityParam
     hot prefix too late. The queue price is then learned from every replica's first tokens
     too (a journal of samples): each replica learning from its own half alone priced the same
     pod up to 15% apart from the other and from a single gateway, enough to flip a keep or
-    release decision now and then (bench/RESULTS.md, "decision trace")."""
+    release decision now and then (bench/RESULTS.md, "decision trace"). The requests the
+    prefix popularity counts are every replica's too (`sharedPrefixDiscount`, riding on the
+    counters' pushes, shared_popularity.py)."""
 
     type = PREFIX_CACHE_AFFINITY_FILTER_TYPE
 
@@ -136,21 +140,59 @@ class PrefixCacheAffinityFilter(SharesState, BasePlugin[PrefixCacheAffinityParam
         self._rng = random.Random()
         self._seconds_per_token = 1.0 / params.peak_prefill_throughput
         self._penalty = params.max_ttft_penalty_ms / 1000.0
-        self.shared = shared_counters(self, params, self.inflight.totals)
-        self.queue_delay = QueueDelay()
+        self.shared = shared_counters(self, params, self._published)
+        self.queue_price = QueuePrice(self._seconds_per_token)
+        if params.learn_queue_delay:
+            self.journal = shared_journal(self, params, self._learned)
+            self.queue_price.journal = self.journal
         self.popularity = PrefixPopularity(params.popularity_half_life)
+        #: With sharing, the popularity counts every replica's requests (the others' ride
+        #: on the counters' pushes, shared_popularity.py), as one gateway's would.
+        self._shared_popularity: SharedPopularity | None = None
+        if self.shared is not None and params.shared_prefix_discount:
+            self._shared_popularity = SharedPopularity(self.popularity)
+            self.shared.rider = self._shared_popularity
         # CycleState key of the shared prefix the filter priced, counted when the request
         # is sent (pre_request), so retries' and the debug route's filtering count nothing
         self._prefix_key = f"{PREFIX_CACHE_AFFINITY_FILTER_TYPE}/{name}#prefix"
-        if params.learn_queue_delay:
-            self.journal = shared_journal(self, params, self._learned)
-        # attempt key -> (pod, prompt tokens ahead, own prefill seconds, sent at), for the
-        # streamed attempts whose first token has not been seen yet
-        self._waiting: dict[str, tuple[str, float, float, float]] = {}
-        self._prefix_key = prefix_match_key(params.prefix_plugin_type, params.prefix_plugin_name)
+        # CycleState key of the prefix plugin's match (made once, not per request)
+        self._match_key = prefix_match_key(params.prefix_plugin_type, params.prefix_plugin_name)
+
+    def inherit(self, previous: PrefixCacheAffinityFilter, gone: frozenset[str]) -> str | None:
+        """A reload keeps the prompt tokens in flight, the learned queue price (less the pods
+        `gone`; unless `peakPrefillThroughput`, its starting point, changed) and the prefix
+        popularity (unless its `popularityHalfLife` changed)."""
+        not_kept: list[str] = []
+        if (reason := changed(previous.params, self.params, "peak_prefill_throughput")) is None:
+            price = previous.queue_price
+            for pod in gone:
+                price.delay.forget(pod)
+            price.journal = self.journal
+            self.queue_price = price
+        else:
+            not_kept.append(f"the queue price is learned anew: {reason}")
+        if (reason := changed(previous.params, self.params, "popularity_half_life")) is None:
+            self.popularity = previous.popularity
+            if self._shared_popularity is not None:
+                self._shared_popularity.popularity = previous.popularity
+        else:
+            not_kept.append(f"the prefix popularity is counted anew: {reason}")
+        self.inflight = previous.inflight
+        self.inflight.timeout = self.params.request_timeout
+        self.hand_over(previous)
+        return "; ".join(not_kept) or None
+
+    def _published(self) -> Mapping[str, float]:
+        """The prompt tokens in flight, or nothing once handed over (as active-request's)."""
+        return {} if self.handed_over else self.inflight.totals()
+
+    def _learned(self, record: list[Any]) -> None:
+        """Another replica's queue-price sample, applied by the successor once handed over."""
+        if not self.handed_over:
+            self.queue_price.learned(record)
 
     def _match(self, state: CycleState) -> PrefixCacheMatchInfo | None:
-        return match_at(state, self._prefix_key)
+        return match_at(state, self._match_key)
 
     def _prompt_tokens(self, request: InferenceRequest) -> int:
         if request.token_ids is not None:
@@ -176,7 +218,7 @@ class PrefixCacheAffinityFilter(SharesState, BasePlugin[PrefixCacheAffinityParam
         """Seconds of delay per prompt token in flight on `pod`."""
         if not self.params.learn_queue_delay:
             return self._seconds_per_token
-        return self.queue_delay.seconds_per_token(pod, self._seconds_per_token)
+        return self.queue_price.seconds_per_token(pod)
 
     def filter(
         self, state: CycleState, request: InferenceRequest, endpoints: list[Endpoint]
@@ -275,40 +317,33 @@ class PrefixCacheAffinityFilter(SharesState, BasePlugin[PrefixCacheAffinityParam
         pod, key = ctx.target.name, ctx.key or attempt_key(ctx)
         if self.params.learn_queue_delay and ctx.request.data.get("stream") is True:
             own = info.uncached_tokens(pod) if info is not None else tokens
-            ahead = self._busy(pod)
-            self._waiting[key] = (pod, ahead, own * self._seconds_per_token, time.monotonic())
+            self.queue_price.sent(key, pod, self._busy(pod), own)
         self.inflight.add(pod, key, float(tokens))
         if self.shared is not None:
             self.shared.changed()
         if self.params.shared_prefix_discount:
             prefix = ctx.state.get(self._prefix_key)
-            self.popularity.observe(prefix if isinstance(prefix, int) else None)
+            shared_key = prefix if isinstance(prefix, int) else None
+            if self._shared_popularity is not None:
+                self._shared_popularity.observe(shared_key)
+            else:
+                self.popularity.observe(shared_key)
         if affinity_trace.enabled():
             affinity_trace.emit("start", key, self._replica(), pod=pod, tokens=tokens)
 
     async def response_streaming(self, ctx: RequestContext, chunk: bytes) -> None:
-        if not self._waiting or b"data:" not in chunk:
+        if not self.queue_price.waiting or b"data:" not in chunk:
             return
-        entry = self._waiting.pop(ctx.key or attempt_key(ctx), None)
-        if entry is not None:
-            pod, ahead, own, sent = entry
-            delay = time.monotonic() - sent - own
-            self.queue_delay.observe(pod, ahead, delay)
-            if self.journal is not None and ahead > 0.0:
-                # rides on the next tick: the price moves slowly, no tick of its own needed
-                self.journal.append([pod, ahead, delay], poke=False)
-            if affinity_trace.enabled():
-                affinity_trace.emit("first", ctx.key or attempt_key(ctx), self._replica(), pod=pod,
-                                    ahead=ahead, delay=delay)  # fmt: skip
-
-    def _learned(self, record: list[Any]) -> None:
-        """Another replica's queue-delay sample (pod, tokens ahead, delay seconds)."""
-        pod, ahead, delay = record
-        self.queue_delay.observe(str(pod), float(ahead), float(delay))
+        key = ctx.key or attempt_key(ctx)
+        sample = self.queue_price.first_token(key)
+        if sample is not None and affinity_trace.enabled():
+            pod, ahead, delay = sample
+            affinity_trace.emit("first", key, self._replica(), pod=pod,
+                                ahead=ahead, delay=delay)  # fmt: skip
 
     async def response_complete(self, ctx: RequestContext) -> None:
         key = ctx.key or attempt_key(ctx)
-        self._waiting.pop(key, None)
+        self.queue_price.forget(key)
         self.inflight.remove(ctx.target.name, key)
         if self.shared is not None:
             self.shared.changed()

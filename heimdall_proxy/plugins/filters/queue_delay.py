@@ -53,6 +53,10 @@ class QueueDelay:
         self._pods.setdefault(pod, _Sums()).add(delay, ahead_tokens, self._keep)
         self._fleet.add(delay, ahead_tokens, self._keep)
 
+    def forget(self, pod: str) -> None:
+        """Drop `pod`'s own samples (it borrows the fleet's ratio until it has new ones)."""
+        self._pods.pop(pod, None)
+
     def seconds_per_token(self, pod: str, default: float) -> float:
         sums = self._pods.get(pod)
         if sums is None or sums.samples < self._min:

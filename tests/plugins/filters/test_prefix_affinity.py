@@ -263,3 +263,32 @@ async def test_filtering_alone_counts_nothing() -> None:
     for _ in range(5):
         f.filter(keyed({"a": 100.0}, SYSTEM), req(), PODS)
     assert len(f.popularity) == 0
+
+
+async def test_with_the_shipped_config_a_shared_prefix_is_counted_when_sent() -> None:
+    """The whole pipeline of config/recommended.yaml (producers, filters, scorers, pre_request
+    hooks): the filter's own CycleState entry must not take the prefix plugin's place, as it
+    once did, after which every plugin reading the match saw none and nothing was counted."""
+    from heimdall_proxy.cli import _demo_config_text  # the shipped recommended.yaml
+
+    doc = yaml.safe_load(_demo_config_text())
+    doc["endpoints"] = [{"name": n, "url": f"http://{n}:80"} for n in ("a", "b", "c")]
+    cfg = parse_config(doc)
+    pool = EndpointPool(cfg.endpoints)
+    pset = build_plugins(cfg.epp, load_builtin_plugins(), PluginHandle(pool=pool))
+    (f,) = [p for p in pset.plugins.values() if isinstance(p, PrefixCacheAffinityFilter)]
+    system = "You are the support assistant of a large shop. " * 60
+    for i in range(4):
+        r = req(data={"messages": [{"role": "system", "content": system},
+                                   {"role": "user", "content": f"question {i}"}]})  # fmt: skip
+        r.request_id = f"r{i}"
+        st = CycleState()
+        for p in pset.producers:
+            await p.produce(st, r, pool.endpoints())
+        target = pset.scheduler.schedule(st, r, pool.endpoints()).primary.targets[0]
+        assert isinstance(st.get(KEY), PrefixCacheMatchInfo)
+        c = ctx(r, target)
+        c.state = st
+        for hook in pset.pre_request:
+            await hook.pre_request(c)
+    assert len(f.popularity) == 1  # the system prompt, counted from the second request on

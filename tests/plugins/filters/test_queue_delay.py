@@ -1,4 +1,4 @@
-"""The affinity filter's learned price of a pod's queue (queue_delay.py)."""
+"""The affinity filter's learned price of a pod's queue (queue_delay.py, queue_price.py)."""
 
 from __future__ import annotations
 
@@ -54,13 +54,14 @@ async def test_first_tokens_teach_the_filter_to_release_sooner() -> None:
         c = ctx(req(data={"stream": True, "j": i}), PODS[0], attempt=100 + i)
         c.state.update(state({}, 1600))
         await f.pre_request(c)
-        pod, ahead, own, _ = f._waiting[attempt_key(c)]
-        f._waiting[attempt_key(c)] = (
+        waiting = f.queue_price._waiting
+        pod, ahead, own, _ = waiting[attempt_key(c)]
+        waiting[attempt_key(c)] = (
             pod, ahead, own, time.monotonic() - own - ahead * 1e-3,
         )  # fmt: skip
         await f.response_streaming(c, b'data: {"x":1}\n\n')
         await f.response_complete(c)
-    assert f.queue_delay.seconds_per_token("a", 0.0) == pytest.approx(1e-3, rel=0.05)
+    assert f.queue_price.seconds_per_token("a") == pytest.approx(1e-3, rel=0.05)
     assert names(f.filter(s, req(), PODS)) == ["a", "b", "c"]
 
 
@@ -71,5 +72,5 @@ async def test_not_learned_when_turned_off_or_not_streamed() -> None:
         await f.pre_request(c)
         await f.response_streaming(c, b"data: {}\n\n")
         await f.response_complete(c)
-        assert not f._waiting
-        assert f.queue_delay.seconds_per_token("a", -1.0) == -1.0
+        assert not f.queue_price.waiting
+        assert f.queue_price.delay.seconds_per_token("a", -1.0) == -1.0
