@@ -62,6 +62,7 @@ from bench.overhead import (
     _raise_on_signal,
     build_gateway_config,
     free_ports,
+    serve_args,
     start_server,
     stop_servers,
     wait_ready,
@@ -279,23 +280,9 @@ def server_argv(
         ]
     else:
         background = "" if args.keep_background else QUIET_BACKGROUND
-        program = [
-            "-m",
-            "heimdall_proxy",
-            "serve",
-            "--config",
-            str(config),
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--log-format",
-            "text",
-            "-v",
-            "0",
-            *shlex.split(background),
-            *shlex.split(args.gateway_args),
-        ]
+        # overhead.py's serve arguments, with the background work quietened before its own
+        quiet = argparse.Namespace(gateway_args=f"{background} {args.gateway_args}")
+        program = ["-m", "heimdall_proxy", *serve_args(quiet, port, config)]
     return [*env, *wrap, *program]
 
 
