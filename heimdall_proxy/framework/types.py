@@ -443,7 +443,9 @@ class RequestContext:
     #: Why the attempt ended without a complete response (connect error, disconnect, ...).
     error: str | None = None
     attempt: int = 0
-    #: "<request id>:<attempt>", which hooks key per-attempt state by; the relay sets it
-    #: once per attempt (read it as `ctx.key or attempt_key(ctx)`, scorers/active_request.py:
-    #: three plugins read it in two hooks each, and a call per read added up).
-    key: str = ""
+    #: "<request id>:<attempt>", which hooks key per-attempt state by: made once, when the
+    #: context is (several plugins read it in several hooks, and a call per read added up).
+    key: str = field(init=False, default="")
+
+    def __post_init__(self) -> None:
+        self.key = f"{self.request.request_id}:{self.attempt}"

@@ -105,10 +105,7 @@ class Relay:
         budget.in_flight += 1
         try:
             while True:
-                ctx = RequestContext(
-                    ireq, state, result, target, prefill=prefill, attempt=attempt,
-                    key=f"{ireq.request_id}:{attempt}",
-                )  # fmt: skip
+                ctx = RequestContext(ireq, state, result, target, prefill=prefill, attempt=attempt)
                 if spans is None:
                     response = await self._attempt(request, ctx, body, headers, another_pod)
                 else:

@@ -37,7 +37,6 @@ from heimdall_proxy.plugins.filters import affinity_trace
 from heimdall_proxy.plugins.filters.prefix_popularity import PrefixPopularity
 from heimdall_proxy.plugins.filters.queue_price import QueuePrice
 from heimdall_proxy.plugins.filters.shared_popularity import SharedPopularity
-from heimdall_proxy.plugins.scorers.active_request import attempt_key
 from heimdall_proxy.plugins.scorers.inflight import InFlight
 from heimdall_proxy.plugins.scorers.shared_state import (
     SharedCountsParams,
@@ -314,7 +313,7 @@ class PrefixCacheAffinityFilter(SharesState, BasePlugin[PrefixCacheAffinityParam
         info = self._match(ctx.state)
         tokens = info.prompt_tokens if info is not None and info.prompt_tokens else 0
         tokens = tokens or self._prompt_tokens(ctx.request)
-        pod, key = ctx.target.name, ctx.key or attempt_key(ctx)
+        pod, key = ctx.target.name, ctx.key
         if self.params.learn_queue_delay and ctx.request.data.get("stream") is True:
             own = info.uncached_tokens(pod) if info is not None else tokens
             self.queue_price.sent(key, pod, self._busy(pod), own)
@@ -334,7 +333,7 @@ class PrefixCacheAffinityFilter(SharesState, BasePlugin[PrefixCacheAffinityParam
     async def response_streaming(self, ctx: RequestContext, chunk: bytes) -> None:
         if not self.queue_price.waiting or b"data:" not in chunk:
             return
-        key = ctx.key or attempt_key(ctx)
+        key = ctx.key
         sample = self.queue_price.first_token(key)
         if sample is not None and affinity_trace.enabled():
             pod, ahead, delay = sample
@@ -342,7 +341,7 @@ class PrefixCacheAffinityFilter(SharesState, BasePlugin[PrefixCacheAffinityParam
                                 ahead=ahead, delay=delay)  # fmt: skip
 
     async def response_complete(self, ctx: RequestContext) -> None:
-        key = ctx.key or attempt_key(ctx)
+        key = ctx.key
         self.queue_price.forget(key)
         self.inflight.remove(ctx.target.name, key)
         if self.shared is not None:

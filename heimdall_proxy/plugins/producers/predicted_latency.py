@@ -42,7 +42,6 @@ from heimdall_proxy.latency.state import (
     slo_seconds,
 )
 from heimdall_proxy.loopmetrics import GaugeFamily, HistogramFamily
-from heimdall_proxy.plugins.scorers.active_request import attempt_key
 from heimdall_proxy.plugins.scorers.inflight import InFlight
 
 log = logging.getLogger(__name__)
@@ -354,7 +353,7 @@ class PredictedLatencyProducer(BasePlugin[PredictedLatencyProducerParams]):
     async def pre_request(self, ctx: RequestContext) -> None:
         preds = read_predictions(ctx.state)
         pod = ctx.target.name
-        key = ctx.key or attempt_key(ctx)
+        key = ctx.key
         row = preds.features_of(pod) if preds is not None else None
         prompt = row[3] * 1000.0 if row is not None else 0.0
         self.inflight.add(pod, key, prompt)
@@ -391,7 +390,7 @@ class PredictedLatencyProducer(BasePlugin[PredictedLatencyProducerParams]):
                 m.predicted_tpot_gauge.labels(*labels).set(pred.tpot)
 
     async def response_streaming(self, ctx: RequestContext, chunk: bytes) -> None:
-        att = self._attempts.get(ctx.key or attempt_key(ctx))
+        att = self._attempts.get(ctx.key)
         if att is None:
             return
         now = time.monotonic()
@@ -415,7 +414,7 @@ class PredictedLatencyProducer(BasePlugin[PredictedLatencyProducerParams]):
         att.last_at = now
 
     async def response_complete(self, ctx: RequestContext) -> None:
-        key = ctx.key or attempt_key(ctx)
+        key = ctx.key
         att = self._attempts.pop(key, None)
         self.inflight.remove(ctx.target.name, key)
         pending = self._pending.get(ctx.target.name)

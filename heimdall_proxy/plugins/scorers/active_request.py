@@ -32,12 +32,6 @@ class ActiveRequestParams(SharedCountsParams):
     max_busy_score: float = Field(default=1.0, ge=0.0, le=1.0)
 
 
-def attempt_key(ctx: RequestContext) -> str:
-    """The key of `ctx`'s attempt: `ctx.key`, which the relay sets (a context made
-    elsewhere, e.g. in a test, gets the same string made here)."""
-    return ctx.key or f"{ctx.request.request_id}:{ctx.attempt}"
-
-
 @register(ACTIVE_REQUEST_SCORER_TYPE, ActiveRequestParams)
 class ActiveRequestScorer(SharesState, BasePlugin[ActiveRequestParams]):
     """Counts, per pod, the requests this gateway has sent it and not yet seen end: from the
@@ -97,11 +91,11 @@ class ActiveRequestScorer(SharesState, BasePlugin[ActiveRequestParams]):
         return out
 
     async def pre_request(self, ctx: RequestContext) -> None:
-        self.inflight.add(ctx.target.name, ctx.key or attempt_key(ctx))
+        self.inflight.add(ctx.target.name, ctx.key)
         if self.shared is not None:
             self.shared.changed()
 
     async def response_complete(self, ctx: RequestContext) -> None:
-        self.inflight.remove(ctx.target.name, ctx.key or attempt_key(ctx))
+        self.inflight.remove(ctx.target.name, ctx.key)
         if self.shared is not None:
             self.shared.changed()

@@ -23,7 +23,6 @@ from heimdall_proxy.framework.types import (
     InferenceRequest,
     RequestContext,
 )
-from heimdall_proxy.plugins.scorers.active_request import attempt_key
 from heimdall_proxy.plugins.scorers.inflight import InFlight
 from heimdall_proxy.plugins.scorers.pace import Pace
 from heimdall_proxy.plugins.scorers.shared_state import (
@@ -197,7 +196,7 @@ class OutstandingWorkScorer(SharesState, BasePlugin[OutstandingWorkParams]):
 
     async def pre_request(self, ctx: RequestContext) -> None:
         prefill, decode = self.estimate(ctx.request, self._cached_share(ctx))
-        key = ctx.key or attempt_key(ctx)
+        key = ctx.key
         work = self._work[key] = _Work(ctx.target.name, prefill, decode, self.clock())
         if not ctx.request.stream:
             self._unstreamed[key] = work
@@ -211,14 +210,14 @@ class OutstandingWorkScorer(SharesState, BasePlugin[OutstandingWorkParams]):
         # measured worse with the default weights (bench/RESULTS.md, "prefill until the
         # first chunk"): the scale 1 - work / max lets long prompts' prefill crowd out the
         # decode signal.
-        work = self._work.get(ctx.key or attempt_key(ctx))
+        work = self._work.get(ctx.key)
         if work is not None and work.prefill:
             work.prefill = 0.0
-            self.inflight.update(ctx.target.name, ctx.key or attempt_key(ctx), work.total)
+            self.inflight.update(ctx.target.name, ctx.key, work.total)
 
     async def response_streaming(self, ctx: RequestContext, chunk: bytes) -> None:
         # Prefill went with the headers (response_received, which the relay runs first).
-        key = ctx.key or attempt_key(ctx)
+        key = ctx.key
         work = self._work.get(key)
         events = chunk.count(b"data:")
         if work is None or not events:
@@ -233,7 +232,7 @@ class OutstandingWorkScorer(SharesState, BasePlugin[OutstandingWorkParams]):
             self.inflight.update(ctx.target.name, key, work.total)
 
     async def response_complete(self, ctx: RequestContext) -> None:
-        key = ctx.key or attempt_key(ctx)
+        key = ctx.key
         work = self._work.pop(key, None)
         self._unstreamed.pop(key, None)
         if work is not None and work.first_at and ctx.error is None:

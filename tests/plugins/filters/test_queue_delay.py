@@ -7,7 +7,6 @@ import time
 import pytest
 
 from heimdall_proxy.plugins.filters.queue_delay import QueueDelay
-from heimdall_proxy.plugins.scorers.active_request import attempt_key
 from tests.plugins.filters.test_prefix_affinity import PODS, make, names, occupy, state
 from tests.plugins.helpers import ctx, req
 
@@ -55,8 +54,8 @@ async def test_first_tokens_teach_the_filter_to_release_sooner() -> None:
         c.state.update(state({}, 1600))
         await f.pre_request(c)
         waiting = f.queue_price._waiting
-        pod, ahead, own, _ = waiting[attempt_key(c)]
-        waiting[attempt_key(c)] = (
+        pod, ahead, own, _ = waiting[c.key]
+        waiting[c.key] = (
             pod, ahead, own, time.monotonic() - own - ahead * 1e-3,
         )  # fmt: skip
         await f.response_streaming(c, b'data: {"x":1}\n\n')
