@@ -169,12 +169,12 @@ class ReplicaCounters(Part):
         i = 0
         while i < len(flat):
             replica, n = flat[i].decode(), int(flat[i + 1])
-            if replica in self._ignored:
-                i += 2 + n
-                continue
-            seq, totals = _parse(flat[i + 2 : i + 2 + n])
-            known = self._by_replica.get(replica)
-            by_replica[replica] = known if known is not None and known[0] > seq else (seq, totals)
+            if replica not in self._ignored:
+                seq, totals = _parse(flat[i + 2 : i + 2 + n])
+                known = self._by_replica.get(replica)
+                by_replica[replica] = (
+                    known if known is not None and known[0] > seq else (seq, totals)
+                )
             i += 2 + n
         self._by_replica = by_replica
         self._others = _sum(by_replica)

@@ -153,7 +153,7 @@ class PrefixCacheAffinityFilter(SharesState, BasePlugin[PrefixCacheAffinityParam
             self.shared.rider = self._shared_popularity
         # CycleState key of the shared prefix the filter priced, counted when the request
         # is sent (pre_request), so retries' and the debug route's filtering count nothing
-        self._prefix_key = f"{PREFIX_CACHE_AFFINITY_FILTER_TYPE}/{name}#prefix"
+        self._shared_prefix_key = f"{PREFIX_CACHE_AFFINITY_FILTER_TYPE}/{name}#prefix"
         # CycleState key of the prefix plugin's match (made once, not per request)
         self._match_key = prefix_match_key(params.prefix_plugin_type, params.prefix_plugin_name)
 
@@ -306,7 +306,7 @@ class PrefixCacheAffinityFilter(SharesState, BasePlugin[PrefixCacheAffinityParam
         if not 0 < depth <= len(info.block_keys):
             return None
         key = info.block_keys[depth - 1]
-        state[self._prefix_key] = key
+        state[self._shared_prefix_key] = key
         return key
 
     async def pre_request(self, ctx: RequestContext) -> None:
@@ -321,7 +321,7 @@ class PrefixCacheAffinityFilter(SharesState, BasePlugin[PrefixCacheAffinityParam
         if self.shared is not None:
             self.shared.changed()
         if self.params.shared_prefix_discount:
-            prefix = ctx.state.get(self._prefix_key)
+            prefix = ctx.state.get(self._shared_prefix_key)
             shared_key = prefix if isinstance(prefix, int) else None
             if self._shared_popularity is not None:
                 self._shared_popularity.observe(shared_key)

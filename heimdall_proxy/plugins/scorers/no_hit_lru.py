@@ -57,7 +57,7 @@ class NoHitLRUScorer(SharesState, BasePlugin[NoHitLRUParams]):
         super().__init__(name, params, handle)
         self._lru: OrderedDict[str, None] = OrderedDict()
         self._cold_key = f"{prefix_match_key(self.type, name)}#cold"
-        self._prefix_key = prefix_match_key(params.prefix_plugin_type, params.prefix_plugin_name)
+        self._match_key = prefix_match_key(params.prefix_plugin_type, params.prefix_plugin_name)
         self.journal = shared_journal(self, params, self._apply)
 
     def inherit(self, previous: NoHitLRUScorer, gone: frozenset[str]) -> str | None:
@@ -107,7 +107,7 @@ class NoHitLRUScorer(SharesState, BasePlugin[NoHitLRUParams]):
         cold = state.get(self._cold_key)
         if isinstance(cold, bool):
             return cold
-        info = match_at(state, self._prefix_key)
+        info = match_at(state, self._match_key)
         cold = info is None or not info.has_hit()
         state[self._cold_key] = cold
         return cold

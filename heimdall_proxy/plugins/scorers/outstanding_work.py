@@ -119,7 +119,7 @@ class OutstandingWorkScorer(SharesState, BasePlugin[OutstandingWorkParams]):
         # Progress of each attempt; dropped at response_complete, which the server calls once
         # per attempt whatever happens, so it never outgrows the requests in flight.
         self._work: dict[str, _Work] = {}
-        self._prefix_key = prefix_match_key(params.prefix_plugin_type, params.prefix_plugin_name)
+        self._match_key = prefix_match_key(params.prefix_plugin_type, params.prefix_plugin_name)
         #: The non-streamed attempts among them, counted down by time (_decay).
         self._unstreamed: dict[str, _Work] = {}
         self._pace: dict[str, Pace] = {}
@@ -161,7 +161,7 @@ class OutstandingWorkScorer(SharesState, BasePlugin[OutstandingWorkParams]):
         """Share of the prompt the target pod holds, by the prefix plugin's match (0 when it
         did not run): a cached prefix costs the pod no prefill, and counting it made pods
         serving a hot prefix look several times busier than they were."""
-        info = match_at(ctx.state, self._prefix_key)
+        info = match_at(ctx.state, self._match_key)
         if info is None or info.prompt_tokens <= 0:
             return 0.0
         return min(1.0, info.cached_tokens(ctx.target.name) / info.prompt_tokens)
