@@ -237,3 +237,18 @@ def test_the_popularity_rides_on_no_push_without_the_discount(ns: str) -> None:
         None,  # type: ignore[arg-type]
     )
     assert f.shared is not None and f.shared.rider is None
+
+
+def test_another_replicas_pushed_requests_are_counted_once_across_a_reload(ns: str) -> None:
+    # old and new: one gateway's filter before and after a reload, both still in the hub
+    # while the old requests drain; every replica's push reaches both their counters
+    params = PrefixCacheAffinityParams.model_validate(shared(ns, sharedPrefixDiscount=0.75))
+    old, new, other = (PrefixCacheAffinityFilter("f", params, None) for _ in range(3))  # type: ignore[arg-type]
+    assert new.inherit(old, frozenset()) is None
+    assert other._shared_popularity is not None and other.shared is not None
+    other._shared_popularity.observe(42)
+    other.shared.script_args()
+    push = other.shared.push_message()
+    for filt in (old, new):
+        assert filt.shared is not None and filt.shared.pushed(push)
+    assert new.popularity.count(42) == pytest.approx(1.0)  # not 1 + 1 decayed by a step

@@ -174,6 +174,8 @@ class PrefixCacheAffinityFilter(SharesState, BasePlugin[PrefixCacheAffinityParam
             self.popularity = previous.popularity
             if self._shared_popularity is not None:
                 self._shared_popularity.popularity = previous.popularity
+            # the predecessor's own requests (retries while it drains) go out with ours
+            previous._shared_popularity = self._shared_popularity
         else:
             not_kept.append(f"the prefix popularity is counted anew: {reason}")
         self.inflight = previous.inflight

@@ -109,16 +109,18 @@ class SharesState:
 
     shared: ReplicaCounters | None = None
     journal: Journal | None = None
-    #: Set when a config reload handed this plugin's state to its successor: from then on
-    #: the successor publishes it and applies the other replicas' records to it.
+    #: Set when a config reload handed this plugin's state to its successor (`hand_over`).
     handed_over: bool = False
 
     def hand_over(self, previous: SharesState) -> None:
         """A config reload gave `previous`'s state to this instance: from now on only this one
-        publishes it and applies the other replicas' records to it, and each instance's
-        counters leave the other's id out (both are this replica; counting the other's
-        publication too would count its requests twice)."""
+        publishes it and applies the other replicas' records and pushed events to it, and
+        each instance's counters leave the other's id out (both are this replica; counting
+        the other's publication too would count its requests twice)."""
         previous.handed_over = True
+        if previous.shared is not None:
+            # the events riding on pushes are applied by the successor's counters alone
+            previous.shared.rider = None
         if self.shared is not None and previous.shared is not None:
             self.shared.ignore(previous.shared.replica)
             previous.shared.ignore(self.shared.replica)
