@@ -54,6 +54,25 @@ async def replica(
         await hub.stop()
 
 
+@contextlib.asynccontextmanager
+async def listening(
+    a: ReplicaCounters | Journal, b: ReplicaCounters | Journal
+) -> AsyncIterator[tuple[SyncHub, SyncHub]]:
+    """Two replicas with background hubs (listeners on), `b`'s subscribed before the test
+    goes on; their own ticks are a minute apart (the parts' interval)."""
+    ha, hb = SyncHub(REDIS_URL), SyncHub(REDIS_URL)
+    try:
+        await hb.add(b)
+        await ha.add(a)
+        await asyncio.sleep(LISTEN_POLL * 2)  # b's listener has subscribed
+        yield ha, hb
+    finally:
+        await ha.remove(a)
+        await hb.remove(b)
+        await ha.stop()
+        await hb.stop()
+
+
 def counters(ns: str, local: Mapping[str, float], ttl: float = 5.0) -> ReplicaCounters:
     # interval: a long one, the tests drive sync() themselves
     return ReplicaCounters(REDIS_URL, ns, lambda: local, interval=60.0, ttl=ttl)
@@ -257,20 +276,11 @@ async def test_new_journal_records_make_the_others_tick(ns: str) -> None:
     announced it and b's listener ticked."""
     got: list[list[object]] = []
     a, b = journal(ns, []), journal(ns, got)
-    ha, hb = SyncHub(REDIS_URL), SyncHub(REDIS_URL)
-    try:
-        await hb.add(b)
-        await ha.add(a)
-        await asyncio.sleep(LISTEN_POLL * 2)  # b's listener has subscribed
+    async with listening(a, b):
         a.append(["x"])
         async with asyncio.timeout(10.0):
             while got != [["x"]]:  # noqa: ASYNC110 - state of another task
                 await asyncio.sleep(0.01)
-    finally:
-        await ha.remove(a)
-        await hb.remove(b)
-        await ha.stop()
-        await hb.stop()
 
 
 async def test_counts_are_pushed_to_the_others_without_a_tick_of_theirs(ns: str) -> None:
@@ -278,11 +288,7 @@ async def test_counts_are_pushed_to_the_others_without_a_tick_of_theirs(ns: str)
     reaches b, carried by the notification itself."""
     a_local: dict[str, float] = {}
     a, b = counters(ns, a_local), counters(ns, {})
-    ha, hb = SyncHub(REDIS_URL), SyncHub(REDIS_URL)
-    try:
-        await hb.add(b)
-        await ha.add(a)
-        await asyncio.sleep(LISTEN_POLL * 2)  # b's listener has subscribed
+    async with listening(a, b) as (_, hb):
         assert b.others() == {}
         async with hb._lock:  # no tick of b's can run
             a_local["pod-0"] = 2.0
@@ -290,11 +296,6 @@ async def test_counts_are_pushed_to_the_others_without_a_tick_of_theirs(ns: str)
             async with asyncio.timeout(10.0):
                 while b.others() != {"pod-0": 2.0}:  # noqa: ASYNC110 - state of another task
                     await asyncio.sleep(0.01)
-    finally:
-        await ha.remove(a)
-        await hb.remove(b)
-        await ha.stop()
-        await hb.stop()
 
 
 async def test_a_pull_read_before_a_push_does_not_roll_it_back(ns: str) -> None:
@@ -342,26 +343,16 @@ async def test_a_riders_events_go_with_the_push(ns: str) -> None:
     a_local: dict[str, float] = {}
     a, b = counters(ns, a_local), counters(ns, {})
     a.rider, b.rider = Events(), Events()
-    ha, hb = SyncHub(REDIS_URL), SyncHub(REDIS_URL)
-    try:
-        await hb.add(b)
-        await ha.add(a)
-        await asyncio.sleep(LISTEN_POLL * 2)  # b's listener has subscribed
-        async with hb._lock:
-            a_local["pod-0"] = 1.0
-            a.rider.out = [1, None, 2]
-            a.changed()
-            async with asyncio.timeout(10.0):
-                while not b.rider.got:  # noqa: ASYNC110 - state of another task
-                    await asyncio.sleep(0.01)
-            assert b.rider.got == [[1, None, 2]]
-            assert b.others() == {"pod-0": 1.0}
-            assert a.rider.got == []  # its own push is not applied to itself
-    finally:
-        await ha.remove(a)
-        await hb.remove(b)
-        await ha.stop()
-        await hb.stop()
+    async with listening(a, b) as (_, hb), hb._lock:
+        a_local["pod-0"] = 1.0
+        a.rider.out = [1, None, 2]
+        a.changed()
+        async with asyncio.timeout(10.0):
+            while not b.rider.got:  # noqa: ASYNC110 - state of another task
+                await asyncio.sleep(0.01)
+        assert b.rider.got == [[1, None, 2]]
+        assert b.others() == {"pod-0": 1.0}
+        assert a.rider.got == []  # its own push is not applied to itself
 
 
 async def test_a_push_carries_a_riders_events_once_and_whatever_its_sequence(ns: str) -> None:
