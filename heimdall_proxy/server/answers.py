@@ -45,10 +45,8 @@ class Answers:
     def whole(self, ctx: RequestContext, payload: bytes) -> None:
         """A whole answer: counted as served and, when it is a success, its arrival is its
         time to first token and its usage counts."""
-        model = ctx.request.model or UNKNOWN_MODEL
-        series = self.metrics.models.get(model) or self.metrics.model_series(model)
-        key = (ctx.target.name, ctx.status)
-        (series.served.get(key) or series.served_child(*key)).inc()
+        series = self._series(ctx)
+        self._served(series, ctx)
         if ctx.status is None or not 200 <= ctx.status < 300:
             return
         (series.ttft or series.histogram("ttft")).observe(
@@ -60,8 +58,7 @@ class Answers:
         if output is not None:
             (series.output_tokens or series.histogram("output_tokens")).observe(output)
 
-    def _observe_stream(self, ctx: RequestContext, usage: StreamUsage, first_at: float) -> None:
-        series = self._series(ctx)
+    def _observe_stream(self, series: ModelSeries, usage: StreamUsage, first_at: float) -> None:
         if usage.prompt is not None:
             (series.input_tokens or series.histogram("input_tokens")).observe(usage.prompt)
         output = usage.output_tokens
@@ -74,8 +71,8 @@ class Answers:
         model = ctx.request.model or UNKNOWN_MODEL
         return self.metrics.models.get(model) or self.metrics.model_series(model)
 
-    def count(self, ctx: RequestContext) -> None:
-        series = self._series(ctx)
+    @staticmethod
+    def _served(series: ModelSeries, ctx: RequestContext) -> None:
         key = (ctx.target.name, ctx.status)
         (series.served.get(key) or series.served_child(*key)).inc()
 
@@ -93,6 +90,7 @@ class Answers:
         streaming = self.streaming
         first = True
         first_at = 0.0
+        series = self._series(ctx)
         usage = StreamUsage() if 200 <= upstream.status < 300 else None
         strip = ctx.state.get(USAGE_ASKED_KEY, False)
         while True:
@@ -127,15 +125,14 @@ class Answers:
             if first:
                 first = False
                 first_at = time.monotonic()
-                series = self._series(ctx)
                 (series.ttft or series.histogram("ttft")).observe(
                     first_at - ctx.request.received_at
                 )
             if streaming is not None:
                 await streaming.run(ctx, chunk)
-        self.count(ctx)
+        self._served(series, ctx)
         if usage is not None:
-            self._observe_stream(ctx, usage, first_at)
+            self._observe_stream(series, usage, first_at)
         try:
             await response.write_eof()
         except ConnectionError:
