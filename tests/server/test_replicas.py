@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -11,6 +10,8 @@ import aiohttp
 import pytest
 
 from heimdall_proxy.plugins.scorers.active_request import ActiveRequestScorer
+from heimdall_proxy.plugins.scorers.no_hit_lru import NoHitLRUScorer
+from heimdall_proxy.plugins.scorers.prefix_cache import PrefixCacheScorer
 from tests.conftest import GatewayFactory, PodFactory, RunningGateway, eventually, make_config
 from tests.kvcache.redisns import REDIS_URL, redis_namespace
 from tests.server.test_prefix_routing import long_prompt, send
@@ -44,10 +45,20 @@ async def ns() -> AsyncIterator[str]:
         yield prefix
 
 
-async def settle() -> None:
-    """Twenty sync intervals: a change reaches the other replica in about two, so this leaves
-    room for a loaded machine."""
-    await asyncio.sleep(0.2)
+def shared_view(gw: RunningGateway) -> tuple[list[str], dict[str, int]]:
+    """What one replica knows of the routing so far: the no-hit LRU's order and how many
+    prefix blocks it holds per pod."""
+    lru = gw.gateway.plugins.plugins["no-hit-lru-scorer"]
+    prefix = gw.gateway.plugins.plugins["prefix-cache-scorer"]
+    assert isinstance(lru, NoHitLRUScorer) and isinstance(prefix, PrefixCacheScorer)
+    return lru.last_used(), {pod: prefix.index.size(pod) for pod in lru.last_used()}
+
+
+async def settle(a: RunningGateway, b: RunningGateway) -> None:
+    """Until both replicas know the same routing: a change reaches the other in about two
+    sync intervals; waiting for it rather than for a fixed time keeps a loaded machine from
+    failing the test and an idle one from waiting longer than it must."""
+    await eventually(lambda: shared_view(a) == shared_view(b), within=5.0)
 
 
 async def test_a_prompt_routed_by_one_replica_returns_to_its_pod_through_the_other(
@@ -62,7 +73,7 @@ async def test_a_prompt_routed_by_one_replica_returns_to_its_pod_through_the_oth
         first = []
         for i in range(6):
             first.append(await send(http, (a, b)[i % 2], {"prompt": long_prompt(f"t{i}")}))
-            await settle()
+            await settle(a, b)
         assert sorted(first[:3]) == sorted(p.name for p in pods)
         assert first[3:] == first[:3]
         # A prompt sent through one replica goes back to its pod through the other.
