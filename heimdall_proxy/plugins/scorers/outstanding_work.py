@@ -184,7 +184,7 @@ class OutstandingWorkScorer(SharesState, BasePlugin[OutstandingWorkParams]):
         else:
             others = self.shared.others()
             loads = [total(e.name) + others.get(e.name, 0.0) for e in endpoints]
-        top = max(loads, default=0.0)
+        top = max(loads) if loads else 0.0  # no keyword: a builtin's costs more than max
         if top <= 0.0:
             return DefaultScores(endpoints, 1.0, {})
         # An idle pod scores 1.0 - 0 / top = 1.0: only the busy ones are listed.
