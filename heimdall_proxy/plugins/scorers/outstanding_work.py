@@ -164,7 +164,8 @@ class OutstandingWorkScorer(SharesState, BasePlugin[OutstandingWorkParams]):
         info = match_at(ctx.state, self._match_key)
         if info is None or info.prompt_tokens <= 0:
             return 0.0
-        return min(1.0, info.cached_tokens(ctx.target.name) / info.prompt_tokens)
+        share = info.cached_tokens(ctx.target.name) / info.prompt_tokens
+        return share if share < 1.0 else 1.0
 
     def work(self, pod: str) -> float:
         """Outstanding work on `pod`, in decode-token units (all replicas' when shared)."""
