@@ -47,7 +47,8 @@ class InFlightLoad:
         left = self.requests.get(pod, 0) - 1
         if left > 0:
             self.requests[pod] = left
-            self.tokens[pod] = max(0, self.tokens.get(pod, 0) - tokens)
+            tokens_left = self.tokens.get(pod, 0) - tokens
+            self.tokens[pod] = tokens_left if tokens_left > 0 else 0  # max(): a builtin call
         else:
             self.requests.pop(pod, None)
             self.tokens.pop(pod, None)

@@ -48,13 +48,15 @@ class PrefixCacheMatchInfo:
         """Matched blocks / total blocks, in [0, 1] (0 for a prompt shorter than a block)."""
         if self.total_blocks <= 0:
             return 0.0
-        return min(1.0, self.matched_blocks.get(pod, 0.0) / self.total_blocks)
+        ratio = self.matched_blocks.get(pod, 0.0) / self.total_blocks
+        # min(1.0, ratio) without a builtin call (per pod per request; same result for NaN)
+        return ratio if ratio < 1.0 else 1.0
 
     def cached_tokens(self, pod: str) -> int:
         """Prompt tokens `pod` can skip computing: whole matched blocks times the block size,
         never more than the prompt."""
-        blocks = int(self.matched_blocks.get(pod, 0.0))
-        return min(self.prompt_tokens, blocks * self.block_size)
+        cached = int(self.matched_blocks.get(pod, 0.0)) * self.block_size
+        return cached if cached < self.prompt_tokens else self.prompt_tokens
 
     def uncached_tokens(self, pod: str) -> int:
         """Prompt tokens `pod` would have to compute."""

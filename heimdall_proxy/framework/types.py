@@ -113,6 +113,12 @@ class CycleState(dict[str, Any]):
     __slots__ = ()
 
 
+def _new_request_id() -> str:
+    """16 hex digits, as f"{random.getrandbits(64):016x}" gives them at less than two thirds
+    of the cost (a format spec is parsed on every call; this runs for every request)."""
+    return random.getrandbits(64).to_bytes(8).hex()
+
+
 @dataclass(slots=True)
 class InferenceRequest:
     """One client request, parsed once. `body` holds the exact bytes to forward; plugins that
@@ -125,7 +131,7 @@ class InferenceRequest:
     data: dict[str, Any]
     headers: Mapping[str, str]
     stream: bool = False
-    request_id: str = field(default_factory=lambda: f"{random.getrandbits(64):016x}")
+    request_id: str = field(default_factory=_new_request_id)
     received_at: float = field(default_factory=time.monotonic)
     body_modified: bool = False
     #: Real token ids, when a tokenizer prepare-data plugin ran.

@@ -37,18 +37,20 @@ class MaxScorePicker(PickerBase):
     ) -> ProfileResult:
         endpoints, totals = split_scored(scored)
         n = len(totals)
-        want = min(self._k, n)
+        want = self._k if self._k < n else n
         rng = self.rng
         chosen: list[int] = []
-        level = max(totals, default=None)
+        level = max(totals) if totals else None  # no keyword: a builtin's costs more than max
         while level is not None and len(chosen) < want:
             if totals.count(level) == 1:  # the usual best: no tie to collect
                 tied = [totals.index(level)]
             else:
                 tied = list(compress(range(n), map(eq, totals, repeat(level))))
-            take = min(want - len(chosen), len(tied))
             # An ordered uniform sample of the tied pods is the head of a uniform shuffle.
-            chosen.extend(tied if len(tied) == 1 else rng.sample(tied, take))
+            if len(tied) == 1:
+                chosen.extend(tied)
+            else:
+                chosen.extend(rng.sample(tied, min(want - len(chosen), len(tied))))
             if len(chosen) < want:
                 below = level
                 level = max((t for t in totals if t < below), default=None)

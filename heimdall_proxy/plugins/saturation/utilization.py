@@ -46,7 +46,9 @@ class UtilizationDetector(BasePlugin[UtilizationDetectorParams]):
         requests it sent that the scrape does not show yet."""
         m = ep.metrics
         unseen = self.load.requests.get(ep.name, 0) - (m.waiting + m.running)
-        return float(m.waiting + max(0, unseen))
+        # Comparisons where max() stood (here and in _score), as max() decides ties and NaN:
+        # this runs per candidate per request, and a builtin call costs more than all of it.
+        return float(m.waiting + unseen if unseen > 0 else m.waiting)
 
     def _score(self, ep: Endpoint, now: float, extra_queue: float) -> float:
         p = self.params
@@ -54,7 +56,8 @@ class UtilizationDetector(BasePlugin[UtilizationDetectorParams]):
         if m.updated_at == 0.0 or now - m.updated_at > p.metrics_staleness_threshold:
             return 1.0
         queue = (self._queue(ep) + extra_queue) / p.queue_depth_threshold
-        return max(queue, m.kv_cache_usage / p.kv_cache_util_threshold)
+        kv = m.kv_cache_usage / p.kv_cache_util_threshold
+        return kv if kv > queue else queue
 
     def saturation(self, endpoints: Sequence[Endpoint]) -> float:
         if not endpoints:

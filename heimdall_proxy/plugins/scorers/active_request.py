@@ -84,7 +84,7 @@ class ActiveRequestScorer(SharesState, BasePlugin[ActiveRequestParams]):
         else:
             others = self.shared.others()
             counts = [count(e.name) + int(others.get(e.name, 0.0)) for e in endpoints]
-        top = max(counts, default=0)
+        top = max(counts) if counts else 0
         out = {}
         for e, n in zip(endpoints, counts, strict=True):
             out[e.name] = 1.0 if n <= self._idle else self._busy * (top - n) / top

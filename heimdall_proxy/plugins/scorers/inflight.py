@@ -27,8 +27,10 @@ class InFlight:
         self._earliest = math.inf
 
     def add(self, pod: str, key: str, value: float = 1.0, now: float | None = None) -> None:
-        entries = self._pods.setdefault(pod, OrderedDict())
-        if key in entries:
+        entries = self._pods.get(pod)
+        if entries is None:  # not setdefault: that builds a throwaway OrderedDict per call
+            entries = self._pods[pod] = OrderedDict()
+        elif key in entries:
             return
         start = time.monotonic() if now is None else now
         entries[key] = (start, value)
@@ -57,7 +59,8 @@ class InFlight:
         self, pod: str, entries: OrderedDict[str, tuple[float, float]], value: float
     ) -> None:
         if entries:
-            self._totals[pod] = max(0.0, self._totals[pod] - value)
+            left = self._totals[pod] - value
+            self._totals[pod] = left if left > 0.0 else 0.0  # max(0.0, left) without a call
         else:  # exact zero, never float residue
             self._totals[pod] = 0.0
 

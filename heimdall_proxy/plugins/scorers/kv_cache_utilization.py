@@ -21,4 +21,10 @@ class KVCacheUtilizationScorer(BasePlugin[NoParams]):
     def score(
         self, state: CycleState, request: InferenceRequest, endpoints: list[Endpoint]
     ) -> Mapping[str, float]:
-        return {e.name: min(1.0, max(0.0, 1.0 - e.metrics.kv_cache_usage)) for e in endpoints}
+        return {e.name: _clamp(1.0 - e.metrics.kv_cache_usage) for e in endpoints}
+
+
+def _clamp(free: float) -> float:
+    """`free` within [0, 1], NaN as 0, as `min(1.0, max(0.0, free))` gives it, without the
+    two builtin calls per pod (each dearer than this whole function)."""
+    return 1.0 if free > 1.0 else free if free > 0.0 else 0.0

@@ -164,7 +164,8 @@ class OutstandingWorkScorer(SharesState, BasePlugin[OutstandingWorkParams]):
         info = match_at(ctx.state, self._match_key)
         if info is None or info.prompt_tokens <= 0:
             return 0.0
-        return min(1.0, info.cached_tokens(ctx.target.name) / info.prompt_tokens)
+        share = info.cached_tokens(ctx.target.name) / info.prompt_tokens
+        return share if share < 1.0 else 1.0
 
     def work(self, pod: str) -> float:
         """Outstanding work on `pod`, in decode-token units (all replicas' when shared)."""
@@ -184,7 +185,7 @@ class OutstandingWorkScorer(SharesState, BasePlugin[OutstandingWorkParams]):
         else:
             others = self.shared.others()
             loads = [total(e.name) + others.get(e.name, 0.0) for e in endpoints]
-        top = max(loads, default=0.0)
+        top = max(loads) if loads else 0.0  # no keyword: a builtin's costs more than max
         if top <= 0.0:
             return DefaultScores(endpoints, 1.0, {})
         # An idle pod scores 1.0 - 0 / top = 1.0: only the busy ones are listed.
