@@ -17,25 +17,55 @@ from heimdall_proxy.framework.types import DICT_OR_MAPPING
 
 
 def usage_counts(usage: Any) -> tuple[int | None, int | None]:
-    """(prompt tokens, output tokens) of a `usage` object, None where absent."""
+    """(prompt tokens, output tokens) of a `usage` object, None where absent. The Responses
+    API's names are looked up only when the chat/completions name is absent (not when it is
+    null), so a usage with both reads as the chat/completions one."""
     if not isinstance(usage, DICT_OR_MAPPING):
         return None, None
-    prompt = usage.get("prompt_tokens", usage.get("input_tokens"))
-    output = usage.get("completion_tokens", usage.get("output_tokens"))
+    prompt = usage.get("prompt_tokens", _ABSENT)
+    if prompt is _ABSENT:
+        prompt = usage.get("input_tokens")
+    output = usage.get("completion_tokens", _ABSENT)
+    if output is _ABSENT:
+        output = usage.get("output_tokens")
     return (
         prompt if isinstance(prompt, int) else None,
         output if isinstance(output, int) else None,
     )
 
 
+_ABSENT: Any = object()
+_BLANK = b" \t\r\n"
+
+
 def body_usage(body: bytes) -> tuple[int | None, int | None]:
-    """Usage of a non-streamed JSON answer (or of one SSE event's JSON)."""
+    """Usage of a non-streamed JSON answer (or of one SSE event's JSON).
+
+    Read from the document's tail alone, without parsing the whole answer (whose choices may
+    be many kB of text): pods put `usage` last or nearly so, and `{` + body[at:] is valid JSON
+    exactly when the `"usage"` at `at` is a key of the top-level object (one nested deeper
+    leaves closing brackets over; one inside a string is escaped, so not preceded by `{` or
+    `,`). Anything else (no top-level usage, `"usage": null` with a Responses API event's
+    usage in `response`, a broken tail) is parsed whole by `_whole_body_usage`. One function
+    rather than two: this runs on every answer, and the extra call and tuple test were a
+    tenth of its cost."""
     at = body.rfind(b'"usage"')
     if at < 0:
         return None, None
-    tail = _top_level_usage(body, at)
-    if tail is not None:
-        return tail
+    i = at - 1
+    while i >= 0 and body[i] in _BLANK:
+        i -= 1
+    if i >= 0 and body[i] in b"{,":
+        try:
+            usage = orjson.loads(b"{" + body[at:])["usage"]
+        except orjson.JSONDecodeError:
+            usage = None
+        if usage is not None:
+            return usage_counts(usage)
+    return _whole_body_usage(body)
+
+
+def _whole_body_usage(body: bytes) -> tuple[int | None, int | None]:
     try:
         doc = orjson.loads(body)
     except orjson.JSONDecodeError:
@@ -45,27 +75,6 @@ def body_usage(body: bytes) -> tuple[int | None, int | None]:
     usage = doc.get("usage")
     if usage is None and isinstance(doc.get("response"), dict):  # a Responses API event
         usage = doc["response"].get("usage")
-    return usage_counts(usage)
-
-
-def _top_level_usage(body: bytes, at: int) -> tuple[int | None, int | None] | None:
-    """The usage read from the document's tail alone, without parsing the whole answer
-    (whose choices may be many kB of text): pods put `usage` last or nearly so, and
-    `{` + body[at:] is valid JSON exactly when the `"usage"` at `at` is a key of the top-level
-    object (one nested deeper leaves closing brackets over; one inside a string is escaped,
-    so not preceded by `{` or `,`). None when that does not hold: the caller parses it all."""
-    i = at - 1
-    while i >= 0 and body[i] in b" \t\r\n":
-        i -= 1
-    if i < 0 or body[i] not in b"{,":
-        return None
-    try:
-        doc = orjson.loads(b"{" + body[at:])
-    except orjson.JSONDecodeError:
-        return None
-    usage = doc.get("usage")
-    if usage is None:  # `"usage": null`: a Responses API event may carry it in `response`
-        return None
     return usage_counts(usage)
 
 

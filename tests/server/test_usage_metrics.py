@@ -93,6 +93,15 @@ def test_usage_is_read_from_every_api_shape() -> None:
     assert (s.prompt, s.output_tokens) == (4, 3)
 
 
+def test_responses_names_are_read_only_where_the_chat_names_are_absent() -> None:
+    assert usage_counts({"input_tokens": 2, "output_tokens": 7}) == (2, 7)
+    assert usage_counts({"prompt_tokens": 3, "input_tokens": 2, "completion_tokens": 5}) == (3, 5)
+    # present but null is not absent: the Responses name is not consulted
+    assert usage_counts({"prompt_tokens": None, "input_tokens": 2}) == (None, None)
+    assert usage_counts({"completion_tokens": "5", "output_tokens": 7}) == (None, None)
+    assert usage_counts([("prompt_tokens", 1)]) == (None, None)
+
+
 async def test_a_stream_without_usage_is_asked_for_it_and_the_client_does_not_see_it(
     start_pod: PodFactory, start_gateway: GatewayFactory
 ) -> None:
