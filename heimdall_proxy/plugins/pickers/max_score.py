@@ -28,7 +28,8 @@ class MaxScorePicker(PickerBase):
     then stably sorted by score (what this picker used to do), but it only collects the
     pods tied at the best scores and samples among them: shuffling 1,024 pods in Python cost
     about a millisecond per request. The fallback ranking (the rest of the pods by score,
-    ties in random order) is made only when read, e.g. after a failed attempt."""
+    ties in random order) is made only when read, e.g. after a failed attempt; when every
+    candidate is among the targets there is no rest, and the ranking is the targets."""
 
     type = MAX_SCORE_PICKER_TYPE
 
@@ -55,6 +56,8 @@ class MaxScorePicker(PickerBase):
                 below = level
                 level = max((t for t in totals if t < below), default=None)
         targets = [endpoints[i] for i in chosen]
+        if len(chosen) == n:  # every candidate picked (one pod, or k >= pods): that is the ranking
+            return ProfileResult(targets, list(targets))
         # Kept until the request ends, for the fallback ranking: as an array, which the
         # garbage collector does not walk (a list or tuple of 1,024 float objects per
         # request in flight made its young-generation passes take milliseconds: p99).

@@ -163,3 +163,12 @@ def test_many_pods_tie_uniformly() -> None:
     counts = Counter(p.pick(CycleState(), REQ, cands).targets[0].name for _ in range(10240))
     assert set(counts) == {f"p{i}" for i in range(0, 1024, 4)}
     assert min(counts.values()) > 10 and max(counts.values()) < 80, counts.most_common(3)
+
+
+@pytest.mark.parametrize("k", [1, 2, 3])
+def test_when_every_candidate_is_picked_the_ranking_is_the_targets(k: int) -> None:
+    cands = scored(a=0.5) if k == 1 else scored(a=0.5, b=0.9, c=0.9)[:k]
+    result = picker(k=3).pick(CycleState(), REQ, cands)
+    assert result.has_ranking()
+    assert names(result.ranked) == names(result.targets)
+    assert result.ranked is not result.targets  # a reassigned ranking leaves the targets alone
