@@ -162,8 +162,12 @@ class PrefixCacheScorer(SharesState, BasePlugin[PrefixCacheParams]):
     def _block_size(self, endpoints: list[Endpoint]) -> int:
         if self.params.auto_tune:
             first = endpoints[0].metrics.block_size if endpoints else 0
-            if first and len({e.metrics.block_size for e in endpoints}) == 1:
-                return first  # the usual pool: one block size, no Counter per request
+            if first:
+                for e in endpoints:
+                    if e.metrics.block_size != first:
+                        break
+                else:  # the usual pool: one block size, no Counter (nor set) per request
+                    return first
             sizes = Counter(e.metrics.block_size for e in endpoints if e.metrics.block_size)
             if sizes:
                 top = max(sizes.values())
@@ -176,14 +180,21 @@ class PrefixCacheScorer(SharesState, BasePlugin[PrefixCacheParams]):
         return self.params.lru_capacity_per_server
 
     def keys(self, request: InferenceRequest, block_size: int) -> list[int]:
-        """The chained block keys of the request's prompt (at most maxPrefixBlocksToMatch)."""
-        seed = namespace_seed(request.model, cache_salt(request))
+        """The chained block keys of the request's prompt (at most maxPrefixBlocksToMatch).
+        A prompt shorter than one block has none, and its namespace seed is not computed."""
         limit = self.params.max_prefix_blocks_to_match
-        if request.token_ids is not None:
-            return block_keys(request.token_ids, block_size, seed, max_blocks=limit)
-        return text_block_keys(
-            request_text(request), block_size * CHARS_PER_TOKEN, seed, max_blocks=limit
-        )
+        tokens = request.token_ids
+        if tokens is not None:
+            if len(tokens) < block_size:
+                return []
+            seed = namespace_seed(request.model, cache_salt(request))
+            return block_keys(tokens, block_size, seed, max_blocks=limit)
+        text = request_text(request)
+        chars_per_block = block_size * CHARS_PER_TOKEN
+        if len(text) < chars_per_block:
+            return []
+        seed = namespace_seed(request.model, cache_salt(request))
+        return text_block_keys(text, chars_per_block, seed, max_blocks=limit)
 
     def match(
         self, state: CycleState, request: InferenceRequest, endpoints: list[Endpoint]
@@ -194,13 +205,18 @@ class PrefixCacheScorer(SharesState, BasePlugin[PrefixCacheParams]):
             return info
         block_size = self._block_size(endpoints)
         keys = self.keys(request, block_size)
-        matched = self.index.match(keys, CandidateNames.of(endpoints).name_set()) if keys else {}
+        prompt_tokens = request.estimated_tokens(CHARS_PER_TOKEN)
+        if not keys:  # shorter than one block: nothing to look up, nothing to record
+            info = PrefixCacheMatchInfo(block_size, 0, prompt_tokens, {}, keys)
+            state[self.state_key] = info
+            return info
+        matched = self.index.match(keys, CandidateNames.of(endpoints).name_set())
         info = PrefixCacheMatchInfo(
-            block_size=block_size,
-            total_blocks=len(keys),
-            prompt_tokens=request.estimated_tokens(CHARS_PER_TOKEN),
-            matched_blocks={pod: float(n) for pod, n in matched.items()},
-            block_keys=keys,
+            block_size,
+            len(keys),
+            prompt_tokens,
+            {pod: float(n) for pod, n in matched.items()},
+            keys,
         )
         state[self.state_key] = info
         state[self._hashes_key] = _Hashes(block_size, keys)

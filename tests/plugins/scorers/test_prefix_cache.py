@@ -93,6 +93,36 @@ async def test_short_prompts_are_ignored() -> None:
     assert info is not None and info.total_blocks == 0 and not info.has_hit()
 
 
+async def test_a_prompt_shorter_than_one_block_records_nothing_and_one_block_does() -> None:
+    scorer = make(autoTune=False, blockSizeTokens=4)  # 16 characters per block
+    a = ep("a")
+    short = completion("x" * 15)
+    c = ctx(short, a)
+    await scorer.produce(c.state, c.request, [a])
+    assert read_prefix_match(c.state, TYPE, TYPE) == PrefixCacheMatchInfo(4, 0, 3, {}, [])
+    await scorer.pre_request(c)
+    assert scorer.index.size("a") == 0
+    tokens = completion("ignored")
+    tokens.token_ids = [1, 2, 3]  # type: ignore[attr-defined]
+    assert scorer.keys(tokens, 4) == []  # type: ignore[arg-type]
+    tokens.token_ids = [1, 2, 3, 4]  # type: ignore[attr-defined]
+    assert len(scorer.keys(tokens, 4)) == 1  # type: ignore[arg-type]
+    await route(scorer, completion("x" * 16), a)
+    assert scorer.index.size("a") == 1
+    assert scorer.score(CycleState(), completion("x" * 16), [a]) == {"a": 1.0}
+
+
+def test_auto_tune_takes_the_most_common_block_size_of_a_mixed_pool() -> None:
+    scorer = make()
+    same = [ep(n, block_size=32) for n in "abc"]
+    assert scorer._block_size(same) == 32
+    mixed = [ep("a", block_size=32), ep("b", block_size=16), ep("c", block_size=16)]
+    assert scorer._block_size(mixed) == 16
+    assert scorer._block_size([ep("a", block_size=32), ep("b", block_size=16)]) == 16
+    assert scorer._block_size([ep("a"), ep("b", block_size=32)]) == 32
+    assert scorer._block_size([ep("a")]) == scorer.params.block_size_tokens
+
+
 async def test_max_prefix_blocks_and_token_ids() -> None:
     scorer = make(autoTune=False, maxPrefixBlocksToMatch=4, blockSizeTokens=2)
     a = ep("a")
