@@ -138,6 +138,7 @@ def run_gateways(
                 proc.stop()
     cpu = sum(b - a for a, b in zip(cpu0, cpu1, strict=True))
     row = summarize(label, replicas, result.summary, cpu, len(workload.requests))
+    row.update(samples(result))
     row["logs"] = [str(logs / f"{slug}-r{r}.log") for r in range(replicas)]
     return row
 
@@ -155,6 +156,23 @@ def summarize(
         "errors": s["errors"],
         "gateway_cpu_s": cpu,
         "cpu_ms_per_request": cpu / n * 1000 if cpu is not None else None,
+    }
+
+
+def samples(result: runner.RunResult) -> dict[str, Any]:
+    """What pooling over seeds needs (bench/pooled.py): every successful request's E2E
+    latency, and the fleet's prefix hits and queries (the hit rate's numerator and
+    denominator, so that seeds pool by their token counts, not as a mean of rates)."""
+    hits = queries = 0.0
+    for pod in result.pods:
+        h = runner.counter_delta(pod, "prefix_hits")
+        q = runner.counter_delta(pod, "prefix_queries")
+        if h is not None and q is not None:
+            hits, queries = hits + h, queries + q
+    return {
+        "e2e_values": [round(r.e2e, 6) for r in result.requests if r.ok and r.e2e is not None],
+        "prefix_hits": hits,
+        "prefix_queries": queries,
     }
 
 
