@@ -43,7 +43,7 @@ import yaml
 
 if __package__ in (None, ""):  # run as `python bench/replicas.py`
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench import compare, machine, matrix, runner, workloads
+from bench import compare, machine, matrix, pooled, runner, workloads
 
 #: The scorers that take redisConfig to share their state.
 SHAREABLE = frozenset(
@@ -233,7 +233,8 @@ def run_shape(
         finally:
             if kp is not None:
                 drop_keys(address, kp)
-        print(f"   {json.dumps(rows[-1])}", file=sys.stderr)
+        brief = {k: v for k, v in rows[-1].items() if k != "e2e_values"}
+        print(f"   {json.dumps(brief)}", file=sys.stderr)
         time.sleep(1.0)
     if router:
         print("-- vllm-router round_robin", file=sys.stderr)
@@ -300,6 +301,7 @@ def render(results: Sequence[Mapping[str, Any]], argv: Sequence[str], load: tupl
         body += [*summary(results), ""]
     if len({r.get("seed", 42) for r in results}) > 1:
         body += [*spread(results), ""]
+        body += [*pooled_lines(results), ""]
     return "\n".join(head + body)
 
 
@@ -366,6 +368,15 @@ def spread(results: Sequence[Mapping[str, Any]], limit: float = 0.05) -> list[st
     return lines
 
 
+def pooled_lines(results: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The pooled table (bench/pooled.py), or why there is none: runs before per-request
+    latencies were kept in the JSON cannot be pooled."""
+    found = pooled.pool(results)
+    if not found:
+        return ["(no pooled figures: these runs' JSON has no per-request latencies)"]
+    return pooled.table(found)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="the matrix's smaller workloads")
@@ -405,7 +416,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.spread:
         loaded = [r for path in args.spread for r in json.loads(path.read_text())]
-        print("\n".join([*summary(loaded), "", *spread(loaded)]))
+        print("\n".join([*summary(loaded), "", *spread(loaded), "", *pooled_lines(loaded)]))
         return 0
     raw = list(sys.argv[1:] if argv is None else argv)
     started = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from bench.replicas import shared_config, spread
+from bench.replicas import pooled_lines, shared_config, spread
 
 
 def test_redis_config_goes_on_the_shareable_plugins_only() -> None:
@@ -49,3 +49,10 @@ def test_the_spread_gives_each_variants_median_and_range_over_the_seeds() -> Non
         "| hot-prefix | again | 3 | 1.000x [1.000, 1.000] | 0 | 1.000x [0.900, 1.000] | 1 |"
         in lines
     )
+
+
+def test_earlier_json_without_per_request_latencies_says_it_cannot_be_pooled() -> None:
+    results = [{"shape": "hot-prefix", "seed": 1, "rows": [row("1 replica", 2.0, 0.9)]}]
+    assert pooled_lines(results) == [
+        "(no pooled figures: these runs' JSON has no per-request latencies)"
+    ]
