@@ -161,8 +161,9 @@ def summarize(
 
 def samples(result: runner.RunResult) -> dict[str, Any]:
     """What pooling over seeds needs (bench/pooled.py): every successful request's E2E
-    latency, and the fleet's prefix hits and queries (the hit rate's numerator and
-    denominator, so that seeds pool by their token counts, not as a mean of rates)."""
+    latency and the fleet's prefix hits and queries (the hit rate's numerator and
+    denominator, so that seeds pool by their token counts, not as a mean of rates); and
+    which pod served each request."""
     hits = queries = 0.0
     for pod in result.pods:
         h = runner.counter_delta(pod, "prefix_hits")
@@ -171,6 +172,8 @@ def samples(result: runner.RunResult) -> dict[str, Any]:
             hits, queries = hits + h, queries + q
     return {
         "e2e_values": [round(r.e2e, 6) for r in result.requests if r.ok and r.e2e is not None],
+        # which pod served each request, in the workload's order (to find a pile-up)
+        "request_pods": [r.pod for r in result.requests],
         "prefix_hits": hits,
         "prefix_queries": queries,
     }
@@ -233,7 +236,7 @@ def run_shape(
         finally:
             if kp is not None:
                 drop_keys(address, kp)
-        brief = {k: v for k, v in rows[-1].items() if k != "e2e_values"}
+        brief = {k: v for k, v in rows[-1].items() if k not in ("e2e_values", "request_pods")}
         print(f"   {json.dumps(brief)}", file=sys.stderr)
         time.sleep(1.0)
     if router:
