@@ -15,7 +15,9 @@ Per shape, each variant on a fresh simulated fleet with the same request schedul
 - `2 replicas, not shared`: the split with state in memory, what sharing fixes;
 - vllm-router round_robin, for scale.
 
-Acceptance: the shared pair's prefix hit rate and E2E p95 within 5% of one replica's.
+Acceptance: the shared pair's prefix hit rate and E2E p95 within 5% of one replica's. One
+run's p95 moves by up to 10% against itself, so over several `--seeds` it is judged on the
+figures pooled over the seeds, with their interval (bench/pooled.py).
 Gateway CPU is the sum over the replica processes (Redis's own CPU is not included: other
 jobs on this machine use the same server).
 
@@ -43,7 +45,7 @@ import yaml
 
 if __package__ in (None, ""):  # run as `python bench/replicas.py`
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench import compare, machine, matrix, runner, workloads
+from bench import compare, machine, matrix, pooled, runner, workloads
 
 #: The scorers that take redisConfig to share their state.
 SHAREABLE = frozenset(
@@ -138,6 +140,7 @@ def run_gateways(
                 proc.stop()
     cpu = sum(b - a for a, b in zip(cpu0, cpu1, strict=True))
     row = summarize(label, replicas, result.summary, cpu, len(workload.requests))
+    row.update(samples(result))
     row["logs"] = [str(logs / f"{slug}-r{r}.log") for r in range(replicas)]
     return row
 
@@ -155,6 +158,26 @@ def summarize(
         "errors": s["errors"],
         "gateway_cpu_s": cpu,
         "cpu_ms_per_request": cpu / n * 1000 if cpu is not None else None,
+    }
+
+
+def samples(result: runner.RunResult) -> dict[str, Any]:
+    """What pooling over seeds needs (bench/pooled.py): every successful request's E2E
+    latency and the fleet's prefix hits and queries (the hit rate's numerator and
+    denominator, so that seeds pool by their token counts, not as a mean of rates); and
+    which pod served each request."""
+    hits = queries = 0.0
+    for pod in result.pods:
+        h = runner.counter_delta(pod, "prefix_hits")
+        q = runner.counter_delta(pod, "prefix_queries")
+        if h is not None and q is not None:
+            hits, queries = hits + h, queries + q
+    return {
+        "e2e_values": [round(r.e2e, 6) for r in result.requests if r.ok and r.e2e is not None],
+        # which pod served each request, in the workload's order (to find a pile-up)
+        "request_pods": [r.pod for r in result.requests],
+        "prefix_hits": hits,
+        "prefix_queries": queries,
     }
 
 
@@ -215,7 +238,8 @@ def run_shape(
         finally:
             if kp is not None:
                 drop_keys(address, kp)
-        print(f"   {json.dumps(rows[-1])}", file=sys.stderr)
+        brief = {k: v for k, v in rows[-1].items() if k not in ("e2e_values", "request_pods")}
+        print(f"   {json.dumps(brief)}", file=sys.stderr)
         time.sleep(1.0)
     if router:
         print("-- vllm-router round_robin", file=sys.stderr)
@@ -265,7 +289,7 @@ def table(result: Mapping[str, Any]) -> list[str]:
 
 
 def render(results: Sequence[Mapping[str, Any]], argv: Sequence[str], load: tuple[float, ...],
-           started: str) -> str:  # fmt: skip
+           started: str, quick: bool = False) -> str:  # fmt: skip
     info = compare.machine_info()
     dirty = " (dirty)" if machine.git_dirty("heimdall_proxy", "bench") else ""
     head = [
@@ -282,6 +306,8 @@ def render(results: Sequence[Mapping[str, Any]], argv: Sequence[str], load: tupl
         body += [*summary(results), ""]
     if len({r.get("seed", 42) for r in results}) > 1:
         body += [*spread(results), ""]
+        body += [*pooled_lines(results), ""]
+    body += [*same_pod(results, quick), ""]
     return "\n".join(head + body)
 
 
@@ -348,6 +374,67 @@ def spread(results: Sequence[Mapping[str, Any]], limit: float = 0.05) -> list[st
     return lines
 
 
+#: Send-time gaps (s) between consecutive requests that same_pod() groups by.
+GAP_EDGES = (0.0, 0.005, 0.010, 0.020, float("inf"))
+
+
+def same_pod_counts(
+    offsets: Sequence[float], pods: Sequence[str | None], edges: Sequence[float] = GAP_EDGES
+) -> list[tuple[int, int]]:
+    """Per gap bucket, (pairs of consecutive requests, pairs sent to the same pod). Dealt in
+    turn, consecutive requests reach different replicas of a pair: within the time a
+    request takes to reach the other replica's view, the two can pick the same pod where
+    one gateway, seeing the first in flight, would not."""
+    out = [(0, 0)] * (len(edges) - 1)
+    for i in range(1, len(offsets)):
+        gap = offsets[i] - offsets[i - 1]
+        b = next(k for k in range(len(edges) - 1) if edges[k] <= gap < edges[k + 1])
+        n, same = out[b]
+        out[b] = (n + 1, same + (pods[i] is not None and pods[i] == pods[i - 1]))
+    return out
+
+
+def same_pod(results: Sequence[Mapping[str, Any]], quick: bool = False) -> list[str]:
+    """same_pod_counts per shape and variant, summed over the runs that kept each request's
+    pod (the workload is drawn again from its seed for the send offsets)."""
+    by: dict[tuple[str, str], list[tuple[int, int]]] = {}
+    for result in results:
+        if not all(row.get("request_pods") for row in result["rows"]):
+            continue
+        workload = build_workload(matrix.SHAPES[result["shape"]], quick, result.get("seed", 42))
+        offsets = sorted(r.offset for r in workload.requests)
+        for row in result["rows"]:
+            counts = same_pod_counts(offsets, row["request_pods"])
+            acc = by.setdefault((result["shape"], row["label"]), [(0, 0)] * len(counts))
+            by[(result["shape"], row["label"])] = [
+                (a + n, b + s) for (a, b), (n, s) in zip(acc, counts, strict=True)
+            ]
+    if not by:
+        return []
+    heads = [
+        f"{GAP_EDGES[k] * 1000:g}-{GAP_EDGES[k + 1] * 1000:g} ms" for k in range(len(GAP_EDGES) - 1)
+    ]
+    lines = [
+        "#### Consecutive requests sent to the same pod, by the gap between their sends",
+        "",
+        "| shape | variant | " + " | ".join(heads) + " |",
+        "|---|---|" + "---:|" * len(heads),
+    ]
+    for (shape, label), counts in by.items():
+        cells = [f"{s}/{n} ({s / n:.0%})" if n else "-" for n, s in counts]
+        lines.append(f"| {shape} | {label} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def pooled_lines(results: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The pooled table (bench/pooled.py), or why there is none: runs before per-request
+    latencies were kept in the JSON cannot be pooled."""
+    found = pooled.pool(results)
+    if not found:
+        return ["(no pooled figures: these runs' JSON has no per-request latencies)"]
+    return pooled.table(found)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="the matrix's smaller workloads")
@@ -387,7 +474,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.spread:
         loaded = [r for path in args.spread for r in json.loads(path.read_text())]
-        print("\n".join([*summary(loaded), "", *spread(loaded)]))
+        lines = [*summary(loaded), "", *spread(loaded), "", *pooled_lines(loaded)]
+        print("\n".join([*lines, "", *same_pod(loaded, args.quick)]))
         return 0
     raw = list(sys.argv[1:] if argv is None else argv)
     started = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
@@ -409,7 +497,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         for seed in args.seeds.split(",")
         for key in args.shapes.split(",")
     ]
-    text = render(results, raw, (load0, os.getloadavg()[0]), started)
+    text = render(results, raw, (load0, os.getloadavg()[0]), started, args.quick)
     print(text)
     if args.markdown:
         args.markdown.parent.mkdir(parents=True, exist_ok=True)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from bench.replicas import shared_config, spread
+from bench.replicas import pooled_lines, same_pod_counts, shared_config, spread
 
 
 def test_redis_config_goes_on_the_shareable_plugins_only() -> None:
@@ -49,3 +49,17 @@ def test_the_spread_gives_each_variants_median_and_range_over_the_seeds() -> Non
         "| hot-prefix | again | 3 | 1.000x [1.000, 1.000] | 0 | 1.000x [0.900, 1.000] | 1 |"
         in lines
     )
+
+
+def test_earlier_json_without_per_request_latencies_says_it_cannot_be_pooled() -> None:
+    results = [{"shape": "hot-prefix", "seed": 1, "rows": [row("1 replica", 2.0, 0.9)]}]
+    assert pooled_lines(results) == [
+        "(no pooled figures: these runs' JSON has no per-request latencies)"
+    ]
+
+
+def test_same_pod_counts_consecutive_requests_by_the_gap_between_their_sends() -> None:
+    offsets = [0.0, 0.001, 0.004, 0.020, 0.027, 0.100]
+    pods = ["a", "a", "b", "b", "a", None]
+    # gaps: 1 ms same, 3 ms not, 16 ms same, 7 ms not, 73 ms (no pod) not
+    assert same_pod_counts(offsets, pods) == [(2, 1), (1, 0), (1, 1), (1, 0)]
