@@ -52,8 +52,10 @@ def cluster_interval(
 ) -> tuple[float, float] | None:
     """The percentile bootstrap interval of `stat` over `clusters` drawn with replacement
     (as many as there are) `resamples` times. None if no resample gave a value."""
-    rng = random.Random(seed)
     n = len(clusters)
+    if n < 2:  # one seed always draws itself back: an interval of no width would mislead
+        return None
+    rng = random.Random(seed)
     values = []
     for _ in range(resamples):
         v = stat([clusters[rng.randrange(n)] for _ in range(n)])
@@ -77,6 +79,8 @@ class Pooled:
     seeds: int
     p95: float | None
     hit_rate: float | None
+    #: requests that failed: not in the p95, which they would otherwise flatter
+    failed: int
     #: over the first variant's pooled figure, and the bootstrap interval of that ratio
     p95_ratio: float | None
     p95_interval: tuple[float, float] | None
@@ -99,13 +103,14 @@ def _paired(
 
 
 def pool(results: Sequence[Mapping[str, Any]], resamples: int = RESAMPLES) -> list[Pooled]:
-    """Per shape and variant, pooled over the seeds whose every row has `e2e_values` (runs
-    older than that field are left out), with ratios to the first variant."""
+    """Per shape and variant, pooled over the seeds, with ratios to the first variant. Only
+    rows with `e2e_values` count (older runs' rows, without it, are left out), and a variant
+    is shown when every seed kept by the first variant has it."""
     by_shape: dict[str, list[Mapping[str, Any]]] = {}
     for result in results:
-        rows = result["rows"]
-        if rows and all("e2e_values" in row for row in rows):
-            by_shape.setdefault(result["shape"], []).append(result)
+        rows = [row for row in result["rows"] if "e2e_values" in row]
+        if rows:
+            by_shape.setdefault(result["shape"], []).append({**result, "rows": rows})
     out: list[Pooled] = []
     for shape, runs in by_shape.items():
         base = runs[0]["rows"][0]["label"]
@@ -113,6 +118,8 @@ def pool(results: Sequence[Mapping[str, Any]], resamples: int = RESAMPLES) -> li
         # one cluster per seed: {label: row}; seeds missing a variant are left out
         clusters = [{row["label"]: row for row in run["rows"]} for run in runs]
         clusters = [c for c in clusters if all(lb in c for lb in labels)]
+        if not clusters:
+            continue
         for label in labels:
             p95_ratio = functools.partial(_paired, pooled_p95, label, base)
             hit_ratio = functools.partial(_paired, pooled_hit_rate, label, base)
@@ -124,6 +131,7 @@ def pool(results: Sequence[Mapping[str, Any]], resamples: int = RESAMPLES) -> li
                     len(clusters),
                     pooled_p95(mine),
                     pooled_hit_rate(mine),
+                    sum(int(row.get("failed", 0)) for row in mine),
                     p95_ratio(clusters),
                     cluster_interval(clusters, p95_ratio, resamples),
                     hit_ratio(clusters),
@@ -146,14 +154,14 @@ def table(pooled: Sequence[Pooled]) -> list[str]:
         f"first variant [95% interval, {RESAMPLES} resamples of the seeds]",
         "",
         "| shape | variant | seeds | pooled E2E p95 (s) | p95 / first | pooled hit rate "
-        "| hit rate / first |",
-        "|---|---|---:|---:|---|---:|---|",
+        "| hit rate / first | failed |",
+        "|---|---|---:|---:|---|---:|---|---:|",
     ]
     for p in pooled:
         p95 = "-" if p.p95 is None else f"{p.p95:.3f}"
         hit = "-" if p.hit_rate is None else f"{p.hit_rate:.2%}"
         lines.append(
             f"| {p.shape} | {p.label} | {p.seeds} | {p95} | {_x(p.p95_ratio, p.p95_interval)} "
-            f"| {hit} | {_x(p.hit_ratio, p.hit_interval)} |"
+            f"| {hit} | {_x(p.hit_ratio, p.hit_interval)} | {p.failed} |"
         )
     return lines

@@ -174,6 +174,8 @@ def samples(result: runner.RunResult) -> dict[str, Any]:
             hits, queries = hits + h, queries + q
     return {
         "e2e_values": [round(r.e2e, 6) for r in result.requests if r.ok and r.e2e is not None],
+        # not in e2e_values: shown beside the pooled p95, which failures would otherwise flatter
+        "failed": sum(1 for r in result.requests if not r.ok),
         # which pod served each request, in the workload's order (to find a pile-up)
         "request_pods": [r.pod for r in result.requests],
         "prefix_hits": hits,
@@ -246,17 +248,13 @@ def run_shape(
         run = compare.run_target(
             compare.Target("vllm-router", "round_robin"), workload, spec, out / key, progress=False
         )
-        rows.append(
-            summarize(
-                "vllm-router round_robin",
-                1,
-                run.result.summary,
-                run.router_cpu,
-                len(workload.requests),
-            )
+        row = summarize(
+            "vllm-router round_robin", 1, run.result.summary, run.router_cpu, len(workload.requests)
         )
+        row.update(samples(run.result))
+        rows.append(row)
     return {"shape": key, "description": shape.description, "workload": workload.describe(),
-            "seed": seed, "rows": rows}  # fmt: skip
+            "seed": seed, "quick": quick, "rows": rows}  # fmt: skip
 
 
 def _f(v: float | None, fmt: str = ".2f") -> str:
@@ -399,12 +397,16 @@ def same_pod(results: Sequence[Mapping[str, Any]], quick: bool = False) -> list[
     pod (the workload is drawn again from its seed for the send offsets)."""
     by: dict[tuple[str, str], list[tuple[int, int]]] = {}
     for result in results:
-        if not all(row.get("request_pods") for row in result["rows"]):
-            continue
-        workload = build_workload(matrix.SHAPES[result["shape"]], quick, result.get("seed", 42))
+        # the workload as the run drew it (runs before "quick" was kept: as asked now)
+        workload = build_workload(
+            matrix.SHAPES[result["shape"]], result.get("quick", quick), result.get("seed", 42)
+        )
         offsets = sorted(r.offset for r in workload.requests)
         for row in result["rows"]:
-            counts = same_pod_counts(offsets, row["request_pods"])
+            pods = row.get("request_pods")
+            if not pods or len(pods) != len(offsets):
+                continue  # kept no pods, or not this workload
+            counts = same_pod_counts(offsets, pods)
             acc = by.setdefault((result["shape"], row["label"]), [(0, 0)] * len(counts))
             by[(result["shape"], row["label"])] = [
                 (a + n, b + s) for (a, b), (n, s) in zip(acc, counts, strict=True)

@@ -27,14 +27,15 @@ def test_pooling_takes_every_request_and_sums_hits_and_queries() -> None:
     assert pooled_hit_rate([a, b]) == 730 / 820
 
 
-def test_the_ratio_is_of_pooled_figures_and_one_seed_gives_no_width() -> None:
+def test_the_ratio_is_of_pooled_figures_and_one_seed_gives_no_interval() -> None:
     one = row("1 replica", [1.0] * 50 + [2.0] * 50, 8, 10)
     pair = row("pair", [1.0] * 50 + [3.0] * 50, 9, 10)
     [base, p] = pool([run(1, one, pair)], resamples=200)
-    assert (base.p95_ratio, base.p95_interval) == (1.0, (1.0, 1.0))
+    assert base.p95_ratio == 1.0
     assert p.p95_ratio == 1.5 and p.hit_ratio == 0.9 / 0.8
-    # resampling seeds, not requests: one seed always draws itself back
-    assert p.p95_interval == (1.5, 1.5) and p.hit_interval == (0.9 / 0.8, 0.9 / 0.8)
+    # resampling seeds, not requests: one seed always draws itself back, so an interval of
+    # no width would claim a precision one run does not have
+    assert base.p95_interval is None and p.p95_interval is None and p.hit_interval is None
 
 
 def test_seeds_are_resampled_together_for_every_variant() -> None:
@@ -61,5 +62,22 @@ def test_the_interval_is_the_central_95_percent_of_the_resampled_statistic() -> 
 def test_runs_without_per_request_data_are_left_out() -> None:
     old = {"shape": "hot-prefix", "seed": 1, "rows": [{"label": "1 replica", "e2e": {}}]}
     assert pool([old]) == []
-    lines = table(pool([run(1, row("1 replica", [1.0], 1, 2), row("pair", [1.0], 1, 2))]))
-    assert "| multi-turn | pair | 1 | 1.000 | 1.000x [1.000, 1.000] | 50.00% " in lines[-1]
+    pair = {**row("pair", [1.0], 1, 2), "failed": 3}
+    runs = [run(seed, row("1 replica", [1.0], 1, 2), pair) for seed in (1, 2)]
+    lines = table(pool(runs))
+    assert "| multi-turn | pair | 2 | 1.000 | 1.000x [1.000, 1.000] | 50.00% " in lines[-1]
+    assert lines[-1].endswith("| 6 |")  # failures summed over the seeds, shown beside the p95
+
+
+def test_a_row_without_per_request_data_does_not_drop_the_seed() -> None:
+    # e.g. a peer router's row summarised without samples: the variants that have them pool
+    router = {"label": "vllm-router round_robin", "e2e": {}}
+    runs = [
+        {**run(seed, row("1 replica", [1.0], 1, 2), row("pair", [2.0], 1, 2))} for seed in (1, 2)
+    ]
+    for r in runs:
+        r["rows"] = [*r["rows"], router]  # type: ignore[list-item]
+    assert [(p.label, p.seeds, p.p95_ratio) for p in pool(runs, resamples=50)] == [
+        ("1 replica", 2, 1.0),
+        ("pair", 2, 2.0),
+    ]

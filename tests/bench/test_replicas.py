@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
-from bench.replicas import pooled_lines, same_pod_counts, shared_config, spread
+from bench import matrix
+from bench.replicas import (
+    build_workload,
+    pooled_lines,
+    same_pod,
+    same_pod_counts,
+    shared_config,
+    spread,
+)
 
 
 def test_redis_config_goes_on_the_shareable_plugins_only() -> None:
@@ -63,3 +71,22 @@ def test_same_pod_counts_consecutive_requests_by_the_gap_between_their_sends() -
     pods = ["a", "a", "b", "b", "a", None]
     # gaps: 1 ms same, 3 ms not, 16 ms same, 7 ms not, 73 ms (no pod) not
     assert same_pod_counts(offsets, pods) == [(2, 1), (1, 0), (1, 1), (1, 0)]
+
+
+def test_same_pod_redraws_the_workload_the_run_used() -> None:
+    # A --quick run read back without --quick: the send offsets must be the quick workload's
+    # (a longer workload's offsets would pair the pods with the wrong gaps, or overrun them).
+    shape = matrix.SHAPES["hot-prefix"]
+    n = len(build_workload(shape, True, 7).requests)
+    assert n != len(build_workload(shape, False, 7).requests)
+    pods = ["a"] * n
+    result = {"shape": "hot-prefix", "seed": 7, "quick": True, "rows": [
+        {"label": "1 replica", "request_pods": pods},
+        {"label": "old row", "request_pods": pods[:-1]},  # not this workload: left out
+    ]}  # fmt: skip
+    lines = same_pod([result], quick=False)
+    assert len(lines) == 5 and lines[-1].startswith("| hot-prefix | 1 replica |")
+    total = sum(
+        int(c.split("/")[1].split(" ")[0]) for c in lines[-1].split("|")[3:-1] if c != " - "
+    )
+    assert total == n - 1
