@@ -51,7 +51,7 @@ from heimdall_proxy.conductor.wire import (
 )
 from heimdall_proxy.kvcache.events import EventBatch, decode_payloads
 from heimdall_proxy.kvcache.index.stats import KVCacheStats
-from heimdall_proxy.kvcache.prepare import BROKEN_BACKOFF, _worker_init
+from heimdall_proxy.kvcache.workers import BROKEN_BACKOFF, worker_init
 
 log = logging.getLogger(__name__)
 
@@ -244,7 +244,7 @@ class ConductorPreparer:
         pools = []
         try:
             for _ in range(self.processes):
-                pool = ProcessPoolExecutor(1, mp_context=context, initializer=_worker_init)
+                pool = ProcessPoolExecutor(1, mp_context=context, initializer=worker_init)
                 pools.append(pool)
                 pool.submit(worker_maps)
         except (OSError, RuntimeError) as exc:

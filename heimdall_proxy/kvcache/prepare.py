@@ -23,8 +23,6 @@ import asyncio
 import logging
 import multiprocessing
 import os
-import signal
-import threading
 import time
 from array import array
 from collections.abc import Iterable, Sequence
@@ -43,13 +41,12 @@ from heimdall_proxy.kvcache.events import (
 )
 from heimdall_proxy.kvcache.hashing import local_hashes, namespace_seed, salt_root
 from heimdall_proxy.kvcache.index import KVBlockIndex, StoredBlocks
+from heimdall_proxy.kvcache.workers import BROKEN_BACKOFF, worker_init
 
 log = logging.getLogger(__name__)
 
 #: A payload that could not be decoded is returned as the decoder's message.
 Prepared = EventBatch | str
-#: Seconds before a pool that broke is replaced again.
-BROKEN_BACKOFF = 10.0
 
 
 def event_namespace(lora_name: str | None, lora_id: int | None, model_name: str) -> str:
@@ -187,22 +184,6 @@ def unpack(packed: Sequence[Any]) -> list[Prepared]:
     ]
 
 
-def _worker_init() -> None:
-    # Ctrl-C reaches the whole process group: the gateway shuts its pool down itself, so a
-    # worker ignores it instead of dying with a traceback mid-batch.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    # A gateway killed with SIGKILL cannot shut its pool down: the worker notices that its
-    # parent is gone (it is re-parented) and exits instead of lingering.
-    parent = os.getppid()
-
-    def watch() -> None:
-        while os.getppid() == parent:
-            time.sleep(1.0)
-        os._exit(0)
-
-    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
-
-
 def _prepare_packed(payloads: Sequence[bytes], block_size: int, model_name: str) -> list[Any]:
     """The worker processes' entry point."""
     return pack(prepare_batches(payloads, block_size, model_name))
@@ -233,7 +214,7 @@ class EventPreparer:
             pool = ProcessPoolExecutor(
                 self.processes,
                 mp_context=multiprocessing.get_context("spawn"),
-                initializer=_worker_init,
+                initializer=worker_init,
             )
             for _ in range(self.processes):
                 pool.submit(_prepare_packed, [], self.block_size, self.model_name)
