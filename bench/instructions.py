@@ -59,9 +59,9 @@ from bench.overhead import (
     BENCH_DIR,
     HarnessError,
     Server,
-    _raise_on_signal,
     build_gateway_config,
     free_ports,
+    run_harness,
     serve_args,
     start_server,
     stop_servers,
@@ -506,17 +506,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    # SIGTERM and SIGHUP unwind like Ctrl-C, so the servers started are stopped
-    signal.signal(signal.SIGTERM, _raise_on_signal)
-    signal.signal(signal.SIGHUP, _raise_on_signal)
-    try:
-        out = run(args)
-    except HarnessError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print("interrupted; servers stopped", file=sys.stderr)
-        return 130
+    return run_harness(lambda: report(args, run(args)))
+
+
+def report(args: argparse.Namespace, out: dict[str, Any]) -> int:
     print(text_report(out))
     if args.markdown:
         print()

@@ -42,6 +42,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
@@ -1158,18 +1159,25 @@ def run(args: argparse.Namespace) -> int:
             shutil.rmtree(workdir, ignore_errors=True)
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+def run_harness(body: Callable[[], int]) -> int:
+    """Run a bench's `body` as a command: SIGTERM and SIGHUP unwind like Ctrl-C (so the
+    servers it started are stopped by its own `finally`), a HarnessError is one line on
+    stderr and exit 1, an interrupt exit 130."""
     signal.signal(signal.SIGTERM, _raise_on_signal)
     signal.signal(signal.SIGHUP, _raise_on_signal)
     try:
-        return run(args)
+        return body()
     except HarnessError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("interrupted; servers stopped", file=sys.stderr)
         return 130
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    return run_harness(lambda: run(args))
 
 
 if __name__ == "__main__":
