@@ -6,7 +6,6 @@ from __future__ import annotations
 import logging
 import time
 
-import aiohttp
 from aiohttp import web
 from multidict import CIMultiDict
 
@@ -21,16 +20,18 @@ from heimdall_proxy.server.usage import (
     body_usage,
     strip_usage_events,
 )
+from heimdall_proxy.upstream import UpstreamError, UpstreamResponse
 
 log = logging.getLogger(__name__)
 
-#: Failures that happen before the upstream sent a response: safe to retry on another pod.
-RETRYABLE = (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, TimeoutError)
+#: The pod failed (unreachable, silent, closed the connection, spoke no HTTP). Before the
+#: answer's head that is safe to retry on another pod; after it, the stream breaks.
+RETRYABLE = (UpstreamError,)
 #: Label used for client-supplied model names the pool does not know (bounded cardinality).
 UNKNOWN_MODEL = "unknown"
 
 
-def is_stream(resp: aiohttp.ClientResponse) -> bool:
+def is_stream(resp: UpstreamResponse) -> bool:
     ctype = resp.headers.get("Content-Type", "")
     return ctype.startswith("text/event-stream") or resp.content_length is None
 
@@ -79,14 +80,14 @@ class Answers:
     async def stream(
         self,
         request: web.Request,
-        upstream: aiohttp.ClientResponse,
+        upstream: UpstreamResponse,
         ctx: RequestContext,
         headers: CIMultiDict[str],
     ) -> web.StreamResponse:
         """Relay chunk by chunk as bytes arrive."""
         response = web.StreamResponse(status=upstream.status, headers=headers)
         await response.prepare(request)
-        read = upstream.content.readany
+        read = upstream.readany
         streaming = self.streaming
         first = True
         first_at = 0.0

@@ -1,6 +1,6 @@
-"""The Gateway: wiring, start and stop. It owns the pool, the plugins, the upstream session
-and the background work, and hands each request to the director (parse -> schedule) and then
-the relay (hops, attempts, streaming).
+"""The Gateway: wiring, start and stop. It owns the pool, the plugins, the upstream client and
+sessions and the background work, and hands each request to the director (parse -> schedule)
+and then the relay (hops, attempts, streaming).
 
 Built synchronously, so config errors surface before a port is bound; network resources are
 opened in `lifespan`."""
@@ -35,6 +35,7 @@ from heimdall_proxy.server.outliers import OutlierDetector
 from heimdall_proxy.server.relay import Relay
 from heimdall_proxy.server.routing import Routing
 from heimdall_proxy.server.tracing import RequestTrace, Tracing, configure
+from heimdall_proxy.upstream import UpstreamClient, UpstreamTimeouts
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +52,7 @@ def _session(**kwargs: object) -> aiohttp.ClientSession:
 
 
 class Gateway:
-    """Everything one gateway process holds: its options, metrics, upstream sessions and the
+    """Everything one gateway process holds: its options, metrics, upstream client and the
     routing in force (pool, plugins, director, relay), which `reload` swaps."""
 
     def __init__(self, config: GatewayConfig, options: ServerOptions, registry: Registry) -> None:
@@ -67,7 +68,8 @@ class Gateway:
         self.routing.publish()
         self._session: aiohttp.ClientSession | None = None
         self._data_session: aiohttp.ClientSession | None = None
-        self._timeouts: dict[bool, aiohttp.ClientTimeout] = {}
+        self._upstream: UpstreamClient | None = None
+        self._timeouts: dict[bool, UpstreamTimeouts] = {}
         self._reloading = asyncio.Lock()
         self._retiring: set[asyncio.Task[None]] = set()
         #: Routings a reload replaced and that are not stopped yet.
@@ -136,8 +138,12 @@ class Gateway:
         return self.routing.relay
 
     async def lifespan(self, app: web.Application) -> AsyncIterator[None]:
-        """aiohttp cleanup_ctx: open sessions, take a first scrape, start background work."""
+        """aiohttp cleanup_ctx: open sessions, take a first scrape, start background work.
+        Inference requests go to their pods through the upstream client (the lean one: its
+        cost is most of a forwarded request's); the disaggregation hops through `_session`,
+        and the scrapes through `_data_session`."""
         opts = self.options
+        self._upstream = UpstreamClient(opts.connect_timeout, keepalive=4.0)
         self._session = _session(
             auto_decompress=False,
             skip_auto_headers=("User-Agent", "Accept-Encoding", "Content-Type"),
@@ -146,14 +152,14 @@ class Gateway:
             ),
         )
         self._timeouts = {
-            stream: aiohttp.ClientTimeout(
-                total=opts.upstream_timeout, sock_connect=opts.connect_timeout, sock_read=read
-            )
+            stream: UpstreamTimeouts(read, opts.upstream_timeout)
             for stream, read in ((False, opts.first_byte_timeout), (True, opts.stream_idle_timeout))
         }
         self._data_session = _session()
         try:
-            await self.routing.start(self._session, self._data_session, self._timeouts)
+            await self.routing.start(
+                self._upstream, self._session, self._data_session, self._timeouts
+            )
             yield
         finally:
             if self.tracing is not None:
@@ -162,7 +168,8 @@ class Gateway:
             await self.routing.stop()
             await self._data_session.close()
             await self._session.close()
-            self._session = self._data_session = None
+            await self._upstream.close()
+            self._session = self._data_session = self._upstream = None
 
     async def reload(self, config: GatewayConfig) -> None:
         """Swap in the routing of `config`: build it (raises ConfigError, and the routing in
@@ -170,7 +177,7 @@ class Gateway:
         requests take, in one step. The old routing serves its requests in flight to the end
         and is stopped after them (at most `drain_timeout` later)."""
         async with self._reloading:
-            if self._session is None or self._data_session is None:
+            if self._session is None or self._data_session is None or self._upstream is None:
                 raise RuntimeError("the gateway is not started")
             old = self.routing
             await asyncio.to_thread(self.registry.preload, (p.type for p in config.epp.plugins))
@@ -178,7 +185,7 @@ class Gateway:
                 config, self.options, self.registry, self.metrics, self.flow_metrics,
                 self.load, previous=old,
             )  # fmt: skip
-            await new.start(self._session, self._data_session, self._timeouts)
+            await new.start(self._upstream, self._session, self._data_session, self._timeouts)
             new.inherit(old)
             old.unpublish()
             self.routing = new

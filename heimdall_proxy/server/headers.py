@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from multidict import CIMultiDict, CIMultiDictProxy
+from multidict import CIMultiDict, CIMultiDictProxy, MultiMapping
 
 HOP_BY_HOP = frozenset(
     {
@@ -32,7 +32,7 @@ _NONE: frozenset[str] = frozenset()
 _REQUEST_DROP_OWNED = _REQUEST_DROP | OWNED
 
 
-def _connection_tokens(headers: CIMultiDictProxy[str]) -> frozenset[str]:
+def _connection_tokens(headers: MultiMapping[str]) -> frozenset[str]:
     """Header names listed in every Connection header (a message may carry several)."""
     if "connection" not in headers:  # the usual HTTP/1.1 keep-alive message: nothing listed
         return _NONE
@@ -57,7 +57,7 @@ def upstream_request_headers(headers: CIMultiDictProxy[str]) -> CIMultiDict[str]
     return out
 
 
-def client_response_headers(headers: CIMultiDictProxy[str]) -> CIMultiDict[str]:
+def client_response_headers(headers: MultiMapping[str]) -> CIMultiDict[str]:
     """The upstream's response headers minus hop-by-hop ones and Content-Length (the relay
     sets its own framing)."""
     listed = _connection_tokens(headers) if "connection" in headers else _NONE

@@ -12,11 +12,9 @@ import asyncio
 import logging
 from collections.abc import Callable, Mapping
 
-import aiohttp
 import orjson
 from aiohttp import web
 from multidict import CIMultiDict
-from yarl import URL
 
 from heimdall_proxy.config import OutlierDetectionConfig
 from heimdall_proxy.framework.disagg import DISAGG_PLAN_KEY, read_plan
@@ -33,6 +31,7 @@ from heimdall_proxy.server.hops import Hops
 from heimdall_proxy.server.outliers import OutlierDetector
 from heimdall_proxy.server.retry import RETRY_STATUSES, RetryBudget, backoff, failure_reason
 from heimdall_proxy.server.tracing import RequestTrace
+from heimdall_proxy.upstream import UpstreamClient, UpstreamResponse, UpstreamTimeouts
 
 log = logging.getLogger(__name__)
 
@@ -44,17 +43,17 @@ Fallback = Callable[[InferenceRequest, CycleState, set[str]], list[Endpoint]]
 class Relay:
     def __init__(
         self,
-        session: aiohttp.ClientSession,
+        client: UpstreamClient,
         hooks: Hooks,
         hops: Hops,
         metrics: GatewayMetrics,
         max_attempts: int,
         outliers: OutlierDetector | None = None,
-        timeouts: Mapping[bool, aiohttp.ClientTimeout] | None = None,
+        timeouts: Mapping[bool, UpstreamTimeouts] | None = None,
         load: InFlightLoad | None = None,
         fallback: Fallback | None = None,
     ) -> None:
-        self.session = session
+        self.client = client
         #: More pods for a request whose ranking is used up (the director reschedules).
         self.fallback = fallback
         self.hooks = hooks
@@ -62,9 +61,9 @@ class Relay:
         self.metrics = metrics
         self.max_attempts = max(1, max_attempts)
         self.budget = RetryBudget()
-        #: per request kind (streamed?): the socket-read limit is the stream's idle limit,
-        #: or the wait for a whole non-streamed answer; none given: the session's own
-        self.timeouts = dict(timeouts or {False: session.timeout, True: session.timeout})
+        #: per request kind (streamed?): the read limit is the stream's idle limit, or the
+        #: wait for a whole non-streamed answer; none given: no limits
+        self.timeouts = dict(timeouts or {False: UpstreamTimeouts(), True: UpstreamTimeouts()})
         self.outliers = outliers or OutlierDetector(OutlierDetectionConfig(consecutiveFailures=0))
         self.answers = Answers(hooks, metrics, self.outliers)
         #: What this gateway has in flight on each pod (read by the saturation detectors).
@@ -173,7 +172,7 @@ class Relay:
         on to the next pod."""
         target = ctx.target
         hooks = self.hooks
-        upstream: aiohttp.ClientResponse | None = None
+        upstream: UpstreamResponse | None = None
         complete = False
         finished = False  # response_complete ran (a whole answer runs it before sending)
         tokens = ctx.request.estimated_tokens() if self.load.count_tokens else 0
@@ -189,14 +188,14 @@ class Relay:
             if ctx.upstream_headers:
                 headers = base_headers.copy()
                 headers.update(ctx.upstream_headers)
-            url = URL(f"{target.url}{request.raw_path}", encoded=True)
             try:
-                upstream = await self.session.request(
+                upstream = await self.client.request(
                     request.method,
-                    url,
-                    data=body,
-                    headers=headers,
-                    timeout=self.timeouts[ctx.request.stream],
+                    target.url,
+                    request.raw_path,
+                    body,
+                    headers,
+                    self.timeouts[ctx.request.stream],
                 )
             except RETRYABLE as exc:
                 self._attempt_failed(ctx, "connect", exc)

@@ -38,6 +38,7 @@ from heimdall_proxy.server.hops import Hops
 from heimdall_proxy.server.options import ServerOptions
 from heimdall_proxy.server.outliers import OutlierDetector
 from heimdall_proxy.server.relay import Relay
+from heimdall_proxy.upstream import UpstreamClient, UpstreamTimeouts
 
 log = logging.getLogger(__name__)
 
@@ -118,16 +119,17 @@ class Routing:
 
     async def start(
         self,
+        upstream: UpstreamClient,
         session: aiohttp.ClientSession,
         data_session: aiohttp.ClientSession,
-        timeouts: Mapping[bool, aiohttp.ClientTimeout],
+        timeouts: Mapping[bool, UpstreamTimeouts],
     ) -> None:
         """Scrape every pod once (bounded by the start-up timeout), then start the scraping
         loops and the plugins' background work. On failure what was started is stopped."""
         opts = self.options
         hops = Hops(session, self.metrics, opts.max_attempts, self.load)
         self.relay = Relay(
-            session, self.hooks, hops, self.metrics, opts.max_attempts, self.outliers,
+            upstream, self.hooks, hops, self.metrics, opts.max_attempts, self.outliers,
             timeouts, self.load, self.director.fallback,
         )  # fmt: skip
         self.refresher = PoolRefresher(
