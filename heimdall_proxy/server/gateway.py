@@ -40,14 +40,16 @@ from heimdall_proxy.upstream import UpstreamClient, UpstreamTimeouts
 log = logging.getLogger(__name__)
 
 
-def _session(**kwargs: object) -> aiohttp.ClientSession:
-    """A pooled session that keeps no cookies. Keep-alive shorter than uvicorn's 5 s, so a
-    pooled connection is never one the pod has already closed; no cookie jar, so a pod's
-    Set-Cookie is never replayed for another client (and a jar costs a filter per request)."""
+#: Seconds an idle connection to a pod is kept: shorter than uvicorn's 5 s (vLLM's), so a
+#: pooled connection is not one the pod is closing.
+KEEPALIVE = 4.0
+
+
+def _data_session() -> aiohttp.ClientSession:
+    """The scrapes' pooled session. No cookie jar: a pod's Set-Cookie is never replayed."""
     return aiohttp.ClientSession(
-        connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=4.0),
+        connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=KEEPALIVE),
         cookie_jar=aiohttp.DummyCookieJar(),
-        **kwargs,  # type: ignore[arg-type]
     )
 
 
@@ -66,7 +68,6 @@ class Gateway:
             config, options, registry, self.metrics, self.flow_metrics, self.load
         )
         self.routing.publish()
-        self._session: aiohttp.ClientSession | None = None
         self._data_session: aiohttp.ClientSession | None = None
         self._upstream: UpstreamClient | None = None
         self._timeouts: dict[bool, UpstreamTimeouts] = {}
@@ -126,40 +127,25 @@ class Gateway:
         return self.routing.refresher
 
     @property
-    def session(self) -> aiohttp.ClientSession:
-        if self._session is None:
-            raise RuntimeError("the gateway is not started")
-        return self._session
-
-    @property
     def relay(self) -> Relay:
         if self.routing.relay is None:
             raise RuntimeError("the gateway is not started")
         return self.routing.relay
 
     async def lifespan(self, app: web.Application) -> AsyncIterator[None]:
-        """aiohttp cleanup_ctx: open sessions, take a first scrape, start background work.
-        Inference requests go to their pods through the upstream client (the lean one: its
-        cost is most of a forwarded request's); the disaggregation hops through `_session`,
-        and the scrapes through `_data_session`."""
+        """aiohttp cleanup_ctx: open the clients, take a first scrape, start background work.
+        Requests and their disaggregation hops go to the pods through the upstream client
+        (heimdall_proxy/upstream: aiohttp's would be most of a forwarded request's cost);
+        scrapes and health checks through aiohttp's, `_data_session`."""
         opts = self.options
-        self._upstream = UpstreamClient(opts.connect_timeout, keepalive=4.0)
-        self._session = _session(
-            auto_decompress=False,
-            skip_auto_headers=("User-Agent", "Accept-Encoding", "Content-Type"),
-            timeout=aiohttp.ClientTimeout(
-                total=opts.upstream_timeout, sock_connect=opts.connect_timeout
-            ),
-        )
+        self._upstream = UpstreamClient(opts.connect_timeout, KEEPALIVE)
         self._timeouts = {
             stream: UpstreamTimeouts(read, opts.upstream_timeout)
             for stream, read in ((False, opts.first_byte_timeout), (True, opts.stream_idle_timeout))
         }
-        self._data_session = _session()
+        self._data_session = _data_session()
         try:
-            await self.routing.start(
-                self._upstream, self._session, self._data_session, self._timeouts
-            )
+            await self.routing.start(self._upstream, self._data_session, self._timeouts)
             yield
         finally:
             if self.tracing is not None:
@@ -167,9 +153,8 @@ class Gateway:
             await self.stop_replaced()
             await self.routing.stop()
             await self._data_session.close()
-            await self._session.close()
             await self._upstream.close()
-            self._session = self._data_session = self._upstream = None
+            self._data_session = self._upstream = None
 
     async def reload(self, config: GatewayConfig) -> None:
         """Swap in the routing of `config`: build it (raises ConfigError, and the routing in
@@ -177,7 +162,7 @@ class Gateway:
         requests take, in one step. The old routing serves its requests in flight to the end
         and is stopped after them (at most `drain_timeout` later)."""
         async with self._reloading:
-            if self._session is None or self._data_session is None or self._upstream is None:
+            if self._data_session is None or self._upstream is None:
                 raise RuntimeError("the gateway is not started")
             old = self.routing
             await asyncio.to_thread(self.registry.preload, (p.type for p in config.epp.plugins))
@@ -185,7 +170,7 @@ class Gateway:
                 config, self.options, self.registry, self.metrics, self.flow_metrics,
                 self.load, previous=old,
             )  # fmt: skip
-            await new.start(self._upstream, self._session, self._data_session, self._timeouts)
+            await new.start(self._upstream, self._data_session, self._timeouts)
             new.inherit(old)
             old.unpublish()
             self.routing = new

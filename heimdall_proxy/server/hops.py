@@ -30,10 +30,8 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-import aiohttp
 import orjson
 from multidict import CIMultiDict
-from yarl import URL
 
 from heimdall_proxy.framework.disagg import DisaggPlan, multimodal_parts, read_plan
 from heimdall_proxy.framework.flowcontrol import InFlightLoad
@@ -41,6 +39,7 @@ from heimdall_proxy.framework.spans import SPANS_KEY
 from heimdall_proxy.framework.types import CycleState, Endpoint, InferenceRequest
 from heimdall_proxy.observability import GatewayMetrics
 from heimdall_proxy.server.tracing import RequestTrace
+from heimdall_proxy.upstream import UpstreamClient, UpstreamError, UpstreamTimeouts
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +54,7 @@ PREFILL_KV_PARAMS: dict[str, Any] = {
     "remote_host": None,
     "remote_port": None,
 }
-_HOP_FAILURES = (aiohttp.ClientError, TimeoutError, ValueError)
+_HOP_FAILURES = (UpstreamError, TimeoutError, ValueError)
 
 
 class HopError(Exception):
@@ -73,7 +72,7 @@ def another_pod_may_serve(exc: BaseException) -> bool:
         return False
     if isinstance(exc, HopError):
         return exc.status is not None and exc.status >= 500
-    return isinstance(exc, aiohttp.ClientConnectionError)
+    return isinstance(exc, UpstreamError)
 
 
 def prefill_request(ireq: InferenceRequest, data: Mapping[str, Any]) -> dict[str, Any]:
@@ -122,12 +121,12 @@ class Hops:
 
     def __init__(
         self,
-        session: aiohttp.ClientSession,
+        client: UpstreamClient,
         metrics: GatewayMetrics,
         max_attempts: int = 1,
         load: InFlightLoad | None = None,
     ) -> None:
-        self.session = session
+        self.client = client
         #: Told of every hop, so a quiet prefill/encode pod is scraped again (cadence.py).
         self.load = load or InFlightLoad()
         self.metrics = metrics
@@ -203,17 +202,18 @@ class Hops:
         headers: CIMultiDict[str],
         limit: float,
     ) -> dict[str, Any]:
-        url = URL(f"{endpoint.url}{path}", encoded=True)
         self.load.touch(endpoint.name)
-        async with self.session.post(
-            url,
-            data=orjson.dumps(doc),
-            headers=headers,
-            timeout=aiohttp.ClientTimeout(total=limit),
-        ) as resp:
+        resp = await self.client.request(
+            "POST", endpoint.url, path, orjson.dumps(doc), headers, UpstreamTimeouts(total=limit)
+        )
+        try:
             payload = await resp.read()
-            if not 200 <= resp.status < 300:
-                raise HopError(f"status {resp.status}: {payload[:200]!r}", resp.status)
+        except BaseException:
+            resp.close()
+            raise
+        resp.release()
+        if not 200 <= resp.status < 300:
+            raise HopError(f"status {resp.status}: {payload[:200]!r}", resp.status)
         answer = orjson.loads(payload)
         if not isinstance(answer, dict):
             raise HopError("the answer is not a JSON object")

@@ -120,14 +120,13 @@ class Routing:
     async def start(
         self,
         upstream: UpstreamClient,
-        session: aiohttp.ClientSession,
         data_session: aiohttp.ClientSession,
         timeouts: Mapping[bool, UpstreamTimeouts],
     ) -> None:
         """Scrape every pod once (bounded by the start-up timeout), then start the scraping
         loops and the plugins' background work. On failure what was started is stopped."""
         opts = self.options
-        hops = Hops(session, self.metrics, opts.max_attempts, self.load)
+        hops = Hops(upstream, self.metrics, opts.max_attempts, self.load)
         self.relay = Relay(
             upstream, self.hooks, hops, self.metrics, opts.max_attempts, self.outliers,
             timeouts, self.load, self.director.fallback,
