@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import math
 import ssl
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import NamedTuple
 from urllib.parse import urlsplit
 
@@ -20,9 +20,15 @@ from heimdall_proxy.upstream.errors import (
     UpstreamTimeout,
 )
 
+#: Methods a request may be sent twice with (RFC 9110 section 9.2.2), as aiohttp's client.
+IDEMPOTENT = frozenset({"GET", "HEAD", "PUT", "DELETE", "OPTIONS", "TRACE"})
+#: Pod origins remembered (parsed once each); beyond this the memory starts over, so a
+#: fleet whose pods come and go does not grow it without end.
+MAX_ORIGINS = 4096
+
 
 class UpstreamTimeouts(NamedTuple):
-    """Time limits of one request, in seconds (None: none)."""
+    """Time limits of one request, in seconds (None or 0: none, as in aiohttp)."""
 
     #: Longest silence of the pod: until its answer's head, and between body chunks.
     read: float | None = None
@@ -36,17 +42,17 @@ NO_LIMITS = UpstreamTimeouts()
 class _Origin:
     """Where one pod origin (`scheme://host:port`) is reached, parsed once."""
 
-    __slots__ = ("host", "port", "request_line_tail", "ssl")
+    __slots__ = ("host", "port", "prefix", "request_line_tail", "ssl")
 
-    def __init__(self, origin: str) -> None:
+    def __init__(self, origin: str, tls: Callable[[], ssl.SSLContext]) -> None:
         parts = urlsplit(origin)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"not an http(s) origin: {origin!r}")
         self.host = parts.hostname
         self.port = parts.port or (443 if parts.scheme == "https" else 80)
-        self.ssl: ssl.SSLContext | None = (
-            ssl.create_default_context() if parts.scheme == "https" else None
-        )
+        self.ssl = tls() if parts.scheme == "https" else None
+        #: A path the pod is served under (`http://host:port/vllm`), before every target.
+        self.prefix = parts.path.rstrip("/")
         host = f"[{self.host}]" if ":" in self.host else self.host
         default = self.port == (443 if self.ssl else 80)
         #: What follows the request target on the first line: the version and Host.
@@ -62,12 +68,16 @@ class UpstreamClient:
     the requests in flight."""
 
     def __init__(self, connect_timeout: float | None = 5.0, keepalive: float = 4.0) -> None:
-        self.connect_timeout = connect_timeout
+        self.connect_timeout = connect_timeout or None
         self.keepalive = keepalive
         self._origins: dict[str, _Origin] = {}
         #: Idle connections per origin, the most recently used last.
         self._idle: dict[str, list[Connection]] = {}
         self._open: set[Connection] = set()
+        self._tls: ssl.SSLContext | None = None
+        #: When idle connections past their keep-alive are next closed (a pod that left the
+        #: fleet without closing its connections is never asked for one again).
+        self._next_sweep = 0.0
         self.closed = False
 
     async def request(
@@ -88,19 +98,21 @@ class UpstreamClient:
             raise UpstreamConnectError("the upstream client is closed")
         where = self._origins.get(origin) or self._origin(origin)
         loop = asyncio.get_running_loop()
-        deadline = None if timeouts.total is None else loop.time() + timeouts.total
+        read, total = timeouts
+        deadline = loop.time() + total if total else None
         head = _head(method, target, where, headers, len(body))
         conn = self._pooled(origin, loop.time())
         if conn is not None:
             try:
-                return await self._exchange(conn, head, body, method, timeouts.read, deadline)
+                return await self._exchange(conn, head, body, method, read or None, deadline)
             except UpstreamDisconnected:
-                if conn.received:
+                if conn.received or method not in IDEMPOTENT:
                     raise
-                # The pod closed the idle connection as the request went out: it never saw
-                # it. Once more on a new connection.
+                # The pod closed the pooled connection, and may or may not have seen the
+                # request: only a request that may run twice is sent again. (A POST fails
+                # here, and the relay tries it on the next pod, within its attempts.)
         conn = await self._connect(loop, origin, where, deadline)
-        return await self._exchange(conn, head, body, method, timeouts.read, deadline)
+        return await self._exchange(conn, head, body, method, read or None, deadline)
 
     async def _exchange(
         self,
@@ -127,8 +139,19 @@ class UpstreamClient:
         return response
 
     def _origin(self, origin: str) -> _Origin:
-        where = self._origins[origin] = _Origin(origin)
+        if len(self._origins) >= MAX_ORIGINS:
+            self._origins.clear()
+        try:
+            where = self._origins[origin] = _Origin(origin, self._tls_context)
+        except ssl.SSLError as exc:  # the machine's CA store could not be loaded
+            raise UpstreamConnectError(f"no TLS context for {origin}: {exc}") from exc
         return where
+
+    def _tls_context(self) -> ssl.SSLContext:
+        """One verifying context for every https pod (loading the CA store takes ~50 ms)."""
+        if self._tls is None:
+            self._tls = ssl.create_default_context()
+        return self._tls
 
     def _pooled(self, origin: str, now: float) -> Connection | None:
         idle = self._idle.get(origin)
@@ -156,7 +179,7 @@ class UpstreamClient:
                 )
         except TimeoutError:
             raise UpstreamTimeout(
-                f"connect to {where.host}:{where.port} timed out after {limit:g}s"
+                f"connect to {where.host}:{where.port} timed out after {limit}s"
             ) from None
         except OSError as exc:
             raise UpstreamConnectError(
@@ -176,13 +199,30 @@ class UpstreamClient:
                 conn.paused = False  # idle connection must see the pod close it)
                 assert conn.transport is not None
                 conn.transport.resume_reading()
-            conn.idle_since = asyncio.get_running_loop().time()
             idle = self._idle.get(conn.origin)
             if idle is None:
                 idle = self._idle[conn.origin] = []
             idle.append(conn)
+            if conn.idle_since >= self._next_sweep:
+                self._sweep(conn.idle_since)
         else:
             conn.close()
+
+    def _sweep(self, now: float) -> None:
+        """Close the idle connections past their keep-alive, and forget origins left with
+        none; at most once per keep-alive period."""
+        self._next_sweep = now + self.keepalive
+        for origin, idle in list(self._idle.items()):
+            keep = []
+            for conn in idle:
+                if now - conn.idle_since < self.keepalive:
+                    keep.append(conn)
+                else:
+                    conn.close()
+            if keep:
+                self._idle[origin] = keep
+            else:
+                del self._idle[origin]
 
     def _lost(self, conn: Connection) -> None:
         self._open.discard(conn)
@@ -248,6 +288,8 @@ class UpstreamResponse:
         conn = self._conn
         while True:
             if conn.chunks:
+                if self._deadline is not None:
+                    self._limit()  # raises once the total ran out, data buffered or not
                 return conn.take()
             if conn.complete:
                 return b""
@@ -289,7 +331,7 @@ def _head(
         raise ValueError("the request target contains a line break")
     if length or method not in ("GET", "HEAD"):
         fields += f"Content-Length: {length}\r\n"
-    return f"{method} {target}{where.request_line_tail}{fields}\r\n".encode(
+    return f"{method} {where.prefix}{target}{where.request_line_tail}{fields}\r\n".encode(
         "utf-8", "surrogateescape"
     )
 

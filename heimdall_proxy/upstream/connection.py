@@ -93,7 +93,7 @@ class Connection(asyncio.Protocol):
             assert self.transport is not None
             self.transport.resume_reading()
         waiter = self.waiter = self.loop.create_future()
-        timer = None if limit is None else self.loop.call_later(limit, self._expire, waiter)
+        timer = self.loop.call_later(limit, self._expire, waiter) if limit else None
         try:
             await waiter
         finally:
@@ -211,6 +211,7 @@ class Connection(asyncio.Protocol):
             return
         self.complete = True
         self.keep_alive = self.parser.should_keep_alive()
+        self.idle_since = self.loop.time()  # the pod's idle clock starts now
         self._wake()
 
     # -- helpers --------------------------------------------------------------------------------

@@ -5,6 +5,7 @@ malformed and unusual ones."""
 from __future__ import annotations
 
 import asyncio
+import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -357,11 +358,12 @@ async def test_idle_connection_closed_by_the_pod_is_replaced(
     assert srv.accepted == 2
 
 
-async def test_pooled_connection_closed_as_the_request_goes_out_is_retried(
-    client: UpstreamClient, raw_server: RawFactory
+@pytest.mark.parametrize("method", ["GET", "PUT"])
+async def test_pooled_connection_closed_as_an_idempotent_request_goes_out_is_retried(
+    client: UpstreamClient, raw_server: RawFactory, method: str
 ) -> None:
     """The pod closes the pooled connection on reading the next request, answering nothing:
-    it never handled it, so the client sends it once more on a new connection."""
+    a request that may run twice is sent once more on a new connection."""
     heads: list[bytes] = []
 
     async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, i: int) -> None:
@@ -376,11 +378,34 @@ async def test_pooled_connection_closed_as_the_request_goes_out_is_retried(
 
     srv = await raw_server(handler)
     assert await get(client, srv.url) == (200, b"first")
-    resp = await client.request("POST", srv.url, "/again", b"data", {}, SHORT)
+    resp = await client.request(method, srv.url, "/again", b"data", {}, SHORT)
     assert await resp.read() == b"retried"
     resp.release()
     assert srv.accepted == 2
     assert len(heads) == 2 and heads[0] == heads[1]  # the same request, sent twice
+
+
+async def test_pooled_connection_closed_as_a_post_goes_out_is_not_sent_again(
+    client: UpstreamClient, raw_server: RawFactory
+) -> None:
+    """The pod read the POST (a generation, say) and closed without answering: it may have
+    run it, so the client does not send it again; the caller decides (the relay tries the
+    next pod within its attempts)."""
+    bodies: list[bytes] = []
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, i: int) -> None:
+        bodies.append((await read_request(reader))[1])
+        writer.write(answer(b"first"))
+        bodies.append((await read_request(reader))[1])
+
+    srv = await raw_server(handler)
+    resp = await client.request("POST", srv.url, "/", b"A", {}, SHORT)
+    assert await resp.read() == b"first"
+    resp.release()
+    with pytest.raises(UpstreamDisconnected):
+        await client.request("POST", srv.url, "/", b"B", {}, SHORT)
+    assert bodies == [b"A", b"B"]
+    assert srv.accepted == 1
 
 
 async def test_pooled_connection_dying_after_answer_bytes_is_not_retried(
@@ -603,7 +628,7 @@ def test_host_header_omits_a_default_port() -> None:
         ("https://pod.local:80", b"pod.local:80"),
     ]:
         assert (
-            _head("GET", "/", _Origin(origin), {}, 0)
+            _head("GET", "/", _Origin(origin, ssl.create_default_context), {}, 0)
             == b"GET / HTTP/1.1\r\nHost: %s\r\n\r\n" % host
         )
 
@@ -799,3 +824,94 @@ async def test_idle_connection_past_keepalive_is_not_reused(raw_server: RawFacto
         assert srv.accepted == 2
     finally:
         await client.close()
+
+
+async def test_idle_connections_past_keepalive_are_swept(raw_server: RawFactory) -> None:
+    """A pod no request goes to any more (it left the fleet) still gets its idle connections
+    closed: a release elsewhere, a keep-alive period later, sweeps them."""
+    closed = asyncio.Event()
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, _: int) -> None:
+        await keep_serving(reader, writer)
+        closed.set()  # the client closed the connection
+
+    gone = await raw_server(handler)
+    other = await raw_server(keep_serving)
+    client = UpstreamClient(connect_timeout=2.0, keepalive=0.1)
+    try:
+        assert await get(client, gone.url) == (200, b"ok")
+        await asyncio.sleep(0.15)
+        assert not closed.is_set()
+        assert await get(client, other.url) == (200, b"ok")
+        await asyncio.wait_for(closed.wait(), 2)
+        assert gone.url not in client._idle  # white-box: the origin is forgotten too
+    finally:
+        await client.close()
+
+
+async def test_total_limit_holds_while_data_is_buffered(
+    client: UpstreamClient, raw_server: RawFactory
+) -> None:
+    """A slow reader (a slow client behind the relay) finds data waiting at every call, and
+    the total limit still ends the answer."""
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, _: int) -> None:
+        await read_request(reader)
+        writer.write(CHUNKED_HEAD)
+        for _ in range(200):
+            writer.write(chunk(b"tick"))
+            await asyncio.sleep(0.01)
+
+    srv = await raw_server(handler)
+    resp = await client.request("GET", srv.url, "/", b"", {}, UpstreamTimeouts(read=2, total=0.3))
+
+    async def slow_reader() -> None:
+        for _ in range(100):
+            await resp.readany()
+            await asyncio.sleep(0.05)  # slower than the pod: data is always buffered
+
+    with pytest.raises(UpstreamTimeout, match="total"):
+        await slow_reader()
+    resp.close()
+
+
+async def test_zero_limits_mean_none(raw_server: RawFactory) -> None:
+    """0 is no limit, as in aiohttp (a `--first-byte-timeout 0` must not fail every request)."""
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, _: int) -> None:
+        await read_request(reader)
+        await asyncio.sleep(0.05)
+        writer.write(answer(b"late"))
+        await keep_serving(reader, writer)
+
+    srv = await raw_server(handler)
+    client = UpstreamClient(connect_timeout=0)
+    try:
+        resp = await client.request("GET", srv.url, "/", b"", {}, UpstreamTimeouts(0, 0))
+        assert await resp.read() == b"late"
+        resp.release()
+    finally:
+        await client.close()
+
+
+async def test_a_path_prefix_of_the_origin_comes_before_the_target(
+    client: UpstreamClient, raw_server: RawFactory
+) -> None:
+    """An endpoint served under a path (`http://host:port/vllm`) gets it on every request."""
+    heads: list[bytes] = []
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, _: int) -> None:
+        heads.append((await read_request(reader))[0])
+        writer.write(answer())
+
+    srv = await raw_server(handler)
+    assert await get(client, srv.url + "/vllm/", "/v1/models?x=1") == (200, b"ok")
+    assert heads[0].startswith(b"GET /vllm/v1/models?x=1 HTTP/1.1\r\n")
+
+
+async def test_https_origins_share_one_tls_context(client: UpstreamClient) -> None:
+    """Loading the CA store takes tens of milliseconds: once per client, not per pod."""
+    first = client._origin("https://a.example:8443")  # white-box: no TLS server here
+    second = client._origin("https://b.example:8443")
+    assert first.ssl is not None and first.ssl is second.ssl
+    assert client._origin("http://c.example:8000").ssl is None
