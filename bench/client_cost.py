@@ -1,0 +1,161 @@
+"""Instructions one upstream request costs the client that sends it: aiohttp's ClientSession
+as the gateway used it, and the gateway's own client (heimdall_proxy/upstream).
+
+Each client sends POST /v1/chat/completions to `bench/fast_upstream.py` (run natively) one
+after another on one keep-alive connection, and reads the whole answer. The loop runs under
+`valgrind --tool=callgrind` twice, with `--small` and `--large` requests; the difference of the
+two totals over the difference of the counts is the cost of one request, start-up excluded.
+Counts include the event loop's own work (uvloop) and the parser, not the kernel's.
+
+Other clients are counted when installed (`pip install pyreqwest aiosonic`): not
+dependencies, only the comparison that chose the gateway's client (bench/RESULTS.md).
+
+Run: `python bench/client_cost.py [--clients aiohttp,heimdall] [--small 200] [--large 1200]`
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as `python bench/client_cost.py`
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench.machine import cpu_model, git_head
+from bench.overhead import BENCH_DIR, free_ports, start_server, stop_servers, wait_ready
+
+BODY = (
+    b'{"model":"bench-model","messages":[{"role":"user","content":"Say hello."}],"max_tokens":16}'
+)
+PATH = "/v1/chat/completions"
+CLIENTS = ("aiohttp", "heimdall", "pyreqwest", "aiosonic")
+#: The package each client needs; a client whose package is missing is skipped.
+NEEDS = {"aiohttp": "aiohttp", "heimdall": "httptools", "pyreqwest": "pyreqwest",
+         "aiosonic": "aiosonic"}  # fmt: skip
+COLLECTED = re.compile(r"Collected : (\d+)")
+
+
+async def _aiohttp(origin: str, n: int) -> None:
+    import aiohttp
+
+    async with aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=4.0),
+        cookie_jar=aiohttp.DummyCookieJar(),
+        auto_decompress=False,
+        skip_auto_headers=("User-Agent", "Accept-Encoding", "Content-Type"),
+    ) as session:
+        timeout = aiohttp.ClientTimeout(sock_connect=5.0, sock_read=600.0)
+        headers = {"Content-Type": "application/json"}
+        for _ in range(n):
+            resp = await session.request(
+                "POST", origin + PATH, data=BODY, headers=headers, timeout=timeout
+            )
+            await resp.read()
+            resp.release()
+
+
+async def _heimdall(origin: str, n: int) -> None:
+    from heimdall_proxy.upstream import UpstreamClient, UpstreamTimeouts
+
+    client = UpstreamClient(5.0, 4.0)
+    limits = UpstreamTimeouts(read=600.0)
+    headers = {"Content-Type": "application/json"}
+    for _ in range(n):
+        resp = await client.request("POST", origin, PATH, BODY, headers, limits)
+        await resp.read()
+        resp.release()
+    await client.close()
+
+
+async def _pyreqwest(origin: str, n: int) -> None:
+    from pyreqwest.client import ClientBuilder
+
+    async with ClientBuilder().build() as client:
+        for _ in range(n):
+            request = client.post(origin + PATH).header("Content-Type", "application/json")
+            resp = await request.body_bytes(BODY).build().send()
+            await resp.bytes()
+
+
+async def _aiosonic(origin: str, n: int) -> None:
+    import aiosonic
+
+    client = aiosonic.HTTPClient()
+    for _ in range(n):
+        resp = await client.post(
+            origin + PATH, data=BODY, headers={"Content-Type": "application/json"}
+        )
+        await resp.content()
+
+
+LOOPS = {"aiohttp": _aiohttp, "heimdall": _heimdall, "pyreqwest": _pyreqwest, "aiosonic": _aiosonic}
+
+
+def count(client: str, origin: str, n: int) -> int:
+    """Instructions of a whole process that sends `n` requests with `client`."""
+    with tempfile.TemporaryDirectory() as tmp:
+        proc = subprocess.run(
+            ["valgrind", "--tool=callgrind", f"--callgrind-out-file={tmp}/out",
+             sys.executable, __file__, "--loop", client, "--origin", origin, "-n", str(n)],
+            capture_output=True, text=True, check=False,
+        )  # fmt: skip
+    match = COLLECTED.search(proc.stderr)
+    if proc.returncode != 0 or match is None:
+        raise SystemExit(f"{client}: the loop failed:\n{proc.stdout}{proc.stderr[-2000:]}")
+    return int(match.group(1))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--clients", default=",".join(CLIENTS))
+    parser.add_argument("--small", type=int, default=200)
+    parser.add_argument("--large", type=int, default=1200)
+    parser.add_argument("--loop", choices=CLIENTS, help=argparse.SUPPRESS)
+    parser.add_argument("--origin", help=argparse.SUPPRESS)
+    parser.add_argument("-n", type=int, default=0, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.loop:  # the measured process
+        import uvloop
+
+        uvloop.run(LOOPS[args.loop](args.origin, args.n))
+        return 0
+
+    clients = [c for c in args.clients.split(",") if c]
+    for c in clients:
+        if c not in LOOPS:
+            parser.error(f"unknown client {c!r}; known: {', '.join(CLIENTS)}")
+    (port,) = free_ports(1)
+    workdir = Path(tempfile.mkdtemp(prefix="client-cost-"))
+    upstream = start_server(
+        "upstream",
+        [sys.executable, str(BENCH_DIR / "fast_upstream.py"), "--port", str(port)],
+        workdir,
+    )
+    origin = f"http://127.0.0.1:{port}"
+    try:
+        wait_ready(upstream, origin + "/v1/models", "models", time.monotonic() + 30)
+        print(f"| client | instructions per request (callgrind, {args.large} - {args.small}) |")
+        print("|---|---:|")
+        for c in clients:
+            if importlib.util.find_spec(NEEDS[c]) is None:
+                print(f"| {c} | not installed |")
+                continue
+            per = (count(c, origin, args.large) - count(c, origin, args.small)) / (
+                args.large - args.small
+            )
+            print(f"| {c} | {per:,.0f} |", flush=True)
+    finally:
+        stop_servers([upstream])
+    print(
+        f"\nMachine: {cpu_model('unknown CPU')}, Python {sys.version.split()[0]}, git {git_head()}"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
