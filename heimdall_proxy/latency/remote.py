@@ -31,8 +31,9 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-import aiohttp
 import orjson
+
+from heimdall_proxy.upstream import UpstreamClient, UpstreamError, UpstreamTimeouts
 
 log = logging.getLogger(__name__)
 
@@ -79,9 +80,9 @@ class RemotePredictor:
 
     __slots__ = (
         "_buffer",
+        "_client",
         "_down_until",
         "_flusher",
-        "_session",
         "flush_interval",
         "prediction_url",
         "retry_after",
@@ -109,12 +110,13 @@ class RemotePredictor:
         self.sent = 0
         self._buffer: deque[dict[str, Any]] = deque(maxlen=max_buffer)
         self._down_until = 0.0
-        self._session: aiohttp.ClientSession | None = None
+        #: One prediction per scheduled request: the lean client (heimdall_proxy/upstream).
+        self._client: UpstreamClient | None = None
         self._flusher: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
-        if self._session is None:
-            self._session = aiohttp.ClientSession()
+        if self._client is None:
+            self._client = UpstreamClient(connect_timeout=self.timeout)
         if self.training_url and self._flusher is None:
             self._flusher = asyncio.create_task(self._flush_loop())
 
@@ -124,43 +126,45 @@ class RemotePredictor:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._flusher
             self._flusher = None
-        if self._session is not None:
+        if self._client is not None:
             await self.flush()
-            await self._session.close()
-            self._session = None
+            await self._client.close()
+            self._client = None
 
     @property
     def available(self) -> bool:
         """A prediction server is configured, started, and not marked down."""
         return (
             self.prediction_url is not None
-            and self._session is not None
+            and self._client is not None
             and time.monotonic() >= self._down_until
         )
 
     async def predict(self, requests: Sequence[Mapping[str, Any]]) -> list[tuple[float, float]]:
         """(TTFT, TPOT) seconds per request, in order. Raises PredictorUnavailable (and
         marks the server down for `retry_after`) when it cannot answer."""
-        if not self.available or self._session is None:
+        if not self.available or self._client is None or self.prediction_url is None:
             raise PredictorUnavailable("prediction server not available")
         url = f"{self.prediction_url}{PREDICT_PATH}"
         try:
-            async with self._session.post(
-                url,
-                data=orjson.dumps({"requests": list(requests)}),
-                headers=_JSON,
-                timeout=aiohttp.ClientTimeout(total=self.timeout),
-            ) as resp:
-                if resp.status != 200:
-                    raise PredictorUnavailable(f"{url} answered {resp.status}")
-                body = orjson.loads(await resp.read())
+            status, payload = await self._client.fetch(
+                "POST",
+                self.prediction_url,
+                PREDICT_PATH,
+                orjson.dumps({"requests": list(requests)}),
+                _JSON,
+                UpstreamTimeouts(total=self.timeout),
+            )
+            if status != 200:
+                raise PredictorUnavailable(f"{url} answered {status}")
+            body = orjson.loads(payload)
             preds = body["predictions"]
             if len(preds) != len(requests):
                 raise PredictorUnavailable(
                     f"{url} answered {len(preds)} predictions for {len(requests)} requests"
                 )
             return [(float(p["ttft_ms"]) / 1000.0, float(p["tpot_ms"]) / 1000.0) for p in preds]
-        except (aiohttp.ClientError, TimeoutError, orjson.JSONDecodeError) as exc:
+        except (UpstreamError, TimeoutError, orjson.JSONDecodeError) as exc:
             self._mark_down(f"{url}: {type(exc).__name__} {exc}")
             raise PredictorUnavailable(str(exc)) from exc
         except (PredictorUnavailable, KeyError, TypeError, ValueError) as exc:
@@ -183,24 +187,23 @@ class RemotePredictor:
 
     async def flush(self) -> None:
         """Send the queued entries; on failure they are queued again for the next flush."""
-        if not self._buffer or self._session is None or not self.training_url:
+        if not self._buffer or self._client is None or not self.training_url:
             return
         entries = list(self._buffer)
         self._buffer.clear()
         url = f"{self.training_url}{TRAIN_PATH}"
         try:
-            async with self._session.post(
-                url,
-                data=orjson.dumps({"entries": entries}),
-                headers=_JSON,
-                timeout=aiohttp.ClientTimeout(total=max(self.timeout, 1.0)),
-            ) as resp:
-                await resp.read()
-                if resp.status >= 300:
-                    raise aiohttp.ClientResponseError(
-                        resp.request_info, (), status=resp.status, message="training refused"
-                    )
-        except (aiohttp.ClientError, TimeoutError) as exc:
+            status, _ = await self._client.fetch(
+                "POST",
+                self.training_url,
+                TRAIN_PATH,
+                orjson.dumps({"entries": entries}),
+                _JSON,
+                UpstreamTimeouts(total=max(self.timeout, 1.0)),
+            )
+            if status >= 300:
+                raise UpstreamError(f"training refused: status {status}")
+        except (UpstreamError, TimeoutError) as exc:
             log.debug("latency training server unavailable: %s %s", url, exc)
             self._buffer.extendleft(reversed(entries))  # before those queued meanwhile
             return

@@ -203,17 +203,11 @@ class Hops:
         limit: float,
     ) -> dict[str, Any]:
         self.load.touch(endpoint.name)
-        resp = await self.client.request(
+        status, payload = await self.client.fetch(
             "POST", endpoint.url, path, orjson.dumps(doc), headers, UpstreamTimeouts(total=limit)
         )
-        try:
-            payload = await resp.read()
-        except BaseException:
-            resp.close()
-            raise
-        resp.release()
-        if not 200 <= resp.status < 300:
-            raise HopError(f"status {resp.status}: {payload[:200]!r}", resp.status)
+        if not 200 <= status < 300:
+            raise HopError(f"status {status}: {payload[:200]!r}", status)
         answer = orjson.loads(payload)
         if not isinstance(answer, dict):
             raise HopError("the answer is not a JSON object")

@@ -114,6 +114,25 @@ class UpstreamClient:
         conn = await self._connect(loop, origin, where, deadline)
         return await self._exchange(conn, head, body, method, read or None, deadline)
 
+    async def fetch(
+        self,
+        method: str,
+        origin: str,
+        target: str,
+        body: bytes,
+        headers: Mapping[str, str],
+        timeouts: UpstreamTimeouts = NO_LIMITS,
+    ) -> tuple[int, bytes]:
+        """`request`, its answer read whole: (status, body); the connection is pooled again."""
+        resp = await self.request(method, origin, target, body, headers, timeouts)
+        try:
+            payload = await resp.read()
+        except BaseException:
+            resp.close()
+            raise
+        resp.release()
+        return resp.status, payload
+
     async def _exchange(
         self,
         conn: Connection,

@@ -19,10 +19,13 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import aiohttp
+import orjson
 
 from heimdall_proxy.kvcache.index.stats import KVCacheStats
 from heimdall_proxy.kvcache.index.tiers import TIERS, tier_weights
+from heimdall_proxy.upstream import UpstreamClient, UpstreamError, UpstreamTimeouts
+
+_JSON = {"Content-Type": "application/json"}
 
 
 class ConductorClient:
@@ -50,20 +53,23 @@ class ConductorClient:
         self.stats = stats or KVCacheStats()
         w = tier_weights(weights)
         self._weights = [w[t] for t in TIERS]
-        self._session: aiohttp.ClientSession | None = None
+        self._limits = UpstreamTimeouts(total=timeout)
+        #: One lookup per scored request: the lean client (heimdall_proxy/upstream), not
+        #: aiohttp's, whose cost per request is several times the lookup's.
+        self._client: UpstreamClient | None = None
 
     async def start(self) -> None:
-        if self._session is None:
-            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout))
+        if self._client is None:
+            self._client = UpstreamClient(connect_timeout=self.timeout)
 
     async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        if self._client is not None:
+            await self._client.close()
+            self._client = None
 
     @property
     def ready(self) -> bool:
-        return self._session is not None
+        return self._client is not None
 
     async def lookup(
         self, lora: str, keys: Sequence[int], pods: Sequence[str], salt: str | None = None
@@ -71,7 +77,7 @@ class ConductorClient:
         """Per pod in `pods`, the tier-weighted run of `keys` it holds (pods with none left
         out); `salt`: the request's cache_salt (None: the configured `cacheSalt`). Raises
         ConnectionError when the conductor cannot be asked or answers an error."""
-        if self._session is None:
+        if self._client is None:
             raise ConnectionError("the conductor client is not started")
         self.stats.lookups += 1
         body = {
@@ -83,12 +89,14 @@ class ConductorClient:
             "cache_salt": self.cache_salt if salt is None else salt,
         }
         try:
-            async with self._session.post(f"{self.url}/query_by_hash", json=body) as resp:
-                doc = await resp.json(content_type=None)
-                if resp.status != 200:
-                    raise ConnectionError(f"conductor answered {resp.status}: {doc}")
-        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+            status, payload = await self._client.fetch(
+                "POST", self.url, "/query_by_hash", orjson.dumps(body), _JSON, self._limits
+            )
+            doc = orjson.loads(payload)
+        except (UpstreamError, TimeoutError, ValueError) as exc:
             raise ConnectionError(f"conductor at {self.url}: {exc}") from exc
+        if status != 200:
+            raise ConnectionError(f"conductor answered {status}: {doc}")
         instances = doc.get(self.tenant_id, {}) if isinstance(doc, dict) else {}
         wanted = set(pods)
         out: dict[str, float] = {}
