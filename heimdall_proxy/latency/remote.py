@@ -116,7 +116,7 @@ class RemotePredictor:
 
     async def start(self) -> None:
         if self._client is None:
-            self._client = UpstreamClient(connect_timeout=self.timeout)
+            self._client = UpstreamClient(connect_timeout=None)  # each call's total bounds it
         if self.training_url and self._flusher is None:
             self._flusher = asyncio.create_task(self._flush_loop())
 
@@ -203,7 +203,7 @@ class RemotePredictor:
             )
             if status >= 300:
                 raise UpstreamError(f"training refused: status {status}")
-        except (UpstreamError, TimeoutError) as exc:
+        except (UpstreamError, TimeoutError, ValueError) as exc:  # ValueError: a bad URL
             log.debug("latency training server unavailable: %s %s", url, exc)
             self._buffer.extendleft(reversed(entries))  # before those queued meanwhile
             return

@@ -4,11 +4,12 @@ request, read whole (`read`) or as it arrives (`readany`)."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import math
 import ssl
 from collections.abc import Callable, Mapping
 from typing import NamedTuple
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 from multidict import CIMultiDict
 
@@ -42,7 +43,7 @@ NO_LIMITS = UpstreamTimeouts()
 class _Origin:
     """Where one pod origin (`scheme://host:port`) is reached, parsed once."""
 
-    __slots__ = ("host", "port", "prefix", "request_line_tail", "ssl")
+    __slots__ = ("auth", "host", "port", "prefix", "request_line_tail", "ssl")
 
     def __init__(self, origin: str, tls: Callable[[], ssl.SSLContext]) -> None:
         parts = urlsplit(origin)
@@ -53,6 +54,11 @@ class _Origin:
         self.ssl = tls() if parts.scheme == "https" else None
         #: A path the pod is served under (`http://host:port/vllm`), before every target.
         self.prefix = parts.path.rstrip("/")
+        #: Basic credentials of the URL (`http://user:pass@host`), as aiohttp sends them.
+        self.auth = ""
+        if parts.username is not None:
+            pair = f"{unquote(parts.username)}:{unquote(parts.password or '')}"
+            self.auth = "Basic " + base64.b64encode(pair.encode()).decode("ascii")
         host = f"[{self.host}]" if ":" in self.host else self.host
         default = self.port == (443 if self.ssl else 80)
         #: What follows the request target on the first line: the version and Host.
@@ -348,6 +354,8 @@ def _head(
         raise ValueError("a request header contains a line break")
     if "\n" in target or "\r" in target:
         raise ValueError("the request target contains a line break")
+    if where.auth and "Authorization" not in headers:
+        fields += f"Authorization: {where.auth}\r\n"
     if length or method not in ("GET", "HEAD"):
         fields += f"Content-Length: {length}\r\n"
     return f"{method} {where.prefix}{target}{where.request_line_tail}{fields}\r\n".encode(

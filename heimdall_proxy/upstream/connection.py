@@ -104,7 +104,7 @@ class Connection(asyncio.Protocol):
     @staticmethod
     def _expire(waiter: asyncio.Future[None]) -> None:
         if not waiter.done():
-            waiter.set_exception(UpstreamTimeout("no data from the pod within the read limit"))
+            waiter.set_exception(UpstreamTimeout("the pod sent nothing within the time limit"))
 
     def take(self) -> bytes:
         """The body bytes received and not yet taken."""

@@ -101,6 +101,18 @@ async def test_client_predicts_marks_a_failing_server_down_and_buffers_training(
         await client.stop()
 
 
+async def test_a_training_url_the_client_cannot_use_keeps_the_entries() -> None:
+    """A port that is not a number passes the config's scheme check; flushing to it fails
+    like an unreachable server (entries kept for the next flush), and `stop` still closes."""
+    client = RemotePredictor(None, "http://127.0.0.1:notaport", flush_interval=3600.0)
+    await client.start()
+    client.train({"actual_ttft_ms": 1.0})
+    await client.flush()
+    assert client.sent == 0
+    await client.stop()
+    assert client._client is None  # white-box: closed despite the failed last flush
+
+
 EPP: dict[str, Any] = {
     "plugins": [
         {"type": "prefix-cache-scorer"},

@@ -915,3 +915,25 @@ async def test_https_origins_share_one_tls_context(client: UpstreamClient) -> No
     second = client._origin("https://b.example:8443")
     assert first.ssl is not None and first.ssl is second.ssl
     assert client._origin("http://c.example:8000").ssl is None
+
+
+async def test_credentials_in_the_origin_are_sent_as_basic_auth(
+    client: UpstreamClient, raw_server: RawFactory
+) -> None:
+    """`http://user:pass@host` authenticates as with aiohttp; a caller's own Authorization
+    header wins."""
+    heads: list[bytes] = []
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, _: int) -> None:
+        while True:
+            heads.append((await read_request(reader))[0])
+            writer.write(answer())
+
+    srv = await raw_server(handler)
+    origin = srv.url.replace("http://", "http://us%40er:p%3Ass@")
+    assert await get(client, origin) == (200, b"ok")
+    resp = await client.request("GET", origin, "/", b"", {"Authorization": "Bearer t"}, SHORT)
+    await resp.read()
+    resp.release()
+    assert b"\r\nAuthorization: Basic dXNAZXI6cDpzcw==\r\n" in heads[0]  # us@er:p:ss
+    assert b"Basic" not in heads[1] and b"\r\nAuthorization: Bearer t\r\n" in heads[1]

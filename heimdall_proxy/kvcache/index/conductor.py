@@ -60,7 +60,7 @@ class ConductorClient:
 
     async def start(self) -> None:
         if self._client is None:
-            self._client = UpstreamClient(connect_timeout=self.timeout)
+            self._client = UpstreamClient(connect_timeout=None)  # each lookup's total bounds it
 
     async def close(self) -> None:
         if self._client is not None:
@@ -92,7 +92,7 @@ class ConductorClient:
             status, payload = await self._client.fetch(
                 "POST", self.url, "/query_by_hash", orjson.dumps(body), _JSON, self._limits
             )
-            doc = orjson.loads(payload)
+            doc = orjson.loads(payload) if payload else {}
         except (UpstreamError, TimeoutError, ValueError) as exc:
             raise ConnectionError(f"conductor at {self.url}: {exc}") from exc
         if status != 200:
