@@ -10,12 +10,18 @@ Counts include the event loop's own work (uvloop) and the parser, not the kernel
 Other clients are counted when installed (`pip install pyreqwest aiosonic`): not
 dependencies, only the comparison that chose the gateway's client (bench/RESULTS.md).
 
-Run: `python bench/client_cost.py [--clients aiohttp,heimdall] [--small 200] [--large 1200]`
+`--stream EVENTS`: the upstream is instead a small aiohttp app here that answers every
+request with EVENTS server-sent events 1 ms apart (each arrives on its own), and aiohttp and
+the gateway's client read them chunk by chunk as the relay does: the cost of a stream.
+
+Run: `python bench/client_cost.py [--clients aiohttp,heimdall] [--small 200] [--large 1200]
+[--stream 100]`
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import importlib.util
 import re
 import subprocess
@@ -40,7 +46,12 @@ NEEDS = {"aiohttp": "aiohttp", "heimdall": "httptools", "pyreqwest": "pyreqwest"
 COLLECTED = re.compile(r"Collected : (\d+)")
 
 
-async def _aiohttp(origin: str, n: int) -> None:
+EVENT = (
+    b'data: {"object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":"x"}}]}\n\n'
+)
+
+
+async def _aiohttp(origin: str, n: int, stream: bool) -> None:
     import aiohttp
 
     async with aiohttp.ClientSession(
@@ -55,11 +66,15 @@ async def _aiohttp(origin: str, n: int) -> None:
             resp = await session.request(
                 "POST", origin + PATH, data=BODY, headers=headers, timeout=timeout
             )
-            await resp.read()
+            if stream:
+                while await resp.content.readany():
+                    pass
+            else:
+                await resp.read()
             resp.release()
 
 
-async def _heimdall(origin: str, n: int) -> None:
+async def _heimdall(origin: str, n: int, stream: bool) -> None:
     from heimdall_proxy.upstream import UpstreamClient, UpstreamTimeouts
 
     client = UpstreamClient(5.0, 4.0)
@@ -67,12 +82,16 @@ async def _heimdall(origin: str, n: int) -> None:
     headers = {"Content-Type": "application/json"}
     for _ in range(n):
         resp = await client.request("POST", origin, PATH, BODY, headers, limits)
-        await resp.read()
+        if stream:
+            while await resp.readany():
+                pass
+        else:
+            await resp.read()
         resp.release()
     await client.close()
 
 
-async def _pyreqwest(origin: str, n: int) -> None:
+async def _pyreqwest(origin: str, n: int, stream: bool) -> None:
     from pyreqwest.client import ClientBuilder
 
     async with ClientBuilder().build() as client:
@@ -82,7 +101,7 @@ async def _pyreqwest(origin: str, n: int) -> None:
             await resp.bytes()
 
 
-async def _aiosonic(origin: str, n: int) -> None:
+async def _aiosonic(origin: str, n: int, stream: bool) -> None:
     import aiosonic
 
     client = aiosonic.HTTPClient()
@@ -93,15 +112,47 @@ async def _aiosonic(origin: str, n: int) -> None:
         await resp.content()
 
 
+#: The clients whose loops can read a stream chunk by chunk.
+STREAMING = ("aiohttp", "heimdall")
+
+
+async def _serve_stream(port: int, events: int) -> None:
+    """The `--stream` upstream: `events` SSE events per request, 1 ms apart."""
+    from aiohttp import web
+
+    async def answer(request: web.Request) -> web.StreamResponse:
+        await request.read()
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        for _ in range(events):
+            await resp.write(EVENT)
+            await asyncio.sleep(0.001)
+        await resp.write(b"data: [DONE]\n\n")
+        await resp.write_eof()
+        return resp
+
+    async def models(request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [{"id": "bench-model"}]})
+
+    app = web.Application()
+    app.router.add_post(PATH, answer)
+    app.router.add_get("/v1/models", models)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    await asyncio.Event().wait()
+
+
 LOOPS = {"aiohttp": _aiohttp, "heimdall": _heimdall, "pyreqwest": _pyreqwest, "aiosonic": _aiosonic}
 
 
-def count(client: str, origin: str, n: int) -> int:
+def count(client: str, origin: str, n: int, stream: bool) -> int:
     """Instructions of a whole process that sends `n` requests with `client`."""
     with tempfile.TemporaryDirectory() as tmp:
         proc = subprocess.run(
             ["valgrind", "--tool=callgrind", f"--callgrind-out-file={tmp}/out",
-             sys.executable, __file__, "--loop", client, "--origin", origin, "-n", str(n)],
+             sys.executable, __file__, "--loop", client, "--origin", origin, "-n", str(n),
+             *(["--stream", "1"] if stream else [])],
             capture_output=True, text=True, check=False,
         )  # fmt: skip
     match = COLLECTED.search(proc.stderr)
@@ -115,14 +166,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--clients", default=",".join(CLIENTS))
     parser.add_argument("--small", type=int, default=200)
     parser.add_argument("--large", type=int, default=1200)
+    parser.add_argument("--stream", type=int, default=0, metavar="EVENTS")
+    parser.add_argument("--serve-stream", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--loop", choices=CLIENTS, help=argparse.SUPPRESS)
     parser.add_argument("--origin", help=argparse.SUPPRESS)
     parser.add_argument("-n", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if args.loop:  # the measured process
+    if args.loop or args.serve_stream:  # the measured process, or the --stream upstream
         import uvloop
 
-        uvloop.run(LOOPS[args.loop](args.origin, args.n))
+        if args.serve_stream:
+            uvloop.run(_serve_stream(args.serve_stream, args.stream))
+        else:
+            uvloop.run(LOOPS[args.loop](args.origin, args.n, args.stream > 0))
         return 0
 
     clients = [c for c in args.clients.split(",") if c]
@@ -131,21 +187,27 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"unknown client {c!r}; known: {', '.join(CLIENTS)}")
     (port,) = free_ports(1)
     workdir = Path(tempfile.mkdtemp(prefix="client-cost-"))
-    upstream = start_server(
-        "upstream",
-        [sys.executable, str(BENCH_DIR / "fast_upstream.py"), "--port", str(port)],
-        workdir,
+    serve = (
+        [sys.executable, __file__, "--serve-stream", str(port), "--stream", str(args.stream)]
+        if args.stream
+        else [sys.executable, str(BENCH_DIR / "fast_upstream.py"), "--port", str(port)]
     )
+    upstream = start_server("upstream", serve, workdir)
     origin = f"http://127.0.0.1:{port}"
     try:
         wait_ready(upstream, origin + "/v1/models", "models", time.monotonic() + 30)
-        print(f"| client | instructions per request (callgrind, {args.large} - {args.small}) |")
+        what = f"a stream of {args.stream} events" if args.stream else "request"
+        print(f"| client | instructions per {what} (callgrind, {args.large} - {args.small}) |")
         print("|---|---:|")
         for c in clients:
             if importlib.util.find_spec(NEEDS[c]) is None:
                 print(f"| {c} | not installed |")
                 continue
-            per = (count(c, origin, args.large) - count(c, origin, args.small)) / (
+            if args.stream and c not in STREAMING:
+                print(f"| {c} | (no streaming loop) |")
+                continue
+            stream = args.stream > 0
+            per = (count(c, origin, args.large, stream) - count(c, origin, args.small, stream)) / (
                 args.large - args.small
             )
             print(f"| {c} | {per:,.0f} |", flush=True)
