@@ -107,18 +107,36 @@ class UpstreamClient:
         read, total = timeouts
         deadline = loop.time() + total if total else None
         head = _head(method, target, where, headers, len(body))
+        read = read or None
         conn = self._pooled(origin, loop.time())
-        if conn is not None:
+        fresh = conn is None
+        if conn is None:
+            conn = await self._connect(loop, origin, where, deadline)
+        while True:
+            conn.send(head, body, method == "HEAD")
+            response = UpstreamResponse(conn, self, read, deadline)
             try:
-                return await self._exchange(conn, head, body, method, read or None, deadline)
+                while conn.headers is None:
+                    if conn.error is not None:
+                        raise conn.error
+                    if conn.lost:
+                        raise UpstreamDisconnected("the pod closed the connection")
+                    await conn.wait(read if deadline is None else response._limit())
             except UpstreamDisconnected:
-                if conn.received or method not in IDEMPOTENT:
+                conn.close()
+                if fresh or conn.received or method not in IDEMPOTENT:
                     raise
                 # The pod closed the pooled connection, and may or may not have seen the
                 # request: only a request that may run twice is sent again. (A POST fails
                 # here, and the relay tries it on the next pod, within its attempts.)
-        conn = await self._connect(loop, origin, where, deadline)
-        return await self._exchange(conn, head, body, method, read or None, deadline)
+                fresh = True
+                conn = await self._connect(loop, origin, where, deadline)
+                continue
+            except BaseException:
+                conn.close()
+                raise
+            response._started()
+            return response
 
     async def fetch(
         self,
@@ -138,30 +156,6 @@ class UpstreamClient:
             raise
         resp.release()
         return resp.status, payload
-
-    async def _exchange(
-        self,
-        conn: Connection,
-        head: bytes,
-        body: bytes,
-        method: str,
-        read: float | None,
-        deadline: float | None,
-    ) -> UpstreamResponse:
-        conn.send(head, body, method == "HEAD")
-        response = UpstreamResponse(conn, self, read, deadline)
-        try:
-            while conn.headers is None:
-                if conn.error is not None:
-                    raise conn.error
-                if conn.lost:
-                    raise UpstreamDisconnected("the pod closed the connection")
-                await conn.wait(response._limit())
-        except BaseException:
-            conn.close()
-            raise
-        response._started()
-        return response
 
     def _origin(self, origin: str) -> _Origin:
         if len(self._origins) >= MAX_ORIGINS:
@@ -322,7 +316,7 @@ class UpstreamResponse:
                 raise conn.error
             if conn.lost:
                 raise UpstreamDisconnected("the connection was closed before the answer's end")
-            await conn.wait(self._limit())
+            await conn.wait(self._read if self._deadline is None else self._limit())
 
     async def read(self) -> bytes:
         """The whole body. Raises UpstreamError when the pod fails or falls silent first."""
@@ -333,7 +327,7 @@ class UpstreamResponse:
                 raise conn.error
             if conn.lost:
                 raise UpstreamDisconnected("the connection was closed before the answer's end")
-            await conn.wait(self._limit())
+            await conn.wait(self._read if self._deadline is None else self._limit())
         return conn.take()
 
     def release(self) -> None:

@@ -8,6 +8,7 @@ socket, so a slow client never makes the gateway buffer a fast pod's whole strea
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import Callable
 
 import httptools
@@ -22,12 +23,6 @@ from heimdall_proxy.upstream.errors import (
 
 #: Unread body bytes at which the socket stops being read (resumed once they are taken).
 HIGH_WATER = 1 << 16
-
-
-def _decode(raw: bytes) -> str:
-    """Header bytes as text, the way aiohttp reads them (undecodable bytes survive a round
-    trip through the client's answer)."""
-    return raw.decode("utf-8", "surrogateescape")
 
 
 class Connection(asyncio.Protocol):
@@ -50,6 +45,9 @@ class Connection(asyncio.Protocol):
         #: The pod closed the connection, or it was closed here.
         self.lost = False
         self.idle_since = 0.0
+        #: The timer that fails a wait past `expires` (see `wait`); None when not running.
+        self.watchdog: asyncio.TimerHandle | None = None
+        self.expires = math.inf
         self._reset()
 
     def _reset(self) -> None:
@@ -86,25 +84,49 @@ class Connection(asyncio.Protocol):
 
     async def wait(self, limit: float | None) -> None:
         """Until the parser has something new (head, body bytes, the end, or a failure).
-        Raises UpstreamTimeout after `limit` seconds of silence (a timer, not
-        `asyncio.timeout`: it is one handle per wait, and a wait happens per chunk)."""
+        Raises UpstreamTimeout after `limit` seconds of silence.
+
+        The limit is kept by one watchdog timer per connection, not a timer per wait: a
+        wait happens per chunk of a stream, and arming and cancelling a uvloop timer costs
+        ~6.7k instructions, more than the rest of the wait. The watchdog fires at the
+        earliest deadline it was set for; a wait that began since moves the deadline
+        later, and the watchdog sleeps again until then."""
         if self.paused:
             self.paused = False
             assert self.transport is not None
             self.transport.resume_reading()
+        if limit:
+            expires = self.expires = self.loop.time() + limit
+            watchdog = self.watchdog
+            if watchdog is None:
+                self.watchdog = self.loop.call_at(expires, self._watch)
+            elif watchdog.when() > expires:  # a shorter limit (the total running out)
+                watchdog.cancel()
+                self.watchdog = self.loop.call_at(expires, self._watch)
+        else:
+            self.expires = math.inf
         waiter = self.waiter = self.loop.create_future()
-        timer = self.loop.call_later(limit, self._expire, waiter) if limit else None
         try:
             await waiter
         finally:
             self.waiter = None
-            if timer is not None:
-                timer.cancel()
 
-    @staticmethod
-    def _expire(waiter: asyncio.Future[None]) -> None:
-        if not waiter.done():
+    def _watch(self) -> None:
+        """The watchdog: fail the wait whose deadline passed, or sleep until the current
+        one; with no wait under way, stop (the next wait starts it again)."""
+        self.watchdog = None
+        waiter = self.waiter
+        if waiter is None or waiter.done() or self.expires == math.inf:
+            return
+        if self.loop.time() >= self.expires:
             waiter.set_exception(UpstreamTimeout("the pod sent nothing within the time limit"))
+        else:
+            self.watchdog = self.loop.call_at(self.expires, self._watch)
+
+    def _stop_watchdog(self) -> None:
+        if self.watchdog is not None:
+            self.watchdog.cancel()
+            self.watchdog = None
 
     def take(self) -> bytes:
         """The body bytes received and not yet taken."""
@@ -124,6 +146,7 @@ class Connection(asyncio.Protocol):
             if waiter is not None and not waiter.done():
                 waiter.set_exception(self.error)
         self.active = False
+        self._stop_watchdog()
         if not self.lost:
             self.lost = True
             if self.transport is not None:
@@ -148,6 +171,7 @@ class Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.lost = True
+        self._stop_watchdog()
         if self.active and not self.complete:
             if self.until_close and self.headers is not None:
                 self.complete = True  # a body without length ends where the connection does
@@ -169,11 +193,16 @@ class Connection(asyncio.Protocol):
         if self.complete:  # a second answer to one request: the connection is not reused
             self.keep_alive = False
 
+    # Header bytes become text the way aiohttp reads them: utf-8, and undecodable bytes
+    # survive a round trip through the client's answer.
+
     def on_status(self, status: bytes) -> None:
-        self.reason += _decode(status)
+        self.reason += status.decode("utf-8", "surrogateescape")
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        self.raw_headers.append((_decode(name), _decode(value)))
+        self.raw_headers.append(
+            (name.decode("utf-8", "surrogateescape"), value.decode("utf-8", "surrogateescape"))
+        )
 
     def on_headers_complete(self) -> None:
         if self.complete:  # a second answer in the same bytes: data_received's next call

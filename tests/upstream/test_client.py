@@ -937,3 +937,27 @@ async def test_credentials_in_the_origin_are_sent_as_basic_auth(
     resp.release()
     assert b"\r\nAuthorization: Basic dXNAZXI6cDpzcw==\r\n" in heads[0]  # us@er:p:ss
     assert b"Basic" not in heads[1] and b"\r\nAuthorization: Bearer t\r\n" in heads[1]
+
+
+async def test_a_stream_longer_than_the_read_limit_is_cut_only_by_silence(
+    client: UpstreamClient, raw_server: RawFactory
+) -> None:
+    """The read limit is the longest silence, not the stream's length: chunks every 50 ms
+    for 0.5 s pass a 0.2 s limit (the one watchdog timer moves its deadline on), and the
+    silence after them fails the read."""
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, _: int) -> None:
+        await read_request(reader)
+        writer.write(CHUNKED_HEAD)
+        for _ in range(10):
+            writer.write(chunk(b"tick"))
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(5)  # silence
+
+    srv = await raw_server(handler)
+    resp = await client.request("GET", srv.url, "/", b"", {}, UpstreamTimeouts(read=0.2))
+    got: list[bytes] = []
+    with pytest.raises(UpstreamTimeout):
+        await read_all(resp, got)
+    assert b"".join(got) == b"tick" * 10
+    resp.close()
