@@ -23,6 +23,9 @@ from heimdall_proxy.upstream.errors import (
 
 #: Unread body bytes at which the socket stops being read (resumed once they are taken).
 HIGH_WATER = 1 << 16
+#: Seconds a time limit may be kept early or late: uvloop's timers count whole milliseconds,
+#: so a deadline compared exactly would re-arm the watchdog on every wait, or spin on it.
+SLACK = 1e-3
 
 
 class Connection(asyncio.Protocol):
@@ -47,6 +50,7 @@ class Connection(asyncio.Protocol):
         self.idle_since = 0.0
         #: The timer that fails a wait past `expires` (see `wait`); None when not running.
         self.watchdog: asyncio.TimerHandle | None = None
+        self.watchdog_at = math.inf
         self.expires = math.inf
         self._reset()
 
@@ -99,10 +103,10 @@ class Connection(asyncio.Protocol):
             expires = self.expires = self.loop.time() + limit
             watchdog = self.watchdog
             if watchdog is None:
-                self.watchdog = self.loop.call_at(expires, self._watch)
-            elif watchdog.when() > expires:  # a shorter limit (the total running out)
+                self._arm(expires)
+            elif self.watchdog_at > expires + SLACK:  # a shorter limit (the total running out)
                 watchdog.cancel()
-                self.watchdog = self.loop.call_at(expires, self._watch)
+                self._arm(expires)
         else:
             self.expires = math.inf
         waiter = self.waiter = self.loop.create_future()
@@ -111,6 +115,10 @@ class Connection(asyncio.Protocol):
         finally:
             self.waiter = None
 
+    def _arm(self, at: float) -> None:
+        self.watchdog_at = at
+        self.watchdog = self.loop.call_at(at, self._watch)
+
     def _watch(self) -> None:
         """The watchdog: fail the wait whose deadline passed, or sleep until the current
         one; with no wait under way, stop (the next wait starts it again)."""
@@ -118,10 +126,10 @@ class Connection(asyncio.Protocol):
         waiter = self.waiter
         if waiter is None or waiter.done() or self.expires == math.inf:
             return
-        if self.loop.time() >= self.expires:
+        if self.loop.time() >= self.expires - SLACK:  # uvloop's timers keep milliseconds
             waiter.set_exception(UpstreamTimeout("the pod sent nothing within the time limit"))
         else:
-            self.watchdog = self.loop.call_at(self.expires, self._watch)
+            self._arm(self.expires)
 
     def _stop_watchdog(self) -> None:
         if self.watchdog is not None:
