@@ -35,14 +35,9 @@ from heimdall_proxy.server.outliers import OutlierDetector
 from heimdall_proxy.server.relay import Relay
 from heimdall_proxy.server.routing import Routing
 from heimdall_proxy.server.tracing import RequestTrace, Tracing, configure
-from heimdall_proxy.upstream import UpstreamClient, UpstreamTimeouts
+from heimdall_proxy.upstream import KEEPALIVE, UpstreamClient, UpstreamTimeouts
 
 log = logging.getLogger(__name__)
-
-
-#: Seconds an idle connection to a pod is kept: shorter than uvicorn's 5 s (vLLM's), so a
-#: pooled connection is not one the pod is closing.
-KEEPALIVE = 4.0
 
 
 def _data_session() -> aiohttp.ClientSession:
@@ -138,7 +133,7 @@ class Gateway:
         (heimdall_proxy/upstream: aiohttp's would be most of a forwarded request's cost);
         scrapes and health checks through aiohttp's, `_data_session`."""
         opts = self.options
-        self._upstream = UpstreamClient(opts.connect_timeout, KEEPALIVE)
+        self._upstream = UpstreamClient(opts.connect_timeout)
         self._timeouts = {
             stream: UpstreamTimeouts(read, opts.upstream_timeout)
             for stream, read in ((False, opts.first_byte_timeout), (True, opts.stream_idle_timeout))

@@ -31,7 +31,7 @@ from heimdall_proxy.server.hops import Hops
 from heimdall_proxy.server.outliers import OutlierDetector
 from heimdall_proxy.server.retry import RETRY_STATUSES, RetryBudget, backoff, failure_reason
 from heimdall_proxy.server.tracing import RequestTrace
-from heimdall_proxy.upstream import UpstreamClient, UpstreamResponse, UpstreamTimeouts
+from heimdall_proxy.upstream import NO_LIMITS, UpstreamClient, UpstreamResponse, UpstreamTimeouts
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +63,7 @@ class Relay:
         self.budget = RetryBudget()
         #: per request kind (streamed?): the read limit is the stream's idle limit, or the
         #: wait for a whole non-streamed answer; none given: no limits
-        self.timeouts = dict(timeouts or {False: UpstreamTimeouts(), True: UpstreamTimeouts()})
+        self.timeouts = dict(timeouts or {False: NO_LIMITS, True: NO_LIMITS})
         self.outliers = outliers or OutlierDetector(OutlierDetectionConfig(consecutiveFailures=0))
         self.answers = Answers(hooks, metrics, self.outliers)
         #: What this gateway has in flight on each pod (read by the saturation detectors).

@@ -7,7 +7,13 @@ This package parses with `httptools` (llhttp, the parser Node.js uses) and adds 
 relay needs: one request at a time per connection, a body in bytes, no redirects, cookies,
 proxies, compression or authentication."""
 
-from heimdall_proxy.upstream.client import UpstreamClient, UpstreamResponse, UpstreamTimeouts
+from heimdall_proxy.upstream.client import (
+    KEEPALIVE,
+    NO_LIMITS,
+    UpstreamClient,
+    UpstreamResponse,
+    UpstreamTimeouts,
+)
 from heimdall_proxy.upstream.errors import (
     UpstreamConnectError,
     UpstreamDisconnected,
@@ -17,6 +23,8 @@ from heimdall_proxy.upstream.errors import (
 )
 
 __all__ = [
+    "KEEPALIVE",
+    "NO_LIMITS",
     "UpstreamClient",
     "UpstreamConnectError",
     "UpstreamDisconnected",

@@ -38,6 +38,9 @@ class UpstreamTimeouts(NamedTuple):
 
 
 NO_LIMITS = UpstreamTimeouts()
+#: Seconds an idle connection is kept: shorter than uvicorn's 5 s (vLLM's idle limit), so a
+#: pooled connection is not one the pod is closing.
+KEEPALIVE = 4.0
 
 
 class _Origin:
@@ -73,7 +76,7 @@ class UpstreamClient:
     the pod is closing). No limit on how many are open: the gateway's own admission bounds
     the requests in flight."""
 
-    def __init__(self, connect_timeout: float | None = 5.0, keepalive: float = 4.0) -> None:
+    def __init__(self, connect_timeout: float | None = 5.0, keepalive: float = KEEPALIVE) -> None:
         self.connect_timeout = connect_timeout or None
         self.keepalive = keepalive
         self._origins: dict[str, _Origin] = {}
@@ -117,11 +120,7 @@ class UpstreamClient:
             response = UpstreamResponse(conn, self, read, deadline)
             try:
                 while conn.headers is None:
-                    if conn.error is not None:
-                        raise conn.error
-                    if conn.lost:
-                        raise UpstreamDisconnected("the pod closed the connection")
-                    await conn.wait(read if deadline is None else response._limit())
+                    await conn.wait(response._wait_limit())
             except UpstreamDisconnected:
                 conn.close()
                 if fresh or conn.received or method not in IDEMPOTENT:
@@ -266,6 +265,12 @@ class UpstreamResponse:
     __slots__ = ("_client", "_conn", "_deadline", "_read", "content_length", "headers", "reason",
                  "status")  # fmt: skip
 
+    # Set by `_started`, once the head arrived: the client hands the answer out only then.
+    status: int
+    reason: str
+    headers: CIMultiDict[str]
+    content_length: int | None
+
     def __init__(
         self,
         conn: Connection,
@@ -277,10 +282,6 @@ class UpstreamResponse:
         self._client = client
         self._read = read
         self._deadline = deadline
-        self.status = 0
-        self.reason = ""
-        self.headers: CIMultiDict[str] = CIMultiDict()
-        self.content_length: int | None = None
 
     def _started(self) -> None:
         conn = self._conn
@@ -289,13 +290,21 @@ class UpstreamResponse:
         assert conn.headers is not None
         self.headers = conn.headers
         length = conn.headers.get("Content-Length")
-        if length is not None and length.isdigit():
-            self.content_length = int(length)
+        self.content_length = int(length) if length is not None and length.isdigit() else None
 
-    def _limit(self) -> float | None:
-        """How long the next wait may last: the read limit, cut to what the total leaves."""
-        if self._deadline is None:
-            return self._read
+    def _wait_limit(self) -> float | None:
+        """Before each wait: raises the connection's failure, or else says how long the
+        wait may last (the read limit, cut to what the total leaves)."""
+        conn = self._conn
+        if conn.error is not None:
+            raise conn.error
+        if conn.lost:
+            raise UpstreamDisconnected("the connection was closed before the answer's end")
+        return self._read if self._deadline is None else self._left()
+
+    def _left(self) -> float | None:
+        """`_wait_limit` with a total: raises once it ran out."""
+        assert self._deadline is not None
         left = self._deadline - asyncio.get_running_loop().time()
         if left <= 0:
             raise UpstreamTimeout("the request's total time limit ran out")
@@ -308,26 +317,18 @@ class UpstreamResponse:
         while True:
             if conn.chunks:
                 if self._deadline is not None:
-                    self._limit()  # raises once the total ran out, data buffered or not
+                    self._left()  # raises once the total ran out, data buffered or not
                 return conn.take()
             if conn.complete:
                 return b""
-            if conn.error is not None:
-                raise conn.error
-            if conn.lost:
-                raise UpstreamDisconnected("the connection was closed before the answer's end")
-            await conn.wait(self._read if self._deadline is None else self._limit())
+            await conn.wait(self._wait_limit())
 
     async def read(self) -> bytes:
         """The whole body. Raises UpstreamError when the pod fails or falls silent first."""
         conn = self._conn
         conn.pause_at = math.inf  # it is all kept anyway
         while not conn.complete:
-            if conn.error is not None:
-                raise conn.error
-            if conn.lost:
-                raise UpstreamDisconnected("the connection was closed before the answer's end")
-            await conn.wait(self._read if self._deadline is None else self._limit())
+            await conn.wait(self._wait_limit())
         return conn.take()
 
     def release(self) -> None:

@@ -148,11 +148,10 @@ class Connection(asyncio.Protocol):
 
     def close(self) -> None:
         """Close the connection; a reader waiting for the answer fails at once."""
-        if self.active and not self.complete and self.error is None:
-            self.error = UpstreamDisconnected("the connection was closed before the answer's end")
-            waiter = self.waiter
-            if waiter is not None and not waiter.done():
-                waiter.set_exception(self.error)
+        if self.active and not self.complete:
+            self._set_error(
+                UpstreamDisconnected("the connection was closed before the answer's end")
+            )
         self.active = False
         self._stop_watchdog()
         if not self.lost:
@@ -188,12 +187,6 @@ class Connection(asyncio.Protocol):
                 reason = f": {exc}" if exc is not None else ""
                 self._fail(UpstreamDisconnected(f"the pod closed the connection{reason}"))
         self.on_lost(self)
-
-    def pause_writing(self) -> None:  # a request body larger than the socket buffer
-        pass  # the body is already in memory; the transport buffers the rest
-
-    def resume_writing(self) -> None:
-        pass
 
     # -- httptools callbacks ------------------------------------------------------------------
 
@@ -258,9 +251,14 @@ class Connection(asyncio.Protocol):
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
 
+    def _set_error(self, error: UpstreamError) -> None:
+        """The exchange failed: the first failure is the one a reader gets."""
+        if self.error is None:
+            self.error = error
+            waiter = self.waiter
+            if waiter is not None and not waiter.done():
+                waiter.set_exception(error)
+
     def _fail(self, error: UpstreamError) -> None:
-        self.error = error
-        waiter = self.waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_exception(error)
+        self._set_error(error)
         self.close()
