@@ -6,10 +6,16 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 
 WORKDIR /app
-COPY pyproject.toml README.md ./
+COPY pyproject.toml setup.py README.md ./
 COPY heimdall_proxy ./heimdall_proxy
 COPY config ./config
-RUN pip install . \
+# a C compiler only while installing: kvcache/_chain.c links the image's own libxxhash
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends gcc libc6-dev \
+    && pip install . \
+    && python -c "from heimdall_proxy.kvcache.hashing import NATIVE; assert NATIVE" \
+    && apt-get purge -y gcc libc6-dev && apt-get autoremove -y \
+    && rm -rf /var/lib/apt/lists/* \
     && useradd --system --uid 10001 --no-create-home heimdall
 
 USER heimdall

@@ -42,6 +42,17 @@ _first = itemgetter(0)
 _BIG_ENDIAN = sys.byteorder == "big"
 _U32 = "I" if array("I").itemsize == 4 else "L"
 
+_native: Callable[[Sequence[int], int, int, int | None, int], list[int]] | None
+try:  # the chain in C (kvcache/_chain.c), built where the machine can; else the loop below
+    from heimdall_proxy.kvcache._chain import block_keys as _native
+except ImportError:  # pragma: no cover - an install without a C compiler or libxxhash
+    _native = None
+if _BIG_ENDIAN or _U32 != "I":  # pragma: no cover - the C chain reads tokens as LE u32
+    _native = None
+
+#: Whether block keys are computed in C (~0.06 us per block) or in Python (~0.35 us).
+NATIVE = _native is not None
+
 
 #: The seed of the standardized KV-events hash (Dynamo's value), one for every namespace: a
 #: KV cache indexer's keys (conductor.hashing) and the scorer's conductorConfig default.
@@ -125,13 +136,25 @@ def block_keys(
 ) -> list[int]:
     """The rolling keys of the full blocks of `tokens` (at most `max_blocks`), chained from
     `parent` (None: from the root): `chain_keys(local_hashes(...))` in one loop, each block's
-    local hash taken as the chain reaches it (no list of local hashes, ~20% less CPU; the
-    ingest and every prompt lookup pay it per block)."""
+    local hash taken as the chain reaches it. The ingest and every prompt lookup pay it per
+    block, so lists and u32 arrays go to the C chain when it is built (`NATIVE`)."""
     n = len(tokens) // block_size
     if max_blocks is not None and n > max_blocks:
         n = max(0, max_blocks)
     if n <= 0:
         return []
+    if _native is not None and (
+        type(tokens) is list or (type(tokens) is array and tokens.typecode == "I")
+    ):
+        return _native(tokens, block_size, seed, parent, n)
+    return python_block_keys(tokens, block_size, seed, parent, n)
+
+
+def python_block_keys(
+    tokens: Sequence[int], block_size: int, seed: int, parent: int | None, n: int
+) -> list[int]:
+    """`block_keys` of the first `n` blocks (n >= 1) in Python: the reference the C chain is
+    tested against, and what runs where it is not built."""
     h = _xxh3
     pack = _pack_pair
     chunks = _chunker(block_size * 4)(_u32s(tokens, n * block_size))

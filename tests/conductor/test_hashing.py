@@ -8,7 +8,7 @@ import pytest
 import xxhash
 
 from heimdall_proxy.conductor.hashing import seq_hashes
-from heimdall_proxy.kvcache.hashing import STANDARD_HASH_SEED
+from heimdall_proxy.kvcache.hashing import STANDARD_HASH_SEED, python_block_keys
 from tests.helpers import reference_seq_hashes
 
 #: (tokens, block_size, seed) -> hashes, produced by reference_seq_hashes.
@@ -34,7 +34,8 @@ def test_the_default_seed_is_the_standards() -> None:
 @pytest.mark.parametrize(("tokens", "block_size", "seed", "expected"), VECTORS)
 def test_vectors(tokens: list[int], block_size: int, seed: int, expected: list[int]) -> None:
     assert reference_seq_hashes(tokens, block_size, seed) == expected
-    assert seq_hashes(tokens, block_size, seed) == expected
+    assert seq_hashes(tokens, block_size, seed) == expected  # the C chain, where it is built
+    assert python_block_keys(tokens, block_size, seed, None, len(expected)) == expected
 
 
 def test_partial_blocks_are_not_hashed_and_prefixes_agree() -> None:

@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
+import ctypes.util
+import random
 import struct
+from array import array
+from typing import Any
 
 import pytest
 import xxhash
 
+from heimdall_proxy.kvcache import hashing
 from heimdall_proxy.kvcache.hashing import (
     LazyBlockKeys,
     block_keys,
     namespace_seed,
+    python_block_keys,
     text_block_keys,
     tokens_to_bytes,
 )
@@ -82,3 +88,88 @@ def test_lazy_keys_are_the_same_keys_computed_on_demand() -> None:
     with pytest.raises(IndexError):
         lazy[200]
     assert not LazyBlockKeys(tokens[:10], 16, seed)
+
+
+class _Index:
+    """An integer that is not an int (as numpy's are): both chains take it via __index__."""
+
+    def __init__(self, value: int) -> None:
+        self.value = value
+
+    def __index__(self) -> int:
+        return self.value
+
+
+@pytest.mark.skipif(
+    ctypes.util.find_library("xxhash") is None, reason="no libxxhash here: nothing to build on"
+)
+def test_the_c_chain_is_built_where_libxxhash_is() -> None:
+    # the extension is optional in setup.py; this keeps an install that silently fell back to
+    # the Python loop from passing here
+    assert hashing.NATIVE
+
+
+needs_c = pytest.mark.skipif(not hashing.NATIVE, reason="the C chain is not built here")
+
+
+@needs_c
+@pytest.mark.parametrize("block_size", [1, 4, 16, 300])
+@pytest.mark.parametrize("parent", [None, 0, 12345, 2**64 - 1])
+def test_the_c_chain_gives_the_python_loops_keys(block_size: int, parent: int | None) -> None:
+    rng = random.Random(block_size)
+    for length in (block_size, 3 * block_size + 1, 10 * block_size):
+        tokens = [rng.randrange(2**32) for _ in range(length)]
+        n_all = length // block_size
+        for n in {1, n_all}:
+            expected = python_block_keys(tokens, block_size, 1337, parent, n)
+            assert block_keys(tokens, block_size, 1337, parent, n) == expected
+            assert hashing._native is not None
+            assert hashing._native(array("I", tokens), block_size, 1337, parent, n) == expected
+        assert block_keys(tokens, block_size, 1337, parent) == python_block_keys(
+            tokens, block_size, 1337, parent, n_all
+        )
+    odd: list[Any] = [_Index(7), True, *range(2, 2 * block_size)]
+    plain = [7, 1, *range(2, 2 * block_size)]
+    assert block_keys(odd, block_size, 5) == python_block_keys(plain, block_size, 5, None, 2)
+
+
+@needs_c
+@pytest.mark.parametrize(
+    ("bad", "error"),
+    [(-1, OverflowError), (2**32, OverflowError), (2**70, OverflowError), (1.0, TypeError),
+     ("7", TypeError), (None, TypeError)],
+)  # fmt: skip
+def test_the_c_chain_rejects_what_the_python_loop_rejects(
+    bad: object, error: type[Exception]
+) -> None:
+    tokens: list[Any] = [*range(15), bad]
+    with pytest.raises(error):
+        python_block_keys(tokens, 16, 1, None, 1)
+    with pytest.raises(error):
+        block_keys(tokens, 16, 1)
+    assert block_keys(tokens, 16, 1, max_blocks=0) == []  # only the blocks asked for are read
+
+
+@needs_c
+def test_the_c_chain_checks_its_arguments() -> None:
+    native = hashing._native
+    assert native is not None
+    with pytest.raises(ValueError, match="fewer tokens"):
+        native(list(range(31)), 16, 1, None, 2)
+    with pytest.raises(ValueError, match="block_size"):
+        native(list(range(32)), 0, 1, None, 2)
+    with pytest.raises(TypeError, match="u32"):
+        native(array("Q", range(32)), 16, 1, None, 2)
+    with pytest.raises(OverflowError):
+        native(list(range(32)), 16, -1, None, 2)
+
+    class Shrinks:
+        """An id whose __index__ empties the list being hashed."""
+
+        def __index__(self) -> int:
+            tokens.clear()
+            return 1
+
+    tokens: list[Any] = [Shrinks(), *range(31)]
+    with pytest.raises(RuntimeError, match="changed size"):
+        native(tokens, 16, 1, None, 2)

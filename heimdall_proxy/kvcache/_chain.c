@@ -1,0 +1,197 @@
+/* The rolling block keys of kvcache.hashing.block_keys, in C.
+ *
+ * Every vLLM block the conductor ingests and every block of a prompt a prefix scorer or the
+ * conductor looks up is keyed by this chain:
+ *
+ *     local[i] = XXH3_64(tokens of block i as little-endian u32, S)
+ *     seq[0]   = local[0], or XXH3_64(parent_le64 || local[0]_le64, S) when chained on parent
+ *     seq[i]   = XXH3_64(seq[i-1]_le64 || local[i]_le64, S)
+ *
+ * In Python each block costs a u32 conversion of its tokens, two calls into xxhash and a
+ * struct pack (~0.35 us); here the same work is ~0.06 us, with no Python object per block but
+ * the key itself. The hash is xxHash's own XXH3_64bits_withSeed, from the system's libxxhash
+ * (XXH3's output is frozen since xxHash 0.8.0, so it equals the xxhash package's); the
+ * extension is optional and kvcache.hashing keeps the Python loop for machines that cannot
+ * build it. tests/kvcache/test_hashing.py holds both to the same answers.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+
+/* xxHash's stable ABI (xxhash.h, XXH_VERSION >= 0.8.0); declared here so that building needs
+ * only the runtime library, which every Debian-based system ships (apt depends on it). */
+uint64_t XXH3_64bits_withSeed(const void *input, size_t length, uint64_t seed);
+
+#define STACK_TOKENS 256
+
+/* Little-endian hosts only: the Python side does not call in on a big-endian one. */
+static int
+list_block(PyObject *tokens, Py_ssize_t start, Py_ssize_t size, uint32_t *out)
+{
+    for (Py_ssize_t j = 0; j < size; j++) {
+        /* an item's __index__ may run Python code that shrinks the caller's list */
+        if (start + j >= PyList_GET_SIZE(tokens)) {
+            PyErr_SetString(PyExc_RuntimeError, "tokens changed size");
+            return -1;
+        }
+        PyObject *item = PyList_GET_ITEM(tokens, start + j);
+        unsigned long value;
+        if (PyLong_Check(item)) {
+            value = PyLong_AsUnsignedLong(item);
+        }
+        else {
+            Py_INCREF(item);
+            PyObject *index = PyNumber_Index(item); /* TypeError for a non-integer */
+            Py_DECREF(item);
+            if (index == NULL) {
+                return -1;
+            }
+            value = PyLong_AsUnsignedLong(index);
+            Py_DECREF(index);
+        }
+        if (value == (unsigned long)-1 && PyErr_Occurred()) {
+            return -1; /* OverflowError for a negative id */
+        }
+        if (value > UINT32_MAX) {
+            PyErr_SetString(PyExc_OverflowError, "token id does not fit in 32 bits");
+            return -1;
+        }
+        out[j] = (uint32_t)value;
+    }
+    return 0;
+}
+
+PyDoc_STRVAR(block_keys_doc,
+"block_keys(tokens, block_size, seed, parent, n) -> list[int]\n\n"
+"The rolling keys of the first n blocks of block_size tokens, chained from parent (None:\n"
+"from the root). tokens: a list of ids in [0, 2**32), or a buffer of u32 (array('I')) of\n"
+"at least n * block_size items.");
+
+static PyObject *
+block_keys(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 5) {
+        PyErr_SetString(PyExc_TypeError, "block_keys takes 5 arguments");
+        return NULL;
+    }
+    PyObject *tokens = args[0];
+    Py_ssize_t block_size = PyLong_AsSsize_t(args[1]);
+    if (block_size == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    uint64_t seed = PyLong_AsUnsignedLongLong(args[2]);
+    if (seed == (uint64_t)-1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    int chained = args[3] != Py_None;
+    uint64_t pair[2] = {0, 0};
+    if (chained) {
+        pair[0] = PyLong_AsUnsignedLongLong(args[3]);
+        if (pair[0] == (uint64_t)-1 && PyErr_Occurred()) {
+            return NULL;
+        }
+    }
+    Py_ssize_t n = PyLong_AsSsize_t(args[4]);
+    if (n == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    if (block_size <= 0 || n < 0 || n > PY_SSIZE_T_MAX / block_size) {
+        PyErr_SetString(PyExc_ValueError, "block_size must be > 0 and n >= 0");
+        return NULL;
+    }
+
+    Py_buffer view = {0};
+    const uint32_t *from_buffer = NULL;
+    int is_list = PyList_CheckExact(tokens);
+    Py_ssize_t available;
+    if (is_list) {
+        available = PyList_GET_SIZE(tokens);
+    }
+    else {
+        if (PyObject_GetBuffer(tokens, &view, PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) < 0) {
+            return NULL;
+        }
+        if (view.itemsize != 4 || view.format == NULL || strcmp(view.format, "I") != 0) {
+            PyBuffer_Release(&view);
+            PyErr_SetString(PyExc_TypeError, "tokens must be a list or a buffer of u32");
+            return NULL;
+        }
+        from_buffer = (const uint32_t *)view.buf;
+        available = view.len / 4;
+    }
+    if (available / block_size < n) {
+        if (!is_list) {
+            PyBuffer_Release(&view);
+        }
+        PyErr_SetString(PyExc_ValueError, "fewer tokens than n blocks");
+        return NULL;
+    }
+
+    uint32_t stack[STACK_TOKENS];
+    uint32_t *scratch = stack;
+    if (is_list && block_size > STACK_TOKENS) {
+        scratch = PyMem_Malloc((size_t)block_size * sizeof(uint32_t));
+        if (scratch == NULL) {
+            return PyErr_NoMemory();
+        }
+    }
+    PyObject *out = PyList_New(n);
+    if (out == NULL) {
+        goto done;
+    }
+    const size_t bytes = (size_t)block_size * sizeof(uint32_t);
+    for (Py_ssize_t b = 0; b < n; b++) {
+        const uint32_t *block;
+        if (is_list) {
+            if (list_block(tokens, b * block_size, block_size, scratch) < 0) {
+                Py_CLEAR(out);
+                goto done;
+            }
+            block = scratch;
+        }
+        else {
+            block = from_buffer + b * block_size;
+        }
+        uint64_t key = XXH3_64bits_withSeed(block, bytes, seed);
+        if (chained) {
+            pair[1] = key;
+            key = XXH3_64bits_withSeed(pair, sizeof(pair), seed);
+        }
+        chained = 1;
+        pair[0] = key;
+        PyObject *value = PyLong_FromUnsignedLongLong(key);
+        if (value == NULL) {
+            Py_CLEAR(out);
+            goto done;
+        }
+        PyList_SET_ITEM(out, b, value);
+    }
+done:
+    if (scratch != stack) {
+        PyMem_Free(scratch);
+    }
+    if (!is_list) {
+        PyBuffer_Release(&view);
+    }
+    return out;
+}
+
+static PyMethodDef methods[] = {
+    {"block_keys", (PyCFunction)(void (*)(void))block_keys, METH_FASTCALL, block_keys_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT,
+    "heimdall_proxy.kvcache._chain",
+    "The XXH3-64 rolling block keys in C (see kvcache.hashing).",
+    0,
+    methods,
+};
+
+PyMODINIT_FUNC
+PyInit__chain(void)
+{
+    return PyModuleDef_Init(&module);
+}
