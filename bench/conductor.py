@@ -302,6 +302,15 @@ def main() -> int:
         f"| ingest, standard events (hashes given) | {events / seconds:,.0f} events/s "
         f"| {total / seconds / 1e6:.2f}M blocks/s | {total:,} blocks in {seconds:.2f} s |"
     )
+    # what a publisher's restart or unregistering costs the event loop at this size
+    reg = regs[len(regs) // 2]
+    t0 = time.perf_counter()
+    dropped = standard.index.drop_source(reg.tenant_id, (reg.instance_id, reg.dp_rank), reg.key)
+    stall = time.perf_counter() - t0
+    rows.append(
+        f"| drop one publisher's blocks (restart, unregister), event loop held | "
+        f"{stall * 1e3:.0f} ms | - | {dropped:,} of {total:,} blocks |"
+    )
     del standard
     gc.collect()
 
