@@ -21,7 +21,15 @@ from heimdall_proxy.conductor.model import publisher_key
 from heimdall_proxy.conductor.service import ServiceOptions
 from tests.conftest import eventually
 from tests.helpers import BS, TOKENS, eventually_query, hits, post, q, reference_seq_hashes
-from tests.kvcache.vllm_wire import Publisher, batch, cleared, removed, stored, until_live
+from tests.kvcache.vllm_wire import (
+    Publisher,
+    batch,
+    cleared,
+    removed,
+    sglang_batch,
+    stored,
+    until_live,
+)
 
 
 @pytest.fixture
@@ -465,5 +473,38 @@ async def test_a_requests_cache_salt_from_vllms_extra_keys(
         assert (await hits(client, q()))["default"]["vllm-0"]["longest_matched"] == 0
         await pub.publish(batch([removed([1002])]))
         await eventually_query(client, q(cache_salt="tenant-a"), "vllm-0", 8)
+    finally:
+        await pub.close()
+
+
+async def test_an_sglang_publisher_in_sglangs_own_shapes(
+    client: TestClient[Any, Any], ctx: zmq.asyncio.Context
+) -> None:
+    """SGLang's publisher (its ZmqEventPublisher's frames, empty default topic, `[ts, events]`
+    batches, BlockStored without medium, BlockRemoved with hashes only), registered per DP
+    rank as SGLang does (a port per rank): stored chains, a gap replayed, removal, clear."""
+    pub = Publisher(ctx, topic="")
+    try:
+        body = reg(pub, "sglang-0", type="SGLang", dp_rank=1)
+        await post(client, "/register", body)
+        key = publisher_key("sglang-0", "default", 1)
+        await until_live(
+            pub, client.app[CONDUCTOR].subscriber.received, key, empty=sglang_batch([])
+        )
+        await pub.publish(sglang_batch([engine_stored(0, 3)]))
+        await pub.publish(sglang_batch([engine_stored(3, 2, parent=1002)]))
+        await eventually_query(client, q(), "sglang-0", 5 * BS)
+        doc = await hits(client, q())
+        assert doc["default"]["sglang-0"] == {
+            "longest_matched": 5 * BS, "GPU": 5 * BS, "CPU": 0, "DISK": 0, "DP": {"1": 5 * BS}
+        }  # fmt: skip
+        missing = await pub.publish(sglang_batch([engine_stored(5, 1, parent=1004)]), send=False)
+        await pub.publish(sglang_batch([engine_stored(6, 1, parent=1005)]))
+        await eventually_query(client, q(), "sglang-0", 7 * BS)  # the gap, replayed
+        await pub.publish(sglang_batch([removed([1001])]))
+        await eventually_query(client, q(), "sglang-0", BS)
+        await pub.publish(sglang_batch([cleared()]))
+        await eventually_query(client, q(), "sglang-0", 0)  # still registered, holding nothing
+        assert pub.replay_requests == [missing]
     finally:
         await pub.close()

@@ -158,3 +158,21 @@ async def until_live(
             raise AssertionError(f"no KV events of {pod} received")
         await pub.publish(batch([]) if empty is None else empty)
         await asyncio.sleep(0.02)
+
+
+def sglang_batch(events: list[dict[str, Any]]) -> bytes:
+    """A batch as SGLang's ZmqEventPublisher encodes it (python/sglang/srt/disaggregation/
+    kv_events.py: msgspec array_like structs, tag=True): `[ts, events]` with no DP rank (SGLang
+    offsets the publisher's port per DP rank instead), BlockStored without `medium` and the
+    fields after it, BlockRemoved with its hashes only."""
+    evs: list[Any] = []
+    for event in events:
+        tag = event["type"]
+        if tag == "BlockStored":
+            evs.append([tag, *(event[f] for f in STORED_FIELDS[:5])])
+        elif tag == "BlockRemoved":
+            evs.append([tag, event["block_hashes"]])
+        else:
+            evs.append([tag])
+    out: bytes = msgpack.packb([time.time(), evs], use_bin_type=True)
+    return out
