@@ -62,6 +62,60 @@ list_block(PyObject *tokens, Py_ssize_t start, Py_ssize_t size, uint32_t *out)
     return 0;
 }
 
+/* Hash one block of `bytes` bytes into slot b of `out`: its local hash, chained on pair[0]
+ * when *chained (then pair[0] becomes this block's key). */
+static int
+put_key(PyObject *out, Py_ssize_t b, const void *block, size_t bytes, uint64_t seed,
+        uint64_t pair[2], int *chained)
+{
+    uint64_t key = XXH3_64bits_withSeed(block, bytes, seed);
+    if (*chained) {
+        pair[1] = key;
+        key = XXH3_64bits_withSeed(pair, 2 * sizeof(uint64_t), seed);
+    }
+    *chained = 1;
+    pair[0] = key;
+    PyObject *value = PyLong_FromUnsignedLongLong(key);
+    if (value == NULL) {
+        return -1;
+    }
+    PyList_SET_ITEM(out, b, value);
+    return 0;
+}
+
+/* The arguments after the tokens or text: block size (> 0), seed (u64), parent (None or
+ * u64) and n (>= 0) blocks; -1 with an exception set when one is wrong. */
+static int
+chain_args(PyObject *const *args, Py_ssize_t *size, uint64_t *seed, int *chained,
+           uint64_t *parent, Py_ssize_t *n)
+{
+    *size = PyLong_AsSsize_t(args[0]);
+    if (*size == -1 && PyErr_Occurred()) {
+        return -1;
+    }
+    *seed = PyLong_AsUnsignedLongLong(args[1]);
+    if (*seed == (uint64_t)-1 && PyErr_Occurred()) {
+        return -1;
+    }
+    *chained = args[2] != Py_None;
+    *parent = 0;
+    if (*chained) {
+        *parent = PyLong_AsUnsignedLongLong(args[2]);
+        if (*parent == (uint64_t)-1 && PyErr_Occurred()) {
+            return -1;
+        }
+    }
+    *n = PyLong_AsSsize_t(args[3]);
+    if (*n == -1 && PyErr_Occurred()) {
+        return -1;
+    }
+    if (*size <= 0 || *n < 0 || *n > PY_SSIZE_T_MAX / *size) {
+        PyErr_SetString(PyExc_ValueError, "block_size must be > 0 and n >= 0");
+        return -1;
+    }
+    return 0;
+}
+
 PyDoc_STRVAR(block_keys_doc,
 "block_keys(tokens, block_size, seed, parent, n) -> list[int]\n\n"
 "The rolling keys of the first n blocks of block_size tokens, chained from parent (None:\n"
@@ -76,28 +130,11 @@ block_keys(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     }
     PyObject *tokens = args[0];
-    Py_ssize_t block_size = PyLong_AsSsize_t(args[1]);
-    if (block_size == -1 && PyErr_Occurred()) {
-        return NULL;
-    }
-    uint64_t seed = PyLong_AsUnsignedLongLong(args[2]);
-    if (seed == (uint64_t)-1 && PyErr_Occurred()) {
-        return NULL;
-    }
-    int chained = args[3] != Py_None;
+    Py_ssize_t block_size, n;
+    uint64_t seed;
+    int chained;
     uint64_t pair[2] = {0, 0};
-    if (chained) {
-        pair[0] = PyLong_AsUnsignedLongLong(args[3]);
-        if (pair[0] == (uint64_t)-1 && PyErr_Occurred()) {
-            return NULL;
-        }
-    }
-    Py_ssize_t n = PyLong_AsSsize_t(args[4]);
-    if (n == -1 && PyErr_Occurred()) {
-        return NULL;
-    }
-    if (block_size <= 0 || n < 0 || n > PY_SSIZE_T_MAX / block_size) {
-        PyErr_SetString(PyExc_ValueError, "block_size must be > 0 and n >= 0");
+    if (chain_args(args + 1, &block_size, &seed, &chained, &pair[0], &n) < 0) {
         return NULL;
     }
 
@@ -153,19 +190,10 @@ block_keys(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         else {
             block = from_buffer + b * block_size;
         }
-        uint64_t key = XXH3_64bits_withSeed(block, bytes, seed);
-        if (chained) {
-            pair[1] = key;
-            key = XXH3_64bits_withSeed(pair, sizeof(pair), seed);
-        }
-        chained = 1;
-        pair[0] = key;
-        PyObject *value = PyLong_FromUnsignedLongLong(key);
-        if (value == NULL) {
+        if (put_key(out, b, block, bytes, seed, pair, &chained) < 0) {
             Py_CLEAR(out);
             goto done;
         }
-        PyList_SET_ITEM(out, b, value);
     }
 done:
     if (scratch != stack) {
@@ -177,8 +205,61 @@ done:
     return out;
 }
 
+PyDoc_STRVAR(ascii_block_keys_doc,
+"ascii_block_keys(text, chars_per_block, seed, parent, n) -> list[int]\n\n"
+"block_keys over the first n chunks of chars_per_block characters of an ASCII str (its\n"
+"characters are its UTF-8 bytes, hashed where the str holds them).");
+
+static PyObject *
+ascii_block_keys(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 5) {
+        PyErr_SetString(PyExc_TypeError, "ascii_block_keys takes 5 arguments");
+        return NULL;
+    }
+    PyObject *text = args[0];
+    if (!PyUnicode_Check(text)) {
+        PyErr_SetString(PyExc_TypeError, "text must be a str");
+        return NULL;
+    }
+#if PY_VERSION_HEX < 0x030C0000
+    if (PyUnicode_READY(text) < 0) {
+        return NULL;
+    }
+#endif
+    if (!PyUnicode_IS_ASCII(text)) {
+        PyErr_SetString(PyExc_ValueError, "text must be ASCII");
+        return NULL;
+    }
+    Py_ssize_t chars, n;
+    uint64_t seed;
+    int chained;
+    uint64_t pair[2] = {0, 0};
+    if (chain_args(args + 1, &chars, &seed, &chained, &pair[0], &n) < 0) {
+        return NULL;
+    }
+    if (PyUnicode_GET_LENGTH(text) / chars < n) {
+        PyErr_SetString(PyExc_ValueError, "fewer characters than n blocks");
+        return NULL;
+    }
+    const char *data = (const char *)PyUnicode_DATA(text);
+    PyObject *out = PyList_New(n);
+    if (out == NULL) {
+        return NULL;
+    }
+    for (Py_ssize_t b = 0; b < n; b++) {
+        if (put_key(out, b, data + b * chars, (size_t)chars, seed, pair, &chained) < 0) {
+            Py_DECREF(out);
+            return NULL;
+        }
+    }
+    return out;
+}
+
 static PyMethodDef methods[] = {
     {"block_keys", (PyCFunction)(void (*)(void))block_keys, METH_FASTCALL, block_keys_doc},
+    {"ascii_block_keys", (PyCFunction)(void (*)(void))ascii_block_keys, METH_FASTCALL,
+     ascii_block_keys_doc},
     {NULL, NULL, 0, NULL},
 };
 

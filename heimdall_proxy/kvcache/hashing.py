@@ -43,12 +43,14 @@ _BIG_ENDIAN = sys.byteorder == "big"
 _U32 = "I" if array("I").itemsize == 4 else "L"
 
 _native: Callable[[Sequence[int], int, int, int | None, int], list[int]] | None
-try:  # the chain in C (kvcache/_chain.c), built where the machine can; else the loop below
+_native_text: Callable[[str, int, int, int | None, int], list[int]] | None
+try:  # the chain in C (kvcache/_chain.c), built where the machine can; else the loops below
+    from heimdall_proxy.kvcache._chain import ascii_block_keys as _native_text
     from heimdall_proxy.kvcache._chain import block_keys as _native
 except ImportError:  # pragma: no cover - an install without a C compiler or libxxhash
-    _native = None
+    _native = _native_text = None
 if _BIG_ENDIAN or _U32 != "I":  # pragma: no cover - the C chain reads tokens as LE u32
-    _native = None
+    _native = _native_text = None
 
 #: Whether block keys are computed in C (~0.06 us per block) or in Python (~0.35 us).
 NATIVE = _native is not None
@@ -245,12 +247,21 @@ def text_block_keys(
     text: str, chars_per_block: int, seed: int, max_blocks: int | None = None
 ) -> list[int]:
     """The rolling keys of the full `chars_per_block`-character chunks of `text`: the same
-    chain as `block_keys`, each local hash taken over a chunk's UTF-8 bytes."""
+    chain as `block_keys`, each local hash taken over a chunk's UTF-8 bytes (in C for an
+    ASCII text, whose characters are its bytes; every untokenized request pays it)."""
     n = len(text) // chars_per_block
     if max_blocks is not None and n > max_blocks:
         n = max_blocks
     if n <= 0:
         return []
+    if _native_text is not None and text.isascii():
+        return _native_text(text, chars_per_block, seed, None, n)
+    return python_text_block_keys(text, chars_per_block, seed, n)
+
+
+def python_text_block_keys(text: str, chars_per_block: int, seed: int, n: int) -> list[int]:
+    """`text_block_keys` of the first `n` chunks (n >= 1) in Python: any text, and the
+    reference the C chain is tested against."""
     h = _xxh3
     pack = _pack_pair
     out: list[int] = []

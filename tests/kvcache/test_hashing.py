@@ -17,6 +17,7 @@ from heimdall_proxy.kvcache.hashing import (
     block_keys,
     namespace_seed,
     python_block_keys,
+    python_text_block_keys,
     text_block_keys,
     tokens_to_bytes,
 )
@@ -173,3 +174,27 @@ def test_the_c_chain_checks_its_arguments() -> None:
     tokens: list[Any] = [Shrinks(), *range(31)]
     with pytest.raises(RuntimeError, match="changed size"):
         native(tokens, 16, 1, None, 2)
+
+
+@needs_c
+@pytest.mark.parametrize("chars", [1, 7, 64, 300])
+def test_the_c_text_chain_gives_the_python_loops_keys(chars: int) -> None:
+    rng = random.Random(chars)
+    for length in (chars, 5 * chars + 3):
+        text = "".join(chr(rng.randrange(128)) for _ in range(length))
+        n = length // chars
+        expected = python_text_block_keys(text, chars, 99, n)
+        assert text_block_keys(text, chars, 99) == expected
+        assert text_block_keys(text, chars, 99, max_blocks=1) == expected[:1]
+    # not ASCII: the Python loop (UTF-8 bytes of each chunk, lone surrogates passed through)
+    mixed = "héllo wörld \ud800 " * 20
+    assert text_block_keys(mixed, chars, 99) == python_text_block_keys(
+        mixed, chars, 99, len(mixed) // chars
+    )
+    assert hashing._native_text is not None
+    with pytest.raises(ValueError, match="ASCII"):
+        hashing._native_text(mixed, chars, 99, None, 1)
+    with pytest.raises(TypeError, match="str"):
+        hashing._native_text(b"abc", 1, 99, None, 1)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="fewer characters"):
+        hashing._native_text("a" * (chars - 1), chars, 99, None, 1)
