@@ -13,7 +13,7 @@ COPY config ./config
 RUN apt-get update \
     && apt-get install -y --no-install-recommends gcc libc6-dev \
     && pip install . \
-    && python -c "from heimdall_proxy.kvcache.hashing import NATIVE; assert NATIVE" \
+    && python -P -c "from heimdall_proxy.kvcache.hashing import NATIVE; assert NATIVE" \
     && apt-get purge -y gcc libc6-dev && apt-get autoremove -y \
     && rm -rf /var/lib/apt/lists/* \
     && useradd --system --uid 10001 --no-create-home heimdall

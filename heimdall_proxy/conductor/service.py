@@ -50,7 +50,7 @@ from heimdall_proxy.conductor.standard import (
 from heimdall_proxy.conductor.wire import Interned
 from heimdall_proxy.framework.types import Endpoint
 from heimdall_proxy.kvcache.events import EventBatch, decode_payload
-from heimdall_proxy.kvcache.hashing import NATIVE, STANDARD_HASH_SEED, LazyBlockKeys
+from heimdall_proxy.kvcache.hashing import STANDARD_HASH_SEED, LazyBlockKeys, warn_if_python
 from heimdall_proxy.kvcache.index.stats import KVCacheStats
 from heimdall_proxy.kvcache.index.walk import WALK_CHUNK
 from heimdall_proxy.kvcache.subscriber import KVEventsSubscriber, Prepare, SubscriberOptions
@@ -162,12 +162,7 @@ class Conductor:
         return (self.subscriber, self.standard_subscriber, self.mooncake_subscriber)
 
     async def start(self) -> None:
-        if not NATIVE:
-            log.warning(
-                "block keys are hashed in Python here (kvcache/_chain.c was not built: it "
-                "needs gcc and libxxhash0 at install time): ~0.3 us more CPU per block on "
-                "ingest and queries"
-            )
+        warn_if_python(log)
         self.preparer.start()
         for sub in self._subscribers():
             await sub.start()

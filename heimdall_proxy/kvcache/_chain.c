@@ -10,7 +10,7 @@
  * In Python each block costs a u32 conversion of its tokens, two calls into xxhash and a
  * struct pack (~0.35 us); here the same work is ~0.06 us, with no Python object per block but
  * the key itself. The hash is xxHash's own XXH3_64bits_withSeed, from the system's libxxhash
- * (XXH3's output is frozen since xxHash 0.8.0, so it equals the xxhash package's); the
+ * (0.8.0 or later: XXH3's output is frozen since, so it equals the xxhash package's); the
  * extension is optional and kvcache.hashing keeps the Python loop for machines that cannot
  * build it. tests/kvcache/test_hashing.py holds both to the same answers.
  */
@@ -19,9 +19,14 @@
 #include <stdint.h>
 #include <string.h>
 
-/* xxHash's stable ABI (xxhash.h, XXH_VERSION >= 0.8.0); declared here so that building needs
- * only the runtime library, which every Debian-based system ships (apt depends on it). */
+/* xxHash's stable ABI (xxhash.h); declared here so that building needs only the runtime
+ * library, which every Debian-based system ships (apt depends on it). XXH3's output was
+ * frozen in 0.8.0: 0.7.x exports the same symbol with other answers (inputs of 0-3 and over
+ * 240 bytes), so the module refuses to load on an older library (kvcache.hashing then
+ * checks known answers too, and falls back to its Python loop). */
 uint64_t XXH3_64bits_withSeed(const void *input, size_t length, uint64_t seed);
+unsigned XXH_versionNumber(void);
+#define XXH3_FROZEN 800 /* 0.8.0 */
 
 #define STACK_TOKENS 256
 
@@ -93,7 +98,13 @@ chain_args(PyObject *const *args, Py_ssize_t *size, uint64_t *seed, int *chained
     if (*size == -1 && PyErr_Occurred()) {
         return -1;
     }
-    *seed = PyLong_AsUnsignedLongLong(args[1]);
+    /* modulo 2**64, as the xxhash package takes a seed */
+    PyObject *seed_index = PyNumber_Index(args[1]);
+    if (seed_index == NULL) {
+        return -1;
+    }
+    *seed = PyLong_AsUnsignedLongLongMask(seed_index);
+    Py_DECREF(seed_index);
     if (*seed == (uint64_t)-1 && PyErr_Occurred()) {
         return -1;
     }
@@ -274,5 +285,11 @@ static struct PyModuleDef module = {
 PyMODINIT_FUNC
 PyInit__chain(void)
 {
+    if (XXH_versionNumber() < XXH3_FROZEN) {
+        PyErr_Format(PyExc_ImportError,
+                     "libxxhash %u is older than 0.8.0, whose XXH3 the keys follow",
+                     XXH_versionNumber());
+        return NULL;
+    }
     return PyModuleDef_Init(&module);
 }

@@ -26,6 +26,7 @@ not tokenized (`text_block_keys`).
 from __future__ import annotations
 
 import functools
+import logging
 import struct
 import sys
 from array import array
@@ -51,9 +52,6 @@ except ImportError:  # pragma: no cover - an install without a C compiler or lib
     _native = _native_text = None
 if _BIG_ENDIAN or _U32 != "I":  # pragma: no cover - the C chain reads tokens as LE u32
     _native = _native_text = None
-
-#: Whether block keys are computed in C (~0.06 us per block) or in Python (~0.35 us).
-NATIVE = _native is not None
 
 
 #: The seed of the standardized KV-events hash (Dynamo's value), one for every namespace: a
@@ -271,3 +269,36 @@ def python_text_block_keys(text: str, chars_per_block: int, seed: int, n: int) -
         prev = local if prev == -1 else h(pack(prev, local), seed)
         out.append(prev)
     return out
+
+
+def _c_agrees() -> bool:
+    """Whether the C chain gives the Python loops' keys on inputs that tell XXH3 releases
+    apart (0-3 bytes, over 240 bytes): a libxxhash other than the one the build checked must
+    not key blocks differently from engines, the conductor and other replicas."""
+    if _native is None or _native_text is None:
+        return False
+    tokens = list(range(200))
+    return _native(tokens, 64, 1337, 7, 3) == python_block_keys(
+        tokens, 64, 1337, 7, 3
+    ) and _native_text("abc", 1, 1337, None, 3) == python_text_block_keys("abc", 1, 1337, 3)
+
+
+if not _c_agrees():  # pragma: no cover - not built, or built on a library that differs
+    _native = _native_text = None
+
+#: Whether block keys are computed in C (~0.06 us per block) or in Python (~0.35 us).
+NATIVE = _native is not None
+_said_python = False
+
+
+def warn_if_python(log: logging.Logger) -> None:
+    """Say once per process, at the start of a component that hashes at volume (the
+    conductor, the prefix scorers), that block keys are hashed in Python here."""
+    global _said_python
+    if not NATIVE and not _said_python:
+        _said_python = True
+        log.warning(
+            "block keys are hashed in Python here (kvcache/_chain.c was not built or "
+            "disagrees with the xxhash package: it needs gcc and libxxhash >= 0.8 at install "
+            "time): ~0.3 us more CPU per block"
+        )

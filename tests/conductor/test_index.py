@@ -80,6 +80,28 @@ def test_cleared_and_dropped_sources() -> None:
     assert index.query(NS, KEYS, ["a", "b"]) == {} and index.blocks_per_medium() == {}
 
 
+def test_dropping_a_bit_keeps_order_and_gives_memory_back() -> None:
+    index = ConductorIndex(1337)
+    many = seq_hashes(list(range(4 * 300)), 4)
+    index.stored("p", Stored(stream("a"), 1, many))  # a holds 300 keys, b the first 8
+    index.stored("q", Stored(stream("b"), 1, many[:8]))
+    space = index.spaces[NS]
+    gpu = space.media["gpu"]
+    # a sole source's medium is emptied; here b also holds keys: the scan, then a copy,
+    # since more than half of the dict went
+    assert index.cleared("p", Cleared(stream("a"), 2)) == 300
+    assert space.media["gpu"] is not gpu and list(space.media["gpu"]) == many[:8]
+    assert index.query(NS, many, ["a", "b"]).keys() == {"b"}
+    index.stored("p", Stored(stream("a"), 3, many[:8]))
+    gpu = space.media["gpu"]
+    index.cleared("q", Cleared(stream("b"), 2))  # no key lost all its sources: in place
+    assert space.media["gpu"] is gpu and list(gpu) == many[:8]  # order kept: eviction reads it
+    assert index.query(NS, many, ["a", "b"]).keys() == {"a"}
+    assert index.drop_source("default", ("b", 0)) == 0
+    assert index.drop_source("default", ("a", 0)) == 8  # the sole source left: emptied in C
+    assert not gpu and NS not in index.spaces
+
+
 def test_bounded_per_medium() -> None:
     index = ConductorIndex(1337, max_keys=64)
     many = seq_hashes(list(range(4 * 200)), 4)

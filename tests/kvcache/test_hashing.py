@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes.util
+import logging
 import random
 import struct
 from array import array
@@ -161,8 +162,10 @@ def test_the_c_chain_checks_its_arguments() -> None:
         native(list(range(32)), 0, 1, None, 2)
     with pytest.raises(TypeError, match="u32"):
         native(array("Q", range(32)), 16, 1, None, 2)
-    with pytest.raises(OverflowError):
-        native(list(range(32)), 16, -1, None, 2)
+    # seeds are taken modulo 2**64, as the xxhash package takes them
+    tokens32 = list(range(32))
+    for seed in (-1, 2**64 + 5, 2**70 - 1):
+        assert native(tokens32, 16, seed, None, 2) == python_block_keys(tokens32, 16, seed, None, 2)
 
     class Shrinks:
         """An id whose __index__ empties the list being hashed."""
@@ -198,3 +201,18 @@ def test_the_c_text_chain_gives_the_python_loops_keys(chars: int) -> None:
         hashing._native_text(b"abc", 1, 99, None, 1)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="fewer characters"):
         hashing._native_text("a" * (chars - 1), chars, 99, None, 1)
+
+
+def test_an_install_without_the_c_chain_says_so_once(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # NATIVE patched: this machine builds the extension, the warning is for one that cannot
+    monkeypatch.setattr(hashing, "NATIVE", False)
+    monkeypatch.setattr(hashing, "_said_python", False)
+    log = logging.getLogger("test.hashing")
+    with caplog.at_level(logging.WARNING, "test.hashing"):
+        hashing.warn_if_python(log)
+        hashing.warn_if_python(log)
+    (record,) = caplog.records  # once
+    assert "hashed in Python" in record.getMessage()
+    assert "libxxhash >= 0.8" in record.getMessage()

@@ -26,7 +26,12 @@ from heimdall_proxy.framework.types import (
     content_text,
 )
 from heimdall_proxy.kvcache.approx import ApproxPrefixIndex
-from heimdall_proxy.kvcache.hashing import block_keys, namespace_seed, text_block_keys
+from heimdall_proxy.kvcache.hashing import (
+    block_keys,
+    namespace_seed,
+    text_block_keys,
+    warn_if_python,
+)
 from heimdall_proxy.kvcache.index.redis import blob, unblob
 from heimdall_proxy.plugins.scorers.shared_state import (
     SharedJournalParams,
@@ -125,6 +130,7 @@ class PrefixCacheScorer(SharesState, BasePlugin[PrefixCacheParams]):
 
     def __init__(self, name: str, params: PrefixCacheParams, handle: PluginHandle) -> None:
         super().__init__(name, params, handle)
+        warn_if_python(log)
         if params.block_size and "block_size_tokens" in params.model_fields_set:
             log.warning(
                 "plugin %r: blockSize is deprecated and ignored, blockSizeTokens=%d is used",
