@@ -31,7 +31,7 @@ from heimdall_proxy.conductor.service import ServiceOptions
 from heimdall_proxy.framework.params import Duration
 
 
-class ConductorConfigError(ValueError):
+class ConductorSettingsError(ValueError):
     """A config file that cannot be used; the message names the file and the field."""
 
 
@@ -39,7 +39,10 @@ class ConductorConfigError(ValueError):
 _DEFAULTS = ServiceOptions()
 
 
-class ConductorConfig(BaseModel):
+class ConductorSettings(BaseModel):
+    """The service's `--config` file (the scorer's `conductorConfig` block, which points a
+    gateway at a conductor, is plugins.scorers.precise_prefix_params.ConductorConfig)."""
+
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
 
     hash_seed: int = Field(default=_DEFAULTS.hash_seed, ge=0, lt=1 << 64)
@@ -67,22 +70,22 @@ class ConductorConfig(BaseModel):
             try:
                 out.append(parse_register(as_object(body)))
             except ApiError as exc:
-                raise ConductorConfigError(f"publishers[{i}]: {exc.message}") from None
+                raise ConductorSettingsError(f"publishers[{i}]: {exc.message}") from None
         return out
 
 
-def load_config(path: str | None) -> ConductorConfig:
-    """The config at `path` (None: the defaults). Raises ConductorConfigError."""
+def load_config(path: str | None) -> ConductorSettings:
+    """The config at `path` (None: the defaults). Raises ConductorSettingsError."""
     if path is None:
-        return ConductorConfig()
+        return ConductorSettings()
     try:
         doc = yaml.safe_load(Path(path).read_text()) or {}
-        config = ConductorConfig.model_validate(doc)
+        config = ConductorSettings.model_validate(doc)
         config.registrations()
     except (OSError, yaml.YAMLError) as exc:
-        raise ConductorConfigError(f"{path}: {exc}") from exc
+        raise ConductorSettingsError(f"{path}: {exc}") from exc
     except ValidationError as exc:
-        raise ConductorConfigError(f"{path}: {exc}") from exc
-    except ConductorConfigError as exc:
-        raise ConductorConfigError(f"{path}: {exc}") from exc
+        raise ConductorSettingsError(f"{path}: {exc}") from exc
+    except ConductorSettingsError as exc:
+        raise ConductorSettingsError(f"{path}: {exc}") from exc
     return config
