@@ -606,8 +606,6 @@ def conductor(args: argparse.Namespace) -> int:
     from heimdall_proxy.conductor.settings import ConductorSettingsError, load_config
 
     try:
-        if args.hash_seed is not None and not 0 <= args.hash_seed < 1 << 64:
-            raise ConductorSettingsError("--hash-seed must be in [0, 2**64)")
         config = load_config(args.config)
         app = create_conductor(config.options(args.hash_seed), config.registrations())
     except ConductorSettingsError as exc:

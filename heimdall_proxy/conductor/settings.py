@@ -58,10 +58,16 @@ class ConductorSettings(BaseModel):
     publishers: list[dict[str, Any]] = Field(default_factory=list)
 
     def options(self, hash_seed: int | None = None) -> ServiceOptions:
-        """The service's options from this file; `hash_seed` (the --hash-seed flag) wins."""
+        """The service's options from this file; `hash_seed` (the --hash-seed flag) wins,
+        checked by this model's `hashSeed` field (its range is stated there only). Raises
+        ConductorSettingsError."""
         values = self.model_dump(exclude={"publishers"})
         if hash_seed is not None:
-            values["hash_seed"] = hash_seed
+            try:
+                checked = type(self).model_validate({"hash_seed": hash_seed})
+            except ValidationError as exc:
+                raise ConductorSettingsError(f"--hash-seed: {exc.errors()[0]['msg']}") from None
+            values["hash_seed"] = checked.hash_seed
         return ServiceOptions(**values)
 
     def registrations(self) -> list[Registration]:
