@@ -28,7 +28,7 @@ from pydantic.alias_generators import to_camel
 from heimdall_proxy.conductor.api import ApiError, as_object, parse_register
 from heimdall_proxy.conductor.model import Registration
 from heimdall_proxy.conductor.service import ServiceOptions
-from heimdall_proxy.framework.params import Duration
+from heimdall_proxy.framework.params import Duration, HashSeed
 
 
 class ConductorSettingsError(ValueError):
@@ -45,7 +45,7 @@ class ConductorSettings(BaseModel):
 
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
 
-    hash_seed: int = Field(default=_DEFAULTS.hash_seed, ge=0, lt=1 << 64)
+    hash_seed: HashSeed = _DEFAULTS.hash_seed
     max_query_tokens: int = Field(default=_DEFAULTS.max_query_tokens, gt=0)
     max_query_blocks: int = Field(default=_DEFAULTS.max_query_blocks, gt=0)
     max_instances: int = Field(default=_DEFAULTS.max_instances, gt=0)
@@ -59,8 +59,8 @@ class ConductorSettings(BaseModel):
 
     def options(self, hash_seed: int | None = None) -> ServiceOptions:
         """The service's options from this file; `hash_seed` (the --hash-seed flag) wins,
-        checked by this model's `hashSeed` field (its range is stated there only). Raises
-        ConductorSettingsError."""
+        checked by this model's `hashSeed` field (its range: framework.params.HashSeed).
+        Raises ConductorSettingsError."""
         values = self.model_dump(exclude={"publishers"})
         if hash_seed is not None:
             try:
