@@ -603,14 +603,12 @@ async def _sim(args: argparse.Namespace) -> None:
 
 def conductor(args: argparse.Namespace) -> int:
     from heimdall_proxy.conductor.app import create_app as create_conductor
-    from heimdall_proxy.conductor.settings import ConductorConfigError, load_config
+    from heimdall_proxy.conductor.settings import ConductorSettingsError, load_config
 
     try:
-        if args.hash_seed is not None and not 0 <= args.hash_seed < 1 << 64:
-            raise ConductorConfigError("--hash-seed must be in [0, 2**64)")
         config = load_config(args.config)
         app = create_conductor(config.options(args.hash_seed), config.registrations())
-    except ConductorConfigError as exc:
+    except ConductorSettingsError as exc:
         print(f"config error: {exc}", file=sys.stderr)
         return 1
     print(f"conductor listening on http://{args.host}:{args.port}", flush=True)

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from types import MappingProxyType
 
 from heimdall_proxy.conductor.api import Query, Unregister
 from heimdall_proxy.conductor.index import ConductorIndex, InstanceHit
@@ -95,6 +96,7 @@ class Conductor:
         )
         self.registrations: dict[str, Registration] = {}
         self._endpoints: dict[str, Endpoint] = {}
+        self._endpoints_view: Mapping[str, Endpoint] = MappingProxyType(self._endpoints)
         #: every key ever registered -> its registration, until its blocks are forgotten
         self._owners: dict[str, Registration] = {}
         self.events = EventCounts()
@@ -177,6 +179,12 @@ class Conductor:
             sub.reconcile()
 
     # ---- registration ----------------------------------------------------------------------
+
+    @property
+    def endpoints(self) -> Mapping[str, Endpoint]:
+        """Publisher key -> the endpoint its subscription follows, for every registered
+        publisher: a read-only view (register / unregister change it)."""
+        return self._endpoints_view
 
     def register(self, reg: Registration) -> bool:
         """Follow `reg`'s publisher; False when exactly this registration exists already.
@@ -403,10 +411,10 @@ class _Publishers:
         return reg is not None and reg.type in self._types
 
     def endpoints(self) -> list[Endpoint]:
-        return [e for k, e in self._conductor._endpoints.items() if self._mine(k)]
+        return [e for k, e in self._conductor.endpoints.items() if self._mine(k)]
 
     def get(self, name: str) -> Endpoint | None:
-        return self._conductor._endpoints.get(name) if self._mine(name) else None
+        return self._conductor.endpoints.get(name) if self._mine(name) else None
 
 
 def _decoder(decode: Callable[[bytes], EventBatch]) -> Prepare:

@@ -28,10 +28,10 @@ from pydantic.alias_generators import to_camel
 from heimdall_proxy.conductor.api import ApiError, as_object, parse_register
 from heimdall_proxy.conductor.model import Registration
 from heimdall_proxy.conductor.service import ServiceOptions
-from heimdall_proxy.framework.params import Duration
+from heimdall_proxy.framework.params import Duration, HashSeed
 
 
-class ConductorConfigError(ValueError):
+class ConductorSettingsError(ValueError):
     """A config file that cannot be used; the message names the file and the field."""
 
 
@@ -39,10 +39,13 @@ class ConductorConfigError(ValueError):
 _DEFAULTS = ServiceOptions()
 
 
-class ConductorConfig(BaseModel):
+class ConductorSettings(BaseModel):
+    """The service's `--config` file (the scorer's `conductorConfig` block, which points a
+    gateway at a conductor, is plugins.scorers.precise_prefix_params.ConductorConfig)."""
+
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
 
-    hash_seed: int = Field(default=_DEFAULTS.hash_seed, ge=0, lt=1 << 64)
+    hash_seed: HashSeed = _DEFAULTS.hash_seed
     max_query_tokens: int = Field(default=_DEFAULTS.max_query_tokens, gt=0)
     max_query_blocks: int = Field(default=_DEFAULTS.max_query_blocks, gt=0)
     max_instances: int = Field(default=_DEFAULTS.max_instances, gt=0)
@@ -55,10 +58,16 @@ class ConductorConfig(BaseModel):
     publishers: list[dict[str, Any]] = Field(default_factory=list)
 
     def options(self, hash_seed: int | None = None) -> ServiceOptions:
-        """The service's options from this file; `hash_seed` (the --hash-seed flag) wins."""
+        """The service's options from this file; `hash_seed` (the --hash-seed flag) wins,
+        checked by this model's `hashSeed` field (its range: framework.params.HashSeed).
+        Raises ConductorSettingsError."""
         values = self.model_dump(exclude={"publishers"})
         if hash_seed is not None:
-            values["hash_seed"] = hash_seed
+            try:
+                checked = type(self).model_validate({"hash_seed": hash_seed})
+            except ValidationError as exc:
+                raise ConductorSettingsError(f"--hash-seed: {exc.errors()[0]['msg']}") from None
+            values["hash_seed"] = checked.hash_seed
         return ServiceOptions(**values)
 
     def registrations(self) -> list[Registration]:
@@ -67,22 +76,22 @@ class ConductorConfig(BaseModel):
             try:
                 out.append(parse_register(as_object(body)))
             except ApiError as exc:
-                raise ConductorConfigError(f"publishers[{i}]: {exc.message}") from None
+                raise ConductorSettingsError(f"publishers[{i}]: {exc.message}") from None
         return out
 
 
-def load_config(path: str | None) -> ConductorConfig:
-    """The config at `path` (None: the defaults). Raises ConductorConfigError."""
+def load_config(path: str | None) -> ConductorSettings:
+    """The config at `path` (None: the defaults). Raises ConductorSettingsError."""
     if path is None:
-        return ConductorConfig()
+        return ConductorSettings()
     try:
         doc = yaml.safe_load(Path(path).read_text()) or {}
-        config = ConductorConfig.model_validate(doc)
+        config = ConductorSettings.model_validate(doc)
         config.registrations()
     except (OSError, yaml.YAMLError) as exc:
-        raise ConductorConfigError(f"{path}: {exc}") from exc
+        raise ConductorSettingsError(f"{path}: {exc}") from exc
     except ValidationError as exc:
-        raise ConductorConfigError(f"{path}: {exc}") from exc
-    except ConductorConfigError as exc:
-        raise ConductorConfigError(f"{path}: {exc}") from exc
+        raise ConductorSettingsError(f"{path}: {exc}") from exc
+    except ConductorSettingsError as exc:
+        raise ConductorSettingsError(f"{path}: {exc}") from exc
     return config

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
 _DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|μs|ms|s|m|h)")
@@ -116,3 +116,8 @@ def parse_quantity(value: str | int | float) -> int:
 
 #: A Kubernetes quantity in the YAML ("1Gi", "5k", 100), an int in Python.
 Quantity = Annotated[int, BeforeValidator(parse_quantity)]
+
+
+#: An XXH3-64 seed (`hashSeed`): the scorer's conductorConfig and the conductor's config file
+#: must agree on it, so both read it with this one range.
+HashSeed = Annotated[int, Field(ge=0, lt=1 << 64)]

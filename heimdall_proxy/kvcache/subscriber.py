@@ -15,6 +15,9 @@ on the publisher's port + `replayPortOffset`: send the 8-byte start sequence, re
 the gap; a pod without a replay socket (no answer within the replay timeout) is not asked
 again for a while, and the gap is logged and counted. A sequence that goes backwards means
 the publisher restarted: the pod's blocks are forgotten (a restarted vLLM has an empty cache).
+A subscription that fails (an address ZMQ refuses, no socket left) is tried again after a
+wait that doubles with each failure (`retry_interval` up to `retry_max`, kvcache.backoff): the
+first failure is logged as a warning, the repeats at debug, the recovery once at info.
 With `duplicate_window` > 0, a sequence number at most that far behind (and not 0, where a
 publisher starts over) is a duplicate instead, dropped and counted.
 
@@ -41,6 +44,7 @@ import zmq.asyncio
 
 from heimdall_proxy.framework.handle import EndpointSource
 from heimdall_proxy.framework.types import Endpoint
+from heimdall_proxy.kvcache.backoff import Backoff
 from heimdall_proxy.kvcache.events import EventBatch, decode_payloads
 from heimdall_proxy.kvcache.index import KVCacheStats
 
@@ -97,6 +101,10 @@ class SubscriberOptions:
     #: how long `start` waits for the first catch-ups.
     catch_up: bool = False
     catch_up_wait: float = 5.0
+    #: The wait after a pod's subscription first fails, doubled after each further failure
+    #: up to `retry_max` (seconds).
+    retry_interval: float = 1.0
+    retry_max: float = 60.0
 
 
 async def decode_inline(payloads: list[bytes]) -> Iterable[EventBatch | str]:
@@ -150,6 +158,9 @@ class KVEventsSubscriber:
         self.bound_endpoint: str | None = None
         #: Set per pod once its start-up catch-up is over (done, or no replay socket).
         self._caught_up: dict[str, asyncio.Event] = {}
+        #: Pods whose subscription is failing: their run of failures, kept across a change
+        #: of address (the recovery is the pod's) and dropped when the pod leaves.
+        self._failing: dict[str, Backoff] = {}
 
     # ---- lifecycle -----------------------------------------------------------------------
 
@@ -195,6 +206,7 @@ class KVEventsSubscriber:
     async def stop(self) -> None:
         tasks = [t for _, t in self._subs.values()] + self._tasks
         self._subs.clear()
+        self._failing.clear()
         self._tasks = []
         for task in tasks:
             task.cancel()
@@ -232,6 +244,8 @@ class KVEventsSubscriber:
                 task.cancel()
                 del self._subs[pod]
                 self._caught_up.pop(pod, None)
+                if pod not in wanted:
+                    self._failing.pop(pod, None)
                 self._enqueue_nowait(pod, None)
                 log.info("stopped following KV events of %s at %s", pod, endpoint)
         for pod, endpoint in wanted.items():
@@ -258,16 +272,53 @@ class KVEventsSubscriber:
     # ---- receiving -----------------------------------------------------------------------
 
     async def _follow(self, pod: str, endpoint: str) -> None:
+        """Follow `pod`'s publisher at `endpoint` until cancelled, trying a failed
+        subscription again after its backoff."""
+        while True:
+            try:
+                await self._subscription(pod, endpoint)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                await asyncio.sleep(self._failed(pod, endpoint, exc))
+
+    def _failed(self, pod: str, endpoint: str, exc: Exception) -> float:
+        """Count a failure of `pod`'s subscription and log it (the first as a warning, with
+        its traceback unless ZMQ refused; repeats at debug); returns the wait before the
+        next attempt."""
+        run = self._failing.get(pod)
+        if run is None:
+            run = self._failing[pod] = Backoff(self.options.retry_interval, self.options.retry_max)
+        wait = run.failed()
+        if run.failures == 1:
+            log.warning(
+                "KV events subscription of %s at %s failed: %s; retrying in %.3gs",
+                pod, endpoint, exc, wait, exc_info=None if isinstance(exc, zmq.ZMQError) else exc,
+            )  # fmt: skip
+        else:
+            log.debug(
+                "KV events subscription of %s at %s failed again (%d times): %s; "
+                "retrying in %.3gs", pod, endpoint, run.failures, exc, wait,
+            )  # fmt: skip
+        return wait
+
+    async def _subscription(self, pod: str, endpoint: str) -> None:
+        """One SUB socket on `endpoint`, read until cancelled or failed (raises)."""
         assert self._ctx is not None
-        sock = self._ctx.socket(zmq.SUB)
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.setsockopt(zmq.RCVHWM, 100_000)
+        sock: zmq.asyncio.Socket | None = None
         try:
+            sock = self._ctx.socket(zmq.SUB)
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.setsockopt(zmq.RCVHWM, 100_000)
             sock.connect(endpoint)
             sock.setsockopt(zmq.SUBSCRIBE, self.options.topic_filter.encode())
             # subscribed first, so nothing published during the catch-up is lost
             expected = await self._catch_up(pod, endpoint) if self.options.catch_up else None
             self._caught_up.setdefault(pod, asyncio.Event()).set()
+            run = self._failing.pop(pod, None)
+            if run is not None:
+                log.info("KV events subscription of %s at %s recovered after %d failure(s)",
+                         pod, endpoint, run.failures)  # fmt: skip
             floor = expected
             while True:
                 frames = await sock.recv_multipart()
@@ -277,12 +328,9 @@ class KVEventsSubscriber:
                         continue  # the catch-up's replay already had it
                     floor = None
                 expected = await self._received(pod, endpoint, frames, expected)
-        except asyncio.CancelledError:
-            raise
-        except Exception:
-            log.exception("KV events subscription of %s at %s failed", pod, endpoint)
         finally:
-            sock.close(linger=0)
+            if sock is not None:
+                sock.close(linger=0)
 
     async def _catch_up(self, pod: str, endpoint: str) -> int | None:
         """Ask the pod's replay socket for every batch it still buffers and apply them: what

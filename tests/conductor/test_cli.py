@@ -77,3 +77,13 @@ def test_a_bad_config_is_refused(
 def test_a_bad_seed_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["conductor", "--hash-seed", "-1", "--port", "1"]) == 1
     assert "--hash-seed" in capsys.readouterr().err
+
+
+def test_the_seed_flag_is_checked_by_the_config_files_field() -> None:
+    from heimdall_proxy.conductor.settings import ConductorSettings, ConductorSettingsError
+
+    settings = ConductorSettings(hashSeed=3)
+    assert settings.options().hash_seed == 3
+    assert settings.options((1 << 64) - 1).hash_seed == (1 << 64) - 1
+    with pytest.raises(ConductorSettingsError, match="--hash-seed"):
+        settings.options(1 << 64)

@@ -222,12 +222,12 @@ async def test_a_killed_worker_drops_its_publishers_then_they_are_served_inline_
 
 
 def test_ingest_workers_from_the_config_file(tmp_path: Any) -> None:
-    from heimdall_proxy.conductor.settings import ConductorConfigError, load_config
+    from heimdall_proxy.conductor.settings import ConductorSettingsError, load_config
 
     path = tmp_path / "c.yaml"
     path.write_text("ingestWorkers: 3\n")
     assert load_config(str(path)).options().ingest_workers == 3
     assert load_config(None).options().ingest_workers == 0
     path.write_text("ingestWorkers: -1\n")
-    with pytest.raises(ConductorConfigError, match="ingest"):
+    with pytest.raises(ConductorSettingsError, match="ingest"):
         load_config(str(path))

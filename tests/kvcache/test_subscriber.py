@@ -1,10 +1,13 @@
 """Following KV-event publishers over real ZMQ sockets: order, gaps and replay, restarts,
-a bound socket named by topic, pods joining and leaving."""
+a bound socket named by topic, pods joining and leaving, a failing subscription's backoff."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
+import logging
+import re
 import resource
 import time
 from typing import Any
@@ -356,3 +359,43 @@ async def test_a_long_burst_lets_the_loop_run_between_slices() -> None:
         assert len(applied) == 20 and seen and seen[0] < 20
     finally:
         await sub.stop()
+
+
+async def test_a_failing_subscription_backs_off_and_logs_its_recovery_once(
+    ctx: zmq.asyncio.Context, caplog: pytest.LogCaptureFixture
+) -> None:
+    def records(level: int) -> list[logging.LogRecord]:
+        return [
+            r
+            for r in caplog.records
+            if r.levelno == level and "subscription of a " in r.getMessage()
+        ]
+
+    caplog.set_level(logging.DEBUG, logger="heimdall_proxy.kvcache.subscriber")
+    pool = Pool([pod("a", "tcp://127.0.0.1")])  # no port: ZMQ refuses the address
+    sub = await follow(pool, Sink(), retry_interval=0.02, retry_max=0.08)
+    pub = Publisher(ctx, replay=False)
+    try:
+        await eventually(lambda: len(records(logging.DEBUG)) >= 5)
+        failures = records(logging.WARNING) + records(logging.DEBUG)
+        assert len(records(logging.WARNING)) == 1 and failures[0].levelno == logging.WARNING
+        waits = [float(re.findall(r"retrying in ([0-9.]+)s", r.getMessage())[0]) for r in failures]
+        assert waits[:6] == [0.02, 0.04, 0.08, 0.08, 0.08, 0.08]
+        # each attempt really waited for the one before it
+        gaps = [b.created - a.created for a, b in itertools.pairwise(failures[:5])]
+        assert all(gap >= wait * 0.9 for gap, wait in zip(gaps, waits, strict=False))
+        assert not records(logging.INFO)  # no recovery yet
+
+        pool.list = [pod("a", pub.endpoint)]  # the address fixed: the pod's run ends
+        sub.reconcile()
+        await until_live(pub, sub.received, "a")
+        failed = len(records(logging.WARNING) + records(logging.DEBUG))
+        recovered = records(logging.INFO)
+        assert len(recovered) == 1
+        assert f"recovered after {failed} failure(s)" in recovered[0].getMessage()
+        n = len(caplog.records)
+        await asyncio.sleep(0.2)  # longer than the cap: nothing fails or recovers any more
+        assert not [r for r in caplog.records[n:] if "subscription of a " in r.getMessage()]
+    finally:
+        await sub.stop()
+        await pub.close()

@@ -1,5 +1,5 @@
-"""What every KV-block index backend implements, and the one record a BlockStored event
-becomes on its way in."""
+"""What every KV-block index backend implements, the one record a BlockStored event becomes
+on its way in, and what precise-prefix-cache-scorer asks of the index it scores from."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from heimdall_proxy.kvcache.hashing import LazyBlockKeys
 from heimdall_proxy.kvcache.index.stats import KVCacheStats
 
 
@@ -71,3 +72,42 @@ class KVBlockIndex(Protocol):
         ...
 
     async def flush(self) -> None: ...
+
+
+class PrefixLookup(Protocol):
+    """What precise-prefix-cache-scorer asks of the index it scores from, whoever follows the
+    pods' events: this process (kvcache.lookup.LocalLookup: a KVBlockIndex and its feed) or
+    a KV cache indexer service (kvcache.index.conductor.ConductorClient). The scorer picks
+    one at construction and never asks which.
+
+    A request's namespace (the model, or the LoRA adapter it names) and its cache_salt either
+    shape the keys (an index that keys each namespace apart) or travel beside them in the
+    lookup (a conductor, whose keys are the one standard hash); each side reads both where
+    it needs them, so the scorer hands both to both calls."""
+
+    stats: KVCacheStats
+
+    @property
+    def ready(self) -> bool:
+        """Whether lookups can be trusted now (started, index reachable, feed followed)."""
+        ...
+
+    async def start(self) -> None:
+        """Open the index (and follow its feed); an unreachable index is not an error here:
+        `ready` stays False until it answers."""
+        ...
+
+    async def close(self) -> None:
+        """Release what start opened."""
+        ...
+
+    def block_keys(self, tokens: Sequence[int], namespace: str, salt: str | None) -> LazyBlockKeys:
+        """The keys of `tokens`' full blocks as this index knows them, hashed lazily."""
+        ...
+
+    async def lookup(
+        self, keys: Sequence[int], pods: Sequence[str], namespace: str, salt: str | None
+    ) -> dict[str, float]:
+        """Per pod in `pods`, the tier-weighted length of its run of `keys` from the first
+        (pods with none left out). Raises ConnectionError when the index cannot answer."""
+        ...

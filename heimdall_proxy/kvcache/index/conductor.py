@@ -12,7 +12,10 @@ tier-weighted run: blocks within the GPU run count at the GPU's weight, those be
 within the CPU run at the CPU's, then disk. The answer does not say where the rest of
 `longest_matched` is held (a run that leaves the GPU for the CPU mid-way shows as a CPU run
 of 0): those blocks count at the CPU's weight, where vLLM offloads first. With blocks on the
-GPU only, the score is exactly the in-process index's."""
+GPU only, the score is exactly the in-process index's.
+
+It is a PrefixLookup (kvcache.index.base), as the scorer's local index is: the request's
+namespace and salt are not hashed into the keys but sent beside them."""
 
 from __future__ import annotations
 
@@ -21,6 +24,7 @@ from typing import Any
 
 import orjson
 
+from heimdall_proxy.kvcache.hashing import LazyBlockKeys
 from heimdall_proxy.kvcache.index.stats import KVCacheStats
 from heimdall_proxy.kvcache.index.tiers import TIERS, tier_weights
 from heimdall_proxy.upstream import UpstreamClient, UpstreamError, UpstreamTimeouts
@@ -71,18 +75,24 @@ class ConductorClient:
     def ready(self) -> bool:
         return self._client is not None
 
+    def block_keys(self, tokens: Sequence[int], namespace: str, salt: str | None) -> LazyBlockKeys:
+        """The standard keys: one seed for every namespace and no salt root (the namespace
+        and the salt go in the query instead)."""
+        return LazyBlockKeys(tokens, self.block_size, self.seed)
+
     async def lookup(
-        self, lora: str, keys: Sequence[int], pods: Sequence[str], salt: str | None = None
+        self, keys: Sequence[int], pods: Sequence[str], namespace: str, salt: str | None = None
     ) -> dict[str, float]:
         """Per pod in `pods`, the tier-weighted run of `keys` it holds (pods with none left
-        out); `salt`: the request's cache_salt (None: the configured `cacheSalt`). Raises
-        ConnectionError when the conductor cannot be asked or answers an error."""
+        out). `namespace`: the model, or the LoRA adapter asked as `lora_name`; `salt`: the
+        request's cache_salt (None: the configured `cacheSalt`). Raises ConnectionError when
+        the conductor cannot be asked or answers an error."""
         if self._client is None:
             raise ConnectionError("the conductor client is not started")
         self.stats.lookups += 1
         body = {
             "model": self.model,
-            "lora_name": lora,
+            "lora_name": "" if namespace == self.model else namespace,
             "seq_hashes": list(keys),
             "tenant_id": self.tenant_id,
             "block_size": self.block_size,

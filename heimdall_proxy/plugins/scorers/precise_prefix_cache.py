@@ -22,11 +22,10 @@ from heimdall_proxy.framework.types import (
     InferenceRequest,
     RequestContext,
 )
-from heimdall_proxy.kvcache.hashing import LazyBlockKeys, salt_root
-from heimdall_proxy.kvcache.index import KVBlockIndex, KVCacheStats
+from heimdall_proxy.kvcache.index import KVBlockIndex, KVCacheStats, PrefixLookup
 from heimdall_proxy.kvcache.index.conductor import ConductorClient
 from heimdall_proxy.kvcache.ingest import KVEventIngest
-from heimdall_proxy.kvcache.prepare import cached_seed
+from heimdall_proxy.kvcache.lookup import LocalLookup
 from heimdall_proxy.kvcache.subscriber import SubscriberOptions
 from heimdall_proxy.loopmetrics import HistogramFamily
 from heimdall_proxy.plugins.scorers.precise_prefix_build import build_index, build_tokenizer
@@ -104,18 +103,19 @@ class PrecisePrefixCacheScorer(BasePlugin[PrecisePrefixCacheParams]):
         self.tokenizer = build_tokenizer(pool_cfg)
         self.stats = KVCacheStats()
         index_cfg = params.indexer_config.kv_block_index_config
-        #: With conductorConfig the indexer service follows the events and answers lookups;
-        #: no local index or event feed exists then.
-        self.conductor: ConductorClient | None = None
+        #: The local index and its event feed; with conductorConfig neither exists (the
+        #: indexer service follows the events and answers the lookups).
+        self.index: KVBlockIndex | None = None
+        self.ingest: KVEventIngest | None = None
+        #: What produce asks, whichever of the two it is (the only choice made between them).
+        self.lookups: PrefixLookup
         cc = index_cfg.conductor_config
         if cc is not None:
-            self.conductor = ConductorClient(
+            self.lookups = ConductorClient(
                 cc.url, self.block_size, self.model_name, cc.hash_seed, cc.tenant_id,
                 cc.cache_salt, cc.timeout, params.tier_weights, self.stats,
             )  # fmt: skip
-        self.index: KVBlockIndex | None = None
-        self.ingest: KVEventIngest | None = None
-        if cc is None:
+        else:
             self.index = build_index(index_cfg, self.block_size, params, self.stats)
             ev = params.kv_events_config
             self.ingest = KVEventIngest(
@@ -136,6 +136,7 @@ class PrecisePrefixCacheScorer(BasePlugin[PrecisePrefixCacheParams]):
                 ev.decode_processes,
                 name,
             )
+            self.lookups = LocalLookup(self.index, self.ingest)
         self.state_key = prefix_match_key(self.type, name)
         self._keys_key = f"{self.state_key}#keys"
         self._lookup_latency = HistogramFamily(
@@ -152,10 +153,7 @@ class PrecisePrefixCacheScorer(BasePlugin[PrecisePrefixCacheParams]):
     # ---- lifecycle -----------------------------------------------------------------------
 
     async def start(self) -> None:
-        if self.conductor is not None:
-            await self.conductor.start()
-        elif self.ingest is not None:
-            await self.ingest.start()
+        await self.lookups.start()
         cfg = self.params.indexer_config.kv_block_index_config
         if cfg.enable_metrics and cfg.metrics_logging_interval > 0:
             self._metrics_task = asyncio.create_task(
@@ -168,19 +166,14 @@ class PrecisePrefixCacheScorer(BasePlugin[PrecisePrefixCacheParams]):
             with contextlib.suppress(asyncio.CancelledError):
                 await self._metrics_task
             self._metrics_task = None
-        if self.conductor is not None:
-            await self.conductor.close()
-        elif self.ingest is not None:
-            await self.ingest.stop()
+        await self.lookups.close()
         await self.tokenizer.close()
 
     @property
     def ready(self) -> bool:
         """Whether the index is reachable and the event feed followed (with conductorConfig:
         whether the conductor client is started)."""
-        if self.conductor is not None:
-            return self.conductor.ready
-        return self.ingest is not None and self.ingest.ready
+        return self.lookups.ready
 
     async def _log_metrics(self, interval: float) -> None:
         while True:
@@ -220,25 +213,14 @@ class PrecisePrefixCacheScorer(BasePlugin[PrecisePrefixCacheParams]):
             request.token_ids = tokens
         namespace = self.namespace(request, endpoints)
         salt = cache_salt(request)
-        # Lazily hashed: the in-memory lookup stops hashing where the last pod drops out. A
-        # conductor's keys are the standard ones: one seed, no salt root (the namespace and
-        # the salt are sent beside them).
-        if self.conductor is None:
-            seed = cached_seed(namespace)
-            root = None if salt is None else salt_root(salt, seed)
-        else:
-            seed, root = self.conductor.seed, None
-        keys = LazyBlockKeys(tokens, self.block_size, seed, root=root)
+        # Lazily hashed: the in-memory lookup stops hashing where the last pod drops out.
+        keys = self.lookups.block_keys(tokens, namespace, salt)
         matched: dict[str, float] = {}
         if keys and self.ready and self._index_breaker.allow():
             t0 = time.perf_counter()
             try:
                 pods = [e.name for e in endpoints]
-                if self.conductor is not None:
-                    lora = "" if namespace == self.model_name else namespace
-                    matched = await self.conductor.lookup(lora, keys, pods, salt)
-                elif self.index is not None:
-                    matched = await self.index.lookup(keys, pods)
+                matched = await self.lookups.lookup(keys, pods, namespace, salt)
             except Exception as exc:  # an unreachable index: route as if nothing matched
                 self._index_breaker.failure()
                 self._warn(f"{self.name}: index lookup failed, scoring 0: {exc}")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pydantic import Field, field_validator, model_validator
 
-from heimdall_proxy.framework.params import Duration, PluginParams
+from heimdall_proxy.framework.params import Duration, HashSeed, PluginParams
 from heimdall_proxy.kvcache.hashing import STANDARD_HASH_SEED
 from heimdall_proxy.kvcache.index import parse_bytes, tier_weights
 from heimdall_proxy.kvcache.prepare import default_processes
@@ -36,7 +36,7 @@ class ConductorConfig(PluginParams):
     following the pods' events here."""
 
     url: str = Field(min_length=1)
-    hash_seed: int = Field(default=STANDARD_HASH_SEED, ge=0, lt=1 << 64)
+    hash_seed: HashSeed = STANDARD_HASH_SEED
     tenant_id: str = "default"
     cache_salt: str = ""
     timeout: Duration = 0.5
