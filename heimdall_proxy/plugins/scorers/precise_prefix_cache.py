@@ -22,6 +22,7 @@ from heimdall_proxy.framework.types import (
     InferenceRequest,
     RequestContext,
 )
+from heimdall_proxy.kvcache.hashing import warn_if_python
 from heimdall_proxy.kvcache.index import KVBlockIndex, KVCacheStats, PrefixLookup
 from heimdall_proxy.kvcache.index.conductor import ConductorClient
 from heimdall_proxy.kvcache.ingest import KVEventIngest
@@ -90,6 +91,7 @@ class PrecisePrefixCacheScorer(BasePlugin[PrecisePrefixCacheParams]):
 
     def __init__(self, name: str, params: PrecisePrefixCacheParams, handle: PluginHandle) -> None:
         super().__init__(name, params, handle)
+        warn_if_python(log)
         self.block_size = params.token_processor_config.block_size
         pool_cfg = params.indexer_config.tokenizers_pool_config
         self.model_name = pool_cfg.model_name
