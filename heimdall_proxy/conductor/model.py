@@ -81,12 +81,6 @@ class Registration:
         )
 
 
-def medium_name(medium: str | None) -> str:
-    """The tracked name of a medium: lower case, none given meaning the GPU (vLLM leaves it
-    out for device blocks). gpu, cpu and disk are tiers G1, G2, G3; others keep their name."""
-    return "gpu" if not medium else medium.lower()
-
-
 @dataclass(frozen=True, slots=True)
 class Stream:
     """The envelope of a standardized event: the dimensions its event_id is ordered in."""

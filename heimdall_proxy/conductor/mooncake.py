@@ -38,9 +38,9 @@ from heimdall_proxy.conductor.model import (
     Removed,
     Stored,
     Stream,
-    medium_name,
 )
 from heimdall_proxy.kvcache.events import EventBatch, EventDecodeError, unpack
+from heimdall_proxy.kvcache.index.tiers import tier_of
 
 #: Mooncake replica types -> tracked media
 REPLICA_MEDIA = {"memory": "cpu", "disk": "disk", "local_disk": "disk"}
@@ -81,7 +81,7 @@ def replica_media(replicas: Any) -> set[str]:
     if isinstance(replicas, list):
         for replica in replicas:
             if isinstance(replica, list) and replica and isinstance(replica[0], str):
-                out.add(REPLICA_MEDIA.get(replica[0], medium_name(replica[0])))
+                out.add(REPLICA_MEDIA.get(replica[0], tier_of(replica[0])))
     return out
 
 

@@ -22,9 +22,9 @@ from heimdall_proxy.conductor.model import (
     Stored,
     Stream,
     lora_identity,
-    medium_name,
 )
 from heimdall_proxy.kvcache.events import AllBlocksCleared, BlockRemoved, BlockStored, EventBatch
+from heimdall_proxy.kvcache.index.tiers import tier_of
 
 #: A publisher's streams by (lora_name, lora_id, cache_salt, medium) of its events.
 StreamKey = tuple[str | None, int | None, str | None, str | None]
@@ -40,7 +40,7 @@ def _stored_stream(reg: Registration, ev: BlockStored, streams: StreamCache | No
     stream = streams.get(key) if streams is not None else None
     if stream is None:
         ns = reg.namespace(lora_identity(ev.lora_name, ev.lora_id), ev.cache_salt)
-        stream = Stream(ns, reg.instance_id, medium_name(ev.medium), reg.dp_rank)
+        stream = Stream(ns, reg.instance_id, tier_of(ev.medium), reg.dp_rank)
         if streams is not None:
             if len(streams) >= MAX_STREAMS:
                 streams.clear()
@@ -70,9 +70,9 @@ def from_vllm(
                 )
             )
         elif type(ev) is BlockRemoved:
-            stream = Stream(reg.namespace(), reg.instance_id, medium_name(ev.medium), reg.dp_rank)
+            stream = Stream(reg.namespace(), reg.instance_id, tier_of(ev.medium), reg.dp_rank)
             out.append(Removed(stream, event_id, ev.block_hashes))
         elif type(ev) is AllBlocksCleared:
-            stream = Stream(reg.namespace(), reg.instance_id, medium_name(ev.medium), reg.dp_rank)
+            stream = Stream(reg.namespace(), reg.instance_id, tier_of(ev.medium), reg.dp_rank)
             out.append(Cleared(stream, event_id, True, all_media=ev.medium is None))
     return out

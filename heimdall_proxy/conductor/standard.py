@@ -31,9 +31,9 @@ from heimdall_proxy.conductor.model import (
     Removed,
     Stored,
     Stream,
-    medium_name,
 )
 from heimdall_proxy.kvcache.events import EventBatch, EventDecodeError, unpack
+from heimdall_proxy.kvcache.index.tiers import tier_of
 
 _U64 = 1 << 64
 
@@ -104,7 +104,7 @@ def to_event(reg: Registration, ev: Mapping[str, Any]) -> tuple[Event, Stream]:
     medium = ev.get("medium")
     if medium is not None and not isinstance(medium, str):
         raise ValueError("medium must be a string")
-    tracked = medium_name(medium)
+    tracked = tier_of(medium)
     order = Stream(
         ns,
         _opt_str(ev, "backend_id", reg.instance_id),

@@ -20,6 +20,11 @@ event starts a prompt (no parent), after the adapter's name. (A vLLM that gives 
 identifiers as bare strings makes an unsalted multimodal first block read as salted: its keys
 then match no text request, which vLLM would not reuse either.)
 
+SGLang's publisher sends the same frames and shapes (an older one without `medium` and
+with `[ts, events]` batches); a salted SGLang block is a BlockStored whose field after
+`medium` (where vLLM has `lora_name`) is a map, `{"cache_salt": ...}`: that is read as the
+chain's salt. Its CPU tier is named `CPU_PINNED` (kvcache.index.tiers maps it).
+
 Block hashes are integers or bytes (vLLM's sha256 hashes); bytes are read as the big-endian
 integer of their last 8 bytes, as vLLM itself converts them, so every engine hash is an int.
 """
@@ -130,12 +135,18 @@ def _values(raw: Any, names: Sequence[str]) -> Sequence[Any]:
     return values
 
 
-def _str_or_none(value: Any) -> str | None:
+def _str_or_none(value: Any, field: str) -> str | None:
     if value is None or type(value) is str:
         return value
     if isinstance(value, bytes):
         return value.decode("utf-8", "replace")
-    return str(value)
+    raise EventDecodeError(f"{field} must be a string, not {type(value).__name__}")
+
+
+def _metadata_salt(metadata: dict[Any, Any]) -> str | None:
+    """The cache_salt of SGLang's BlockStored metadata map, or None."""
+    salt = _str_or_none(metadata.get("cache_salt"), "metadata.cache_salt")
+    return salt or None
 
 
 def first_block_salt(extra_keys: Any, lora_name: str | None) -> str | None:
@@ -181,22 +192,28 @@ def decode_event(raw: Any) -> KVEvent | None:
                 raise EventDecodeError("token_ids must be a list")
         if type(block_size) is not int or block_size < 0:
             block_size = len(tokens) // len(hashes) if hashes else 0
-        lora_name = _str_or_none(lora_name)
+        metadata = lora_name if type(lora_name) is dict else None  # SGLang's, see above
+        lora_name = None if metadata is not None else _str_or_none(lora_name, "lora_name")
         return BlockStored(  # positional: a third of the keyword call's cost, per event
             hashes,  # block_hashes
             None if parent is None else engine_hash(parent),  # parent_block_hash
             tokens,  # token_ids
             block_size,
             lora_name,
-            _str_or_none(medium),
+            _str_or_none(medium, "medium"),
             lora_id if type(lora_id) is int else None,
-            None if parent is not None else first_block_salt(extra, lora_name),  # cache_salt
+            None  # cache_salt: a chain's first block carries it, the rest inherit it
+            if parent is not None
+            else first_block_salt(extra, lora_name)
+            if metadata is None
+            else _metadata_salt(metadata),
         )
     if tag == "BlockRemoved":
         hashes, medium = _values(raw, _REMOVED_FIELDS)
-        return BlockRemoved(_hashes(hashes), _str_or_none(medium))
+        return BlockRemoved(_hashes(hashes), _str_or_none(medium, "medium"))
     if tag == "AllBlocksCleared":
-        return AllBlocksCleared(_str_or_none(raw.get("medium") if type(raw) is dict else None))
+        medium = raw.get("medium") if type(raw) is dict else None
+        return AllBlocksCleared(_str_or_none(medium, "medium"))
     if not isinstance(tag, str):
         raise EventDecodeError("an event must be a tagged array or a map with 'type'")
     return None

@@ -480,17 +480,16 @@ async def test_a_requests_cache_salt_from_vllms_extra_keys(
 async def test_an_sglang_publisher_in_sglangs_own_shapes(
     client: TestClient[Any, Any], ctx: zmq.asyncio.Context
 ) -> None:
-    """SGLang's publisher (its ZmqEventPublisher's frames, empty default topic, `[ts, events]`
-    batches, BlockStored without medium, BlockRemoved with hashes only), registered per DP
-    rank as SGLang does (a port per rank): stored chains, a gap replayed, removal, clear."""
+    """SGLang's first publisher (vLLM's frames, empty default topic, `[ts, events]` batches,
+    BlockStored without medium, BlockRemoved with hashes only), registered per DP rank as
+    SGLang does (a port per rank): stored chains, a gap replayed, removal, clear."""
     pub = Publisher(ctx, topic="")
     try:
         body = reg(pub, "sglang-0", type="SGLang", dp_rank=1)
         await post(client, "/register", body)
         key = publisher_key("sglang-0", "default", 1)
-        await until_live(
-            pub, client.app[CONDUCTOR].subscriber.received, key, empty=sglang_batch([])
-        )
+        empty = sglang_batch([])
+        await until_live(pub, client.app[CONDUCTOR].subscriber.received, key, empty=empty)
         await pub.publish(sglang_batch([engine_stored(0, 3)]))
         await pub.publish(sglang_batch([engine_stored(3, 2, parent=1002)]))
         await eventually_query(client, q(), "sglang-0", 5 * BS)
@@ -506,5 +505,37 @@ async def test_an_sglang_publisher_in_sglangs_own_shapes(
         await pub.publish(sglang_batch([cleared()]))
         await eventually_query(client, q(), "sglang-0", 0)  # still registered, holding nothing
         assert pub.replay_requests == [missing]
+    finally:
+        await pub.close()
+
+
+async def test_a_current_sglang_publisher_with_salts_and_its_media(
+    client: TestClient[Any, Any], ctx: zmq.asyncio.Context
+) -> None:
+    """SGLang as it publishes now: `[ts, events, attn_dp_rank]`, `medium` on its events
+    (its CPU tier is CPU_PINNED), and a salted prompt's blocks as BlockStoredWithMetadata
+    (`{"cache_salt": ...}` after `medium`, where vLLM has `lora_name`): the salt keys the
+    chain as a request's cache_salt does, and is no LoRA adapter."""
+    pub = Publisher(ctx, topic="")
+    try:
+        await post(client, "/register", reg(pub, "sglang-1", type="SGLang"))
+        key = publisher_key("sglang-1", "default", 0)
+        empty = sglang_batch([], current=True)
+        await until_live(pub, client.app[CONDUCTOR].subscriber.received, key, empty=empty)
+        salted = engine_stored(0, 4, medium=None)
+        await pub.publish(sglang_batch([salted], current=True, salt="tenant-a"))
+        chained = engine_stored(4, 2, parent=1003, medium="GPU")  # inherits the salt
+        await pub.publish(sglang_batch([chained], current=True, salt="tenant-a"))
+        offloaded = stored([2000, 2001], TOKENS[: 2 * BS], block_size=BS, medium="CPU_PINNED")
+        await pub.publish(sglang_batch([offloaded], current=True))
+        await eventually_query(client, q(cache_salt="tenant-a"), "sglang-1", 6 * BS)
+        doc = (await hits(client, q(cache_salt="tenant-a")))["default"]["sglang-1"]
+        assert doc["GPU"] == 6 * BS and doc["CPU"] == 0
+        plain = (await hits(client, q()))["default"]["sglang-1"]
+        assert plain["longest_matched"] == 2 * BS and plain["CPU"] == 2 * BS
+        assert plain["GPU"] == 0  # the salted blocks are not the unsalted prompt's
+        await pub.publish(sglang_batch([removed([2000, 2001], medium="CPU_PINNED")], current=True))
+        await eventually_query(client, q(), "sglang-1", 0)
+        assert client.app[CONDUCTOR].stats.invalid_events == 0
     finally:
         await pub.close()

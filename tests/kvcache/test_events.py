@@ -15,6 +15,7 @@ from heimdall_proxy.kvcache.events import (
     decode_batch,
     engine_hash,
 )
+from heimdall_proxy.kvcache.index.tiers import tier_of
 from tests.kvcache.vllm_wire import batch, cleared, removed, stored
 
 
@@ -78,3 +79,29 @@ def test_unknown_events_are_counted_and_garbage_rejected() -> None:
             decode_batch(bad)
     with pytest.raises(EventDecodeError):
         decode_batch(msgpack.packb([1.0, [["BlockStored", "notalist"]]]))
+
+
+def test_sglangs_salt_metadata_and_strict_names() -> None:
+    # SGLang's BlockStoredWithMetadata: {"cache_salt"} where vLLM has lora_name
+    salted = ["BlockStored", [1], None, [5] * 16, 16, None, "CPU_PINNED", {"cache_salt": "t-a"}]
+    ev = decode_batch(msgpack.packb([1.0, [salted], 0])).events[0]
+    assert isinstance(ev, BlockStored)
+    assert ev.cache_salt == "t-a" and ev.lora_name is None and ev.medium == "CPU_PINNED"
+    chained = [*salted[:2], 7, *salted[3:]]  # a block after the first inherits its chain's salt
+    ev = decode_batch(msgpack.packb([1.0, [chained]])).events[0]
+    assert isinstance(ev, BlockStored) and ev.cache_salt is None and ev.lora_name is None
+    # a name that is no string is a malformed event, not a namespace named after its repr
+    for field, value in ((6, 3), (7, [1]), (7, {"cache_salt": 5})):
+        bad = list(salted)
+        bad[field] = value
+        with pytest.raises(EventDecodeError, match="must be a string"):
+            decode_batch(msgpack.packb([1.0, [bad]]))
+    with pytest.raises(EventDecodeError, match="medium must be a string"):
+        decode_batch(msgpack.packb([1.0, [["BlockRemoved", [1], 2]]]))
+
+
+def test_engine_media_names_map_to_tiers() -> None:
+    assert [tier_of(m) for m in (None, "", "GPU", "CPU", "cpu_pinned", "CPU_PINNED", "DISK")] == [
+        "gpu", "gpu", "gpu", "cpu", "cpu", "cpu", "disk"
+    ]  # fmt: skip
+    assert tier_of("EXTERNAL") == "external"  # no tier: kept under its own name

@@ -160,19 +160,32 @@ async def until_live(
         await asyncio.sleep(0.02)
 
 
-def sglang_batch(events: list[dict[str, Any]]) -> bytes:
-    """A batch as SGLang's ZmqEventPublisher encodes it (python/sglang/srt/disaggregation/
-    kv_events.py: msgspec array_like structs, tag=True): `[ts, events]` with no DP rank (SGLang
-    offsets the publisher's port per DP rank instead), BlockStored without `medium` and the
-    fields after it, BlockRemoved with its hashes only."""
+def sglang_batch(
+    events: list[dict[str, Any]], current: bool = False, salt: str | None = None, rank: int = 0
+) -> bytes:
+    """A batch as SGLang's ZmqEventPublisher encodes it (sglang/srt/disaggregation/
+    kv_events.py: msgspec array_like structs, tag=True, trailing defaults omitted).
+
+    `current` False, the first release: `[ts, events]`, BlockStored's five fields
+    (hashes, parent, tokens, block size, lora_id), BlockRemoved's hashes only. True, as SGLang
+    publishes now: `[ts, events, attn_dp_rank]`, `medium` after those fields when the event
+    has one, and with `salt` a stored event is BlockStoredWithMetadata: same tag, `medium`
+    then a `{"cache_salt": salt}` map."""
     evs: list[Any] = []
     for event in events:
         tag = event["type"]
+        medium = event.get("medium") if current else None
         if tag == "BlockStored":
-            evs.append([tag, *(event[f] for f in STORED_FIELDS[:5])])
+            fields = [tag, *(event[f] for f in STORED_FIELDS[:5])]
+            if salt is not None and current:
+                fields += [medium, {"cache_salt": salt}]
+            elif medium is not None:
+                fields.append(medium)
+            evs.append(fields)
         elif tag == "BlockRemoved":
-            evs.append([tag, event["block_hashes"]])
+            evs.append([tag, event["block_hashes"], *([medium] if medium else [])])
         else:
             evs.append([tag])
-    out: bytes = msgpack.packb([time.time(), evs], use_bin_type=True)
+    body: list[Any] = [time.time(), evs, rank] if current else [time.time(), evs]
+    out: bytes = msgpack.packb(body, use_bin_type=True)
     return out

@@ -10,8 +10,17 @@ TIERS = ("gpu", "cpu", "disk")
 DEFAULT_TIER_WEIGHTS: Mapping[str, float] = {"gpu": 1.0, "cpu": 0.8, "disk": 0.5}
 
 
+#: Engines' names for a tier other than the tier's own: SGLang's StorageMedium.CPU.
+_ALIASES = {"cpu_pinned": "cpu"}
+
+
 def tier_of(medium: str | None) -> str:
-    return "gpu" if not medium else medium.lower()
+    """The tracked name of an engine's medium: lower case, none meaning the GPU, aliases
+    resolved; media that are no tier (SGLang's EXTERNAL, ...) keep their own name."""
+    if not medium:
+        return "gpu"
+    name = medium.lower()
+    return _ALIASES.get(name, name)
 
 
 def tier_weights(overrides: Mapping[str, float] | None = None) -> dict[str, float]:
