@@ -9,17 +9,25 @@ from __future__ import annotations
 
 
 class Backoff:
-    """A run of failures: after the n-th, wait `base * 2**(n-1)` seconds, at most `cap`."""
+    """A run of failures of one thing at one `target`: after the n-th, wait
+    `base * 2**(n-1)` seconds, at most `cap`. `capped_now` is True after the failure whose
+    wait first reached the cap (worth saying again: it will not get better by itself)."""
 
-    __slots__ = ("base", "cap", "failures")
+    __slots__ = ("base", "cap", "capped_now", "failures", "target")
 
-    def __init__(self, base: float, cap: float) -> None:
+    def __init__(self, base: float, cap: float, target: str = "") -> None:
         self.base = base
         self.cap = cap
+        self.target = target
         self.failures = 0
+        self.capped_now = False
 
     def failed(self) -> float:
         """Count one more failure; returns the wait before the next attempt."""
         self.failures += 1
         # the exponent is bounded, so a publisher failing for days cannot overflow it
-        return min(self.cap, self.base * 2.0 ** min(self.failures - 1, 64))
+        wait = min(self.cap, self.base * 2.0 ** min(self.failures - 1, 64))
+        self.capped_now = wait >= self.cap and (
+            self.failures == 1 or self.base * 2.0 ** min(self.failures - 2, 64) < self.cap
+        )
+        return wait

@@ -274,7 +274,7 @@ class KVEventsSubscriber:
     async def _follow(self, pod: str, endpoint: str) -> None:
         """Follow `pod`'s publisher at `endpoint` until cancelled, trying a failed
         subscription again after its backoff."""
-        while True:
+        while self._ctx is not None:  # None: stopped (a task that outlived stop() ends)
             try:
                 await self._subscription(pod, endpoint)
             except asyncio.CancelledError:
@@ -287,13 +287,19 @@ class KVEventsSubscriber:
         its traceback unless ZMQ refused; repeats at debug); returns the wait before the
         next attempt."""
         run = self._failing.get(pod)
-        if run is None:
-            run = self._failing[pod] = Backoff(self.options.retry_interval, self.options.retry_max)
+        if run is None or run.target != endpoint:  # a new address starts a run of its own
+            opts = self.options
+            run = self._failing[pod] = Backoff(opts.retry_interval, opts.retry_max, endpoint)
         wait = run.failed()
         if run.failures == 1:
             log.warning(
                 "KV events subscription of %s at %s failed: %s; retrying in %.3gs",
                 pod, endpoint, exc, wait, exc_info=None if isinstance(exc, zmq.ZMQError) else exc,
+            )  # fmt: skip
+        elif run.capped_now:
+            log.warning(
+                "KV events subscription of %s at %s still failing after %d attempts: %s; "
+                "retrying every %.3gs", pod, endpoint, run.failures, exc, wait,
             )  # fmt: skip
         else:
             log.debug(
@@ -315,13 +321,16 @@ class KVEventsSubscriber:
             # subscribed first, so nothing published during the catch-up is lost
             expected = await self._catch_up(pod, endpoint) if self.options.catch_up else None
             self._caught_up.setdefault(pod, asyncio.Event()).set()
-            run = self._failing.pop(pod, None)
-            if run is not None:
-                log.info("KV events subscription of %s at %s recovered after %d failure(s)",
-                         pod, endpoint, run.failures)  # fmt: skip
             floor = expected
+            recovered = pod not in self._failing
             while True:
                 frames = await sock.recv_multipart()
+                if not recovered:  # a run of failures ends with a message, not a connect
+                    recovered = True
+                    run = self._failing.pop(pod, None)
+                    if run is not None:
+                        log.info("KV events subscription of %s at %s recovered after %d "
+                                 "failure(s)", pod, endpoint, run.failures)  # fmt: skip
                 if floor is not None and len(frames) == 3 and len(frames[1]) == 8:
                     seq = int.from_bytes(frames[1], "big")
                     if 0 < seq < floor:
@@ -418,12 +427,21 @@ class KVEventsSubscriber:
         now = time.monotonic()
         if address is None or self._replay_down.get(address, 0.0) > now or self._ctx is None:
             return None
-        sock = self._ctx.socket(zmq.DEALER)
+        try:
+            sock = self._ctx.socket(zmq.DEALER)
+        except zmq.ZMQError as exc:  # no socket left: as if it had none, not a failed SUB
+            log.warning("KV events replay of %s: no socket for %s: %s", pod, address, exc)
+            return None
         sock.setsockopt(zmq.LINGER, 0)
         timeout_ms = int(self.options.replay_timeout * 1000)
         out: list[tuple[int, bytes]] = []
         try:
-            sock.connect(address)
+            try:
+                sock.connect(address)
+            except zmq.ZMQError as exc:  # an address ZMQ refuses: the pod has no replay
+                self._replay_down[address] = time.monotonic() + REPLAY_BACKOFF
+                log.warning("KV events replay address %s of %s refused: %s", address, pod, exc)
+                return None
             await sock.send_multipart([b"", start.to_bytes(8, "big")])
             while True:
                 if not await sock.poll(timeout=timeout_ms):

@@ -539,3 +539,24 @@ async def test_a_current_sglang_publisher_with_salts_and_its_media(
         assert client.app[CONDUCTOR].stats.invalid_events == 0
     finally:
         await pub.close()
+
+
+async def test_a_replay_address_zmq_refuses_is_no_replay_not_a_failed_subscription(
+    client: TestClient[Any, Any], ctx: zmq.asyncio.Context, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A gap whose replay address ZMQ refuses (the shape passes /register's check) is counted
+    as missed, as with no replay socket; the subscription goes on."""
+    pub = Publisher(ctx, replay=False)
+    try:
+        key = await register(client, pub, replay_endpoint="tcp://bad host:5558")
+        await pub.publish(batch([engine_stored(0, 2)]))
+        await pub.publish(batch([engine_stored(2, 1, parent=1001)]), send=False)  # lost
+        await pub.publish(batch([engine_stored(3, 1)]))
+        await eventually_query(client, q(TOKENS[3 * BS :]), "vllm-0", BS)
+        sub = client.app[CONDUCTOR].subscriber
+        assert sub.stats.missed_batches == 1
+        assert any("refused" in r.getMessage() for r in caplog.records)
+        assert not any("subscription of" in r.getMessage() for r in caplog.records)
+        assert sub.received[key] >= 3
+    finally:
+        await pub.close()

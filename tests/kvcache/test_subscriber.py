@@ -377,19 +377,36 @@ async def test_a_failing_subscription_backs_off_and_logs_its_recovery_once(
     pub = Publisher(ctx, replay=False)
     try:
         await eventually(lambda: len(records(logging.DEBUG)) >= 5)
-        failures = records(logging.WARNING) + records(logging.DEBUG)
-        assert len(records(logging.WARNING)) == 1 and failures[0].levelno == logging.WARNING
-        waits = [float(re.findall(r"retrying in ([0-9.]+)s", r.getMessage())[0]) for r in failures]
+        failures = [
+            r
+            for r in caplog.records
+            if r.levelno in (logging.DEBUG, logging.WARNING)
+            and "subscription of a " in r.getMessage()
+        ]
+        # a warning for the first failure and for the one that reached the cap, debug between
+        levels = [r.levelno for r in failures[:6]]
+        assert levels == [logging.WARNING, logging.DEBUG, logging.WARNING, *[logging.DEBUG] * 3]
+        assert "still failing after 3 attempts" in failures[2].getMessage()
+        waits = [
+            float(re.findall(r"retrying (?:in|every) ([0-9.]+)s", r.getMessage())[0])
+            for r in failures
+        ]
         assert waits[:6] == [0.02, 0.04, 0.08, 0.08, 0.08, 0.08]
         # each attempt really waited for the one before it
         gaps = [b.created - a.created for a, b in itertools.pairwise(failures[:5])]
         assert all(gap >= wait * 0.9 for gap, wait in zip(gaps, waits, strict=False))
         assert not records(logging.INFO)  # no recovery yet
 
-        pool.list = [pod("a", pub.endpoint)]  # the address fixed: the pod's run ends
+        pool.list = [pod("a", "tcp://127.0.0.2")]  # another bad address: a run of its own
+        sub.reconcile()
+        await eventually(lambda: "127.0.0.2" in records(logging.WARNING)[-1].getMessage())
+        assert "failed: " in records(logging.WARNING)[-1].getMessage()  # a first failure
+        pool.list = [pod("a", pub.endpoint)]  # the address fixed: the run ends with a message
         sub.reconcile()
         await until_live(pub, sub.received, "a")
-        failed = len(records(logging.WARNING) + records(logging.DEBUG))
+        failed = sum(
+            "127.0.0.2" in r.getMessage() for r in records(logging.WARNING) + records(logging.DEBUG)
+        )
         recovered = records(logging.INFO)
         assert len(recovered) == 1
         assert f"recovered after {failed} failure(s)" in recovered[0].getMessage()
