@@ -71,21 +71,31 @@ def registrations(conductor: Conductor, instances: int) -> list[Registration]:
     return regs
 
 
-def vllm_payloads(regs: list[Registration], blocks: int) -> list[tuple[str, bytes]]:
-    """(publisher, msgpack batch) in vLLM's array shape, round-robin over the instances;
-    engine hashes random u64 (vLLM's are sha256-derived), tokens distinct per event."""
+def vllm_payloads(
+    regs: list[Registration], blocks: int, per_event: int = BLOCKS_PER_EVENT, per_batch: int = 1
+) -> list[tuple[str, bytes]]:
+    """(publisher, msgpack batch) in vLLM's array shape, round-robin over the instances,
+    `per_batch` events of `per_event` blocks each (a prefill stores many blocks in one event;
+    a decode step one block per sequence that filled one); engine hashes random u64 (vLLM's
+    are sha256-derived), tokens distinct per event."""
     rng = random.Random(1)
     last: dict[str, int | None] = {}
+    pending: dict[str, list[Any]] = {}
     out = []
-    per_event = BLOCKS_PER_EVENT * BLOCK
-    for e in range(len(regs) * (blocks // BLOCKS_PER_EVENT)):
+    per_tokens = per_event * BLOCK
+    for e in range(len(regs) * (blocks // per_event)):
         key = regs[e % len(regs)].key
-        hashes = [rng.getrandbits(64) for _ in range(BLOCKS_PER_EVENT)]
+        hashes = [rng.getrandbits(64) for _ in range(per_event)]
         base = (e * 7919) % 100_000
-        event = ["BlockStored", hashes, last.get(key), list(range(base, base + per_event)),
+        event = ["BlockStored", hashes, last.get(key), list(range(base, base + per_tokens)),
                  BLOCK, None, "GPU", None]  # fmt: skip
         last[key] = hashes[-1]
-        out.append((key, msgpack.packb([time.time(), [event], 0])))
+        events = pending.setdefault(key, [])
+        events.append(event)
+        if len(events) == per_batch:
+            out.append((key, msgpack.packb([time.time(), events, 0])))
+            del pending[key]
+    out.extend((key, msgpack.packb([time.time(), evs, 0])) for key, evs in pending.items())
     return out
 
 
@@ -357,6 +367,19 @@ def main() -> int:
         f"{seconds:.2f} s |"
     )
     del payloads
+    gc.collect()
+    # decode-phase traffic: each sequence that filled a block in a step, one event of one block
+    small = Conductor()
+    small_regs = registrations(small, args.instances)
+    payloads = vllm_payloads(small_regs, args.blocks // 5, per_event=1, per_batch=8)
+    seconds = asyncio.run(ingest_vllm(small, payloads))
+    total = small.stats.stored_blocks
+    rows.append(
+        f"| ingest, vLLM decode-step batches (8 events of 1 block), decode + apply | "
+        f"{small.events.stored / seconds:,.0f} events/s | {total / seconds / 1e6:.2f}M blocks/s "
+        f"| {total:,} blocks in {seconds:.2f} s |"
+    )
+    del payloads, small
     gc.collect()
 
     counts = sorted({int(w) for w in args.workers.split(",") if w.strip() and int(w) >= 0})

@@ -27,6 +27,8 @@ from heimdall_proxy.kvcache.index.keys import evict_oldest
 from heimdall_proxy.kvcache.index.stats import KVCacheStats
 from heimdall_proxy.kvcache.index.walk import WALK_CHUNK, RunWalker
 
+#: Events of at most this many blocks are set a key at a time (see ConductorIndex._set).
+SMALL_EVENT = 4
 #: The media every answer names, even at 0 (tiers G1, G2, G3).
 STANDARD_MEDIA = ("gpu", "cpu", "disk")
 Source = tuple[str, int]  # (backend_id, dp_rank)
@@ -98,7 +100,17 @@ class ConductorIndex:
         return space
 
     def _set(self, d: dict[int, int], bit: int, keys: Sequence[int]) -> None:
-        if d.keys().isdisjoint(keys):
+        if len(keys) <= SMALL_EVENT:
+            # a decode step's event stores a block or two: a probe each costs less than
+            # building the keys view, the zip and the repeat of the C-level path
+            get = d.get
+            for key in keys:
+                m = get(key)
+                if m is None:
+                    d[key] = bit
+                elif not m & bit:
+                    d[key] = m | bit
+        elif d.keys().isdisjoint(keys):
             d.update(zip(keys, repeat(bit)))  # all new: one C-level update
         else:
             get = d.get

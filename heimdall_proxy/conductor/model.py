@@ -10,7 +10,8 @@ are what a query answers with."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 #: Publisher types whose wire format this conductor reads, canonically spelt. SGLang's
 #: publisher sends vLLM's msgpack batches; Standard is conductor.standard, Mooncake
@@ -47,6 +48,20 @@ class Namespace:
     #: the LoRA adapter's name; "" for the base model
     lora: str
     tenant: str
+    #: the hash, computed once: every event's index and engine-map lookups hash the
+    #: namespace (a tuple of five fields each time, ~1 us an event with the Stream's)
+    _hash: int = field(init=False, repr=False, compare=False, default=0)
+
+    def __post_init__(self) -> None:
+        fields = (self.model, self.block_size, self.salt, self.lora, self.tenant)
+        object.__setattr__(self, "_hash", hash(fields))
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # rebuilt, not restored: a str's hash differs between processes
+        return Namespace, (self.model, self.block_size, self.salt, self.lora, self.tenant)
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,6 +104,17 @@ class Stream:
     backend_id: str
     medium: str
     dp_rank: int
+    _hash: int = field(init=False, repr=False, compare=False, default=0)  # as Namespace's
+
+    def __post_init__(self) -> None:
+        fields = (self.namespace, self.backend_id, self.medium, self.dp_rank)
+        object.__setattr__(self, "_hash", hash(fields))
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return Stream, (self.namespace, self.backend_id, self.medium, self.dp_rank)
 
 
 @dataclass(slots=True)

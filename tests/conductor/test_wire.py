@@ -55,15 +55,31 @@ def test_the_caches_stay_bounded() -> None:
 
 
 def test_every_field_crosses() -> None:
-    # a field added to one of the dataclasses must be added to its tuple too
+    # a field added to one of the dataclasses must be added to its tuple too (the cached
+    # hashes are no constructor fields: they are computed again on the other side)
     for obj, sent in (
         (NS, namespace_fields(NS)),
         (REG, registration_fields(REG)),
         (STREAM, stream_fields(STREAM)),
     ):
-        names = [f.name for f in dataclasses.fields(obj)]
+        names = [f.name for f in dataclasses.fields(obj) if f.init]
         flat = [
-            *(getattr(NS, f.name) for f in dataclasses.fields(NS)),
+            *(getattr(NS, f.name) for f in dataclasses.fields(NS) if f.init),
             *(getattr(obj, n) for n in names if n != "namespace"),
         ] if obj is STREAM else [getattr(obj, n) for n in names]  # fmt: skip
         assert list(sent) == flat
+
+
+def test_namespaces_and_streams_hash_once_and_rehash_when_unpickled() -> None:
+    """Their hash is computed at construction (every event's lookups use it); pickled to or
+    from an ingest worker (a Cleared op carries its Stream) they are rebuilt, since a str's
+    hash differs between processes."""
+    ns = Namespace("m", 16, "salt", "lora", "tenant")
+    stream = Stream(ns, "backend", "gpu", 2)
+    assert hash(ns) == hash(("m", 16, "salt", "lora", "tenant"))
+    assert hash(stream) == hash((ns, "backend", "gpu", 2))
+    back = pickle.loads(pickle.dumps(stream))
+    assert back == stream and hash(back) == hash(stream) and {stream: 1}[back] == 1
+    other = dataclasses.replace(ns, salt="other")
+    assert other != ns and hash(other) != hash(ns)
+    assert "_hash" not in repr(stream)
