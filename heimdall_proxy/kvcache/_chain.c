@@ -67,19 +67,27 @@ list_block(PyObject *tokens, Py_ssize_t start, Py_ssize_t size, uint32_t *out)
     return 0;
 }
 
-/* Hash one block of `bytes` bytes into slot b of `out`: its local hash, chained on pair[0]
- * when *chained (then pair[0] becomes this block's key). */
+/* A chain being computed: blocks of `size` items, `n` of them, and the key so far. */
+typedef struct {
+    Py_ssize_t size;
+    Py_ssize_t n;
+    uint64_t seed;
+    int chained;      /* pair[0] holds the previous key (or the parent) */
+    uint64_t pair[2]; /* previous key, this block's local hash: what seq[i] hashes */
+} Chain;
+
+/* Hash one block of `bytes` bytes into slot b of `out`: its local hash, chained on the key
+ * before it when there is one. */
 static int
-put_key(PyObject *out, Py_ssize_t b, const void *block, size_t bytes, uint64_t seed,
-        uint64_t pair[2], int *chained)
+put_key(PyObject *out, Py_ssize_t b, const void *block, size_t bytes, Chain *c)
 {
-    uint64_t key = XXH3_64bits_withSeed(block, bytes, seed);
-    if (*chained) {
-        pair[1] = key;
-        key = XXH3_64bits_withSeed(pair, 2 * sizeof(uint64_t), seed);
+    uint64_t key = XXH3_64bits_withSeed(block, bytes, c->seed);
+    if (c->chained) {
+        c->pair[1] = key;
+        key = XXH3_64bits_withSeed(c->pair, sizeof(c->pair), c->seed);
     }
-    *chained = 1;
-    pair[0] = key;
+    c->chained = 1;
+    c->pair[0] = key;
     PyObject *value = PyLong_FromUnsignedLongLong(key);
     if (value == NULL) {
         return -1;
@@ -88,14 +96,19 @@ put_key(PyObject *out, Py_ssize_t b, const void *block, size_t bytes, uint64_t s
     return 0;
 }
 
-/* The arguments after the tokens or text: block size (> 0), seed (u64), parent (None or
- * u64) and n (>= 0) blocks; -1 with an exception set when one is wrong. */
+/* The five arguments of both functions (`name`): after the tokens or text, block size
+ * (> 0), seed (u64), parent (None or u64) and n (>= 0) blocks; -1 with an exception set when
+ * one is wrong. */
 static int
-chain_args(PyObject *const *args, Py_ssize_t *size, uint64_t *seed, int *chained,
-           uint64_t *parent, Py_ssize_t *n)
+chain_args(const char *name, PyObject *const *all, Py_ssize_t nargs, Chain *c)
 {
-    *size = PyLong_AsSsize_t(args[0]);
-    if (*size == -1 && PyErr_Occurred()) {
+    if (nargs != 5) {
+        PyErr_Format(PyExc_TypeError, "%s takes 5 arguments", name);
+        return -1;
+    }
+    PyObject *const *args = all + 1;
+    c->size = PyLong_AsSsize_t(args[0]);
+    if (c->size == -1 && PyErr_Occurred()) {
         return -1;
     }
     /* modulo 2**64, as the xxhash package takes a seed */
@@ -103,24 +116,24 @@ chain_args(PyObject *const *args, Py_ssize_t *size, uint64_t *seed, int *chained
     if (seed_index == NULL) {
         return -1;
     }
-    *seed = PyLong_AsUnsignedLongLongMask(seed_index);
+    c->seed = PyLong_AsUnsignedLongLongMask(seed_index);
     Py_DECREF(seed_index);
-    if (*seed == (uint64_t)-1 && PyErr_Occurred()) {
+    if (c->seed == (uint64_t)-1 && PyErr_Occurred()) {
         return -1;
     }
-    *chained = args[2] != Py_None;
-    *parent = 0;
-    if (*chained) {
-        *parent = PyLong_AsUnsignedLongLong(args[2]);
-        if (*parent == (uint64_t)-1 && PyErr_Occurred()) {
+    c->chained = args[2] != Py_None;
+    c->pair[0] = c->pair[1] = 0;
+    if (c->chained) {
+        c->pair[0] = PyLong_AsUnsignedLongLong(args[2]);
+        if (c->pair[0] == (uint64_t)-1 && PyErr_Occurred()) {
             return -1;
         }
     }
-    *n = PyLong_AsSsize_t(args[3]);
-    if (*n == -1 && PyErr_Occurred()) {
+    c->n = PyLong_AsSsize_t(args[3]);
+    if (c->n == -1 && PyErr_Occurred()) {
         return -1;
     }
-    if (*size <= 0 || *n < 0 || *n > PY_SSIZE_T_MAX / *size) {
+    if (c->size <= 0 || c->n < 0 || c->n > PY_SSIZE_T_MAX / c->size) {
         PyErr_SetString(PyExc_ValueError, "block_size must be > 0 and n >= 0");
         return -1;
     }
@@ -136,18 +149,12 @@ PyDoc_STRVAR(block_keys_doc,
 static PyObject *
 block_keys(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 5) {
-        PyErr_SetString(PyExc_TypeError, "block_keys takes 5 arguments");
+    Chain c;
+    if (chain_args("block_keys", args, nargs, &c) < 0) {
         return NULL;
     }
     PyObject *tokens = args[0];
-    Py_ssize_t block_size, n;
-    uint64_t seed;
-    int chained;
-    uint64_t pair[2] = {0, 0};
-    if (chain_args(args + 1, &block_size, &seed, &chained, &pair[0], &n) < 0) {
-        return NULL;
-    }
+    const Py_ssize_t block_size = c.size, n = c.n;
 
     Py_buffer view = {0};
     const uint32_t *from_buffer = NULL;
@@ -201,7 +208,7 @@ block_keys(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         else {
             block = from_buffer + b * block_size;
         }
-        if (put_key(out, b, block, bytes, seed, pair, &chained) < 0) {
+        if (put_key(out, b, block, bytes, &c) < 0) {
             Py_CLEAR(out);
             goto done;
         }
@@ -224,11 +231,12 @@ PyDoc_STRVAR(ascii_block_keys_doc,
 static PyObject *
 ascii_block_keys(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 5) {
-        PyErr_SetString(PyExc_TypeError, "ascii_block_keys takes 5 arguments");
+    Chain c;
+    if (chain_args("ascii_block_keys", args, nargs, &c) < 0) {
         return NULL;
     }
     PyObject *text = args[0];
+    const Py_ssize_t chars = c.size, n = c.n;
     if (!PyUnicode_Check(text)) {
         PyErr_SetString(PyExc_TypeError, "text must be a str");
         return NULL;
@@ -242,13 +250,6 @@ ascii_block_keys(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         PyErr_SetString(PyExc_ValueError, "text must be ASCII");
         return NULL;
     }
-    Py_ssize_t chars, n;
-    uint64_t seed;
-    int chained;
-    uint64_t pair[2] = {0, 0};
-    if (chain_args(args + 1, &chars, &seed, &chained, &pair[0], &n) < 0) {
-        return NULL;
-    }
     if (PyUnicode_GET_LENGTH(text) / chars < n) {
         PyErr_SetString(PyExc_ValueError, "fewer characters than n blocks");
         return NULL;
@@ -259,7 +260,7 @@ ascii_block_keys(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     }
     for (Py_ssize_t b = 0; b < n; b++) {
-        if (put_key(out, b, data + b * chars, (size_t)chars, seed, pair, &chained) < 0) {
+        if (put_key(out, b, data + b * chars, (size_t)chars, &c) < 0) {
             Py_DECREF(out);
             return NULL;
         }
