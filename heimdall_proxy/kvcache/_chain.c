@@ -281,6 +281,10 @@ static struct PyModuleDef module = {
     "The XXH3-64 rolling block keys in C (see kvcache.hashing).",
     0,
     methods,
+    NULL, /* m_slots */
+    NULL, /* m_traverse */
+    NULL, /* m_clear */
+    NULL, /* m_free */
 };
 
 PyMODINIT_FUNC
