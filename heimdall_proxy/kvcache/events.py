@@ -22,8 +22,10 @@ then match no text request, which vLLM would not reuse either.)
 
 SGLang's publisher sends the same frames and shapes (an older one without `medium` and
 with `[ts, events]` batches); a salted SGLang block is a BlockStored whose field after
-`medium` (where vLLM has `lora_name`) is a map, `{"cache_salt": ...}`: that is read as the
-chain's salt. Its CPU tier is named `CPU_PINNED` (kvcache.index.tiers maps it).
+`medium` (where vLLM has `lora_name`) is a map, `{"cache_salt": ...}` (`"metadata"` in the
+map form): that is read as the chain's salt. Its CPU tier is named `CPU_PINNED`
+(kvcache.index.tiers maps it). A malformed event (a name that is no string, a hash that is
+no integer) is counted in its batch's `invalid` and skipped; the batch's others apply.
 
 Block hashes are integers or bytes (vLLM's sha256 hashes); bytes are read as the big-endian
 integer of their last 8 bytes, as vLLM itself converts them, so every engine hash is an int.
@@ -192,8 +194,12 @@ def decode_event(raw: Any) -> KVEvent | None:
                 raise EventDecodeError("token_ids must be a list")
         if type(block_size) is not int or block_size < 0:
             block_size = len(tokens) // len(hashes) if hashes else 0
-        metadata = lora_name if type(lora_name) is dict else None  # SGLang's, see above
-        lora_name = None if metadata is not None else _str_or_none(lora_name, "lora_name")
+        metadata = None
+        if type(lora_name) is dict:  # SGLang's metadata, where vLLM has lora_name
+            metadata, lora_name = lora_name, None
+        elif type(raw) is dict and type(raw.get("metadata")) is dict:  # the same, as a map
+            metadata = raw["metadata"]
+        lora_name = _str_or_none(lora_name, "lora_name")
         return BlockStored(  # positional: a third of the keyword call's cost, per event
             hashes,  # block_hashes
             None if parent is None else engine_hash(parent),  # parent_block_hash
@@ -242,18 +248,23 @@ def decode_batch(payload: bytes) -> EventBatch:
     if not isinstance(events, _SEQUENCES):
         raise EventDecodeError("a batch's events must be a list")
     out: list[KVEvent] = []
-    unknown = 0
+    unknown = invalid = 0
     for item in events:
-        event = decode_event(item)
+        try:
+            event = decode_event(item)
+        except EventDecodeError:
+            invalid += 1  # one malformed event: the batch's others still count
+            continue
         if event is None:
             unknown += 1
         else:
             out.append(event)
-    return EventBatch(  # positional: ts, events, dp_rank, unknown
+    return EventBatch(  # positional: ts, events, dp_rank, unknown, invalid
         float(ts) if type(ts) is float or isinstance(ts, int | float) else 0.0,
         out,
         rank if type(rank) is int else None,
         unknown,
+        invalid,
     )
 
 

@@ -13,6 +13,7 @@ from heimdall_proxy.kvcache.events import (
     BlockStored,
     EventDecodeError,
     decode_batch,
+    decode_event,
     engine_hash,
 )
 from heimdall_proxy.kvcache.index.tiers import tier_of
@@ -74,11 +75,14 @@ def test_unknown_events_are_counted_and_garbage_rejected() -> None:
         msgpack.packb([1.0, [["SomethingNew", 1], {"type": "Other"}, ["AllBlocksCleared"]]])
     )
     assert got.unknown == 2 and got.events == [AllBlocksCleared()]
-    for bad in (b"\xc1", msgpack.packb(3), msgpack.packb([1.0, 5]), msgpack.packb([1.0, [[1, 2]]])):
+    for bad in (b"\xc1", msgpack.packb(3), msgpack.packb([1.0, 5])):  # no batch at all
         with pytest.raises(EventDecodeError):
             decode_batch(bad)
-    with pytest.raises(EventDecodeError):
-        decode_batch(msgpack.packb([1.0, [["BlockStored", "notalist"]]]))
+    # a malformed event is counted and skipped; the batch's others apply
+    got = decode_batch(
+        msgpack.packb([1.0, [[1, 2], ["BlockStored", "notalist"], ["AllBlocksCleared"]]])
+    )
+    assert got.invalid == 2 and got.events == [AllBlocksCleared()]
 
 
 def test_sglangs_salt_metadata_and_strict_names() -> None:
@@ -90,14 +94,21 @@ def test_sglangs_salt_metadata_and_strict_names() -> None:
     chained = [*salted[:2], 7, *salted[3:]]  # a block after the first inherits its chain's salt
     ev = decode_batch(msgpack.packb([1.0, [chained]])).events[0]
     assert isinstance(ev, BlockStored) and ev.cache_salt is None and ev.lora_name is None
-    # a name that is no string is a malformed event, not a namespace named after its repr
+    # the map form names it "metadata"
+    as_map = {"type": "BlockStored", "block_hashes": [1], "parent_block_hash": None,
+              "token_ids": [5] * 16, "block_size": 16, "lora_name": "ad",
+              "metadata": {"cache_salt": "t-b"}}  # fmt: skip
+    ev = decode_batch(msgpack.packb([1.0, [as_map]])).events[0]
+    assert isinstance(ev, BlockStored) and ev.cache_salt == "t-b" and ev.lora_name == "ad"
+    # a name that is no string makes its event malformed (not a namespace named after its
+    # repr): it is counted and skipped, the batch's other events apply
     for field, value in ((6, 3), (7, [1]), (7, {"cache_salt": 5})):
         bad = list(salted)
         bad[field] = value
+        got = decode_batch(msgpack.packb([1.0, [bad, salted, ["BlockRemoved", [1], 2]]]))
+        assert got.invalid == 2 and len(got.events) == 1
         with pytest.raises(EventDecodeError, match="must be a string"):
-            decode_batch(msgpack.packb([1.0, [bad]]))
-    with pytest.raises(EventDecodeError, match="medium must be a string"):
-        decode_batch(msgpack.packb([1.0, [["BlockRemoved", [1], 2]]]))
+            decode_event(bad)
 
 
 def test_engine_media_names_map_to_tiers() -> None:
