@@ -76,10 +76,11 @@ def vllm_payloads(
 ) -> list[tuple[str, bytes]]:
     """(publisher, msgpack batch) in vLLM's array shape, round-robin over the instances,
     `per_batch` events of `per_event` blocks each (a prefill stores many blocks in one event;
-    a decode step one block per sequence that filled one); engine hashes random u64 (vLLM's
-    are sha256-derived), tokens distinct per event."""
+    a decode step one block per sequence that filled one, so the events of a batch continue
+    `per_batch` different chains); engine hashes random u64 (vLLM's are sha256-derived),
+    tokens distinct per event."""
     rng = random.Random(1)
-    last: dict[str, int | None] = {}
+    last: dict[tuple[str, int], int | None] = {}
     pending: dict[str, list[Any]] = {}
     out = []
     per_tokens = per_event * BLOCK
@@ -87,10 +88,11 @@ def vllm_payloads(
         key = regs[e % len(regs)].key
         hashes = [rng.getrandbits(64) for _ in range(per_event)]
         base = (e * 7919) % 100_000
-        event = ["BlockStored", hashes, last.get(key), list(range(base, base + per_tokens)),
-                 BLOCK, None, "GPU", None]  # fmt: skip
-        last[key] = hashes[-1]
         events = pending.setdefault(key, [])
+        chain = (key, len(events))
+        event = ["BlockStored", hashes, last.get(chain), list(range(base, base + per_tokens)),
+                 BLOCK, None, "GPU", None]  # fmt: skip
+        last[chain] = hashes[-1]
         events.append(event)
         if len(events) == per_batch:
             out.append((key, msgpack.packb([time.time(), events, 0])))

@@ -74,10 +74,20 @@ def main() -> int:
     asyncio.run(ingest_vllm(conductor, payloads))
     real = time.process_time() - c0
     assert conductor.stats.stored_blocks == n, (conductor.stats.stored_blocks, n)
+    # then every block evicted, as decode steps on a full cache remove about as many
+    removals = [
+        (key, msgpack.packb([time.time(), [["BlockRemoved", ev[1], "GPU"] for ev in evs], 0]))
+        for key, evs in ((k, msgpack.unpackb(p)[1]) for k, p in payloads)
+    ]
+    gc.collect()
+    c0 = time.process_time()
+    asyncio.run(ingest_vllm(conductor, removals))
+    removed = time.process_time() - c0
+    assert conductor.stats.removed_blocks == n, (conductor.stats.removed_blocks, n)
     print(
         f"{args.instances} x {args.blocks:,} blocks in one-block events, 8 per batch: "
         f"CPU per block: floor {cpu / n * 1e6:.2f} us, conductor {real / n * 1e6:.2f} us "
-        f"({real / cpu:.2f}x)"
+        f"({real / cpu:.2f}x); removing them again: {removed / n * 1e6:.2f} us"
     )
     return 0
 

@@ -48,16 +48,16 @@ class Namespace:
     #: the LoRA adapter's name; "" for the base model
     lora: str
     tenant: str
-    #: the hash, computed once: every event's index and engine-map lookups hash the
-    #: namespace (a tuple of five fields each time, ~1 us an event with the Stream's)
+    #: the hash, computed on first use and kept: every event's index and engine-map lookups
+    #: hash the (shared, cached) namespace, a tuple of five fields each time otherwise
     _hash: int = field(init=False, repr=False, compare=False, default=0)
 
-    def __post_init__(self) -> None:
-        fields = (self.model, self.block_size, self.salt, self.lora, self.tenant)
-        object.__setattr__(self, "_hash", hash(fields))
-
     def __hash__(self) -> int:
-        return self._hash
+        h = self._hash
+        if not h:
+            h = hash((self.model, self.block_size, self.salt, self.lora, self.tenant))
+            object.__setattr__(self, "_hash", h)
+        return h
 
     def __reduce__(self) -> tuple[Any, ...]:
         # rebuilt, not restored: a str's hash differs between processes
@@ -106,12 +106,12 @@ class Stream:
     dp_rank: int
     _hash: int = field(init=False, repr=False, compare=False, default=0)  # as Namespace's
 
-    def __post_init__(self) -> None:
-        fields = (self.namespace, self.backend_id, self.medium, self.dp_rank)
-        object.__setattr__(self, "_hash", hash(fields))
-
     def __hash__(self) -> int:
-        return self._hash
+        h = self._hash
+        if not h:
+            h = hash((self.namespace, self.backend_id, self.medium, self.dp_rank))
+            object.__setattr__(self, "_hash", h)
+        return h
 
     def __reduce__(self) -> tuple[Any, ...]:
         return Stream, (self.namespace, self.backend_id, self.medium, self.dp_rank)

@@ -34,13 +34,21 @@ StreamCache = dict[StreamKey, Stream]
 MAX_STREAMS = 4096
 
 
-def _stored_stream(reg: Registration, ev: BlockStored, streams: StreamCache | None) -> Stream:
-    """The stream of a stored event, from `streams` when this publisher made it before."""
-    key = (ev.lora_name, ev.lora_id, ev.cache_salt, ev.medium)
+def _stream(
+    reg: Registration,
+    streams: StreamCache | None,
+    medium: str | None,
+    lora_name: str | None = None,
+    lora_id: int | None = None,
+    salt: str | None = None,
+) -> Stream:
+    """The stream of an event of `reg`'s publisher, from `streams` when it made it before
+    (removals and clears name no adapter or salt: the registration's own namespace)."""
+    key = (lora_name, lora_id, salt, medium)
     stream = streams.get(key) if streams is not None else None
     if stream is None:
-        ns = reg.namespace(lora_identity(ev.lora_name, ev.lora_id), ev.cache_salt)
-        stream = Stream(ns, reg.instance_id, tier_of(ev.medium), reg.dp_rank)
+        ns = reg.namespace(lora_identity(lora_name, lora_id), salt)
+        stream = Stream(ns, reg.instance_id, tier_of(medium), reg.dp_rank)
         if streams is not None:
             if len(streams) >= MAX_STREAMS:
                 streams.clear()
@@ -60,7 +68,7 @@ def from_vllm(
         if type(ev) is BlockStored:
             out.append(
                 Stored(  # positional (every vLLM event): base_block_idx, parent_hash, ...
-                    _stored_stream(reg, ev, streams),
+                    _stream(reg, streams, ev.medium, ev.lora_name, ev.lora_id, ev.cache_salt),
                     event_id,
                     ev.block_hashes,
                     None,
@@ -70,9 +78,8 @@ def from_vllm(
                 )
             )
         elif type(ev) is BlockRemoved:
-            stream = Stream(reg.namespace(), reg.instance_id, tier_of(ev.medium), reg.dp_rank)
-            out.append(Removed(stream, event_id, ev.block_hashes))
+            out.append(Removed(_stream(reg, streams, ev.medium), event_id, ev.block_hashes))
         elif type(ev) is AllBlocksCleared:
-            stream = Stream(reg.namespace(), reg.instance_id, tier_of(ev.medium), reg.dp_rank)
+            stream = _stream(reg, streams, ev.medium)
             out.append(Cleared(stream, event_id, True, all_media=ev.medium is None))
     return out

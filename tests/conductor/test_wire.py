@@ -71,9 +71,9 @@ def test_every_field_crosses() -> None:
 
 
 def test_namespaces_and_streams_hash_once_and_rehash_when_unpickled() -> None:
-    """Their hash is computed at construction (every event's lookups use it); pickled to or
-    from an ingest worker (a Cleared op carries its Stream) they are rebuilt, since a str's
-    hash differs between processes."""
+    """Their hash is computed once, on first use (every event's lookups use it); pickled to
+    or from an ingest worker (a Cleared op carries its Stream) they are rebuilt, since a
+    str's hash differs between processes."""
     ns = Namespace("m", 16, "salt", "lora", "tenant")
     stream = Stream(ns, "backend", "gpu", 2)
     assert hash(ns) == hash(("m", 16, "salt", "lora", "tenant"))
