@@ -13,7 +13,7 @@ class Backoff:
     `base * 2**(n-1)` seconds, at most `cap`. `capped_now` is True after the failure whose
     wait first reached the cap (worth saying again: it will not get better by itself)."""
 
-    __slots__ = ("base", "cap", "capped_now", "failures", "target")
+    __slots__ = ("base", "cap", "capped_now", "failures", "last_at", "last_wait", "target")
 
     def __init__(self, base: float, cap: float, target: str = "") -> None:
         self.base = base
@@ -21,13 +21,22 @@ class Backoff:
         self.target = target
         self.failures = 0
         self.capped_now = False
+        self.last_at = 0.0
+        self.last_wait = 0.0
 
-    def failed(self) -> float:
-        """Count one more failure; returns the wait before the next attempt."""
+    def failed(self, now: float) -> float:
+        """Count one more failure at `now` (monotonic seconds); returns the wait before the
+        next attempt. A failure long after the last one (the attempt in between held for
+        more than twice its wait, or the cap) starts the run over: what failed then had
+        recovered, even if nothing said so."""
+        if self.failures and now - self.last_at > max(2 * self.last_wait, self.cap) + self.base:
+            self.failures = 0
         self.failures += 1
         # the exponent is bounded, so a publisher failing for days cannot overflow it
         wait = min(self.cap, self.base * 2.0 ** min(self.failures - 1, 64))
         self.capped_now = wait >= self.cap and (
             self.failures == 1 or self.base * 2.0 ** min(self.failures - 2, 64) < self.cap
         )
+        self.last_at = now + wait  # the next attempt's time: what "long after" counts from
+        self.last_wait = wait
         return wait

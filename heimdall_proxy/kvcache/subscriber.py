@@ -17,7 +17,9 @@ again for a while, and the gap is logged and counted. A sequence that goes backw
 the publisher restarted: the pod's blocks are forgotten (a restarted vLLM has an empty cache).
 A subscription that fails (an address ZMQ refuses, no socket left) is tried again after a
 wait that doubles with each failure (`retry_interval` up to `retry_max`, kvcache.backoff): the
-first failure is logged as a warning, the repeats at debug, the recovery once at info.
+first failure of a run is logged as a warning, and the one whose wait reaches the cap; the
+repeats at debug; the recovery (the first message received) once at info. A run is per
+address, and a failure long after the last one starts a new run.
 With `duplicate_window` > 0, a sequence number at most that far behind (and not 0, where a
 publisher starts over) is a duplicate instead, dropped and counted.
 
@@ -158,8 +160,9 @@ class KVEventsSubscriber:
         self.bound_endpoint: str | None = None
         #: Set per pod once its start-up catch-up is over (done, or no replay socket).
         self._caught_up: dict[str, asyncio.Event] = {}
-        #: Pods whose subscription is failing: their run of failures, kept across a change
-        #: of address (the recovery is the pod's) and dropped when the pod leaves.
+        #: Pods whose subscription is failing: their run of failures at one address (a new
+        #: address starts its own), ended by a message received, dropped when the pod
+        #: leaves.
         self._failing: dict[str, Backoff] = {}
 
     # ---- lifecycle -----------------------------------------------------------------------
@@ -290,7 +293,7 @@ class KVEventsSubscriber:
         if run is None or run.target != endpoint:  # a new address starts a run of its own
             opts = self.options
             run = self._failing[pod] = Backoff(opts.retry_interval, opts.retry_max, endpoint)
-        wait = run.failed()
+        wait = run.failed(time.monotonic())
         if run.failures == 1:
             log.warning(
                 "KV events subscription of %s at %s failed: %s; retrying in %.3gs",
@@ -328,9 +331,13 @@ class KVEventsSubscriber:
                 if not recovered:  # a run of failures ends with a message, not a connect
                     recovered = True
                     run = self._failing.pop(pod, None)
-                    if run is not None:
+                    if run is not None and run.target == endpoint:
                         log.info("KV events subscription of %s at %s recovered after %d "
                                  "failure(s)", pod, endpoint, run.failures)  # fmt: skip
+                    elif run is not None:
+                        log.info("KV events subscription of %s at %s receives (%d failure(s) "
+                                 "at its former address %s)", pod, endpoint, run.failures,
+                                 run.target)  # fmt: skip
                 if floor is not None and len(frames) == 3 and len(frames[1]) == 8:
                     seq = int.from_bytes(frames[1], "big")
                     if 0 < seq < floor:
