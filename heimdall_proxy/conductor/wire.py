@@ -6,9 +6,8 @@ through dataclasses' `__getstate__` / `__setstate__`, a Namespace or Stream thro
 `__reduce__`, which rebuilds it so that its hash is this process's): for vLLM's one-event
 batches that cost more CPU than the blocks' keys, on both sides of the pipe. A tuple of str
 and int fields pickles in C. Each side turns tuples back into objects through a cache, so
-equal tuples give the same object
-(for the index, the same Namespace object as its key: a dict probe by identity, without the
-dataclass's `__eq__`)."""
+equal tuples give the same object (for the index, the same Namespace object as its key: a
+dict probe by identity, without the dataclass's `__eq__`)."""
 
 from __future__ import annotations
 
