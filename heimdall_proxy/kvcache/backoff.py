@@ -3,7 +3,9 @@
 A publisher whose subscription fails (an address ZMQ refuses, no socket left in the context)
 would otherwise be tried, and its failure logged, at a fixed pace for as long as it is
 configured; doubling the wait after each failure, up to a cap, keeps a dead publisher from
-costing more than an occasional attempt while one that comes back soon is found soon."""
+costing more than an occasional attempt while one that comes back soon is found soon. A
+failure long after the run's last one (the attempt in between held) starts a new run, at the
+base wait again."""
 
 from __future__ import annotations
 
@@ -26,9 +28,9 @@ class Backoff:
 
     def failed(self, now: float) -> float:
         """Count one more failure at `now` (monotonic seconds); returns the wait before the
-        next attempt. A failure long after the last one (the attempt in between held for
-        more than twice its wait, or the cap) starts the run over: what failed then had
-        recovered, even if nothing said so."""
+        next attempt. A failure more than max(2 x the last wait, cap) + base after the last
+        attempt was due starts the run over: what failed then had recovered, even if
+        nothing said so."""
         if self.failures and now - self.last_at > max(2 * self.last_wait, self.cap) + self.base:
             self.failures = 0
         self.failures += 1

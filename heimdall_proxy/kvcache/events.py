@@ -33,11 +33,14 @@ integer of their last 8 bytes, as vLLM itself converts them, so every engine has
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import msgpack
+
+log = logging.getLogger(__name__)
 
 #: Positional field order of the array-tagged form (after the tag).
 _STORED_FIELDS = (
@@ -252,8 +255,9 @@ def decode_batch(payload: bytes) -> EventBatch:
     for item in events:
         try:
             event = decode_event(item)
-        except EventDecodeError:
+        except EventDecodeError as exc:
             invalid += 1  # one malformed event: the batch's others still count
+            log.debug("skipped a malformed KV event: %s", exc)
             continue
         if event is None:
             unknown += 1

@@ -164,6 +164,8 @@ class KVEventsSubscriber:
         #: address starts its own), ended by a message received, dropped when the pod
         #: leaves.
         self._failing: dict[str, Backoff] = {}
+        #: Pods already warned about for sending malformed events.
+        self._malformed: set[str] = set()
 
     # ---- lifecycle -----------------------------------------------------------------------
 
@@ -210,6 +212,7 @@ class KVEventsSubscriber:
         tasks = [t for _, t in self._subs.values()] + self._tasks
         self._subs.clear()
         self._failing.clear()
+        self._malformed.clear()
         self._tasks = []
         for task in tasks:
             task.cancel()
@@ -249,6 +252,7 @@ class KVEventsSubscriber:
                 self._caught_up.pop(pod, None)
                 if pod not in wanted:
                     self._failing.pop(pod, None)
+                    self._malformed.discard(pod)
                 self._enqueue_nowait(pod, None)
                 log.info("stopped following KV events of %s at %s", pod, endpoint)
         for pod, endpoint in wanted.items():
@@ -546,7 +550,12 @@ class KVEventsSubscriber:
                     continue
                 self.stats.batches += 1
                 self.stats.unknown_events += batch.unknown
-                self.stats.invalid_events += batch.invalid
+                if batch.invalid:
+                    self.stats.invalid_events += batch.invalid
+                    if pod not in self._malformed:  # once per pod: the reasons log at debug
+                        self._malformed.add(pod)
+                        log.warning("KV events of %s: %d malformed event(s) skipped (the "
+                                    "reasons are logged at debug)", pod, batch.invalid)  # fmt: skip
                 await self._apply(pod, batch)
                 unflushed += 1
             except asyncio.CancelledError:

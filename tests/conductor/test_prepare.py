@@ -72,6 +72,17 @@ def script() -> list[tuple[str, bytes]]:
         (c, batch([cleared()])),
         (c, batch([st([35], blocks(7, 1), parent=33)])),
         (c, batch([st([36], blocks(8, 1))])),
+        # malformed events (a name or medium that is no string) skipped, the batch's others kept
+        (
+            c,
+            batch(
+                [
+                    st([37], blocks(9, 1), lora_name=3),
+                    removed([77], medium=5),
+                    st([38], blocks(10, 1)),
+                ]
+            ),
+        ),
     ]
     # many short chains, so bursts are prepared together and spread over both workers
     for i in range(40):
@@ -146,7 +157,9 @@ async def test_worker_processes_build_the_same_index_as_inline() -> None:
     assert workers == inline
     stats = inline["stats"]
     # the script did reach every case
-    assert stats["orphan_events"] >= 2 and stats["invalid_events"] == 1
+    assert (
+        stats["orphan_events"] >= 2 and stats["invalid_events"] == 3
+    )  # one token id outside u32, two malformed names
     assert stats["block_size_mismatch"] == 1 and stats["decode_errors"] == 1
     assert stats["unknown_removals"] == 1 and stats["removed_blocks"] == 1
 

@@ -76,9 +76,11 @@ def test_namespaces_and_streams_hash_once_and_rehash_when_unpickled() -> None:
     str's hash differs between processes."""
     ns = Namespace("m", 16, "salt", "lora", "tenant")
     stream = Stream(ns, "backend", "gpu", 2)
+    assert stream._hash == 0  # not computed until used
     assert hash(ns) == hash(("m", 16, "salt", "lora", "tenant"))
-    assert hash(stream) == hash((ns, "backend", "gpu", 2))
+    assert hash(stream) == hash((ns, "backend", "gpu", 2)) and stream._hash == hash(stream)
     back = pickle.loads(pickle.dumps(stream))
+    assert back._hash == 0 and back.namespace._hash == 0  # rebuilt, not restored
     assert back == stream and hash(back) == hash(stream) and {stream: 1}[back] == 1
     other = dataclasses.replace(ns, salt="other")
     assert other != ns and hash(other) != hash(ns)
