@@ -418,3 +418,25 @@ async def test_a_failing_subscription_backs_off_and_logs_its_recovery_once(
     finally:
         await sub.stop()
         await pub.close()
+
+
+async def test_malformed_events_are_skipped_and_said_once_per_pod(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    sink = Sink()
+    sub = KVEventsSubscriber(
+        SubscriberOptions(discover_pods=False), Pool([]), sink.apply, sink.forget
+    )
+    await sub.start()
+    try:
+        bad = batch([stored([1], [1] * 16, lora_name=3), stored([2], [2] * 16)])  # type: ignore[arg-type]
+        with caplog.at_level(logging.DEBUG, "heimdall_proxy.kvcache"):
+            for _ in range(3):
+                await sub.feed("a", bad)
+            await sub.drain()
+        assert sub.stats.invalid_events == 3 and len(sink.tokens()) == 3  # the good ones apply
+        warned = [r for r in caplog.records if "malformed event(s) skipped" in r.getMessage()]
+        assert len(warned) == 1 and warned[0].levelno == logging.WARNING
+        assert any("lora_name must be a string" in r.getMessage() for r in caplog.records)
+    finally:
+        await sub.stop()
