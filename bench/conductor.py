@@ -119,7 +119,7 @@ def _proc_cpu(pid: int) -> float:
 
 
 async def ingest_pipeline(
-    workers: int, instances: int, blocks: int
+    workers: int, instances: int, blocks: int, per_event: int = BLOCKS_PER_EVENT, per_batch: int = 1
 ) -> tuple[float, float, float, int, int]:
     """The subscriber's whole path (queue, prepare, apply) into a fresh conductor with
     `workers` ingest processes: (wall s, this process's CPU s, workers' CPU s, blocks,
@@ -128,7 +128,7 @@ async def ingest_pipeline(
 
     conductor = Conductor(ServiceOptions(ingest_workers=workers))
     regs = registrations(conductor, instances)
-    payloads = vllm_payloads(regs, blocks)
+    payloads = vllm_payloads(regs, blocks, per_event, per_batch)
     await conductor.start()
     try:
         pools = conductor.preparer._pools
@@ -385,22 +385,27 @@ def main() -> int:
     gc.collect()
 
     counts = sorted({int(w) for w in args.workers.split(",") if w.strip() and int(w) >= 0})
-    for workers in counts:
-        wall, cpu, wcpu, total, events = asyncio.run(
-            ingest_pipeline(workers, args.instances, args.blocks)
-        )
-        gc.collect()
-        label = (
-            f"{workers} worker process{'es' if workers != 1 else ''}"
-            if workers
-            else ("on the event loop")
-        )
-        rows.append(
-            f"| ingest, vLLM batches through the subscriber, {label} | {events / wall:,.0f} "
-            f"events/s | {total / wall / 1e6:.2f}M blocks/s | {total:,} blocks in {wall:.2f} s;"
-            f" CPU: loop process {cpu:.2f} s ({total / cpu / 1e6:.2f}M blocks/CPU-s), "
-            f"workers {wcpu:.2f} s |"
-        )
+    # 32-block events over all the blocks, then decode-step batches over a fifth of them
+    for what, blocks, shape in (
+        ("vLLM batches", args.blocks, (BLOCKS_PER_EVENT, 1)),
+        ("vLLM decode-step batches", args.blocks // 5, (1, 8)),
+    ):
+        for workers in counts:
+            wall, cpu, wcpu, total, events = asyncio.run(
+                ingest_pipeline(workers, args.instances, blocks, *shape)
+            )
+            gc.collect()
+            label = (
+                f"{workers} worker process{'es' if workers != 1 else ''}"
+                if workers
+                else ("on the event loop")
+            )
+            rows.append(
+                f"| ingest, {what} through the subscriber, {label} | {events / wall:,.0f} "
+                f"events/s | {total / wall / 1e6:.2f}M blocks/s | {total:,} blocks in "
+                f"{wall:.2f} s; CPU: loop process {cpu:.2f} s ({total / cpu / 1e6:.2f}M "
+                f"blocks/CPU-s), workers {wcpu:.2f} s |"
+            )
 
     lags = asyncio.run(burst_lag(args.instances, 2_000))
     p50, p99, worst = percentiles(lags)
