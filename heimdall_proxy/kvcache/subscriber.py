@@ -290,9 +290,9 @@ class KVEventsSubscriber:
                 await asyncio.sleep(self._failed(pod, endpoint, exc))
 
     def _failed(self, pod: str, endpoint: str, exc: Exception) -> float:
-        """Count a failure of `pod`'s subscription and log it (the first as a warning, with
-        its traceback unless ZMQ refused; repeats at debug); returns the wait before the
-        next attempt."""
+        """Count a failure of `pod`'s subscription and log it (a run's first as a warning,
+        with its traceback unless ZMQ refused, and the one that reaches the cap; the others
+        at debug); returns the wait before the next attempt."""
         run = self._failing.get(pod)
         if run is None or run.target != endpoint:  # a new address starts a run of its own
             opts = self.options
