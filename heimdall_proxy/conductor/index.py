@@ -100,18 +100,10 @@ class ConductorIndex:
         return space
 
     def _set(self, d: dict[int, int], bit: int, keys: Sequence[int]) -> None:
-        if len(keys) <= SMALL_EVENT:
-            # a decode step's event stores a block or two: a probe each costs less than
-            # building the keys view, the zip and the repeat of the C-level path
-            get = d.get
-            for key in keys:
-                m = get(key)
-                if m is None:
-                    d[key] = bit
-                elif not m & bit:
-                    d[key] = m | bit
-        elif d.keys().isdisjoint(keys):
-            d.update(zip(keys, repeat(bit)))  # all new: one C-level update
+        # all new: one C-level update; but a decode step's event stores a block or two, and
+        # a probe each costs less than building the keys view, the zip and the repeat
+        if len(keys) > SMALL_EVENT and d.keys().isdisjoint(keys):
+            d.update(zip(keys, repeat(bit)))
         else:
             get = d.get
             for key in keys:
