@@ -37,6 +37,23 @@ def lora_identity(lora_name: str | None, lora_id: int | None) -> str | None:
     return None
 
 
+def _cached_hash(self: Namespace | Stream) -> int:
+    """The hash of a Namespace or Stream, computed on first use and kept: every event's index
+    and engine-map lookups hash the (shared, cached) object, a tuple of its fields each time
+    otherwise."""
+    h = self._hash
+    if not h:
+        h = hash(self._fields())
+        object.__setattr__(self, "_hash", h)
+    return h
+
+
+def _rebuilt(self: Namespace | Stream) -> tuple[Any, ...]:
+    """A Namespace or Stream pickled as its constructor call: rebuilt, not restored, since a
+    str's hash differs between processes."""
+    return type(self), self._fields()
+
+
 @dataclass(frozen=True, slots=True)
 class Namespace:
     """Blocks are only comparable within one namespace."""
@@ -48,20 +65,13 @@ class Namespace:
     #: the LoRA adapter's name; "" for the base model
     lora: str
     tenant: str
-    #: the hash, computed on first use and kept: every event's index and engine-map lookups
-    #: hash the (shared, cached) namespace, a tuple of five fields each time otherwise
-    _hash: int = field(init=False, repr=False, compare=False, default=0)
+    _hash: int = field(init=False, repr=False, compare=False, default=0)  # _cached_hash's
 
-    def __hash__(self) -> int:
-        h = self._hash
-        if not h:
-            h = hash((self.model, self.block_size, self.salt, self.lora, self.tenant))
-            object.__setattr__(self, "_hash", h)
-        return h
+    def _fields(self) -> tuple[str, int, str, str, str]:
+        return self.model, self.block_size, self.salt, self.lora, self.tenant
 
-    def __reduce__(self) -> tuple[Any, ...]:
-        # rebuilt, not restored: a str's hash differs between processes
-        return Namespace, (self.model, self.block_size, self.salt, self.lora, self.tenant)
+    __hash__ = _cached_hash
+    __reduce__ = _rebuilt
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,17 +114,13 @@ class Stream:
     backend_id: str
     medium: str
     dp_rank: int
-    _hash: int = field(init=False, repr=False, compare=False, default=0)  # as Namespace's
+    _hash: int = field(init=False, repr=False, compare=False, default=0)  # _cached_hash's
 
-    def __hash__(self) -> int:
-        h = self._hash
-        if not h:
-            h = hash((self.namespace, self.backend_id, self.medium, self.dp_rank))
-            object.__setattr__(self, "_hash", h)
-        return h
+    def _fields(self) -> tuple[Namespace, str, str, int]:
+        return self.namespace, self.backend_id, self.medium, self.dp_rank
 
-    def __reduce__(self) -> tuple[Any, ...]:
-        return Stream, (self.namespace, self.backend_id, self.medium, self.dp_rank)
+    __hash__ = _cached_hash
+    __reduce__ = _rebuilt
 
 
 @dataclass(slots=True)
