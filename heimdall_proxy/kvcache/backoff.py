@@ -36,9 +36,7 @@ class Backoff:
         self.failures += 1
         # the exponent is bounded, so a publisher failing for days cannot overflow it
         wait = min(self.cap, self.base * 2.0 ** min(self.failures - 1, 64))
-        self.capped_now = wait >= self.cap and (
-            self.failures == 1 or self.base * 2.0 ** min(self.failures - 2, 64) < self.cap
-        )
+        self.capped_now = wait >= self.cap and (self.failures == 1 or self.last_wait < self.cap)
         self.last_at = now + wait  # the next attempt's time: what "long after" counts from
         self.last_wait = wait
         return wait
