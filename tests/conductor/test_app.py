@@ -63,12 +63,16 @@ def reg(pub: Publisher, instance: str = "vllm-0", **extra: Any) -> dict[str, Any
     return body
 
 
-async def register(client: TestClient[Any, Any], pub: Publisher, **kw: Any) -> str:
+async def register(
+    client: TestClient[Any, Any], pub: Publisher, empty: bytes | None = None, **kw: Any
+) -> str:
+    """Register `pub` and wait until its messages arrive (`empty`: the publisher's own empty
+    batch, when it is not vLLM's)."""
     doc = await post(client, "/register", reg(pub, **kw))
     instance = kw.get("instance", "vllm-0")
     assert doc == {"status": "registered successfully", "instance_id": instance}
     key = publisher_key(instance, kw.get("tenant_id", "default"), kw.get("dp_rank", 0))
-    await until_live(pub, client.app[CONDUCTOR].subscriber.received, key)
+    await until_live(pub, client.app[CONDUCTOR].subscriber.received, key, empty=empty)
     return key
 
 
@@ -485,11 +489,8 @@ async def test_an_sglang_publisher_in_sglangs_own_shapes(
     SGLang does (a port per rank): stored chains, a gap replayed, removal, clear."""
     pub = Publisher(ctx, topic="")
     try:
-        body = reg(pub, "sglang-0", type="SGLang", dp_rank=1)
-        await post(client, "/register", body)
-        key = publisher_key("sglang-0", "default", 1)
         empty = sglang_batch([])
-        await until_live(pub, client.app[CONDUCTOR].subscriber.received, key, empty=empty)
+        await register(client, pub, empty, instance="sglang-0", type="SGLang", dp_rank=1)
         await pub.publish(sglang_batch([engine_stored(0, 3)]))
         await pub.publish(sglang_batch([engine_stored(3, 2, parent=1002)]))
         await eventually_query(client, q(), "sglang-0", 5 * BS)
@@ -518,10 +519,8 @@ async def test_a_current_sglang_publisher_with_salts_and_its_media(
     chain as a request's cache_salt does, and is no LoRA adapter."""
     pub = Publisher(ctx, topic="")
     try:
-        await post(client, "/register", reg(pub, "sglang-1", type="SGLang"))
-        key = publisher_key("sglang-1", "default", 0)
         empty = sglang_batch([], current=True)
-        await until_live(pub, client.app[CONDUCTOR].subscriber.received, key, empty=empty)
+        await register(client, pub, empty, instance="sglang-1", type="SGLang")
         salted = engine_stored(0, 4, medium=None)
         await pub.publish(sglang_batch([salted], current=True, salt="tenant-a"))
         chained = engine_stored(4, 2, parent=1003, medium="GPU")  # inherits the salt
