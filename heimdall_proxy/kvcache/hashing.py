@@ -50,8 +50,6 @@ try:  # the chain in C (kvcache/_chain.c), built where the machine can; else the
     from heimdall_proxy.kvcache._chain import block_keys as _native
 except ImportError:  # pragma: no cover - an install without a C compiler or libxxhash
     _native = _native_text = None
-if _BIG_ENDIAN or _U32 != "I":  # pragma: no cover - the C chain reads tokens as LE u32
-    _native = _native_text = None
 
 
 #: The seed of the standardized KV-events hash (Dynamo's value), one for every namespace: a
@@ -274,8 +272,9 @@ def python_text_block_keys(text: str, chars_per_block: int, seed: int, n: int) -
 def _c_agrees() -> bool:
     """Whether the C chain gives the Python loops' keys on inputs that tell XXH3 releases
     apart (0-3 bytes, over 240 bytes): a libxxhash other than the one the build checked must
-    not key blocks differently from engines, the conductor and other replicas."""
-    if _native is None or _native_text is None:
+    not key blocks differently from engines, the conductor and other replicas. (The C chain
+    reads tokens as little-endian u32 arrays, typecode "I": no other host is checked.)"""
+    if _native is None or _native_text is None or _BIG_ENDIAN or _U32 != "I":
         return False
     tokens = list(range(200))
     return _native(tokens, 64, 1337, 7, 3) == python_block_keys(
