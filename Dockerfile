@@ -9,11 +9,13 @@ WORKDIR /app
 COPY pyproject.toml setup.py README.md ./
 COPY heimdall_proxy ./heimdall_proxy
 COPY config ./config
-# a C compiler only while installing: kvcache/_chain.c links the image's own libxxhash
+# a C compiler only while installing the C extensions (setup.py); kvcache/_chain.c links the
+# image's own libxxhash
 RUN apt-get update \
     && apt-get install -y --no-install-recommends gcc libc6-dev \
     && pip install . \
     && python -P -c "from heimdall_proxy.kvcache.hashing import NATIVE; assert NATIVE" \
+    && python -P -c "from heimdall_proxy.conductor.tables import NATIVE; assert NATIVE" \
     && apt-get purge -y gcc libc6-dev && apt-get autoremove -y \
     && rm -rf /var/lib/apt/lists/* \
     && useradd --system --uid 10001 --no-create-home heimdall

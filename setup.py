@@ -1,8 +1,9 @@
-"""The one compiled part: kvcache/_chain.c, the XXH3 rolling block keys (kvcache.hashing).
+"""The compiled parts: kvcache/_chain.c, the XXH3 rolling block keys (kvcache.hashing), and
+conductor/_u64map.c, the conductor's maps from u64 to u64 (conductor.tables).
 
-Everything else is in pyproject.toml. The extension links the system's libxxhash (Debian's
-libxxhash0, which apt itself depends on); it is optional: where it cannot be built, the
-install goes on and kvcache.hashing uses its Python loop (slower, same keys)."""
+Everything else is in pyproject.toml. The chain links the system's libxxhash (Debian's
+libxxhash0, which apt itself depends on). Both are optional: where one cannot be built, the
+install goes on and the Python code it speeds up runs instead (slower, same answers)."""
 
 from setuptools import Extension, setup
 
@@ -15,6 +16,12 @@ setup(
             extra_link_args=["-l:libxxhash.so.0"],
             extra_compile_args=["-O2"],
             optional=True,
-        )
+        ),
+        Extension(
+            "heimdall_proxy.conductor._u64map",
+            sources=["heimdall_proxy/conductor/_u64map.c"],
+            extra_compile_args=["-O2"],
+            optional=True,
+        ),
     ]
 )

@@ -16,11 +16,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from heimdall_proxy.conductor.model import Namespace, Removed, Stored, Stream
+from heimdall_proxy.conductor.tables import BlockMap, as_dict_map, new_map
 from heimdall_proxy.kvcache.index.keys import (
-    EngineEntry,
     engine_entries,
     event_keys,
-    evict_oldest,
     flatten_keys,
     parent_of,
 )
@@ -39,7 +38,9 @@ class EngineMaps:
         self.seed = seed
         self.max_keys = max_keys
         self.stats = stats
-        self.maps: dict[str, dict[Namespace, dict[int, EngineEntry]]] = {}
+        #: each a U64Map while its engine hashes are u64s and an engine block is one of
+        #: ours (conductor.tables), else a DictMap
+        self.maps: dict[str, dict[Namespace, BlockMap]] = {}
 
     def has(self, publisher: str) -> bool:
         """Whether `publisher` sent token ids with its own hashes (its removals name them)."""
@@ -97,11 +98,11 @@ class EngineMaps:
             if emap is not None and parent_hash is not None:
                 parent = emap.get(parent_hash)
         if emap is None:
-            emap = maps[stream.namespace] = {}
+            emap = maps[stream.namespace] = new_map()
         if hashes and hashes[0] in emap:
             known = list(map(emap.get, hashes))
             if None not in known:
-                return stream, flatten_keys(known)  # type: ignore[arg-type]  # stored elsewhere
+                return stream, flatten_keys(known)  # stored elsewhere
         if not ev.token_ids:  # an offloading event: move what is known
             return stream, flatten_keys(v for v in map(emap.get, hashes) if v is not None)
         parent_key: int | None = None
@@ -124,10 +125,18 @@ class EngineMaps:
             return None
         keys, per = computed
         # fewer keys than hashes when the tokens stop short: only blocks with keys are mapped
-        pairs = zip(hashes, keys, strict=False) if per == 1 else engine_entries(hashes, keys, per)
-        emap.update(pairs)
+        if per == 1:
+            try:
+                emap.set_many(hashes, keys)
+            except OverflowError:  # an engine hash that is no u64: a DictMap takes any int
+                emap = maps[ns] = as_dict_map(emap)
+                emap.set_many(hashes, keys)  # again, whole: setting is idempotent
+        else:  # an engine block spans several of ours: its entry is a tuple
+            wide = as_dict_map(emap)
+            wide.update(engine_entries(hashes, keys, per))
+            emap = maps[ns] = wide
         if len(emap) > self.max_keys:
-            evict_oldest(emap, self.max_keys)
+            emap.evict_oldest(self.max_keys)
         return stream, keys
 
     def removed(self, publisher: str, ev: Removed) -> Targets:

@@ -1,12 +1,13 @@
 """The conductor's prefix index: which (backend, DP rank) holds which standard sequence hash
 in which medium, per namespace.
 
-Per namespace, one dict per medium maps a sequence hash to a bitmask of sources (a source is
-a backend and DP rank; bit i is the source with index i), as the gateway's InMemoryIndex does
-for pods, so a lookup is a dict probe and a few integer operations per block whatever the
-number of instances; runs are walked by kvcache.index.walk.RunWalker. Unlike that index it
-keeps every medium under its own name (gpu, cpu, disk and anything else an engine reports)
-and answers per medium and per DP rank rather than one tier-weighted figure.
+Per namespace, one map per medium (conductor.tables: native while the namespace has at most
+64 sources) takes a sequence hash to a bitmask of sources (a source is a backend and DP
+rank; bit i is the source with index i), as the gateway's InMemoryIndex does for pods, so a
+lookup is a probe and a few integer operations per block whatever the number of instances;
+runs are walked by kvcache.index.walk.RunWalker. Unlike that index it keeps every medium
+under its own name (gpu, cpu, disk and anything else an engine reports) and answers per
+medium and per DP rank rather than one tier-weighted figure.
 
 Engines that do not use the standard hash send token ids: their blocks are keyed by hashes
 recomputed from the tokens, and a map from each publisher's engine hashes to ours is kept
@@ -18,17 +19,15 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from itertools import compress, repeat
-from operator import and_, or_
+from itertools import repeat
+from operator import or_
 
 from heimdall_proxy.conductor.engine_map import EngineMaps, Targets
 from heimdall_proxy.conductor.model import Cleared, Namespace, Removed, Stored, Stream
-from heimdall_proxy.kvcache.index.keys import evict_oldest
+from heimdall_proxy.conductor.tables import U64_LIMIT, BlockMap, as_dict_map, new_map
 from heimdall_proxy.kvcache.index.stats import KVCacheStats
 from heimdall_proxy.kvcache.index.walk import WALK_CHUNK, RunWalker
 
-#: Events of at most this many blocks are set a key at a time (see ConductorIndex._set).
-SMALL_EVENT = 4
 #: The media every answer names, even at 0 (tiers G1, G2, G3).
 STANDARD_MEDIA = ("gpu", "cpu", "disk")
 Source = tuple[str, int]  # (backend_id, dp_rank)
@@ -44,12 +43,12 @@ class InstanceHit:
 
 
 class _Space:
-    """One namespace: a dict per medium, and the bit of each source."""
+    """One namespace: a map per medium, and the bit of each source."""
 
     __slots__ = ("bits", "free", "media", "next_index", "sources")
 
     def __init__(self) -> None:
-        self.media: dict[str, dict[int, int]] = {}
+        self.media: dict[str, BlockMap] = {}
         self.bits: dict[Source, int] = {}
         self.sources: dict[int, Source] = {}
         self.free: list[int] = []
@@ -63,9 +62,18 @@ class _Space:
             else:
                 bit = 1 << self.next_index
                 self.next_index += 1
+                if bit == U64_LIMIT:  # a 65th source: masks no longer fit a U64Map
+                    for medium, table in self.media.items():
+                        self.media[medium] = as_dict_map(table)
             self.bits[source] = bit
             self.sources[bit] = source
         return bit
+
+    def medium(self, name: str) -> BlockMap:
+        table = self.media.get(name)
+        if table is None:
+            table = self.media[name] = new_map(wide=self.next_index > 64)
+        return table
 
     def release(self, source: Source) -> None:
         bit = self.bits.pop(source, None)
@@ -99,34 +107,10 @@ class ConductorIndex:
             space = self.spaces[ns] = _Space()
         return space
 
-    def _set(self, d: dict[int, int], bit: int, keys: Sequence[int]) -> None:
-        # all new: one C-level update; but a decode step's event stores a block or two, and
-        # a probe each costs less than building the keys view, the zip and the repeat
-        if len(keys) > SMALL_EVENT and d.keys().isdisjoint(keys):
-            d.update(zip(keys, repeat(bit)))
-        else:
-            get = d.get
-            for key in keys:
-                m = get(key, 0)
-                if not m & bit:
-                    d[key] = m | bit
+    def _set(self, d: BlockMap, bit: int, keys: Sequence[int]) -> None:
+        d.or_bits(keys, bit)
         if len(d) > self.max_keys:
-            self.stats.evicted_keys += evict_oldest(d, self.max_keys)
-
-    @staticmethod
-    def _unset(d: dict[int, int], bit: int, keys: Iterable[int]) -> int:
-        keep = ~bit
-        n = 0
-        for key in keys:
-            m = d.get(key)
-            if m is not None and m & bit:
-                n += 1
-                m &= keep
-                if m:
-                    d[key] = m
-                else:
-                    del d[key]
-        return n
+            self.stats.evicted_keys += d.evict_oldest(self.max_keys)
 
     def stored(self, publisher: str, ev: Stored) -> int:
         """Apply a `stored` event of `publisher`; returns the blocks indexed."""
@@ -142,10 +126,7 @@ class ConductorIndex:
         space = self.spaces.get(stream.namespace) or self._space(stream.namespace)
         source = (stream.backend_id, stream.dp_rank)
         bit = space.bits.get(source) or space.bit(source)
-        d = space.media.get(stream.medium)
-        if d is None:
-            d = space.media[stream.medium] = {}
-        self._set(d, bit, keys)
+        self._set(space.media.get(stream.medium) or space.medium(stream.medium), bit, keys)
         self.stats.stored_blocks += len(keys)
         return len(keys)
 
@@ -168,7 +149,7 @@ class ConductorIndex:
             bit = space.bits.get((stream.backend_id, stream.dp_rank)) if space else None
             d = space.media.get(stream.medium) if space else None
             if bit is not None and d is not None:
-                n += self._unset(d, bit, keys)
+                n += d.unset_bits(keys, bit)
         self.stats.removed_blocks += n
         return n
 
@@ -198,11 +179,10 @@ class ConductorIndex:
     def _drop_bit(self, space: _Space, bit: int, media: Iterable[str]) -> int:
         """Unset `bit` everywhere in `media` (clears, restarts, unregistering).
 
-        A sole source holds every key: the dict is emptied in C. Otherwise the keys that
-        hold the bit are found by a C-level scan (map and compress, no Python step per key)
-        and updated in place: at 6.4M keys ~0.25 s, where a Python pass rebuilding the dict
-        held the event loop (and every query) for ~3 s. A dict that lost more than half its
-        keys is copied, since deleting never shrinks a dict's table."""
+        A sole source holds every key: the map is emptied outright. Otherwise one pass in C
+        over the map (DictMap: a C-level scan, then updates in place) finds the keys that
+        hold it: at 6.4M keys a Python pass rebuilding a dict held the event loop (and every
+        query) for ~3 s."""
         n = 0
         sole = len(space.bits) == 1
         for medium in media:
@@ -212,11 +192,8 @@ class ConductorIndex:
             if sole:
                 n += len(d)
                 d.clear()
-                continue
-            before = len(d)
-            n += self._unset(d, bit, list(compress(d, map(and_, d.values(), repeat(bit)))))
-            if len(d) < before // 2:
-                space.media[medium] = dict(d)
+            else:
+                n += d.drop_bits(bit)
         return n
 
     def drop_source(self, tenant: str, source: Source, publisher: str | None = None) -> int:

@@ -48,6 +48,7 @@ from heimdall_proxy.conductor.standard import (
     decode_standard,
     to_event,
 )
+from heimdall_proxy.conductor.tables import warn_if_dict
 from heimdall_proxy.conductor.wire import Interned
 from heimdall_proxy.framework.types import Endpoint
 from heimdall_proxy.kvcache.events import EventBatch, decode_payload
@@ -165,6 +166,7 @@ class Conductor:
 
     async def start(self) -> None:
         warn_if_python(log)
+        warn_if_dict(log)
         self.preparer.start()
         for sub in self._subscribers():
             await sub.start()

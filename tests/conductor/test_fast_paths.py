@@ -18,6 +18,7 @@ from heimdall_proxy.conductor.service import Conductor
 
 BLOCK = 4
 NS = Namespace("m", BLOCK, "", "", "default")
+pytestmark = pytest.mark.usefixtures("map_kind")  # each test on U64Map, then on DictMap
 
 
 def plain_answer(

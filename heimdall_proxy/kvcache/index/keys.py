@@ -100,7 +100,7 @@ def evict_oldest(d: dict[int, Any], max_keys: int) -> int:
     deleted (none when `d` is within bounds)."""
     if len(d) <= max_keys:
         return 0
-    n = len(d) - max_keys + max(1, max_keys // 64)
+    n = min(len(d), len(d) - max_keys + max(1, max_keys // 64))
     for key in list(islice(d, n)):
         del d[key]
     return n
