@@ -15,6 +15,7 @@ RUN apt-get update \
     && apt-get install -y --no-install-recommends gcc libc6-dev \
     && pip install . \
     && python -P -c "from heimdall_proxy.kvcache.hashing import NATIVE; assert NATIVE" \
+    && python -P -c "from heimdall_proxy.kvcache.events import PACKS_TOKENS; assert PACKS_TOKENS" \
     && python -P -c "from heimdall_proxy.conductor.tables import NATIVE; assert NATIVE" \
     && apt-get purge -y gcc libc6-dev && apt-get autoremove -y \
     && rm -rf /var/lib/apt/lists/* \

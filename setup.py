@@ -1,5 +1,7 @@
-"""The compiled parts: kvcache/_chain.c, the XXH3 rolling block keys (kvcache.hashing), and
-conductor/_u64map.c, the conductor's maps from u64 to u64 (conductor.tables).
+"""The compiled parts: kvcache/_chain.c, the XXH3 rolling block keys (kvcache.hashing);
+kvcache/_tokens.c, vLLM event batches with their token ids packed as u32 before msgpack
+decodes them (kvcache.events); conductor/_u64map.c, the conductor's maps from u64 to u64
+(conductor.tables).
 
 Everything else is in pyproject.toml. The chain links the system's libxxhash (Debian's
 libxxhash0, which apt itself depends on). Both are optional: where one cannot be built, the
@@ -14,6 +16,12 @@ setup(
             sources=["heimdall_proxy/kvcache/_chain.c"],
             # the runtime library by its soname: no -dev package (header, .so link) needed
             extra_link_args=["-l:libxxhash.so.0"],
+            extra_compile_args=["-O2"],
+            optional=True,
+        ),
+        Extension(
+            "heimdall_proxy.kvcache._tokens",
+            sources=["heimdall_proxy/kvcache/_tokens.c"],
             extra_compile_args=["-O2"],
             optional=True,
         ),

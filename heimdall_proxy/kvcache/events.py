@@ -29,16 +29,34 @@ no integer) is counted in its batch's `invalid` and skipped; the batch's others 
 
 Block hashes are integers or bytes (vLLM's sha256 hashes); bytes are read as the big-endian
 integer of their last 8 bytes, as vLLM itself converts them, so every engine hash is an int.
+
+Token ids are read without an int object each where kvcache/_tokens.c is built: it rewrites
+a tagged-array BlockStored's ids as u32 bytes before msgpack decodes the batch, and they
+arrive here as array('I') (kvcache.hashing reads that as it is); elsewhere, a list.
 """
 
 from __future__ import annotations
 
 import logging
+import sys
+from array import array
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import msgpack
+
+_pack_token_ids: Callable[[bytes], bytes | None] | None
+try:  # kvcache/_tokens.c, built where the machine can
+    from heimdall_proxy.kvcache._tokens import pack_token_ids as _pack_token_ids
+except ImportError:  # pragma: no cover - an install without a C compiler
+    _pack_token_ids = None
+if sys.byteorder != "little":  # pragma: no cover - it packs little-endian u32s
+    _pack_token_ids = None
+#: Whether token ids are read as u32 arrays (kvcache/_tokens.c built) or as lists of ints.
+PACKS_TOKENS = _pack_token_ids is not None
+#: The u32 array typecode (the ids _tokens.c packed are read into one).
+_U32 = "I" if array("I").itemsize == 4 else "L"
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +84,8 @@ class EventDecodeError(ValueError):
 class BlockStored:
     block_hashes: list[int]
     parent_block_hash: int | None
-    token_ids: list[int]
+    #: a list, or array('I') when kvcache/_tokens.c packed them (see the module docstring)
+    token_ids: Sequence[int]
     block_size: int
     lora_name: str | None
     medium: str | None
@@ -174,9 +193,10 @@ def first_block_salt(extra_keys: Any, lora_name: str | None) -> str | None:
     return None
 
 
-def decode_event(raw: Any) -> KVEvent | None:
+def decode_event(raw: Any, packed: bool = False) -> KVEvent | None:
     """One event, or None for an event type this reader does not know. msgpack gives maps as
-    dicts and arrays as lists, so those are what is checked (a tuple is taken as an array)."""
+    dicts and arrays as lists, so those are what is checked (a tuple is taken as an array).
+    `packed`: the batch went through _tokens.c, whose token ids are bytes of u32."""
     if type(raw) is dict:
         tag = raw.get("type")
     elif isinstance(raw, _SEQUENCES) and raw:
@@ -189,7 +209,11 @@ def decode_event(raw: Any) -> KVEvent | None:
         )
         hashes = _hashes(hashes)
         if type(tokens) is not list:
-            if tokens is None:
+            if type(tokens) is bytes and packed:
+                ids = array(_U32)
+                ids.frombytes(tokens)
+                tokens = ids
+            elif tokens is None:
                 tokens = []
             elif isinstance(tokens, tuple):
                 tokens = list(tokens)
@@ -240,7 +264,10 @@ def unpack(payload: bytes) -> Any:
 
 def decode_batch(payload: bytes) -> EventBatch:
     """A msgpack payload -> EventBatch. Raises EventDecodeError."""
-    raw = unpack(payload)
+    packed = (
+        _pack_token_ids(payload) if _pack_token_ids is not None and type(payload) is bytes else None
+    )
+    raw = unpack(payload if packed is None else packed)
     if type(raw) is dict:
         ts, events, rank = raw.get("ts"), raw.get("events"), raw.get("data_parallel_rank")
     elif type(raw) is list and len(raw) >= 2:
@@ -254,7 +281,7 @@ def decode_batch(payload: bytes) -> EventBatch:
     unknown = invalid = 0
     for item in events:
         try:
-            event = decode_event(item)
+            event = decode_event(item, packed is not None)
         except EventDecodeError as exc:
             invalid += 1  # one malformed event: the batch's others still count
             log.debug("skipped a malformed KV event: %s", exc)

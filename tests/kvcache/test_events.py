@@ -12,12 +12,21 @@ from heimdall_proxy.kvcache.events import (
     BlockRemoved,
     BlockStored,
     EventDecodeError,
+    KVEvent,
     decode_batch,
     decode_event,
     engine_hash,
 )
 from heimdall_proxy.kvcache.index.tiers import tier_of
 from tests.kvcache.vllm_wire import batch, cleared, removed, stored
+
+
+def listed(events: list[KVEvent]) -> list[KVEvent]:
+    """`events` with token ids as lists (kvcache/_tokens.c delivers them as array('I'))."""
+    for ev in events:
+        if isinstance(ev, BlockStored):
+            ev.token_ids = list(ev.token_ids)
+    return events
 
 
 @pytest.mark.parametrize("shape", ["map", "array", "map-batch"])
@@ -29,7 +38,7 @@ def test_every_shape_decodes_the_same(shape: str) -> None:
     ]
     got = decode_batch(batch(events, shape, dp_rank=2))
     assert got.dp_rank == 2 and got.ts > 0 and got.unknown == 0
-    assert got.events == [
+    assert listed(got.events) == [
         BlockStored([11, 12], 10, list(range(32)), 16, "ad", "CPU", 3),
         BlockRemoved([11], None),
         AllBlocksCleared(),
@@ -61,11 +70,12 @@ def test_older_and_newer_field_lists() -> None:
             [["BlockStored", [1], None, [5] * 16, 16, None, "GPU", None, [None], 0, "full", None]],
         ]
     )
-    assert decode_batch(new).events[0] == BlockStored([1], None, [5] * 16, 16, None, "GPU")
+    assert listed(decode_batch(new).events) == [BlockStored([1], None, [5] * 16, 16, None, "GPU")]
     newer_map = msgpack.packb(
         {"ts": 1.0, "events": [{**stored([1], [5] * 16), "extra_keys": [None], "group_idx": 0}]}
     )
-    assert decode_batch(newer_map).events[0] == BlockStored([1], None, [5] * 16, 16, None, "GPU")
+    want = [BlockStored([1], None, [5] * 16, 16, None, "GPU")]
+    assert listed(decode_batch(newer_map).events) == want
     no_rank = msgpack.packb([1.0, [["AllBlocksCleared"]]])
     assert decode_batch(no_rank).dp_rank is None
 

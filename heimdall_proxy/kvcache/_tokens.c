@@ -1,0 +1,493 @@
+/* pack_token_ids: a vLLM KV-event batch with its token ids as u32 bytes, before msgpack
+ * decodes it (kvcache.events).
+ *
+ * A prefill's BlockStored event carries every token of its blocks: 512 ids for 32 blocks of
+ * 16. Decoded by msgpack they become 512 int objects, made only to be converted back to u32
+ * for hashing (kvcache.hashing) and freed: that was most of the decode of a vLLM batch and
+ * ~0.25 us of each block's ingest. Here the payload is walked once, without decoding it, and
+ * each such array of ids is rewritten as one msgpack bin of little-endian u32s; msgpack
+ * then decodes the batch as before, each token list as one bytes object, which
+ * kvcache.events reads as array('I').
+ *
+ * Rewritten: the token_ids of a BlockStored event in vLLM's tagged-array form
+ * (["BlockStored", hashes, parent, token_ids, ...]) or of any event in the map form
+ * ({"type": ..., "token_ids": ...}: only a BlockStored's are read), in a batch that is an
+ * array ([ts, events, ...]) or a map with "events", when they are an array of integers in
+ * [0, 2**32). Anything else (an id out of range, a payload that is not msgpack or ends
+ * early) is left as it is, for the decoder's own checks. If token_ids is already a bin somewhere, the payload is not
+ * rewritten at all (None), so the decoder still refuses it. Little-endian hosts only: the
+ * Python side does not call in on a big-endian one.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+
+typedef struct {
+    const uint8_t *p;
+    size_t len;
+    size_t pos;
+} Reader;
+
+static int
+need(const Reader *r, size_t n)
+{
+    return r->len - r->pos >= n;
+}
+
+static uint64_t
+be(const uint8_t *p, int n)
+{
+    uint64_t v = 0;
+    for (int i = 0; i < n; i++) {
+        v = (v << 8) | p[i];
+    }
+    return v;
+}
+
+/* The header at r->pos: kind (see below), its length or value, and its size in bytes.
+ * Returns 0, or -1 when the payload ends early or the byte is never used (0xc1). */
+enum { K_SCALAR, K_ARRAY, K_MAP, K_STR, K_BIN, K_UINT, K_INT };
+
+static int
+header(const Reader *r, int *kind, uint64_t *n, size_t *size)
+{
+    if (!need(r, 1)) {
+        return -1;
+    }
+    const uint8_t *p = r->p + r->pos;
+    const uint8_t b = p[0];
+    size_t extra = 0; /* payload bytes of a scalar */
+    *size = 1;
+    *n = 0;
+    if (b <= 0x7f) {
+        *kind = K_UINT;
+        *n = b;
+        return 0;
+    }
+    if (b >= 0xe0) {
+        *kind = K_INT; /* negative fixint */
+        *n = (uint64_t)(int64_t)(int8_t)b;
+        return 0;
+    }
+    if (b <= 0x8f || (b >= 0x90 && b <= 0x9f)) {
+        *kind = b <= 0x8f ? K_MAP : K_ARRAY;
+        *n = b & 0x0f;
+        return 0;
+    }
+    if (b <= 0xbf) {
+        *kind = K_STR;
+        *n = b & 0x1f;
+        return 0;
+    }
+    int lenbytes = 0;
+    switch (b) {
+    case 0xc0: /* nil */
+    case 0xc2: /* false */
+    case 0xc3: /* true */
+        *kind = K_SCALAR;
+        return 0;
+    case 0xc4: case 0xc5: case 0xc6:
+        *kind = K_BIN;
+        lenbytes = 1 << (b - 0xc4);
+        break;
+    case 0xc7: case 0xc8: case 0xc9: /* ext: length, type byte, data */
+        lenbytes = 1 << (b - 0xc7);
+        if (!need(r, 1 + (size_t)lenbytes + 1)) {
+            return -1;
+        }
+        *kind = K_SCALAR;
+        *size = 1 + (size_t)lenbytes + 1 + (size_t)be(p + 1, lenbytes);
+        return 0;
+    case 0xca: extra = 4; break;
+    case 0xcb: extra = 8; break;
+    case 0xcc: case 0xcd: case 0xce: case 0xcf:
+        if (!need(r, 1 + ((size_t)1 << (b - 0xcc)))) {
+            return -1;
+        }
+        *kind = K_UINT;
+        *n = be(p + 1, 1 << (b - 0xcc));
+        *size = 1 + ((size_t)1 << (b - 0xcc));
+        return 0;
+    case 0xd0: case 0xd1: case 0xd2: case 0xd3: {
+        const int w = 1 << (b - 0xd0);
+        if (!need(r, 1 + (size_t)w)) {
+            return -1;
+        }
+        uint64_t raw = be(p + 1, w);
+        int64_t v = w == 8 ? (int64_t)raw : (int64_t)(raw ^ (1ULL << (8 * w - 1))) -
+                                                (int64_t)(1ULL << (8 * w - 1));
+        *kind = K_INT;
+        *n = (uint64_t)v;
+        *size = 1 + (size_t)w;
+        return 0;
+    }
+    case 0xd4: extra = 2; break;  /* fixext 1: type + 1 */
+    case 0xd5: extra = 3; break;
+    case 0xd6: extra = 5; break;
+    case 0xd7: extra = 9; break;
+    case 0xd8: extra = 17; break;
+    case 0xd9: case 0xda: case 0xdb:
+        *kind = K_STR;
+        lenbytes = 1 << (b - 0xd9);
+        break;
+    case 0xdc: case 0xdd:
+        *kind = K_ARRAY;
+        lenbytes = 2 << (b - 0xdc);
+        break;
+    case 0xde: case 0xdf:
+        *kind = K_MAP;
+        lenbytes = 2 << (b - 0xde);
+        break;
+    default: /* 0xc1 */
+        return -1;
+    }
+    if (lenbytes) {
+        if (!need(r, 1 + (size_t)lenbytes)) {
+            return -1;
+        }
+        *n = be(p + 1, lenbytes);
+        *size = 1 + (size_t)lenbytes;
+        return 0;
+    }
+    *kind = K_SCALAR;
+    *size = 1 + extra;
+    return 0;
+}
+
+/* Skip one object (and everything in it). 0, or -1 for a payload that ends early. */
+static int
+skip(Reader *r)
+{
+    uint64_t pending = 1;
+    while (pending) {
+        int kind;
+        uint64_t n;
+        size_t size;
+        if (header(r, &kind, &n, &size) < 0 || !need(r, size)) {
+            return -1;
+        }
+        r->pos += size;
+        pending--;
+        if (kind == K_STR || kind == K_BIN) {
+            if (!need(r, n)) {
+                return -1;
+            }
+            r->pos += n;
+        }
+        else if (kind == K_ARRAY || kind == K_MAP) {
+            const uint64_t items = kind == K_MAP ? 2 * n : n;
+            if (items > r->len - r->pos) {
+                return -1; /* each item is a byte at least */
+            }
+            pending += items;
+        }
+    }
+    return 0;
+}
+
+/* Whether the object at r->pos is the string `s` (r->pos is not moved). */
+static int
+is_str(const Reader *r, const char *s)
+{
+    int kind;
+    uint64_t n;
+    size_t size;
+    const size_t len = strlen(s);
+    return header(r, &kind, &n, &size) == 0 && kind == K_STR && n == len &&
+           need(r, size + len) && memcmp(r->p + r->pos + size, s, len) == 0;
+}
+
+/* A token array to rewrite: where it starts and ends in the payload, its ids. */
+typedef struct {
+    size_t start, end;
+    size_t first; /* index of its first id in `ids` */
+    size_t count;
+} Span;
+
+typedef struct {
+    Span *spans;
+    size_t nspans, capspans;
+    uint32_t *ids;
+    size_t nids, capids;
+    int refuse; /* a token_ids already given as a bin: leave the payload alone */
+} Plan;
+
+static int
+grow(void **buf, size_t *cap, size_t want, size_t item)
+{
+    if (want <= *cap) {
+        return 0;
+    }
+    size_t cap2 = *cap ? *cap : 16;
+    while (cap2 < want) {
+        cap2 *= 2;
+    }
+    void *p = PyMem_Realloc(*buf, cap2 * item);
+    if (p == NULL) {
+        return -1;
+    }
+    *buf = p;
+    *cap = cap2;
+    return 0;
+}
+
+/* The token_ids array at r->pos: read into the plan when every id is a u32, else skipped.
+ * 0; -1 for an early end; -2 out of memory. */
+static int
+tokens(Reader *r, Plan *plan)
+{
+    int kind;
+    uint64_t n;
+    size_t size;
+    const size_t start = r->pos;
+    if (header(r, &kind, &n, &size) < 0) {
+        return -1;
+    }
+    if (kind == K_BIN) {
+        plan->refuse = 1;
+    }
+    if (kind != K_ARRAY || n == 0 || n > r->len - r->pos) {
+        return skip(r);
+    }
+    if (grow((void **)&plan->ids, &plan->capids, plan->nids + n, sizeof(uint32_t)) < 0) {
+        return -2;
+    }
+    r->pos += size;
+    uint32_t *out = plan->ids + plan->nids;
+    for (uint64_t i = 0; i < n; i++) {
+        uint64_t v;
+        /* the usual encodings of an id first: fixint, uint8, uint16, uint32 */
+        const uint8_t *p = r->p + r->pos;
+        const size_t left = r->len - r->pos;
+        if (left >= 1 && p[0] <= 0x7f) {
+            out[i] = p[0];
+            r->pos += 1;
+            continue;
+        }
+        if (left >= 3 && p[0] == 0xcd) {
+            out[i] = (uint32_t)p[1] << 8 | p[2];
+            r->pos += 3;
+            continue;
+        }
+        if (left >= 5 && p[0] == 0xce) {
+            out[i] = (uint32_t)p[1] << 24 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 8 | p[4];
+            r->pos += 5;
+            continue;
+        }
+        if (header(r, &kind, &v, &size) < 0) {
+            return -1;
+        }
+        if ((kind != K_UINT && kind != K_INT) || v > UINT32_MAX) {
+            r->pos = start; /* not all u32 (a negative int reads as > u32 too): as is */
+            return skip(r);
+        }
+        out[i] = (uint32_t)v;
+        r->pos += size;
+    }
+    if (grow((void **)&plan->spans, &plan->capspans, plan->nspans + 1, sizeof(Span)) < 0) {
+        return -2;
+    }
+    plan->spans[plan->nspans++] = (Span){start, r->pos, plan->nids, (size_t)n};
+    plan->nids += n;
+    return 0;
+}
+
+/* The events array at r->pos. 0, -1 (early end), -2 (memory). */
+static int
+events(Reader *r, Plan *plan)
+{
+    int kind;
+    uint64_t n;
+    size_t size;
+    if (header(r, &kind, &n, &size) < 0) {
+        return -1;
+    }
+    if (kind != K_ARRAY) {
+        return skip(r);
+    }
+    r->pos += size;
+    for (uint64_t e = 0; e < n; e++) {
+        uint64_t fields;
+        if (header(r, &kind, &fields, &size) < 0) {
+            return -1;
+        }
+        if (kind == K_MAP) { /* {"type": ..., "token_ids": [...], ...}: any type's ids */
+            r->pos += size;
+            for (uint64_t f = 0; f < fields; f++) {
+                const int ids = is_str(r, "token_ids");
+                int rc = skip(r) < 0 ? -1 : ids ? tokens(r, plan) : skip(r);
+                if (rc < 0) {
+                    return rc;
+                }
+            }
+            continue;
+        }
+        if (kind != K_ARRAY || fields < 4) {
+            if (skip(r) < 0) {
+                return -1;
+            }
+            continue;
+        }
+        r->pos += size;
+        if (!is_str(r, "BlockStored")) {
+            for (uint64_t f = 0; f < fields; f++) {
+                if (skip(r) < 0) {
+                    return -1;
+                }
+            }
+            continue;
+        }
+        /* tag, block_hashes, parent_block_hash; then token_ids; then the rest */
+        if (skip(r) < 0 || skip(r) < 0 || skip(r) < 0) {
+            return -1;
+        }
+        int rc = tokens(r, plan);
+        if (rc < 0) {
+            return rc;
+        }
+        for (uint64_t f = 4; f < fields; f++) {
+            if (skip(r) < 0) {
+                return -1;
+            }
+        }
+    }
+    return 0;
+}
+
+/* The batch: [ts, events, ...] or a map with "events". */
+static int
+batch(Reader *r, Plan *plan)
+{
+    int kind;
+    uint64_t n;
+    size_t size;
+    if (header(r, &kind, &n, &size) < 0) {
+        return -1;
+    }
+    r->pos += size;
+    if (kind == K_ARRAY) {
+        if (n < 2 || skip(r) < 0) {
+            return -1;
+        }
+        return events(r, plan);
+    }
+    if (kind != K_MAP) {
+        return -1;
+    }
+    for (uint64_t i = 0; i < n; i++) {
+        const int wanted = is_str(r, "events");
+        if (skip(r) < 0) {
+            return -1;
+        }
+        int rc = wanted ? events(r, plan) : skip(r);
+        if (rc < 0) {
+            return rc;
+        }
+    }
+    return 0;
+}
+
+static size_t
+bin_header_size(size_t bytes)
+{
+    return bytes <= 0xff ? 2 : bytes <= 0xffff ? 3 : 5;
+}
+
+static size_t
+bin_header(uint8_t *out, size_t bytes)
+{
+    if (bytes <= 0xff) {
+        out[0] = 0xc4;
+        out[1] = (uint8_t)bytes;
+        return 2;
+    }
+    if (bytes <= 0xffff) {
+        out[0] = 0xc5;
+        out[1] = (uint8_t)(bytes >> 8);
+        out[2] = (uint8_t)bytes;
+        return 3;
+    }
+    out[0] = 0xc6;
+    for (int i = 0; i < 4; i++) {
+        out[1 + i] = (uint8_t)(bytes >> (24 - 8 * i));
+    }
+    return 5;
+}
+
+PyDoc_STRVAR(pack_token_ids_doc,
+             "pack_token_ids(payload) -> bytes | None\n\n"
+             "The vLLM event batch `payload` (bytes) with each BlockStored's token ids as a\n"
+             "msgpack bin of little-endian u32 (see the module); None when nothing is\n"
+             "rewritten.");
+
+static PyObject *
+pack_token_ids(PyObject *module, PyObject *arg)
+{
+    (void)module;
+    if (!PyBytes_Check(arg)) {
+        PyErr_SetString(PyExc_TypeError, "payload must be bytes");
+        return NULL;
+    }
+    Reader r = {(const uint8_t *)PyBytes_AS_STRING(arg), (size_t)PyBytes_GET_SIZE(arg), 0};
+    Plan plan = {0};
+    PyObject *out = NULL;
+    const int rc = batch(&r, &plan);
+    if (rc == -2) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    if (rc < 0 || plan.refuse || plan.nspans == 0) {
+        out = Py_None; /* not ours to fix: the decoder says what is wrong */
+        Py_INCREF(out);
+        goto done;
+    }
+    size_t total = r.len;
+    for (size_t i = 0; i < plan.nspans; i++) {
+        const Span *s = &plan.spans[i];
+        total = total - (s->end - s->start) + bin_header_size(4 * s->count) + 4 * s->count;
+    }
+    out = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)total);
+    if (out == NULL) {
+        goto done;
+    }
+    uint8_t *w = (uint8_t *)PyBytes_AS_STRING(out);
+    size_t from = 0;
+    for (size_t i = 0; i < plan.nspans; i++) {
+        const Span *s = &plan.spans[i];
+        memcpy(w, r.p + from, s->start - from);
+        w += s->start - from;
+        w += bin_header(w, 4 * s->count);
+        memcpy(w, plan.ids + s->first, 4 * s->count);
+        w += 4 * s->count;
+        from = s->end;
+    }
+    memcpy(w, r.p + from, r.len - from);
+done:
+    PyMem_Free(plan.spans);
+    PyMem_Free(plan.ids);
+    return out;
+}
+
+static PyMethodDef methods[] = {
+    {"pack_token_ids", (PyCFunction)pack_token_ids, METH_O, pack_token_ids_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT,
+    "heimdall_proxy.kvcache._tokens",
+    "vLLM KV-event batches with their token ids packed as u32 (see kvcache.events).",
+    0,
+    methods,
+    NULL,
+    NULL,
+    NULL,
+    NULL,
+};
+
+PyMODINIT_FUNC
+PyInit__tokens(void)
+{
+    return PyModuleDef_Init(&module);
+}
