@@ -5,16 +5,16 @@
  * (the engine's hash -> our key). As dicts of ints every entry also costs two long-lived int
  * objects (~130 bytes a block with the dict's own slots), and at millions of blocks writing
  * them is mostly cache and page misses: at 64 x 100,000 vLLM blocks the two dict updates
- * took ~0.8 us of the ~1.8 us each block cost. Here an entry is 24 bytes in one array and a
- * write makes no object.
+ * took ~0.8 us of the ~1.8 us each block cost.
  *
- * Open addressing with linear probing (the key mixed first: engine hashes may be small or
- * sequential) and backward-shift deletion, so there are no tombstones. Order: every first
- * write takes the next serial, kept in the slot and appended to a queue of (key, serial);
- * a queued pair whose slot is gone or holds a newer serial is stale and skipped, and the
- * queue is compacted when it fills. `evict_oldest` reads it front first, as
- * kvcache.index.keys.evict_oldest reads a dict, with the same count. The value is free
- * (0 allowed): a slot is in use when its serial is not 0.
+ * The layout is CPython's dict's, without objects: entries (key, value) are appended in an
+ * array, in the order they were first written, and an index of 8-byte slots (the entry's
+ * position and 32 bits of the key's hash) is probed linearly. A new key thus costs one
+ * random write in a table of 8-byte slots and one write at the end of the entries; its key
+ * is read back only when the hash bits match. Deleting frees the index slot (shifting back
+ * the probe run after it, so there are no tombstones) and marks the entry dead; dead entries
+ * are squeezed out, order kept, when the entries array fills. `evict_oldest` deletes from
+ * the front of it, with the count kvcache.index.keys.evict_oldest gives for a dict.
  *
  * Reads are lenient like dict.get: a key that is no int in [0, 2**64) is simply absent.
  * Writes are strict: such a key or value raises OverflowError or TypeError (conductor.tables
@@ -31,26 +31,24 @@
 typedef struct {
     uint64_t key;
     uint64_t value;
-    uint64_t serial; /* 0: the slot is free */
-} Slot;
+} Entry;
 
-typedef struct {
-    uint64_t key;
-    uint64_t serial;
-} Written;
+/* entries hold at most this many (a slot keeps a position + 1 in 32 bits) */
+#define MAX_ENTRIES ((size_t)UINT32_MAX - 1)
 
 typedef struct {
     PyObject_HEAD
-    Slot *slots;
-    size_t cap; /* 0 or a power of two */
-    size_t used;
-    uint64_t serial; /* the last one given */
-    Written *order;  /* first writes, oldest first, from `head` to `tail` */
-    size_t head, tail, order_cap;
+    uint64_t *index; /* cap slots: 0 free, else hash32 << 32 | (position + 1) */
+    size_t cap;      /* 0 or a power of two, at most 2**32 */
+    Entry *entries;  /* first-written order */
+    uint8_t *dead;   /* per entry: deleted */
+    size_t nentries, entries_cap;
+    size_t first; /* every entry before it is dead */
+    size_t used;  /* live entries (= index slots in use) */
 } U64Map;
 
-static inline size_t
-home(uint64_t key, size_t mask)
+static inline uint32_t
+hash32(uint64_t key)
 {
     /* murmur3's finaliser: engine hashes in tests and some engines are small integers */
     key ^= key >> 33;
@@ -58,38 +56,66 @@ home(uint64_t key, size_t mask)
     key ^= key >> 33;
     key *= 0xc4ceb9fe1a85ec53ULL;
     key ^= key >> 33;
-    return (size_t)key & mask;
+    return (uint32_t)key;
 }
 
-static Slot *
-find(const U64Map *m, uint64_t key)
+static inline uint64_t
+slot_of(uint32_t h, size_t pos)
+{
+    return (uint64_t)h << 32 | (uint64_t)(pos + 1);
+}
+
+static inline uint32_t
+slot_hash(uint64_t slot)
+{
+    return (uint32_t)(slot >> 32);
+}
+
+static inline size_t
+slot_pos(uint64_t slot)
+{
+    return (size_t)(uint32_t)slot - 1;
+}
+
+/* The position of `key` among the entries, and its index slot in *slot; -1 if absent. */
+static Py_ssize_t
+lookup(const U64Map *m, uint64_t key, size_t *slot)
 {
     if (m->cap == 0) {
-        return NULL;
+        return -1;
     }
+    const uint32_t h = hash32(key);
     const size_t mask = m->cap - 1;
-    for (size_t i = home(key, mask);; i = (i + 1) & mask) {
-        Slot *s = &m->slots[i];
-        if (s->serial == 0) {
-            return NULL;
+    for (size_t i = h & mask;; i = (i + 1) & mask) {
+        const uint64_t s = m->index[i];
+        if (s == 0) {
+            return -1;
         }
-        if (s->key == key) {
-            return s;
+        if (slot_hash(s) == h && m->entries[slot_pos(s)].key == key) {
+            *slot = i;
+            return (Py_ssize_t)slot_pos(s);
         }
     }
+}
+
+static Entry *
+find(const U64Map *m, uint64_t key)
+{
+    size_t slot;
+    const Py_ssize_t pos = lookup(m, key, &slot);
+    return pos < 0 ? NULL : &m->entries[pos];
 }
 
 #define HUGE_PAGE ((size_t)2 << 20)
 
-/* A zeroed table of `cap` slots. A big one is aligned to 2 MiB and asks for huge pages
- * (where the kernel gives them on request): a probe lands anywhere in hundreds of MiB, and
- * with 4 KiB pages nearly every one also missed the TLB. Zeroed by writing, not by calloc's
- * lazily mapped zero pages, which the first probe reads and the first write then faults on
- * again: those faults were a tenth of ingest at millions of keys. */
-static Slot *
-new_slots(size_t cap)
+/* A zeroed index of `cap` slots. A big one is aligned to 2 MiB and asks for huge pages
+ * (where the kernel gives them on request): a probe lands anywhere in it, and with 4 KiB
+ * pages nearly every one also missed the TLB. Zeroed by writing, not by calloc's lazily
+ * mapped zero pages, which the first probe reads and the first write then faults on again. */
+static uint64_t *
+new_index(size_t cap)
 {
-    const size_t bytes = cap * sizeof(Slot);
+    const size_t bytes = cap * sizeof(uint64_t);
     void *p = NULL;
     if (bytes >= 2 * HUGE_PAGE) {
         if (posix_memalign(&p, HUGE_PAGE, bytes) != 0) {
@@ -110,34 +136,34 @@ new_slots(size_t cap)
     return p;
 }
 
-/* Move every slot in use to a new table of `cap` slots (a power of two, > used). */
+/* A new index of `cap` slots (a power of two, more than used) over the live entries. */
 static int
-rehash(U64Map *m, size_t cap)
+reindex(U64Map *m, size_t cap)
 {
-    Slot *slots = new_slots(cap);
-    if (slots == NULL) {
+    uint64_t *index = new_index(cap);
+    if (index == NULL) {
         PyErr_NoMemory();
         return -1;
     }
     const size_t mask = cap - 1;
-    for (size_t j = 0; j < m->cap; j++) {
-        const Slot *s = &m->slots[j];
-        if (s->serial == 0) {
+    for (size_t pos = m->first; pos < m->nentries; pos++) {
+        if (m->dead[pos]) {
             continue;
         }
-        size_t i = home(s->key, mask);
-        while (slots[i].serial != 0) {
+        const uint32_t h = hash32(m->entries[pos].key);
+        size_t i = h & mask;
+        while (index[i] != 0) {
             i = (i + 1) & mask;
         }
-        slots[i] = *s;
+        index[i] = slot_of(h, pos);
     }
-    free(m->slots);
-    m->slots = slots;
+    free(m->index);
+    m->index = index;
     m->cap = cap;
     return 0;
 }
 
-/* The smallest table that holds `used` entries at a load of at most 3/4. */
+/* The smallest index that holds `used` keys at a load of at most 3/4. */
 static size_t
 fitting(size_t used)
 {
@@ -148,104 +174,129 @@ fitting(size_t used)
     return cap;
 }
 
-/* Keep only the live pairs of the order queue (a probe each), in a queue of twice their
- * number: after many deletions, or when a shrunk table makes most of it stale. */
-static int
-filter_order(U64Map *m)
+/* Move the live entries to the front, in order (the index must be rebuilt after). */
+static void
+squeeze(U64Map *m)
 {
     size_t out = 0;
-    for (size_t i = m->head; i < m->tail; i++) {
-        const Written w = m->order[i];
-        const Slot *s = find(m, w.key);
-        if (s != NULL && s->serial == w.serial) {
-            m->order[out++] = w;
+    for (size_t pos = m->first; pos < m->nentries; pos++) {
+        if (!m->dead[pos]) {
+            m->entries[out] = m->entries[pos];
+            m->dead[out++] = 0;
         }
     }
-    m->head = 0;
-    m->tail = out;
-    size_t want = 2 * out + 16;
-    if (want > m->order_cap || want * 4 < m->order_cap) {
-        Written *order = PyMem_RawRealloc(m->order, want * sizeof(Written));
-        if (order == NULL) {
-            PyErr_NoMemory();
-            return -1;
-        }
-        m->order = order;
-        m->order_cap = want;
+    m->nentries = out;
+    m->first = 0;
+}
+
+static int
+resize_entries(U64Map *m, size_t cap)
+{
+    Entry *entries = PyMem_RawRealloc(m->entries, cap * sizeof(Entry));
+    if (entries == NULL) {
+        PyErr_NoMemory();
+        return -1;
     }
+    m->entries = entries;
+    uint8_t *dead = PyMem_RawRealloc(m->dead, cap);
+    if (dead == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    m->dead = dead;
+    m->entries_cap = cap;
     return 0;
 }
 
-/* Room at the end of a full order queue. Each live key has one pair there, so the stale
- * pairs (a key since deleted or written again) are counted without a look: under a fifth
- * of the queue, with nothing evicted from its front, it just grows (filtering costs a
- * probe per pair, a cache miss each at millions of keys). */
+/* Room for `extra` more keys with no move in between: entries squeezed (if a quarter or more
+ * are dead) or grown, the index grown to keep its load at most 3/4. */
 static int
-compact_order(U64Map *m)
+room(U64Map *m, size_t extra)
 {
-    if ((m->tail - m->head - m->used) * 5 < m->tail - m->head && m->head == 0) {
-        size_t want = 2 * m->order_cap + 16;
-        Written *order = PyMem_RawRealloc(m->order, want * sizeof(Written));
-        if (order == NULL) {
-            PyErr_NoMemory();
-            return -1;
-        }
-        m->order = order;
-        m->order_cap = want;
-        return 0;
+    if (m->used + extra > MAX_ENTRIES) {
+        PyErr_SetString(PyExc_OverflowError, "U64Map holds at most 2**32 - 2 keys");
+        return -1;
     }
-    return filter_order(m);
+    int squeezed = 0;
+    if (m->nentries + extra > m->entries_cap) {
+        /* positions must stay below MAX_ENTRIES: squeeze then, however few are dead */
+        if (((m->nentries - m->used) * 4 >= m->nentries && m->used + extra <= m->entries_cap) ||
+            m->nentries + extra > MAX_ENTRIES) {
+            squeeze(m);
+            squeezed = 1;
+        }
+        if (m->nentries + extra > m->entries_cap) {
+            size_t cap = m->entries_cap ? 2 * m->entries_cap : 16;
+            while (cap < m->nentries + extra) {
+                cap *= 2;
+            }
+            if (resize_entries(m, cap) < 0) {
+                return -1;
+            }
+        }
+    }
+    size_t cap = m->cap ? m->cap : 16;
+    while ((m->used + extra) * 4 > cap * 3) {
+        cap *= 2;
+    }
+    return squeezed || cap != m->cap ? reindex(m, cap) : 0;
 }
 
-/* The slot of `key`, added (value 0, next serial) when absent; NULL on error. */
-static Slot *
+/* The entry of `key`, added (value 0, after every other) when absent; NULL on error. */
+static Entry *
 upsert(U64Map *m, uint64_t key)
 {
-    if ((m->used + 1) * 4 > m->cap * 3 && rehash(m, m->cap ? m->cap * 2 : 16) < 0) {
-        return NULL; /* (write_many reserved the room: never taken there) */
+    if (room(m, 1) < 0) {
+        return NULL;
     }
+    const uint32_t h = hash32(key);
     const size_t mask = m->cap - 1;
-    size_t i = home(key, mask);
+    size_t i = h & mask;
     for (;; i = (i + 1) & mask) {
-        Slot *s = &m->slots[i];
-        if (s->serial == 0) {
+        const uint64_t s = m->index[i];
+        if (s == 0) {
             break;
         }
-        if (s->key == key) {
-            return s;
+        if (slot_hash(s) == h && m->entries[slot_pos(s)].key == key) {
+            return &m->entries[slot_pos(s)];
         }
     }
-    if (m->tail == m->order_cap && compact_order(m) < 0) {
-        return NULL; /* compacting finds slots but moves none: `i` stays valid */
-    }
-    Slot *s = &m->slots[i];
-    s->key = key;
-    s->value = 0;
-    s->serial = ++m->serial;
+    const size_t pos = m->nentries++;
+    m->entries[pos] = (Entry){key, 0};
+    m->dead[pos] = 0;
+    m->index[i] = slot_of(h, pos);
     m->used++;
-    m->order[m->tail++] = (Written){key, s->serial};
-    return s;
+    return &m->entries[pos];
 }
 
-/* Free slot `s`, shifting back the run after it so that no probe stops short. */
+/* Delete the entry at `pos`, whose index slot is `slot`: the slot is freed and the probe
+ * run after it shifted back, so that no probe stops short. */
 static void
-delete_slot(U64Map *m, Slot *s)
+delete_at(U64Map *m, size_t pos, size_t slot)
 {
     const size_t mask = m->cap - 1;
-    size_t hole = (size_t)(s - m->slots);
+    size_t hole = slot;
     for (size_t j = (hole + 1) & mask;; j = (j + 1) & mask) {
-        Slot *t = &m->slots[j];
-        if (t->serial == 0) {
+        const uint64_t s = m->index[j];
+        if (s == 0) {
             break;
         }
-        /* t may fill the hole if the hole lies between its home and j */
-        if (((j - home(t->key, mask)) & mask) >= ((j - hole) & mask)) {
-            m->slots[hole] = *t;
+        /* s may fill the hole if the hole lies between its home and j */
+        if (((j - (slot_hash(s) & mask)) & mask) >= ((j - hole) & mask)) {
+            m->index[hole] = s;
             hole = j;
         }
     }
-    m->slots[hole].serial = 0;
-    m->used--;
+    m->index[hole] = 0;
+    m->dead[pos] = 1;
+    if (--m->used == 0) {
+        m->nentries = m->first = 0; /* all dead: start the array over */
+    }
+    else {
+        while (m->dead[m->first]) {
+            m->first++;
+        }
+    }
 }
 
 /* ---- sequences of u64: a list or tuple of ints, or a buffer of 8-byte unsigned ---------- */
@@ -346,11 +397,13 @@ U64Map_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 static void
 release(U64Map *m)
 {
-    free(m->slots);
-    PyMem_RawFree(m->order);
-    m->slots = NULL;
-    m->order = NULL;
-    m->cap = m->used = m->head = m->tail = m->order_cap = 0;
+    free(m->index);
+    PyMem_RawFree(m->entries);
+    PyMem_RawFree(m->dead);
+    m->index = NULL;
+    m->entries = NULL;
+    m->dead = NULL;
+    m->cap = m->used = m->nentries = m->entries_cap = m->first = 0;
 }
 
 static void
@@ -377,7 +430,7 @@ static PyObject *
 U64Map_subscript(U64Map *m, PyObject *key)
 {
     uint64_t k;
-    const Slot *s = lookup_key(key, &k) ? find(m, k) : NULL;
+    const Entry *s = lookup_key(key, &k) ? find(m, k) : NULL;
     if (s == NULL) {
         PyErr_SetObject(PyExc_KeyError, key);
         return NULL;
@@ -395,7 +448,7 @@ U64Map_get(U64Map *m, PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     }
     uint64_t k;
-    const Slot *s = lookup_key(args[0], &k) ? find(m, k) : NULL;
+    const Entry *s = lookup_key(args[0], &k) ? find(m, k) : NULL;
     if (s != NULL) {
         return PyLong_FromUnsignedLongLong(s->value);
     }
@@ -408,17 +461,6 @@ U64Map_get(U64Map *m, PyObject *const *args, Py_ssize_t nargs)
  * first (a table of millions of keys misses the cache on nearly every probe, and misses
  * issued together overlap), then written in order. */
 #define CHUNK 32
-
-/* Make room for `extra` more keys without a rehash in between. */
-static int
-reserve(U64Map *m, size_t extra)
-{
-    size_t cap = m->cap ? m->cap : 16;
-    while ((m->used + extra) * 4 > cap * 3) {
-        cap *= 2;
-    }
-    return cap == m->cap ? 0 : rehash(m, cap);
-}
 
 /* map[keys[i]] = values[i] (values given) or map[keys[i]] |= bit, for i < n. */
 static int
@@ -433,15 +475,15 @@ write_many(U64Map *m, const Seq *keys, const Seq *values, uint64_t bit, Py_ssize
                 return -1;
             }
         }
-        if (reserve(m, (size_t)len) < 0) {
+        if (room(m, (size_t)len) < 0) {
             return -1;
         }
         const size_t mask = m->cap - 1;
         for (Py_ssize_t i = 0; i < len; i++) {
-            __builtin_prefetch(&m->slots[home(ks[i], mask)], 1);
+            __builtin_prefetch(&m->index[hash32(ks[i]) & mask], 1);
         }
         for (Py_ssize_t i = 0; i < len; i++) {
-            Slot *s = upsert(m, ks[i]);
+            Entry *s = upsert(m, ks[i]);
             if (s == NULL) {
                 return -1;
             }
@@ -541,22 +583,34 @@ U64Map_unset_bits(U64Map *m, PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     }
     Py_ssize_t n = 0;
-    for (Py_ssize_t i = 0; i < keys.n; i++) {
-        uint64_t k;
-        if (keys.is_buffer) {
-            seq_get(&keys, i, &k);
+    uint64_t ks[CHUNK];
+    for (Py_ssize_t start = 0; start < keys.n; start += CHUNK) {
+        Py_ssize_t len = 0; /* the chunk's keys that can be in the map */
+        for (Py_ssize_t i = start; i < keys.n && i < start + CHUNK; i++) {
+            if (keys.is_buffer) {
+                seq_get(&keys, i, &ks[len++]);
+            }
+            else if (lookup_key(PySequence_Fast_GET_ITEM(keys.fast, i), &ks[len])) {
+                len++;
+            }
         }
-        else if (!lookup_key(PySequence_Fast_GET_ITEM(keys.fast, i), &k)) {
-            continue;
+        if (m->cap == 0) {
+            break;
         }
-        Slot *s = find(m, k);
-        if (s == NULL || !(s->value & bit)) {
-            continue;
+        for (Py_ssize_t i = 0; i < len; i++) {
+            __builtin_prefetch(&m->index[hash32(ks[i]) & (m->cap - 1)], 0);
         }
-        n++;
-        s->value &= ~bit;
-        if (s->value == 0) {
-            delete_slot(m, s);
+        for (Py_ssize_t i = 0; i < len; i++) {
+            size_t slot;
+            const Py_ssize_t pos = lookup(m, ks[i], &slot);
+            if (pos < 0 || !(m->entries[pos].value & bit)) {
+                continue;
+            }
+            n++;
+            m->entries[pos].value &= ~bit;
+            if (m->entries[pos].value == 0) {
+                delete_at(m, (size_t)pos, slot);
+            }
         }
     }
     seq_close(&keys);
@@ -575,32 +629,46 @@ U64Map_drop_bits(U64Map *m, PyObject *arg)
     if (bit_arg(arg, &bit) < 0) {
         return NULL;
     }
-    if (m->used == 0) {
-        return PyLong_FromLong(0);
-    }
-    /* From a free slot once round: no probe run spans the start, so a deletion's backward
-     * shift only moves slots not yet visited into the hole, which is then looked at again. */
-    const size_t mask = m->cap - 1;
-    size_t start = 0;
-    while (m->slots[start].serial != 0) {
-        start++; /* a free slot exists: the load is at most 3/4 */
-    }
-    size_t n = 0;
-    for (size_t step = 1; step <= m->cap;) {
-        Slot *s = &m->slots[(start + step) & mask];
-        if (s->serial != 0 && (s->value & bit)) {
+    /* a pass over the entries (in order, no probe) finds the keys with the bit and those it
+     * leaves at 0; few of those: each is deleted from the index; many: the entries are
+     * squeezed and a fitting index built over them, once */
+    size_t n = 0, emptied = 0;
+    for (size_t pos = m->first; pos < m->nentries; pos++) {
+        const uint64_t v = m->entries[pos].value;
+        if (!m->dead[pos] && (v & bit)) {
             n++;
-            s->value &= ~bit;
-            if (s->value == 0) {
-                delete_slot(m, s);
-                continue; /* the hole may hold a shifted slot now */
+            emptied += (v & ~bit) == 0;
+        }
+    }
+    const int rebuild = emptied * 4 > m->used;
+    for (size_t pos = m->first; n && pos < m->nentries; pos++) {
+        Entry *e = &m->entries[pos];
+        if (m->dead[pos] || !(e->value & bit)) {
+            continue;
+        }
+        e->value &= ~bit;
+        if (e->value != 0) {
+            continue;
+        }
+        if (rebuild) {
+            m->dead[pos] = 1;
+            m->used--;
+        }
+        else {
+            size_t slot;
+            if (lookup(m, e->key, &slot) >= 0) {
+                delete_at(m, pos, slot);
             }
         }
-        step++;
     }
-    if (m->used * 8 < m->cap && m->cap > 16 &&
-        (rehash(m, fitting(m->used)) < 0 || filter_order(m) < 0)) {
-        return NULL; /* the map is whole: only its memory is not given back */
+    if (rebuild) {
+        squeeze(m);
+        if (m->used * 4 < m->entries_cap && resize_entries(m, m->used + 16) < 0) {
+            return NULL;
+        }
+        if (reindex(m, fitting(m->used)) < 0) {
+            return NULL;
+        }
     }
     return PyLong_FromSize_t(n);
 }
@@ -630,13 +698,14 @@ U64Map_evict_oldest(U64Map *m, PyObject *arg)
         want = (Py_ssize_t)m->used;
     }
     Py_ssize_t n = 0;
-    while (n < want && m->head < m->tail) {
-        const Written w = m->order[m->head++];
-        Slot *s = find(m, w.key);
-        if (s != NULL && s->serial == w.serial) {
-            delete_slot(m, s);
-            n++;
+    while (n < want) {
+        const size_t pos = m->first; /* live: delete_at moves it past the dead */
+        size_t slot;
+        if (lookup(m, m->entries[pos].key, &slot) < 0) {
+            break; /* cannot happen: a live entry is indexed */
         }
+        delete_at(m, pos, slot);
+        n++;
     }
     return PyLong_FromSsize_t(n);
 }
@@ -651,10 +720,9 @@ ordered(U64Map *m, visit_fn f)
     if (out == NULL) {
         return NULL;
     }
-    for (size_t i = m->head; i < m->tail; i++) {
-        const Written w = m->order[i];
-        const Slot *s = find(m, w.key);
-        if (s != NULL && s->serial == w.serial && f(out, w.key, s->value) < 0) {
+    for (size_t pos = m->first; pos < m->nentries; pos++) {
+        const Entry e = m->entries[pos];
+        if (!m->dead[pos] && f(out, e.key, e.value) < 0) {
             Py_DECREF(out);
             return NULL;
         }
@@ -737,7 +805,7 @@ U64Map_setstate(U64Map *m, PyObject *items)
     for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(fast); i++) {
         PyObject *pair = PySequence_Fast_GET_ITEM(fast, i);
         uint64_t k, v;
-        Slot *s;
+        Entry *s;
         if (!PyTuple_Check(pair) || PyTuple_GET_SIZE(pair) != 2) {
             PyErr_SetString(PyExc_TypeError, "__setstate__ takes (key, value) pairs");
             Py_DECREF(fast);
@@ -765,7 +833,7 @@ equals_dict(const U64Map *m, PyObject *dict)
     PyObject *key, *value;
     while (PyDict_Next(dict, &pos, &key, &value)) {
         uint64_t k, v;
-        const Slot *s = lookup_key(key, &k) ? find(m, k) : NULL;
+        const Entry *s = lookup_key(key, &k) ? find(m, k) : NULL;
         if (s == NULL || !lookup_key(value, &v) || v != s->value) {
             return 0;
         }
@@ -788,11 +856,10 @@ U64Map_richcompare(PyObject *a, PyObject *b, int op)
     else if (Py_TYPE(b) == Py_TYPE(a)) {
         const U64Map *y = (const U64Map *)b;
         equal = x->used == y->used;
-        for (size_t j = 0; equal && j < x->cap; j++) {
-            const Slot *s = &x->slots[j];
-            if (s->serial != 0) {
-                const Slot *t = find(y, s->key);
-                equal = t != NULL && t->value == s->value;
+        for (size_t pos = x->first; equal && pos < x->nentries; pos++) {
+            if (!x->dead[pos]) {
+                const Entry *t = find(y, x->entries[pos].key);
+                equal = t != NULL && t->value == x->entries[pos].value;
             }
         }
     }
@@ -815,8 +882,8 @@ static PyObject *
 U64Map_sizeof(U64Map *m, PyObject *unused)
 {
     (void)unused;
-    return PyLong_FromSize_t(sizeof(U64Map) + m->cap * sizeof(Slot) +
-                             m->order_cap * sizeof(Written));
+    return PyLong_FromSize_t(sizeof(U64Map) + m->cap * sizeof(uint64_t) +
+                             m->entries_cap * (sizeof(Entry) + 1));
 }
 
 static PyMethodDef U64Map_methods[] = {
