@@ -21,8 +21,15 @@ latency row also gives the thread's CPU time per call and how many calls over 1 
 preempted (an involuntary context switch while they ran): on a shared machine that tells
 a p99 the other jobs made from one the code made.
 
+Memory: the process's resident size grown by the vLLM path's ingest, per block (the index,
+the engine-hash maps and what the allocator kept of the garbage).
+
+`--without maps` runs the conductor on DictMap (dicts, as without conductor/_u64map.c) and
+`--without tokens` decodes token ids as lists of ints (as without kvcache/_tokens.c): with
+and without, run one after the other, give the extensions' share on the same machine.
+
 Run: python bench/conductor.py [--instances 64] [--blocks 100000] [--workers 0,1,2]
-[--only-ingest]
+[--only-ingest] [--without maps] [--without tokens]
 """
 
 from __future__ import annotations
@@ -49,10 +56,12 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from bench.machine import cpu_model, git_head  # noqa: E402
+from heimdall_proxy.conductor import tables  # noqa: E402
 from heimdall_proxy.conductor.api import parse_query  # noqa: E402
 from heimdall_proxy.conductor.hashing import seq_hashes  # noqa: E402
 from heimdall_proxy.conductor.model import Registration, Stored, Stream  # noqa: E402
 from heimdall_proxy.conductor.service import Conductor  # noqa: E402
+from heimdall_proxy.kvcache import events as kv_events  # noqa: E402
 from heimdall_proxy.kvcache.events import decode_batch  # noqa: E402
 
 BLOCK = 16
@@ -109,14 +118,25 @@ async def ingest_vllm(conductor: Conductor, payloads: list[tuple[str, bytes]]) -
     return time.perf_counter() - t0
 
 
+def _rss() -> int:
+    """This process's resident size, in bytes."""
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
 def vllm_row(
     what: str, instances: int, blocks: int, per_event: int = BLOCKS_PER_EVENT, per_batch: int = 1
-) -> tuple[Conductor, list[Registration], str]:
-    """A fresh conductor fed vllm_payloads(...) on the loop (decode + apply), and its row."""
+) -> tuple[Conductor, list[Registration], str, str]:
+    """A fresh conductor fed vllm_payloads(...) on the loop (decode + apply), its row, and a
+    row for the memory its ingest took."""
     conductor = Conductor()
     regs = registrations(conductor, instances)
     payloads = vllm_payloads(regs, blocks, per_event, per_batch)
+    gc.collect()
+    rss = _rss()
     seconds = asyncio.run(ingest_vllm(conductor, payloads))
+    gc.collect()
+    grown = _rss() - rss
     del payloads
     gc.collect()
     total = conductor.stats.stored_blocks
@@ -124,7 +144,11 @@ def vllm_row(
         f"| ingest, {what} | {conductor.events.stored / seconds:,.0f} events/s | "
         f"{total / seconds / 1e6:.2f}M blocks/s | {total:,} blocks in {seconds:.2f} s |"
     )
-    return conductor, regs, row
+    memory = (
+        f"| memory, {what}: resident size grown by the ingest | {grown / 2**20:,.0f} MiB | "
+        f"{grown / total:.0f} bytes/block | {total:,} blocks |"
+    )
+    return conductor, regs, row, memory
 
 
 def _proc_cpu(pid: int) -> float:
@@ -346,10 +370,22 @@ def main() -> int:
     ap.add_argument(
         "--only-ingest", action="store_true", help="the vLLM ingest rows only, no queries"
     )
+    ap.add_argument(
+        "--without",
+        action="append",
+        choices=["maps", "tokens"],
+        default=[],
+        help="run without a C extension: maps (conductor/_u64map.c: dicts instead), tokens "
+        "(kvcache/_tokens.c: token ids as lists of ints); repeatable",
+    )
     ap.add_argument("--client", metavar="URL", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.client:
         return client_main(args.client, args.http_queries, args.prompt_tokens)
+    if "maps" in args.without:
+        tables._U64Map = None
+    if "tokens" in args.without:
+        kv_events._pack_token_ids = None
 
     load = os.getloadavg()
     rows: list[str] = []
@@ -376,12 +412,12 @@ def main() -> int:
     gc.collect()
 
     # the 32-block conductor is kept: the queries below run on it
-    conductor, regs, row = vllm_row(
+    conductor, regs, row, memory = vllm_row(
         "vLLM batches (decode + rehash tokens)", args.instances, args.blocks
     )
-    rows.append(row)
+    rows += [row, memory]
     # decode-phase traffic: each sequence that filled a block in a step, one event of one block
-    _, _, row = vllm_row(
+    _, _, row, _ = vllm_row(
         "vLLM decode-step batches (8 events of 1 block), decode + apply",
         args.instances,
         args.blocks // 5,
@@ -488,9 +524,15 @@ def report(args: argparse.Namespace, load: tuple[float, float, float], rows: lis
         f"{platform.python_version()}, heimdall-proxy at {git_head() or '?'}; load average "
         f"{load[0]:.1f} at start, {end[0]:.1f} at the end."
     )
+    without = (
+        f" Without {' and '.join(args.without)} (in this process; ingest worker processes "
+        "use what is built)."
+        if args.without
+        else ""
+    )
     print(
         f"{args.instances} instances x {args.blocks:,} blocks of {BLOCK} tokens, query of "
-        f"{args.prompt_tokens} tokens ({args.prompt_tokens // BLOCK} blocks).\n"
+        f"{args.prompt_tokens} tokens ({args.prompt_tokens // BLOCK} blocks).{without}\n"
     )
     print("| what | rate / p50 | blocks/s / p99 | detail |\n|---|---|---|---|")
     print("\n".join(rows))
