@@ -457,6 +457,57 @@ U64Map_get(U64Map *m, PyObject *const *args, Py_ssize_t nargs)
     return dflt;
 }
 
+PyDoc_STRVAR(get_many_doc,
+             "get_many(keys, default) -> list\n\n"
+             "[get(key, default) for key in keys], the slots of a chunk of keys fetched from\n"
+             "memory together first (a query's walk reads hundreds of keys at a time).");
+
+static PyObject *
+U64Map_get_many(U64Map *m, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "get_many takes keys and a default");
+        return NULL;
+    }
+    Seq keys;
+    if (seq_open(args[0], &keys, "get_many: keys") < 0) {
+        return NULL;
+    }
+    PyObject *out = PyList_New(keys.n);
+    if (out == NULL) {
+        seq_close(&keys);
+        return NULL;
+    }
+    uint64_t ks[32];
+    int present[32];
+    for (Py_ssize_t start = 0; start < keys.n; start += 32) {
+        const Py_ssize_t len = keys.n - start < 32 ? keys.n - start : 32;
+        for (Py_ssize_t i = 0; i < len; i++) {
+            present[i] = keys.is_buffer
+                             ? (seq_get(&keys, start + i, &ks[i]), 1)
+                             : lookup_key(PySequence_Fast_GET_ITEM(keys.fast, start + i), &ks[i]);
+            if (present[i] && m->cap) {
+                __builtin_prefetch(&m->index[hash32(ks[i]) & (m->cap - 1)], 0);
+            }
+        }
+        for (Py_ssize_t i = 0; i < len; i++) {
+            const Entry *e = present[i] ? find(m, ks[i]) : NULL;
+            PyObject *v = e != NULL ? PyLong_FromUnsignedLongLong(e->value) : args[1];
+            if (v == NULL) {
+                Py_DECREF(out);
+                seq_close(&keys);
+                return NULL;
+            }
+            if (e == NULL) {
+                Py_INCREF(v);
+            }
+            PyList_SET_ITEM(out, start + i, v);
+        }
+    }
+    seq_close(&keys);
+    return out;
+}
+
 /* Keys are written a chunk at a time: the chunk's slots are fetched from memory together
  * first (a table of millions of keys misses the cache on nearly every probe, and misses
  * issued together overlap), then written in order. */
@@ -891,6 +942,7 @@ static PyMethodDef U64Map_methods[] = {
     {"__reduce__", (PyCFunction)U64Map_reduce, METH_NOARGS, NULL},
     {"__setstate__", (PyCFunction)U64Map_setstate, METH_O, NULL},
     {"get", (PyCFunction)(void (*)(void))U64Map_get, METH_FASTCALL, get_doc},
+    {"get_many", (PyCFunction)(void (*)(void))U64Map_get_many, METH_FASTCALL, get_many_doc},
     {"set_many", (PyCFunction)(void (*)(void))U64Map_set_many, METH_FASTCALL, set_many_doc},
     {"or_bits", (PyCFunction)(void (*)(void))U64Map_or_bits, METH_FASTCALL, or_bits_doc},
     {"unset_bits", (PyCFunction)(void (*)(void))U64Map_unset_bits, METH_FASTCALL,

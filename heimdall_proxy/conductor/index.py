@@ -19,7 +19,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from itertools import repeat
 from operator import or_
 
 from heimdall_proxy.conductor.engine_map import EngineMaps, Targets
@@ -241,12 +240,12 @@ class ConductorIndex:
         for start in range(0, len(keys), WALK_CHUNK):
             chunk = keys[start : start + WALK_CHUNK]
             if combined_walker is walkers[0]:
-                if not combined_walker.feed(list(map(media[0][1].get, chunk, repeat(0)))):
+                if not combined_walker.feed(media[0][1].get_many(chunk, 0)):
                     break
                 continue
             combined: list[int] | None = None
             for (_, d), walker in zip(media, walkers, strict=True):
-                masks = list(map(d.get, chunk, repeat(0, len(chunk))))
+                masks = d.get_many(chunk, 0)
                 if not walker.done:
                     walker.feed(masks)
                 combined = masks if combined is None else list(map(or_, combined, masks))

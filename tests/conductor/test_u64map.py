@@ -79,6 +79,9 @@ def run(ops: list[tuple[Any, ...]]) -> None:
     for key in range(40):  # reads, present or not
         assert native.get(key) == plain.d.get(key) and (key in native) == (key in plain.d)
         assert native.get(key, 0) == plain.d.get(key, 0)
+    probe = [*range(45), -1, 1 << 64, "x"]
+    want = [plain.d.get(k, 0) for k in probe[:45]] + [0, 0, 0]
+    assert native.get_many(probe, 0) == want and wrapped.get_many(probe, 0) == want
     clone = pickle.loads(pickle.dumps(native))
     assert clone.items() == native.items() and clone == native
 
