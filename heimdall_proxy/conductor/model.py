@@ -74,6 +74,26 @@ class Namespace:
     __reduce__ = _rebuilt
 
 
+#: Namespaces made by namespace_of, one object per value (bounded: cache_salt namespaces are
+#: per request; past the bound it starts over, and equal objects then compare by value).
+_NAMESPACES: dict[tuple[str, int, str, str, str], Namespace] = {}
+MAX_NAMESPACES = 4096
+
+
+def namespace_of(model: str, block_size: int, salt: str, lora: str, tenant: str) -> Namespace:
+    """The Namespace of these fields, the same object each time: the index's spaces and the
+    engine maps are dicts keyed by namespace, and a probe with the key's own object is
+    settled by identity, where an equal one runs the dataclass's `__eq__` (every event of
+    every publisher of a model probes them)."""
+    fields = (model, block_size, salt, lora, tenant)
+    ns = _NAMESPACES.get(fields)
+    if ns is None:
+        if len(_NAMESPACES) >= MAX_NAMESPACES:
+            _NAMESPACES.clear()
+        ns = _NAMESPACES[fields] = Namespace(*fields)
+    return ns
+
+
 @dataclass(frozen=True, slots=True)
 class Registration:
     """One KV-event publisher, as POST /register describes it (wire names in comments)."""
@@ -97,7 +117,7 @@ class Registration:
     def namespace(self, lora: str | None = None, salt: str | None = None) -> Namespace:
         """The namespace of this publisher's blocks; `lora`: the adapter an event names,
         `salt`: the cache_salt a vLLM event carries (None: the registration's)."""
-        return Namespace(
+        return namespace_of(
             self.model,
             self.block_size,
             self.additional_salt if salt is None else salt,

@@ -38,6 +38,7 @@ from heimdall_proxy.conductor.model import (
     Removed,
     Stored,
     Stream,
+    namespace_of,
 )
 from heimdall_proxy.kvcache.events import EventBatch, EventDecodeError, unpack
 from heimdall_proxy.kvcache.index.tiers import tier_of
@@ -119,7 +120,7 @@ def from_mooncake(
             engine = own if own is not None else key_hash
             ns = reg.namespace()
             if isinstance(model, str) and model:
-                ns = Namespace(model, ns.block_size, ns.salt, ns.lora, ns.tenant)
+                ns = namespace_of(model, ns.block_size, ns.salt, ns.lora, ns.tenant)
             media = frozenset(replica_media(replicas))
             state.keys[key_hash] = (ns, engine, media)
             for medium in sorted(media):

@@ -26,11 +26,11 @@ from typing import Any
 from heimdall_proxy.conductor.model import (
     Cleared,
     Event,
-    Namespace,
     Registration,
     Removed,
     Stored,
     Stream,
+    namespace_of,
 )
 from heimdall_proxy.kvcache.events import EventBatch, EventDecodeError, unpack
 from heimdall_proxy.kvcache.index.tiers import tier_of
@@ -94,7 +94,7 @@ def to_event(reg: Registration, ev: Mapping[str, Any]) -> tuple[Event, Stream]:
     if event_id is None:
         raise ValueError("event_id is required")
     block_size = _opt_int(ev, "block_size", reg.block_size) or reg.block_size
-    ns = Namespace(
+    ns = namespace_of(
         _opt_str(ev, "model_name", reg.model),
         block_size,
         _opt_str(ev, "additional_salt", reg.additional_salt),

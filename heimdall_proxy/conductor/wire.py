@@ -11,7 +11,7 @@ dict probe by identity, without the dataclass's `__eq__`)."""
 
 from __future__ import annotations
 
-from heimdall_proxy.conductor.model import Namespace, Registration, Stream
+from heimdall_proxy.conductor.model import Namespace, Registration, Stream, namespace_of
 
 #: (model, block_size, salt, lora, tenant)
 NamespaceFields = tuple[str, int, str, str, str]
@@ -47,20 +47,15 @@ def registration_fields(reg: Registration) -> RegistrationFields:
 class Interned:
     """Tuples back into objects, one object per distinct tuple (bounded)."""
 
-    __slots__ = ("_namespaces", "_registrations", "_streams")
+    __slots__ = ("_registrations", "_streams")
 
     def __init__(self) -> None:
-        self._namespaces: dict[NamespaceFields, Namespace] = {}
         self._streams: dict[StreamFields, Stream] = {}
         self._registrations: dict[RegistrationFields, Registration] = {}
 
-    def namespace(self, fields: NamespaceFields) -> Namespace:
-        ns = self._namespaces.get(fields)
-        if ns is None:
-            if len(self._namespaces) >= MAX_CACHED:
-                self._namespaces.clear()
-            ns = self._namespaces[fields] = Namespace(*fields)
-        return ns
+    @staticmethod
+    def namespace(fields: NamespaceFields) -> Namespace:
+        return namespace_of(*fields)
 
     def stream(self, fields: StreamFields) -> Stream:
         stream = self._streams.get(fields)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 import pickle
 
-from heimdall_proxy.conductor import wire
+from heimdall_proxy.conductor import model, wire
 from heimdall_proxy.conductor.model import Namespace, Registration, Stream
 from heimdall_proxy.conductor.wire import (
     Interned,
@@ -40,6 +40,7 @@ def test_equal_tuples_give_one_object_and_a_stream_shares_its_namespace() -> Non
     b = interned.stream(tuple(stream_fields(STREAM)))  # type: ignore[arg-type]
     assert a is b
     assert a.namespace is interned.namespace(namespace_fields(NS))
+    assert a.namespace is REG.namespace()  # one object per namespace, whoever makes it
     assert interned.stream(stream_fields(Stream(NS, "pod-a", "gpu", 3))) is not a
 
 
@@ -50,7 +51,7 @@ def test_the_caches_stay_bounded() -> None:
         ns = interned.namespace(("m", 16, f"salt-{i}", "", "t"))
         assert ns.salt == f"salt-{i}"
         interned.stream(("m", 16, f"salt-{i}", "", "t", "pod", "gpu", 0))
-    assert len(interned._namespaces) <= limit
+    assert len(model._NAMESPACES) <= model.MAX_NAMESPACES
     assert len(interned._streams) <= limit
 
 
