@@ -17,9 +17,10 @@
  * the front of it, with the count kvcache.index.keys.evict_oldest gives for a dict.
  *
  * Reads are lenient like dict.get: a key that is no int in [0, 2**64) is simply absent.
- * Writes are strict: such a key or value raises OverflowError or TypeError (conductor.tables
- * then moves the map to a dict, which takes any int); every write method is idempotent, so
- * it is retried whole there. tests/conductor/test_u64map.py holds it to a dict.
+ * Writes are strict: such a key or value raises OverflowError (TypeError for a non-int);
+ * conductor.engine_map then moves the map to a DictMap, which takes any int, and writes
+ * again (every write method is idempotent). A MemoryError leaves the map as it was before
+ * the chunk of keys being written. tests/conductor/test_u64map.py holds it to a dict.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -39,7 +40,7 @@ typedef struct {
 typedef struct {
     PyObject_HEAD
     uint64_t *index; /* cap slots: 0 free, else hash32 << 32 | (position + 1) */
-    size_t cap;      /* 0 or a power of two, at most 2**32 */
+    size_t cap;      /* 0 or a power of two (homes are in its first 2**32 slots) */
     Entry *entries;  /* first-written order */
     uint8_t *dead;   /* per entry: deleted */
     size_t nentries, entries_cap;
@@ -136,15 +137,11 @@ new_index(size_t cap)
     return p;
 }
 
-/* A new index of `cap` slots (a power of two, more than used) over the live entries. */
-static int
-reindex(U64Map *m, size_t cap)
+/* Put the live entries in `index` (zeroed, `cap` slots: a power of two, more than used) and
+ * make it the map's. Cannot fail: callers allocate first, then change the map. */
+static void
+install(U64Map *m, uint64_t *index, size_t cap)
 {
-    uint64_t *index = new_index(cap);
-    if (index == NULL) {
-        PyErr_NoMemory();
-        return -1;
-    }
     const size_t mask = cap - 1;
     for (size_t pos = m->first; pos < m->nentries; pos++) {
         if (m->dead[pos]) {
@@ -160,7 +157,6 @@ reindex(U64Map *m, size_t cap)
     free(m->index);
     m->index = index;
     m->cap = cap;
-    return 0;
 }
 
 /* The smallest index that holds `used` keys at a load of at most 3/4. */
@@ -189,27 +185,33 @@ squeeze(U64Map *m)
     m->first = 0;
 }
 
+/* Entries (and their dead bytes) for `cap`, at least nentries. On a failed realloc the
+ * map stays whole: entries_cap never exceeds what both arrays hold. */
 static int
 resize_entries(U64Map *m, size_t cap)
 {
+    size_t held = m->entries_cap, dead_held = m->entries_cap;
     Entry *entries = PyMem_RawRealloc(m->entries, cap * sizeof(Entry));
-    if (entries == NULL) {
-        PyErr_NoMemory();
-        return -1;
+    if (entries != NULL) {
+        m->entries = entries;
+        held = cap;
     }
-    m->entries = entries;
     uint8_t *dead = PyMem_RawRealloc(m->dead, cap);
-    if (dead == NULL) {
+    if (dead != NULL) {
+        m->dead = dead;
+        dead_held = cap;
+    }
+    m->entries_cap = held < dead_held ? held : dead_held;
+    if (entries == NULL || dead == NULL) {
         PyErr_NoMemory();
         return -1;
     }
-    m->dead = dead;
-    m->entries_cap = cap;
     return 0;
 }
 
-/* Room for `extra` more keys with no move in between: entries squeezed (if a quarter or more
- * are dead) or grown, the index grown to keep its load at most 3/4. */
+/* Room for `extra` more keys with no move in between: the entries squeezed (when a quarter
+ * or more are dead, or positions would pass MAX_ENTRIES) or grown, the index grown to keep
+ * its load at most 3/4. On MemoryError the map is as it was (allocations come first). */
 static int
 room(U64Map *m, size_t extra)
 {
@@ -217,29 +219,36 @@ room(U64Map *m, size_t extra)
         PyErr_SetString(PyExc_OverflowError, "U64Map holds at most 2**32 - 2 keys");
         return -1;
     }
-    int squeezed = 0;
-    if (m->nentries + extra > m->entries_cap) {
-        /* positions must stay below MAX_ENTRIES: squeeze then, however few are dead */
-        if (((m->nentries - m->used) * 4 >= m->nentries && m->used + extra <= m->entries_cap) ||
-            m->nentries + extra > MAX_ENTRIES) {
-            squeeze(m);
-            squeezed = 1;
-        }
-        if (m->nentries + extra > m->entries_cap) {
-            size_t cap = m->entries_cap ? 2 * m->entries_cap : 16;
-            while (cap < m->nentries + extra) {
-                cap *= 2;
-            }
-            if (resize_entries(m, cap) < 0) {
-                return -1;
-            }
-        }
-    }
+    const int full = m->nentries + extra > m->entries_cap;
+    const int squeeze_now =
+        m->nentries + extra > MAX_ENTRIES ||
+        (full && (m->nentries - m->used) * 4 >= m->nentries && m->used + extra <= m->entries_cap);
     size_t cap = m->cap ? m->cap : 16;
     while ((m->used + extra) * 4 > cap * 3) {
         cap *= 2;
     }
-    return squeezed || cap != m->cap ? reindex(m, cap) : 0;
+    if (squeeze_now || cap != m->cap) {
+        uint64_t *index = new_index(cap);
+        if (index == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        if (squeeze_now) {
+            squeeze(m);
+        }
+        install(m, index, cap);
+    }
+    if (m->nentries + extra > m->entries_cap) {
+        size_t want = m->entries_cap ? 2 * m->entries_cap : 16;
+        while (want < m->nentries + extra) {
+            want *= 2;
+        }
+        if (want > MAX_ENTRIES) {
+            want = MAX_ENTRIES; /* >= nentries + extra: checked above */
+        }
+        return resize_entries(m, want);
+    }
+    return 0;
 }
 
 /* The entry of `key`, added (value 0, after every other) when absent; NULL on error. */
@@ -670,8 +679,9 @@ U64Map_unset_bits(U64Map *m, PyObject *const *args, Py_ssize_t nargs)
 
 PyDoc_STRVAR(drop_bits_doc,
              "drop_bits(bit) -> int\n\n"
-             "unset_bits over every key, in one pass over the table (a smaller table after,\n"
-             "if most of it went). How many keys had the bit.");
+             "unset_bits over every key: a pass over the entries, then the keys left at 0\n"
+             "deleted one by one, or (more than a quarter of them) the entries squeezed and\n"
+             "the index rebuilt once. How many keys had the bit.");
 
 static PyObject *
 U64Map_drop_bits(U64Map *m, PyObject *arg)
@@ -692,6 +702,13 @@ U64Map_drop_bits(U64Map *m, PyObject *arg)
         }
     }
     const int rebuild = emptied * 4 > m->used;
+    uint64_t *index = NULL;
+    if (rebuild) {
+        index = new_index(fitting(m->used - emptied)); /* first: nothing is changed yet */
+        if (index == NULL) {
+            return PyErr_NoMemory();
+        }
+    }
     for (size_t pos = m->first; n && pos < m->nentries; pos++) {
         Entry *e = &m->entries[pos];
         if (m->dead[pos] || !(e->value & bit)) {
@@ -714,11 +731,9 @@ U64Map_drop_bits(U64Map *m, PyObject *arg)
     }
     if (rebuild) {
         squeeze(m);
+        install(m, index, fitting(m->used));
         if (m->used * 4 < m->entries_cap && resize_entries(m, m->used + 16) < 0) {
-            return NULL;
-        }
-        if (reindex(m, fitting(m->used)) < 0) {
-            return NULL;
+            PyErr_Clear(); /* the memory is not given back; the map is whole */
         }
     }
     return PyLong_FromSize_t(n);

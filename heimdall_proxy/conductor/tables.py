@@ -2,7 +2,7 @@
 medium) and each publisher's engine-hash map (engine hash -> our key).
 
 Both hold one entry per block, millions of them. `U64Map` (conductor/_u64map.c, built where
-the machine can) keeps an entry in 24 bytes with no Python object, where a dict of ints
+the machine can) keeps an entry in ~40 bytes with no Python object, where a dict of ints
 costs ~130 bytes and two long-lived ints per block; writing them was most of a vLLM block's
 ingest at the issue's scale. `DictMap` is the same map over a dict, for what a U64Map cannot
 hold (a bitmask past 64 sources in one namespace; an engine hash that is no u64, or an

@@ -2,8 +2,8 @@
 
 The reference is deliberately plain: a dict, one Python step per key, its insertion order
 the order eviction follows. Random operations on small key spaces (so that keys collide,
-are deleted, come back, and tables grow, shrink and compact their order queues) run on all
-three, compared after every step."""
+are deleted, come back, and indexes grow and shrink) run on all three, compared after every
+step; a long churn on one map squeezes its entries many times."""
 
 from __future__ import annotations
 
@@ -126,6 +126,27 @@ def test_large_maps_grow_delete_evict_and_shrink_like_a_dict() -> None:
     run(ops)
 
 
+def test_a_long_churn_squeezes_the_entries_and_keeps_the_order() -> None:
+    """Keys written, deleted and written again on one long-lived map: the entries array
+    fills with dead ones and is squeezed, the index rebuilt over the moved positions."""
+    rng = random.Random(11)
+    plain, native = Plain(), U64Map()
+    live: list[int] = []
+    for step in range(3_000):
+        new = [rng.getrandbits(64) if rng.random() < 0.8 else rng.randrange(64) for _ in range(8)]
+        plain.or_bits(new, 1)
+        native.or_bits(new, 1)
+        live = list(plain.d)
+        gone = rng.sample(live, min(len(live), rng.randint(0, 9)))
+        assert native.unset_bits(gone, 1) == plain.unset_bits(gone, 1)
+        if step % 500 == 0:
+            assert native.evict_oldest(400) == plain.evict_oldest(400)
+        if step % 97 == 0:
+            assert native.items() == list(plain.d.items())
+    assert native.keys() == list(plain.d) == list(native)
+    assert native.items() == list(plain.d.items()) and native == plain.d
+
+
 def test_buffers_of_u64_are_read_as_keys_and_values() -> None:
     m = U64Map()
     m.set_many(array("Q", [1, 2, U64]), array("Q", [10, 20, 30]))
@@ -154,7 +175,7 @@ def test_writes_refuse_what_a_u64_cannot_hold_and_reads_find_nothing() -> None:
     assert m.get("5", "absent") == "absent" and m[5] == 6
     with pytest.raises(KeyError):
         m[7]
-    assert m.items() == [(5, 6)]  # nothing of a refused write: its keys are read first
+    assert m.items() == [(5, 6)]  # nothing of a refused chunk: its keys are read first
     assert repr(m) == "U64Map(<1 keys>)"
 
 
