@@ -13,10 +13,11 @@
  * (["BlockStored", hashes, parent, token_ids, ...]) or of any event in the map form
  * ({"type": ..., "token_ids": ...}: only a BlockStored's are read), in a batch that is an
  * array ([ts, events, ...]) or a map with "events", when they are an array of integers in
- * [0, 2**32). Anything else (an id out of range, a payload that is not msgpack or ends
- * early) is left as it is, for the decoder's own checks. If token_ids is already a bin somewhere, the payload is not
- * rewritten at all (None), so the decoder still refuses it. Little-endian hosts only: the
- * Python side does not call in on a big-endian one.
+ * [0, 2**32). Anything else (an id out of range) is left as it is, for the decoder's own
+ * checks; and the payload is not rewritten at all (None) unless it is well-formed msgpack
+ * to its last byte (msgpack's own error then stays the plain decode's), or if a token_ids
+ * is already a bin somewhere (the decoder must still refuse it). Little-endian hosts only:
+ * the Python side does not call in on a big-endian one.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -45,8 +46,9 @@ be(const uint8_t *p, int n)
     return v;
 }
 
-/* The header at r->pos: kind (see below), its length or value, and its size in bytes.
- * Returns 0, or -1 when the payload ends early or the byte is never used (0xc1). */
+/* The header at r->pos: kind (see below), its length or value, and its size in bytes (a
+ * scalar's data included; a str's, bin's or container's contents not). Returns 0, or -1
+ * when the payload ends before that size or the byte is never used (0xc1). */
 enum { K_SCALAR, K_ARRAY, K_MAP, K_STR, K_BIN, K_UINT, K_INT };
 
 static int
@@ -98,7 +100,7 @@ header(const Reader *r, int *kind, uint64_t *n, size_t *size)
         }
         *kind = K_SCALAR;
         *size = 1 + (size_t)lenbytes + 1 + (size_t)be(p + 1, lenbytes);
-        return 0;
+        return need(r, *size) ? 0 : -1;
     case 0xca: extra = 4; break;
     case 0xcb: extra = 8; break;
     case 0xcc: case 0xcd: case 0xce: case 0xcf:
@@ -152,7 +154,7 @@ header(const Reader *r, int *kind, uint64_t *n, size_t *size)
     }
     *kind = K_SCALAR;
     *size = 1 + extra;
-    return 0;
+    return need(r, *size) ? 0 : -1;
 }
 
 /* Skip one object (and everything in it). 0, or -1 for a payload that ends early. */
@@ -247,8 +249,8 @@ tokens(Reader *r, Plan *plan)
     if (kind == K_BIN) {
         plan->refuse = 1;
     }
-    if (kind != K_ARRAY || n == 0 || n > r->len - r->pos) {
-        return skip(r);
+    if (kind != K_ARRAY || n == 0 || n > r->len - r->pos || n > UINT32_MAX / 4) {
+        return skip(r); /* (a bin32 holds at most 2**30 u32s) */
     }
     if (grow((void **)&plan->ids, &plan->capids, plan->nids + n, sizeof(uint32_t)) < 0) {
         return -2;
@@ -370,7 +372,11 @@ batch(Reader *r, Plan *plan)
         if (n < 2 || skip(r) < 0) {
             return -1;
         }
-        return events(r, plan);
+        int rc = events(r, plan);
+        for (uint64_t i = 2; rc == 0 && i < n; i++) {
+            rc = skip(r);
+        }
+        return rc;
     }
     if (kind != K_MAP) {
         return -1;
@@ -437,7 +443,9 @@ pack_token_ids(PyObject *module, PyObject *arg)
         PyErr_NoMemory();
         goto done;
     }
-    if (rc < 0 || plan.refuse || plan.nspans == 0) {
+    /* a batch that is not well-formed msgpack to its last byte is not rewritten: msgpack's
+     * error (whose limits follow the payload's length) is then the plain decode's */
+    if (rc < 0 || r.pos != r.len || plan.refuse || plan.nspans == 0) {
         out = Py_None; /* not ours to fix: the decoder says what is wrong */
         Py_INCREF(out);
         goto done;

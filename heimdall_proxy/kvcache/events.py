@@ -31,8 +31,8 @@ Block hashes are integers or bytes (vLLM's sha256 hashes); bytes are read as the
 integer of their last 8 bytes, as vLLM itself converts them, so every engine hash is an int.
 
 Token ids are read without an int object each where kvcache/_tokens.c is built: it rewrites
-a tagged-array BlockStored's ids as u32 bytes before msgpack decodes the batch, and they
-arrive here as array('I') (kvcache.hashing reads that as it is); elsewhere, a list.
+the ids of BlockStored events (either form) as u32 bytes before msgpack decodes the batch,
+and they arrive here as array('I') (kvcache.hashing reads that as it is); elsewhere, a list.
 """
 
 from __future__ import annotations
@@ -51,12 +51,10 @@ try:  # kvcache/_tokens.c, built where the machine can
     from heimdall_proxy.kvcache._tokens import pack_token_ids as _pack_token_ids
 except ImportError:  # pragma: no cover - an install without a C compiler
     _pack_token_ids = None
-if sys.byteorder != "little":  # pragma: no cover - it packs little-endian u32s
-    _pack_token_ids = None
+if sys.byteorder != "little" or array("I").itemsize != 4:  # pragma: no cover
+    _pack_token_ids = None  # it packs little-endian u32s
 #: Whether token ids are read as u32 arrays (kvcache/_tokens.c built) or as lists of ints.
 PACKS_TOKENS = _pack_token_ids is not None
-#: The u32 array typecode (the ids _tokens.c packed are read into one).
-_U32 = "I" if array("I").itemsize == 4 else "L"
 
 log = logging.getLogger(__name__)
 
@@ -209,8 +207,8 @@ def decode_event(raw: Any, packed: bool = False) -> KVEvent | None:
         )
         hashes = _hashes(hashes)
         if type(tokens) is not list:
-            if type(tokens) is bytes and packed:
-                ids = array(_U32)
+            if type(tokens) is bytes and packed and not len(tokens) % 4:
+                ids = array("I")
                 ids.frombytes(tokens)
                 tokens = ids
             elif tokens is None:

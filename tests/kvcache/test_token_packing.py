@@ -6,6 +6,9 @@ built); token ids are compared as lists."""
 
 from __future__ import annotations
 
+import contextlib
+import random
+import struct
 from array import array
 from typing import Any
 
@@ -100,10 +103,11 @@ def vllm_event(draw: Any) -> Any:
     tag = draw(st.sampled_from(["BlockStored", "BlockRemoved", "AllBlocksCleared", "X"]))
     hashes = draw(st.lists(st.integers(0, 2**64 - 1), max_size=4))
     tail = draw(st.lists(values, max_size=5))
-    if tag == "BlockStored":
-        return [tag, hashes, draw(st.none() | st.integers(0, 9)), draw(ids), *tail]
+    tokens = draw(ids | st.binary(max_size=8))  # a bin: the payload is left alone
     if draw(st.booleans()):
-        return {"type": tag, "block_hashes": hashes, "token_ids": draw(ids)}
+        return {"type": tag, "block_hashes": hashes, "token_ids": tokens, "x": tail}
+    if tag == "BlockStored":
+        return [tag, hashes, draw(st.none() | st.integers(0, 9)), tokens, *tail]
     return [tag, hashes, *tail]
 
 
@@ -122,3 +126,82 @@ def test_random_batches_decode_alike(evs: list[Any], shape: str, cut: int) -> No
         payload = msgpack.packb([1.5, evs])
     same(payload)
     same(payload[: len(payload) - cut])
+
+
+# ---- every msgpack encoding of a value, not only the shortest packb picks -----------------
+
+
+def encode(value: Any, rng: random.Random) -> bytes:
+    """`value` as msgpack, each int, str, bin, array and map header in a width chosen at
+    random among those that hold it (msgpack allows any)."""
+
+    def header(n: int, fix: int | None, fixmax: int, wide: list[tuple[int, str]]) -> bytes:
+        options = [bytes([fix | n])] if fix is not None and n <= fixmax else []
+        options += [
+            bytes([b]) + struct.pack(f, n) for b, f in wide if n < 1 << (8 * struct.calcsize(f))
+        ]
+        return rng.choice(options)
+
+    if value is None or isinstance(value, bool):
+        return {None: b"\xc0", False: b"\xc2", True: b"\xc3"}[value]
+    if isinstance(value, int):
+        options = []
+        if 0 <= value <= 0x7F or -32 <= value < 0:
+            options.append(struct.pack(">b" if value < 0 else ">B", value))
+        for code, fmt in ((0xCC, ">B"), (0xCD, ">H"), (0xCE, ">I"), (0xCF, ">Q"),
+                          (0xD0, ">b"), (0xD1, ">h"), (0xD2, ">i"), (0xD3, ">q")):  # fmt: skip
+            with contextlib.suppress(struct.error):  # too wide for it
+                options.append(bytes([code]) + struct.pack(fmt, value))
+        return rng.choice(options)
+    if isinstance(value, float):
+        return b"\xcb" + struct.pack(">d", value)
+    if isinstance(value, str):
+        raw = value.encode()
+        return header(len(raw), 0xA0, 31, [(0xD9, ">B"), (0xDA, ">H"), (0xDB, ">I")]) + raw
+    if isinstance(value, bytes):
+        return header(len(value), None, 0, [(0xC4, ">B"), (0xC5, ">H"), (0xC6, ">I")]) + value
+    if isinstance(value, dict):
+        body = b"".join(encode(k, rng) + encode(v, rng) for k, v in value.items())
+        return header(len(value), 0x80, 15, [(0xDE, ">H"), (0xDF, ">I")]) + body
+    body = b"".join(encode(v, rng) for v in value)
+    return header(len(value), 0x90, 15, [(0xDC, ">H"), (0xDD, ">I")]) + body
+
+
+#: an object whose header claims more than any payload here holds: msgpack's error names
+#: a limit that follows the payload's length, so it differs if the payload was rewritten
+OVERLONG = [b"\xdd\x00\x00\xff\xff", b"\xdb\x00\x00\xff\xff", b"\xc6\x00\x01\x00\x00",
+            b"\xdf\x00\x00\xff\xff"]  # fmt: skip
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    evs=st.lists(vllm_event(), max_size=4),
+    batch_map=st.booleans(),
+    seed=st.integers(0, 2**32),
+    last=st.sampled_from([b"", *OVERLONG]),
+    junk=st.binary(max_size=3),
+)
+def test_any_encoding_cut_or_mutated_decodes_alike(
+    evs: list[Any], batch_map: bool, seed: int, last: bytes, junk: bytes
+) -> None:
+    """Ids in any int width, headers in any width, an overlong object after the events,
+    bytes after the batch, a cut anywhere, a byte changed anywhere: the same events, or the
+    same error, as the plain decode."""
+    rng = random.Random(seed)
+    if batch_map:
+        fields = [("ts", 1.5), ("events", evs), ("n", [1])]
+        payload = bytes([0x80 | (len(fields) + bool(last))]) + b"".join(
+            encode(k, rng) + encode(v, rng) for k, v in fields
+        )
+        payload += encode("z", rng) + last if last else b""
+    else:
+        items = [1.5, evs, 0, "x"]
+        payload = bytes([0x90 | (len(items) + bool(last))])
+        payload += b"".join(encode(v, rng) for v in items) + last
+    same(payload)
+    same(payload + junk)
+    same(payload[: rng.randrange(len(payload) + 1)])
+    mutated = bytearray(payload)
+    for _ in range(rng.randint(1, 3)):
+        mutated[rng.randrange(len(mutated))] = rng.randrange(256)
+    same(bytes(mutated))
