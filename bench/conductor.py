@@ -22,7 +22,9 @@ preempted (an involuntary context switch while they ran): on a shared machine th
 a p99 the other jobs made from one the code made.
 
 Memory: the process's resident size grown by the vLLM path's ingest, per block (the index,
-the engine-hash maps and what the allocator kept of the garbage).
+the engine-hash maps and what the allocator kept of the garbage). Each ingest starts with
+the memory earlier rows freed given back to the system (glibc's malloc_trim): otherwise a
+row runs faster or slower depending on the pages an earlier one left behind.
 
 `--without maps` runs the conductor on DictMap (dicts, as without conductor/_u64map.c) and
 `--without tokens` decodes token ids as lists of ints (as without kvcache/_tokens.c): with
@@ -36,6 +38,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import ctypes
 import gc
 import os
 import platform
@@ -56,12 +60,16 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from bench.machine import cpu_model, git_head  # noqa: E402
-from heimdall_proxy.conductor import tables  # noqa: E402
+
+try:  # older trees (a base to compare with) have neither: --without is refused there
+    from heimdall_proxy.conductor import tables
+    from heimdall_proxy.kvcache import events as kv_events
+except ImportError:
+    tables = kv_events = None  # type: ignore[assignment]
 from heimdall_proxy.conductor.api import parse_query  # noqa: E402
 from heimdall_proxy.conductor.hashing import seq_hashes  # noqa: E402
 from heimdall_proxy.conductor.model import Registration, Stored, Stream  # noqa: E402
 from heimdall_proxy.conductor.service import Conductor  # noqa: E402
-from heimdall_proxy.kvcache import events as kv_events  # noqa: E402
 from heimdall_proxy.kvcache.events import decode_batch  # noqa: E402
 
 BLOCK = 16
@@ -118,6 +126,13 @@ async def ingest_vllm(conductor: Conductor, payloads: list[tuple[str, bytes]]) -
     return time.perf_counter() - t0
 
 
+def release_memory() -> None:
+    """Collect garbage and give the freed memory back to the system (see the docstring)."""
+    gc.collect()
+    with contextlib.suppress(OSError, AttributeError):  # not glibc: pages may be reused
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+
+
 def _rss() -> int:
     """This process's resident size, in bytes."""
     with open("/proc/self/statm") as f:
@@ -132,7 +147,7 @@ def vllm_row(
     conductor = Conductor()
     regs = registrations(conductor, instances)
     payloads = vllm_payloads(regs, blocks, per_event, per_batch)
-    gc.collect()
+    release_memory()
     rss = _rss()
     seconds = asyncio.run(ingest_vllm(conductor, payloads))
     gc.collect()
@@ -177,7 +192,7 @@ async def ingest_pipeline(
         for pool in pools:  # spawned and imported before the clock starts
             await asyncio.wrap_future(pool.submit(int))
         pids = [pid for pool in pools for pid in (pool._processes or {})]
-        gc.collect()
+        release_memory()
         w0 = sum(map(_proc_cpu, pids))
         c0 = time.process_time()
         t0 = time.perf_counter()
@@ -231,7 +246,7 @@ def ingest_standard(conductor: Conductor, regs: list[Registration], blocks: int)
         stream = Stream(reg.namespace(), reg.instance_id, "gpu", 0)
         hashes = [rng.getrandbits(64) for _ in range(BLOCKS_PER_EVENT)]
         events.append((reg.key, Stored(stream, e, hashes)))
-    gc.collect()
+    release_memory()
     t0 = time.perf_counter()
     for key, ev in events:
         conductor.apply_events(key, (ev,))
@@ -382,6 +397,8 @@ def main() -> int:
     args = ap.parse_args()
     if args.client:
         return client_main(args.client, args.http_queries, args.prompt_tokens)
+    if args.without and (tables is None or not hasattr(kv_events, "_pack_token_ids")):
+        ap.error("--without: this tree has no such extensions")
     if "maps" in args.without:
         tables._U64Map = None
     if "tokens" in args.without:
