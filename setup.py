@@ -1,11 +1,13 @@
 """The compiled parts: kvcache/_chain.c, the XXH3 rolling block keys (kvcache.hashing);
 kvcache/_tokens.c, vLLM event batches with their token ids packed as u32 before msgpack
 decodes them (kvcache.events); conductor/_u64map.c, the conductor's maps from u64 to u64
-(conductor.tables).
+(conductor.tables); conductor/_vllm_ingest.c, vLLM's plain batches applied to those maps
+without Python per event (conductor.native_ingest).
 
-Everything else is in pyproject.toml. The chain links the system's libxxhash (Debian's
-libxxhash0, which apt itself depends on). Both are optional: where one cannot be built, the
-install goes on and the Python code it speeds up runs instead (slower, same answers)."""
+Everything else is in pyproject.toml. The chain and the native ingest link the system's
+libxxhash (Debian's libxxhash0, which apt itself depends on). Each is optional: where one
+cannot be built, the install goes on and the Python code it speeds up runs instead (slower,
+same answers)."""
 
 from setuptools import Extension, setup
 
@@ -22,12 +24,23 @@ setup(
         Extension(
             "heimdall_proxy.kvcache._tokens",
             sources=["heimdall_proxy/kvcache/_tokens.c"],
+            depends=["heimdall_proxy/kvcache/_msgpack.h"],
             extra_compile_args=["-O2"],
             optional=True,
         ),
         Extension(
             "heimdall_proxy.conductor._u64map",
             sources=["heimdall_proxy/conductor/_u64map.c"],
+            depends=["heimdall_proxy/conductor/_u64map.h"],
+            extra_compile_args=["-O2"],
+            optional=True,
+        ),
+        Extension(
+            "heimdall_proxy.conductor._vllm_ingest",
+            sources=["heimdall_proxy/conductor/_vllm_ingest.c"],
+            depends=["heimdall_proxy/conductor/_u64map.h", "heimdall_proxy/kvcache/_msgpack.h"],
+            include_dirs=["heimdall_proxy/kvcache"],
+            extra_link_args=["-l:libxxhash.so.0"],
             extra_compile_args=["-O2"],
             optional=True,
         ),

@@ -26,12 +26,14 @@ the engine-hash maps and what the allocator kept of the garbage). Each ingest st
 the memory earlier rows freed given back to the system (glibc's malloc_trim): otherwise a
 row runs faster or slower depending on the pages an earlier one left behind.
 
-`--without maps` runs the conductor on DictMap (dicts, as without conductor/_u64map.c) and
-`--without tokens` decodes token ids as lists of ints (as without kvcache/_tokens.c): with
-and without, run one after the other, give the extensions' share on the same machine.
+`--without maps` runs the conductor on DictMap (dicts, as without conductor/_u64map.c),
+`--without tokens` decodes token ids as lists of ints (as without kvcache/_tokens.c),
+`--without native` decodes and applies every vLLM batch in Python (as without
+conductor/_vllm_ingest.c): with and without, run one after the other, give each
+extension's share on the same machine.
 
 Run: python bench/conductor.py [--instances 64] [--blocks 100000] [--workers 0,1,2]
-[--only-ingest] [--without maps] [--without tokens]
+[--only-ingest] [--without maps] [--without tokens] [--without native]
 """
 
 from __future__ import annotations
@@ -61,11 +63,15 @@ if str(ROOT) not in sys.path:
 
 from bench.machine import cpu_model, git_head  # noqa: E402
 
-try:  # older trees (a base to compare with) have neither: --without is refused there
+try:  # older trees (a base to compare with) have none: --without is refused there
     from heimdall_proxy.conductor import tables
     from heimdall_proxy.kvcache import events as kv_events
 except ImportError:
     tables = kv_events = None  # type: ignore[assignment]
+try:
+    from heimdall_proxy.conductor import native_ingest
+except ImportError:
+    native_ingest = None  # type: ignore[assignment]
 from heimdall_proxy.conductor.api import parse_query  # noqa: E402
 from heimdall_proxy.conductor.hashing import seq_hashes  # noqa: E402
 from heimdall_proxy.conductor.model import Registration, Stored, Stream  # noqa: E402
@@ -119,10 +125,13 @@ def vllm_payloads(
 
 
 async def ingest_vllm(conductor: Conductor, payloads: list[tuple[str, bytes]]) -> float:
+    """Each payload prepared as the event loop prepares it (ingest workers off: a plain
+    batch scanned for the native path, else decoded) and applied."""
+    prepare: Any = decode_batch if native_ingest is None else native_ingest.prepare
     gc.collect()
     t0 = time.perf_counter()
     for key, payload in payloads:
-        await conductor.apply(key, decode_batch(payload))
+        await conductor.apply(key, prepare(payload))
     return time.perf_counter() - t0
 
 
@@ -388,10 +397,11 @@ def main() -> int:
     ap.add_argument(
         "--without",
         action="append",
-        choices=["maps", "tokens"],
+        choices=["maps", "tokens", "native"],
         default=[],
         help="run without a C extension: maps (conductor/_u64map.c: dicts instead), tokens "
-        "(kvcache/_tokens.c: token ids as lists of ints); repeatable",
+        "(kvcache/_tokens.c: token ids as lists of ints), native (conductor/_vllm_ingest.c: "
+        "every batch decoded and applied in Python); repeatable",
     )
     ap.add_argument("--client", metavar="URL", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -403,6 +413,10 @@ def main() -> int:
         tables._U64Map = None
     if "tokens" in args.without:
         kv_events._pack_token_ids = None
+    if "native" in args.without:
+        if native_ingest is None:
+            ap.error("--without native: this tree has no native ingest")
+        native_ingest._vllm_ingest = None
 
     load = os.getloadavg()
     rows: list[str] = []

@@ -21,6 +21,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from operator import or_
 
+from heimdall_proxy.conductor import native_ingest
 from heimdall_proxy.conductor.engine_map import EngineMaps, Targets
 from heimdall_proxy.conductor.model import Cleared, Namespace, Removed, Stored, Stream
 from heimdall_proxy.conductor.tables import U64_LIMIT, BlockMap, as_dict_map, new_map
@@ -128,6 +129,35 @@ class ConductorIndex:
         self._set(space.media.get(stream.medium) or space.medium(stream.medium), bit, keys)
         self.stats.stored_blocks += len(keys)
         return len(keys)
+
+    def apply_plain(self, publisher: str, stream: Stream, payload: bytes) -> tuple[int, int, int]:
+        """Apply a plain vLLM batch of `publisher` (conductor.native_ingest: `stream` is its
+        registration's namespace and the batch's medium) in C, as far as it goes: (events
+        applied from the first, of them stored, removed). None applied until the publisher's
+        maps exist (its first stored event makes them, in Python) and while they are
+        DictMaps."""
+        ns = stream.namespace
+        maps = self.engines.maps.get(publisher)
+        emap = maps.get(ns) if maps else None
+        space = self.spaces.get(ns)
+        if maps is None or emap is None or space is None:
+            return 0, 0, 0
+        bit = space.bits.get((stream.backend_id, stream.dp_rank))
+        index = space.media.get(stream.medium)
+        if bit is None or index is None:
+            return 0, 0, 0
+        done = native_ingest.apply(
+            payload, emap, index, bit, self.seed, ns.block_size, self.max_keys, len(maps) == 1
+        )
+        if done is None:
+            return 0, 0, 0
+        events, stored, blocks, removed, removed_blocks, unknown, evicted = done
+        stats = self.stats
+        stats.stored_blocks += blocks
+        stats.removed_blocks += removed_blocks
+        stats.unknown_removals += unknown
+        stats.evicted_keys += evicted
+        return events, stored, removed
 
     def removed(self, publisher: str, ev: Removed, engine_hashes: bool) -> int:
         """Apply a `removed` event; `engine_hashes`: its hashes are the engine's (resolved in

@@ -34,7 +34,7 @@ StreamCache = dict[StreamKey, Stream]
 MAX_STREAMS = 4096
 
 
-def _stream(
+def stream_of(
     reg: Registration,
     streams: StreamCache | None,
     medium: str | None,
@@ -68,7 +68,7 @@ def from_vllm(
         if type(ev) is BlockStored:
             out.append(
                 Stored(  # positional (every vLLM event): base_block_idx, parent_hash, ...
-                    _stream(reg, streams, ev.medium, ev.lora_name, ev.lora_id, ev.cache_salt),
+                    stream_of(reg, streams, ev.medium, ev.lora_name, ev.lora_id, ev.cache_salt),
                     event_id,
                     ev.block_hashes,
                     None,
@@ -78,8 +78,8 @@ def from_vllm(
                 )
             )
         elif type(ev) is BlockRemoved:
-            out.append(Removed(_stream(reg, streams, ev.medium), event_id, ev.block_hashes))
+            out.append(Removed(stream_of(reg, streams, ev.medium), event_id, ev.block_hashes))
         elif type(ev) is AllBlocksCleared:
-            stream = _stream(reg, streams, ev.medium)
+            stream = stream_of(reg, streams, ev.medium)
             out.append(Cleared(stream, event_id, True, all_media=ev.medium is None))
     return out

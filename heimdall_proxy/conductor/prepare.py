@@ -39,6 +39,7 @@ from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from typing import Any
 
+from heimdall_proxy.conductor import native_ingest
 from heimdall_proxy.conductor.engine_map import EngineMaps
 from heimdall_proxy.conductor.model import Cleared, Registration, Removed, Stored
 from heimdall_proxy.conductor.normalise import StreamCache, from_vllm
@@ -268,8 +269,8 @@ class ConductorPreparer:
         return zlib.crc32(pod.encode()) % len(self._pools)
 
     def _inline(self, pods: list[str], payloads: list[bytes]) -> Iterable[EventBatch | str]:
-        if not self.processes:
-            return decode_payloads(payloads)
+        if not self.processes:  # plain batches are applied in C (conductor.native_ingest)
+            return map(native_ingest.prepare, payloads)
         generation_of = self.generation_of
         return (
             batch

@@ -32,7 +32,8 @@ from heimdall_proxy.conductor.mooncake import (
     decode_mooncake,
     from_mooncake,
 )
-from heimdall_proxy.conductor.normalise import StreamCache, from_vllm
+from heimdall_proxy.conductor.native_ingest import PlainBatch
+from heimdall_proxy.conductor.normalise import StreamCache, from_vllm, stream_of
 from heimdall_proxy.conductor.prepare import (
     REMOVED,
     STORED,
@@ -270,7 +271,9 @@ class Conductor:
             return
         if batch.ts > 0:
             self.lag[key] = max(0.0, time.time() - batch.ts)
-        if isinstance(batch, MooncakeBatch):
+        if type(batch) is PlainBatch:
+            self._apply_plain(key, reg, batch)
+        elif isinstance(batch, MooncakeBatch):
             state = self._mooncake.setdefault(key, MooncakeState())
             events, invalid = from_mooncake(reg, batch.raw, state)
             self.stats.invalid_events += invalid
@@ -280,6 +283,23 @@ class Conductor:
             if streams is None:
                 streams = self._streams[key] = {}
             self.apply_events(key, from_vllm(reg, batch, streams=streams))
+
+    def _apply_plain(self, key: str, reg: Registration, batch: PlainBatch) -> None:
+        """A batch the C scan found plain (conductor.native_ingest): its events applied in C
+        from the first, as far as that goes; the rest decoded and applied here."""
+        streams = self._streams.get(key)
+        if streams is None:
+            streams = self._streams[key] = {}
+        stream = stream_of(reg, streams, batch.medium)
+        done, stored, removed = self.index.apply_plain(key, stream, batch.payload)
+        self.events.stored += stored
+        self.events.removed += removed
+        if done < batch.count:
+            rest = decode_payload(batch.payload)
+            if isinstance(rest, str):  # pragma: no cover - the scan found it well-formed
+                return
+            rest.events = rest.events[done:]
+            self.apply_events(key, from_vllm(reg, rest, streams=streams))
 
     def _apply_resolved(self, key: str, batch: PreparedBatch) -> None:
         """A batch an ingest worker resolved (conductor.prepare): only the index's bits are

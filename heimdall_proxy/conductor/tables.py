@@ -116,6 +116,11 @@ def new_map(wide: bool = False) -> BlockMap:
     return DictMap()
 
 
+def is_native(table: BlockMap) -> bool:
+    """Whether `table` is a U64Map (conductor.native_ingest writes only those)."""
+    return _U64Map is not None and type(table) is _U64Map
+
+
 def as_dict_map(table: BlockMap) -> DictMap:
     """`table` as a DictMap (itself if it is one), its order kept."""
     if type(table) is DictMap:
