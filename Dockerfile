@@ -17,6 +17,7 @@ RUN apt-get update \
     && python -P -c "from heimdall_proxy.kvcache.hashing import NATIVE; assert NATIVE" \
     && python -P -c "from heimdall_proxy.kvcache.events import PACKS_TOKENS; assert PACKS_TOKENS" \
     && python -P -c "from heimdall_proxy.conductor.tables import NATIVE; assert NATIVE" \
+    && python -P -c "from heimdall_proxy.conductor.native_ingest import enabled; assert enabled()" \
     && apt-get purge -y gcc libc6-dev && apt-get autoremove -y \
     && rm -rf /var/lib/apt/lists/* \
     && useradd --system --uid 10001 --no-create-home heimdall
