@@ -24,7 +24,7 @@
  * orphan), a first hash already mapped (a block stored again), a block size other than the
  * registration's, a removal when the publisher has maps in several namespaces; the Python
  * path then applies the rest (scan made sure it decodes the same events). A MemoryError
- * stops it the same way. tests/conductor/test_native_ingest.py holds both paths to the same
+ * stops it the same way, before the event changes anything (Python then meets it). tests/conductor/test_native_ingest.py holds both paths to the same
  * index, maps and counters.
  */
 #define PY_SSIZE_T_CLEAN
@@ -457,8 +457,8 @@ scratch(Apply *a, size_t n, size_t k)
     return 0;
 }
 
-/* A stored event: 1 applied, 0 left for Python (nothing changed), -1 MemoryError (the
- * engine map may hold its entries; as in Python, where the index's write comes after). */
+/* A stored event: 1 applied, 0 left for Python, -1 MemoryError (also left for Python: nothing
+ * was changed but the maps' capacity). */
 static int
 apply_stored(Apply *a, const uint8_t *p, size_t len, const Event *ev)
 {
@@ -499,18 +499,17 @@ apply_stored(Apply *a, const uint8_t *p, size_t len, const Event *ev)
         pair[0] = key;
         a->keys[b] = key;
     }
-    /* the engine map, then the index: EngineMaps.stored, then ConductorIndex.add */
-    if (room(a->emap, (size_t)n) < 0) {
+    /* room in both maps first: a MemoryError then leaves both as they were, and Python
+     * applies the event whole */
+    if (room(a->emap, (size_t)n) < 0 || room(a->index, (size_t)n) < 0) {
         return -1;
     }
+    /* the engine map, then the index: EngineMaps.stored, then ConductorIndex.add */
     at = ev->hashes_at;
     for (uint64_t b = 0; b < n; b++) {
         upsert(a->emap, item(p, len, &at))->value = a->keys[b]; /* room made: no NULL */
     }
     evict_oldest(a->emap, a->max_keys);
-    if (room(a->index, (size_t)n) < 0) {
-        return -1;
-    }
     for (uint64_t b = 0; b < n; b++) {
         upsert(a->index, a->keys[b])->value |= a->bit;
     }
@@ -559,6 +558,8 @@ PyDoc_STRVAR(apply_doc,
              "removals resolve in this map alone. `events`: how many, from the first, were\n"
              "applied; the rest are the Python path's. The rest: what they did.");
 
+/* The caller ran scan on `payload` (it is plain: every event's shape, one medium); what
+ * apply still checks is what decides, event by event, between C and Python. */
 static PyObject *
 apply(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -601,8 +602,8 @@ apply(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     if (a.removals < 0) {
         return NULL;
     }
-    if (a.bit == 0 || a.block_size == 0 || a.block_size > (1u << 20) || max_keys < 0) {
-        PyErr_SetString(PyExc_ValueError, "apply: bit and block_size must be > 0");
+    if (a.bit == 0 || a.block_size == 0 || max_keys < 0) {
+        PyErr_SetString(PyExc_ValueError, "apply: bit and block_size must be > 0, max_keys >= 0");
         return NULL;
     }
     a.max_keys = (size_t)max_keys;
@@ -623,8 +624,11 @@ apply(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
             }
             const int rc = ev.stored ? apply_stored(&a, p, len, &ev)
                                      : apply_removed(&a, p, len, &ev);
+            if (rc < 0) {
+                PyErr_Clear(); /* the rest in Python, which meets the MemoryError itself */
+            }
             if (rc <= 0) {
-                break; /* the rest in Python (which meets a MemoryError again, if any) */
+                break;
             }
         }
     }

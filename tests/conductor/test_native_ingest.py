@@ -199,3 +199,28 @@ def test_what_is_not_plain_is_decoded_as_before() -> None:
     # bytes after the batch, a cut: the decoder's error, not a plain batch
     assert type(native_ingest.prepare(plain + b"\x00")) is str
     assert type(native_ingest.prepare(plain[:-3])) is str
+
+
+def test_any_block_size_the_api_takes() -> None:
+    """A registration's block size past 2**20 (the API asks only for >= 1): its batches
+    apply as in Python, natively where they can."""
+    big = (1 << 20) + 1
+    native, python = Conductor(), Conductor()
+    for c in (native, python):
+        c.registrations["p|default|0"] = Registration(
+            "tcp://h:1", None, "vLLM", "m", "", "default", "p", big, 0, ""
+        )
+    batches = [
+        msgpack.packb([1.0, [["BlockStored", [7], None, [3] * big, big, None, "GPU"]], 0]),
+        msgpack.packb([2.0, [["BlockStored", [8], 7, [4] * big, big, None, "GPU"]], 0]),
+        msgpack.packb([3.0, [["BlockRemoved", [7, 9], "GPU"]], 0]),
+    ]
+
+    async def feed() -> None:
+        for payload in batches:
+            await native.apply("p|default|0", native_ingest.prepare(payload))  # type: ignore[arg-type]
+            await python.apply("p|default|0", decode_batch(payload))
+
+    asyncio.run(feed())
+    assert state(native) == state(python)
+    assert native.stats.stored_blocks == 2 and native.stats.removed_blocks == 1
