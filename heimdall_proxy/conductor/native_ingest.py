@@ -38,7 +38,7 @@ class PlainBatch(EventBatch):
 
 def enabled() -> bool:
     """Whether batches are scanned (the extension and U64Map are both built)."""
-    return _vllm_ingest is not None and tables.NATIVE and tables._U64Map is not None
+    return _vllm_ingest is not None and tables.maps_are_native()
 
 
 def prepare(payload: bytes) -> EventBatch | str:

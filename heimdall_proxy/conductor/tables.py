@@ -116,6 +116,11 @@ def new_map(wide: bool = False) -> BlockMap:
     return DictMap()
 
 
+def maps_are_native() -> bool:
+    """Whether new_map makes U64Maps (the extension is built, and no test turned it off)."""
+    return _U64Map is not None
+
+
 def is_native(table: BlockMap) -> bool:
     """Whether `table` is a U64Map (conductor.native_ingest writes only those)."""
     return _U64Map is not None and type(table) is _U64Map
