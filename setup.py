@@ -16,6 +16,7 @@ setup(
         Extension(
             "heimdall_proxy.kvcache._chain",
             sources=["heimdall_proxy/kvcache/_chain.c"],
+            depends=["heimdall_proxy/kvcache/_chain.h"],
             # the runtime library by its soname: no -dev package (header, .so link) needed
             extra_link_args=["-l:libxxhash.so.0"],
             extra_compile_args=["-O2"],
@@ -38,7 +39,11 @@ setup(
         Extension(
             "heimdall_proxy.conductor._vllm_ingest",
             sources=["heimdall_proxy/conductor/_vllm_ingest.c"],
-            depends=["heimdall_proxy/conductor/_u64map.h", "heimdall_proxy/kvcache/_msgpack.h"],
+            depends=[
+                "heimdall_proxy/conductor/_u64map.h",
+                "heimdall_proxy/kvcache/_chain.h",
+                "heimdall_proxy/kvcache/_msgpack.h",
+            ],
             include_dirs=["heimdall_proxy/kvcache"],
             extra_link_args=["-l:libxxhash.so.0"],
             extra_compile_args=["-O2"],

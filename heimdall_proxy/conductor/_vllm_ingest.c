@@ -5,7 +5,7 @@
  * ~5.5 us (decoding and checking it, a Stored object, the stream, the engine-hash map and
  * the index, a dozen calls), so one core applies ~0.18M of them a second. Here a batch of
  * plain events is read straight from its msgpack payload and applied to the same maps
- * (U64Map, _u64map.h) with the same arithmetic (the XXH3 chain of kvcache/_chain.c).
+ * (U64Map, _u64map.h) with the same arithmetic (kvcache/_chain.h's chain step).
  *
  * Plain (`scan`): a batch [ts, [events], dp_rank, ...] that is well-formed msgpack to its
  * last byte, whose events all share one medium and are each
@@ -29,16 +29,13 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include "_u64map.h"
+#include "_chain.h"
 #include "_msgpack.h"
 
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "the chain hashes little-endian u32 and u64 values in place"
 #endif
 
-/* xxHash's stable ABI, as kvcache/_chain.c declares it (0.8.0 or later: XXH3 frozen) */
-uint64_t XXH3_64bits_withSeed(const void *input, size_t length, uint64_t seed);
-unsigned XXH_versionNumber(void);
-#define XXH3_FROZEN 800
 
 static PyTypeObject *U64MapType; /* heimdall_proxy.conductor._u64map.U64Map */
 
@@ -518,14 +515,9 @@ apply_stored(Apply *a, const uint8_t *p, size_t len, const Event *ev)
         a->tokens[i] = (uint32_t)item(p, len, &at);
     }
     uint64_t pair[2] = {parent_key, 0};
+    int chained = ev->has_parent;
     for (uint64_t b = 0; b < n; b++) {
-        uint64_t key = XXH3_64bits_withSeed(a->tokens + b * bs, (size_t)(bs * 4), a->seed);
-        if (b > 0 || ev->has_parent) {
-            pair[1] = key;
-            key = XXH3_64bits_withSeed(pair, sizeof(pair), a->seed);
-        }
-        pair[0] = key;
-        a->keys[b] = key;
+        a->keys[b] = chain_step(pair, &chained, a->tokens + b * bs, (size_t)(bs * 4), a->seed);
     }
     /* room in both maps first: a MemoryError then leaves both as they were, and Python
      * applies the event whole */

@@ -19,14 +19,7 @@
 #include <stdint.h>
 #include <string.h>
 
-/* xxHash's stable ABI (xxhash.h); declared here so that building needs only the runtime
- * library, which every Debian-based system ships (apt depends on it). XXH3's output was
- * frozen in 0.8.0: 0.7.x exports the same symbol with other answers (inputs of 0-3 and over
- * 240 bytes), so the module refuses to load on an older library (kvcache.hashing then
- * checks known answers too, and falls back to its Python loop). */
-uint64_t XXH3_64bits_withSeed(const void *input, size_t length, uint64_t seed);
-unsigned XXH_versionNumber(void);
-#define XXH3_FROZEN 800 /* 0.8.0 */
+#include "_chain.h" /* the chain step and xxHash's ABI (why it is declared, not included) */
 
 #define STACK_TOKENS 256
 
@@ -81,13 +74,7 @@ typedef struct {
 static int
 put_key(PyObject *out, Py_ssize_t b, const void *block, size_t bytes, Chain *c)
 {
-    uint64_t key = XXH3_64bits_withSeed(block, bytes, c->seed);
-    if (c->chained) {
-        c->pair[1] = key;
-        key = XXH3_64bits_withSeed(c->pair, sizeof(c->pair), c->seed);
-    }
-    c->chained = 1;
-    c->pair[0] = key;
+    const uint64_t key = chain_step(c->pair, &c->chained, block, bytes, c->seed);
     PyObject *value = PyLong_FromUnsignedLongLong(key);
     if (value == NULL) {
         return -1;
