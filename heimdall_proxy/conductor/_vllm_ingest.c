@@ -112,43 +112,6 @@ skip_valid(Reader *r, int depth)
     return 0;
 }
 
-/* A u64 at r->pos (a uint, or an int encoding of one >= 0), moved past; 0, or -1. */
-static int
-read_u64(Reader *r, uint64_t *v)
-{
-    /* the encodings a packer gives ids and hashes first: fixint, uint16, uint32, uint64 */
-    const uint8_t *p = r->p + r->pos;
-    const size_t left = r->len - r->pos;
-    if (left >= 1 && p[0] <= 0x7f) {
-        *v = p[0];
-        r->pos += 1;
-        return 0;
-    }
-    if (left >= 3 && p[0] == 0xcd) {
-        *v = (uint64_t)p[1] << 8 | p[2];
-        r->pos += 3;
-        return 0;
-    }
-    if (left >= 5 && p[0] == 0xce) {
-        *v = be(p + 1, 4);
-        r->pos += 5;
-        return 0;
-    }
-    if (left >= 9 && p[0] == 0xcf) {
-        *v = be(p + 1, 8);
-        r->pos += 9;
-        return 0;
-    }
-    int kind;
-    size_t size;
-    if (header(r, &kind, v, &size) < 0 || (kind != K_UINT && kind != K_INT) ||
-        (kind == K_INT && (int64_t)*v < 0)) {
-        return -1;
-    }
-    r->pos += size;
-    return 0;
-}
-
 static int
 is_nil(const Reader *r)
 {
@@ -458,23 +421,10 @@ typedef struct {
 static int
 scratch(Apply *a, size_t n, size_t k)
 {
-    if (n > a->tokens_cap) {
-        uint32_t *t = PyMem_RawRealloc(a->tokens, n * sizeof(uint32_t));
-        if (t == NULL) {
-            return -1;
-        }
-        a->tokens = t;
-        a->tokens_cap = n;
-    }
-    if (k > a->keys_cap) {
-        uint64_t *kk = PyMem_RawRealloc(a->keys, k * sizeof(uint64_t));
-        if (kk == NULL) {
-            return -1;
-        }
-        a->keys = kk;
-        a->keys_cap = k;
-    }
-    return 0;
+    return grow((void **)&a->tokens, &a->tokens_cap, n, sizeof(uint32_t)) < 0 ||
+                   grow((void **)&a->keys, &a->keys_cap, k, sizeof(uint64_t)) < 0
+               ? -1
+               : 0;
 }
 
 /* A stored event: 1 applied, 0 left for Python, -1 MemoryError (also left for Python: nothing
@@ -659,8 +609,8 @@ apply(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
             }
         }
     }
-    PyMem_RawFree(a.tokens);
-    PyMem_RawFree(a.keys);
+    PyMem_Free(a.tokens);
+    PyMem_Free(a.keys);
     return Py_BuildValue("(KKKKKKK)", (unsigned long long)done,
                          (unsigned long long)a.stored_events,
                          (unsigned long long)a.stored_blocks,

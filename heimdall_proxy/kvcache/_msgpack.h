@@ -1,8 +1,10 @@
-/* A msgpack reader that walks a payload without decoding it: headers, skips and string
- * compares, every read bounds-checked. Shared by kvcache/_tokens.c and
- * conductor/_vllm_ingest.c (static inline: each compiles its own copy). */
+/* A msgpack reader that walks a payload without decoding it: headers, skips, string
+ * compares and non-negative ints, every read bounds-checked; and `grow`, for the buffers a
+ * walk fills. Shared by kvcache/_tokens.c and conductor/_vllm_ingest.c (static inline: each
+ * compiles its own copy). */
 #ifndef HEIMDALL_MSGPACK_H
 #define HEIMDALL_MSGPACK_H
+#include <Python.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
@@ -181,6 +183,64 @@ is_str(const Reader *r, const char *s)
     const size_t len = strlen(s);
     return header(r, &kind, &n, &size) == 0 && kind == K_STR && n == len &&
            need(r, size + len) && memcmp(r->p + r->pos + size, s, len) == 0;
+}
+
+/* A u64 at r->pos (a uint, or an int encoding of one >= 0), moved past; 0, or -1. */
+static inline int
+read_u64(Reader *r, uint64_t *v)
+{
+    /* the encodings a packer gives ids and hashes first: fixint, uint16, uint32, uint64 */
+    const uint8_t *p = r->p + r->pos;
+    const size_t left = r->len - r->pos;
+    if (left >= 1 && p[0] <= 0x7f) {
+        *v = p[0];
+        r->pos += 1;
+        return 0;
+    }
+    if (left >= 3 && p[0] == 0xcd) {
+        *v = (uint64_t)p[1] << 8 | p[2];
+        r->pos += 3;
+        return 0;
+    }
+    if (left >= 5 && p[0] == 0xce) {
+        *v = (uint64_t)p[1] << 24 | (uint64_t)p[2] << 16 | (uint64_t)p[3] << 8 | p[4];
+        r->pos += 5;
+        return 0;
+    }
+    if (left >= 9 && p[0] == 0xcf) {
+        *v = be(p + 1, 8);
+        r->pos += 9;
+        return 0;
+    }
+    int kind;
+    size_t size;
+    if (header(r, &kind, v, &size) < 0 || (kind != K_UINT && kind != K_INT) ||
+        (kind == K_INT && (int64_t)*v < 0)) {
+        return -1;
+    }
+    r->pos += size;
+    return 0;
+}
+
+/* Room for `want` items of `item` bytes in *buf (PyMem, doubling from 16): the buffers a
+ * walk fills as it reads. 0, or -1 (no exception set). */
+static inline int
+grow(void **buf, size_t *cap, size_t want, size_t item)
+{
+    if (want <= *cap) {
+        return 0;
+    }
+    size_t cap2 = *cap ? *cap : 16;
+    while (cap2 < want) {
+        cap2 *= 2;
+    }
+    void *p = PyMem_Realloc(*buf, cap2 * item);
+    if (p == NULL) {
+        return -1;
+    }
+    *buf = p;
+    *cap = cap2;
+    return 0;
 }
 
 #endif /* HEIMDALL_MSGPACK_H */

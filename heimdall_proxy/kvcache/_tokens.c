@@ -41,25 +41,6 @@ typedef struct {
     int refuse; /* a token_ids already given as a bin: leave the payload alone */
 } Plan;
 
-static int
-grow(void **buf, size_t *cap, size_t want, size_t item)
-{
-    if (want <= *cap) {
-        return 0;
-    }
-    size_t cap2 = *cap ? *cap : 16;
-    while (cap2 < want) {
-        cap2 *= 2;
-    }
-    void *p = PyMem_Realloc(*buf, cap2 * item);
-    if (p == NULL) {
-        return -1;
-    }
-    *buf = p;
-    *cap = cap2;
-    return 0;
-}
-
 /* The token_ids array at r->pos: read into the plan when every id is a u32, else skipped.
  * 0; -1 for an early end; -2 out of memory. */
 static int
@@ -85,33 +66,11 @@ tokens(Reader *r, Plan *plan)
     uint32_t *out = plan->ids + plan->nids;
     for (uint64_t i = 0; i < n; i++) {
         uint64_t v;
-        /* the usual encodings of an id first: fixint, uint8, uint16, uint32 */
-        const uint8_t *p = r->p + r->pos;
-        const size_t left = r->len - r->pos;
-        if (left >= 1 && p[0] <= 0x7f) {
-            out[i] = p[0];
-            r->pos += 1;
-            continue;
-        }
-        if (left >= 3 && p[0] == 0xcd) {
-            out[i] = (uint32_t)p[1] << 8 | p[2];
-            r->pos += 3;
-            continue;
-        }
-        if (left >= 5 && p[0] == 0xce) {
-            out[i] = (uint32_t)p[1] << 24 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 8 | p[4];
-            r->pos += 5;
-            continue;
-        }
-        if (header(r, &kind, &v, &size) < 0) {
-            return -1;
-        }
-        if ((kind != K_UINT && kind != K_INT) || v > UINT32_MAX) {
-            r->pos = start; /* not all u32 (a negative int reads as > u32 too): as is */
+        if (read_u64(r, &v) < 0 || v > UINT32_MAX) {
+            r->pos = start; /* not all u32, or cut short: as is, for the decoder's checks */
             return skip(r);
         }
         out[i] = (uint32_t)v;
-        r->pos += size;
     }
     if (grow((void **)&plan->spans, &plan->capspans, plan->nspans + 1, sizeof(Span)) < 0) {
         return -2;
