@@ -147,7 +147,8 @@ class OutlierDetectionConfig(PluginParams):
     `consecutiveFailures` attempts all failed (connect or read error, 5xx, 429) leaves the
     candidates for `baseEjectionTime` x the number of times it was ejected (at most
     `maxEjectionTime`); then it is tried again, and one more failure ejects it again.
-    `consecutiveFailures` 0 turns ejection off."""
+    `consecutiveFailures` 0 turns ejection off. A 500 counts only once another pod served
+    the same request (server/outliers.py: a request failing on two pods is its own fault)."""
 
     consecutive_failures: int = Field(default=5, ge=0)
     base_ejection_time: Duration = 30.0

@@ -6,7 +6,13 @@ Semantics are Envoy's outlier detection, in the terms of `OutlierDetectionConfig
 number of its ejections (capped at `max_ejection_time`); when that time is over it is a
 candidate again, and the next attempt decides (one failure re-ejects it, for longer; a
 success resets its count of ejections). If every candidate is ejected, none is (panic mode):
-better a pod that may fail than a certain 503."""
+better a pod that may fail than a certain 503.
+
+Whose fault a failure is: a connect or read failure, or a 429, 502, 503 or 504, is the pod's
+and counts at once. A 500 may be the request's (a body that crashes the model server's
+handler fails on every pod), so it is held by the request's `Verdicts` until another pod
+tells: a success there makes it the first pod's fault (counted); another 500, or a 4xx,
+makes it the request's (counted against no pod, and the relay stops trying pods)."""
 
 from __future__ import annotations
 
@@ -85,3 +91,39 @@ class OutlierDetector:
         if len(kept) == len(candidates):
             self.any_ejected = any(s.until > now for s in pods.values())
         return kept or candidates
+
+
+#: Statuses that say the pod cannot serve now, whatever the request (overload, gone, slow).
+POD_FAULT_STATUSES = frozenset({429, 502, 503, 504})
+#: The one status that may be the request's fault rather than the pod's.
+AMBIGUOUS_STATUS = 500
+
+
+class Verdicts:
+    """One request's attempts, as the outlier detector should count them: a 500 is held
+    until another pod's answer says whose fault it was (see the module docstring)."""
+
+    __slots__ = ("_detector", "_held")
+
+    def __init__(self, detector: OutlierDetector) -> None:
+        self._detector = detector
+        self._held: str | None = None
+
+    def answered(self, pod: str, status: int) -> bool:
+        """Count `pod`'s answer `status`. True when the request itself is at fault (a second
+        pod answered 500 too): it must not be tried on more pods."""
+        detector = self._detector
+        if status == AMBIGUOUS_STATUS:
+            if self._held is not None:
+                self._held = None  # two pods failed the same request: neither is to blame
+                return True
+            self._held = pod
+            return False
+        if status in POD_FAULT_STATUSES:
+            detector.failure(pod)
+            return False
+        detector.success(pod)
+        held, self._held = self._held, None
+        if held is not None and status < 400:  # another pod served it: the 500 was the pod's
+            detector.failure(held)
+        return False

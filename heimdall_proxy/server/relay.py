@@ -28,7 +28,7 @@ from heimdall_proxy.server.director import Decision
 from heimdall_proxy.server.headers import client_response_headers, upstream_request_headers
 from heimdall_proxy.server.hooks import Hooks
 from heimdall_proxy.server.hops import Hops
-from heimdall_proxy.server.outliers import OutlierDetector
+from heimdall_proxy.server.outliers import OutlierDetector, Verdicts
 from heimdall_proxy.server.retry import RETRY_STATUSES, RetryBudget, backoff, failure_reason
 from heimdall_proxy.server.tracing import RequestTrace
 from heimdall_proxy.upstream import NO_LIMITS, UpstreamClient, UpstreamResponse, UpstreamTimeouts
@@ -101,14 +101,19 @@ class Relay:
             return attempt + 1 < len(order) and budget.allows()
 
         spans: RequestTrace | None = state.get(SPANS_KEY)
+        verdicts = Verdicts(self.outliers)
         budget.in_flight += 1
         try:
             while True:
                 ctx = RequestContext(ireq, state, result, target, prefill=prefill, attempt=attempt)
                 if spans is None:
-                    response = await self._attempt(request, ctx, body, headers, another_pod)
+                    response = await self._attempt(
+                        request, ctx, body, headers, verdicts, another_pod
+                    )
                 else:
-                    response = await self._traced(spans, request, ctx, body, headers, another_pod)
+                    response = await self._traced(
+                        spans, request, ctx, body, headers, verdicts, another_pod
+                    )
                 if response is not None:
                     return response
                 tried.append(f"{target.name} ({ctx.error})")
@@ -139,6 +144,7 @@ class Relay:
         ctx: RequestContext,
         body: bytes,
         base_headers: CIMultiDict[str],
+        verdicts: Verdicts,
         another_pod: Callable[[], bool],
     ) -> web.StreamResponse | None:
         """`_attempt` inside an `upstream attempt` span whose traceparent the pod receives."""
@@ -152,7 +158,7 @@ class Relay:
         with spans.client("upstream attempt", **attributes) as span:
             headers = base_headers.copy()
             spans.inject(span, headers)
-            response = await self._attempt(request, ctx, body, headers, another_pod)
+            response = await self._attempt(request, ctx, body, headers, verdicts, another_pod)
             if ctx.status is not None:
                 span.set_attribute("http.response.status_code", ctx.status)
             if ctx.error is not None:
@@ -165,11 +171,13 @@ class Relay:
         ctx: RequestContext,
         body: bytes,
         base_headers: CIMultiDict[str],
+        verdicts: Verdicts,
         another_pod: Callable[[], bool] = lambda: False,
     ) -> web.StreamResponse | None:
         """One try on ctx.target. Returns None when the pod failed before sending a response,
         or answered a retryable status while another pod may still be tried; the caller moves
-        on to the next pod."""
+        on to the next pod. A status that `verdicts` finds to be the request's own fault is
+        relayed as it is, never tried on another pod."""
         target = ctx.target
         hooks = self.hooks
         upstream: UpstreamResponse | None = None
@@ -202,11 +210,8 @@ class Relay:
                 return None
             ctx.status = upstream.status
             ctx.upstream_response_headers = upstream.headers
-            if upstream.status in RETRY_STATUSES:
-                self.outliers.failure(target.name)
-            else:
-                self.outliers.success(target.name)
-            if upstream.status in RETRY_STATUSES and another_pod():
+            its_own_fault = verdicts.answered(target.name, upstream.status)
+            if upstream.status in RETRY_STATUSES and not its_own_fault and another_pod():
                 ctx.error = f"status {upstream.status}"
                 self._attempt_failed(ctx, str(upstream.status), None)
                 return None

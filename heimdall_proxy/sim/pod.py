@@ -351,6 +351,12 @@ class SimPod:
             return _error(400, str(exc))
         max_tokens = _max_tokens(data, o.default_max_tokens)
         kv_params = data.get("kv_transfer_params")
+        xargs = data.get("vllm_xargs")
+        if kv_params is None and isinstance(xargs, Mapping):
+            kv_params = xargs.get("kv_transfer_params")  # vLLM reads it from there too
+        if kv_params is not None and not isinstance(kv_params, Mapping):
+            # vLLM's handler fails on it with an internal error, on every pod alike
+            return _error(500, "kv_transfer_params must be an object", "InternalServerError")
         kv_params = kv_params if isinstance(kv_params, Mapping) else {}
         prefill_only = bool(kv_params.get("do_remote_decode"))
         if prefill_only:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import aiohttp
 
 from heimdall_proxy.config import OutlierDetectionConfig
-from heimdall_proxy.server.outliers import OutlierDetector
+from heimdall_proxy.server.outliers import OutlierDetector, Verdicts
 from tests.conftest import GatewayFactory, PodFactory, eventually, make_config
 from tests.helpers import ep
 
@@ -106,3 +106,76 @@ async def test_a_pod_whose_engine_is_stuck_but_metrics_answer_leaves_rotation(
     assert stuck.pod.received == [] and len(good.pod.received) == 4
     stuck.pod.health_status = None  # one good check brings it back
     await eventually(lambda: gw.gateway.pool.get(stuck.name).healthy)
+
+
+def test_a_500_counts_only_once_another_pod_served_the_request() -> None:
+    clock = Clock()
+    d = detector(clock, consecutiveFailures=1)
+    first = Verdicts(d)
+    assert not first.answered("a", 500)  # held: whose fault is not known yet
+    assert names(d.filter(PODS)) == ["a", "b"]
+    assert not first.answered("b", 200)  # b served it: a's 500 was a's
+    assert names(d.filter(PODS)) == ["b"]
+    clock.now = 100.0
+    again = Verdicts(d)
+    assert not again.answered("b", 500)
+    assert again.answered("a", 500)  # the same request failed on two pods: its own fault
+    assert names(d.filter(PODS)) == ["a", "b"]
+    bad_input = Verdicts(d)
+    assert not bad_input.answered("a", 500)
+    assert not bad_input.answered("b", 400)  # a 4xx elsewhere: the request was at fault
+    assert names(d.filter(PODS)) == ["a", "b"]
+    for status in (503, 429):  # overload and unavailability are the pod's, at once
+        clock.now += 1000.0
+        assert not Verdicts(d).answered("a", status)
+        assert names(d.filter(PODS)) == ["b"]
+
+
+async def test_a_request_that_fails_on_two_pods_is_answered_and_ejects_no_pod(
+    start_pod: PodFactory, start_gateway: GatewayFactory
+) -> None:
+    """A body that makes every pod answer 500 (vLLM's handler failing on it) stops after two
+    pods, reaches the client as the pod answered it, and takes no pod out of rotation, so a
+    client cannot empty the pool by repeating it."""
+    pods = [await start_pod() for _ in range(3)]
+    cfg = make_config(pods)
+    cfg = cfg.model_copy(
+        update={"outlier_detection": OutlierDetectionConfig(consecutiveFailures=1)}
+    )
+    gw = await start_gateway(cfg, trust_client_transfer_params=True, max_attempts=3)
+    poison = {"model": "sim-model", "prompt": "hi", "max_tokens": 1, "kv_transfer_params": "x"}
+    good = {"model": "sim-model", "prompt": "hi", "max_tokens": 1}
+    async with aiohttp.ClientSession() as http:
+        for _ in range(3):
+            async with http.post(f"{gw.url}/v1/completions", json=poison) as r:
+                assert r.status == 500
+                assert "kv_transfer_params" in (await r.json())["error"]["message"]
+        assert sum(len(p.pod.received) for p in pods) == 6  # two pods each, not three
+        for _ in range(6):
+            async with http.post(f"{gw.url}/v1/completions", json=good) as r:
+                assert r.status == 200
+    assert not gw.gateway.outliers.any_ejected
+    for p in pods:
+        assert not gw.metric("inference_objective_pod_ejections_total", {"pod": p.name})
+    assert gw.metric("inference_objective_retries_total", {"reason": "500"}) == 3
+
+
+async def test_a_pod_answering_500_to_what_another_serves_is_ejected(
+    start_pod: PodFactory, start_gateway: GatewayFactory
+) -> None:
+    bad, good = await start_pod(), await start_pod()
+    bad.pod.fail_status = 500
+    good.pod.metrics_override = {"waiting": 10}  # queue scoring prefers the failing pod
+    cfg = make_config([bad, good])
+    cfg = cfg.model_copy(
+        update={"outlier_detection": OutlierDetectionConfig(consecutiveFailures=2)}
+    )
+    gw = await start_gateway(cfg)
+    await eventually(lambda: gw.gateway.pool.get(good.name).metrics.waiting == 10)
+    body = {"model": "sim-model", "prompt": "hi", "max_tokens": 1}
+    async with aiohttp.ClientSession() as http:
+        for _ in range(5):
+            async with http.post(f"{gw.url}/v1/completions", json=body) as r:
+                assert r.status == 200
+    assert len(bad.pod.received) == 2  # ejected after its second 500 that good served
+    assert gw.metric("inference_objective_pod_ejections_total", {"pod": bad.name}) == 1

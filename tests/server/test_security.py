@@ -118,6 +118,10 @@ async def test_client_transfer_params_are_dropped_unless_trusted(
     assert (await call(gw, "POST", "/v1/chat/completions", {**CHAT, **steer}))[0] == 200
     got = pod.pod.received[-1].json()
     assert "kv_transfer_params" not in got and "ec_transfer_params" not in got
+    # vLLM reads kv_transfer_params from vllm_xargs too: dropped there, the rest kept
+    xargs = {"vllm_xargs": {"kv_transfer_params": {"remote_host": "10.0.0.66"}, "seed_x": 1}}
+    assert (await call(gw, "POST", "/v1/chat/completions", {**CHAT, **xargs}))[0] == 200
+    assert pod.pod.received[-1].json()["vllm_xargs"] == {"seed_x": 1}
     trusted = await start_gateway(make_config([pod]), trust_client_transfer_params=True)
     assert (await call(trusted, "POST", "/v1/chat/completions", {**CHAT, **steer}))[0] == 200
     assert pod.pod.received[-1].json()["kv_transfer_params"]["remote_host"] == "10.0.0.66"
