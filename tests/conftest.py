@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
+import uvloop
 import zmq.asyncio
 from aiohttp import web
 from aiohttp.test_utils import TestServer
@@ -22,6 +23,22 @@ from heimdall_proxy.server.app import GATEWAY, create_app
 from heimdall_proxy.server.gateway import Gateway
 from heimdall_proxy.server.options import ServerOptions
 from heimdall_proxy.sim import SimOptions, SimPod
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "uvloop: run the test on uvloop (as production runs) as well as on asyncio"
+    )
+
+
+def pytest_asyncio_loop_factories(
+    config: pytest.Config, item: pytest.Item
+) -> dict[str, Callable[[], asyncio.AbstractEventLoop]]:
+    """asyncio's loop for every test; uvloop's too for those marked `uvloop`: transports,
+    signals and timers differ between the two, and the gateway runs on uvloop."""
+    if item.get_closest_marker("uvloop") is not None:
+        return {"asyncio": asyncio.new_event_loop, "uvloop": uvloop.new_event_loop}
+    return {"asyncio": asyncio.new_event_loop}
 
 
 @dataclass

@@ -239,7 +239,10 @@ async def test_idle_and_slowloris_connections_are_closed(start_pod: PodFactory) 
         slow_w.close()
 
 
-async def test_connections_over_the_cap_get_503(start_pod: PodFactory) -> None:
+@pytest.mark.uvloop
+async def test_connections_over_the_cap_get_503(
+    start_pod: PodFactory, caplog: pytest.LogCaptureFixture
+) -> None:
     async with listening(make_config([await start_pod()]), max_connections=2) as url:
         host, port = url.removeprefix("http://").split(":")
         held = [await asyncio.open_connection(host, int(port)) for _ in range(2)]
@@ -248,6 +251,13 @@ async def test_connections_over_the_cap_get_503(start_pod: PodFactory) -> None:
         # fixed wait).
         status, doc = await health_until(url, 503)
         assert status == 503 and doc["error"]["code"] == "too_many_connections"
+        # a burst over the cap: every connection is answered, and the log gets one line
+        caplog.clear()
+        request = b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n"
+        replies = await asyncio.gather(*(raw(url, request) for _ in range(20)))
+        assert all(status_and_json(r)[0] == 503 for r in replies)
+        refusals = [r for r in caplog.records if "refused" in r.getMessage()]
+        assert len(refusals) <= 1
         for _, w in held:
             w.close()
         assert (await health_until(url, 200))[0] == 200
