@@ -20,7 +20,7 @@ from collections.abc import Callable
 from typing import Any, cast
 
 from aiohttp import web
-from aiohttp.web_protocol import RequestHandler
+from aiohttp.web_protocol import RequestHandler, RequestPayloadError
 
 from heimdall_proxy.server.errors import error_response
 
@@ -108,6 +108,15 @@ class GatewayRequestHandler(RequestHandler):
     def connection_lost(self, exc: BaseException | None) -> None:
         self.count.open -= 1
         super().connection_lost(exc)
+
+    def log_exception(self, *args: Any, **kw: Any) -> None:
+        """A body aiohttp could not decode fails again when aiohttp drains what is left of
+        it after the answer (400, server/gateway.py): the client's error, not a traceback."""
+        exc = kw.get("exc_info")
+        if isinstance(exc, RequestPayloadError):
+            log.info("dropped the rest of an undecodable request body: %s", exc)
+            return
+        super().log_exception(*args, **kw)
 
     def handle_error(
         self,

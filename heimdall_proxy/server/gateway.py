@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 import aiohttp
 from aiohttp import web
+from aiohttp.web_protocol import RequestPayloadError
 
 from heimdall_proxy.config import GatewayConfig
 from heimdall_proxy.datalayer.pool import EndpointPool
@@ -224,6 +225,14 @@ class Gateway:
         except web.HTTPRequestEntityTooLarge as exc:
             raise RequestError(
                 413, f"The request body exceeds {limit} bytes.", code="request_too_large"
+            ) from exc
+        except RequestPayloadError as exc:  # e.g. Content-Encoding: gzip on a body that is not
+            encoding = request.headers.get("Content-Encoding", "")
+            raise RequestError(
+                400,
+                "The request body could not be read"
+                + (f" as Content-Encoding {encoding!r}." if encoding else "."),
+                code="invalid_body",
             ) from exc
 
     async def _handle_traced(

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gzip
+import logging
 import socket
 from collections.abc import AsyncIterator
 from typing import Any
@@ -288,6 +289,30 @@ async def test_a_gzip_body_is_forwarded_decoded_without_its_encoding(
     got = pod.pod.received[-1]
     assert got.json()["messages"] == CHAT["messages"]
     assert "content-encoding" not in {k.lower() for k in got.headers}
+
+
+@pytest.mark.uvloop
+@pytest.mark.parametrize("encoding", ["gzip", "deflate"])
+async def test_a_body_that_is_not_in_its_content_encoding_is_400_without_a_traceback(
+    start_pod: PodFactory, caplog: pytest.LogCaptureFixture, encoding: str
+) -> None:
+    async with listening(make_config([await start_pod()])) as url:
+        body = orjson.dumps(CHAT)  # plain JSON, though the header says it is compressed
+        head = (
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+            b"Content-Type: application/json\r\nContent-Encoding: " + encoding.encode() +
+            b"\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n"
+        )  # fmt: skip
+        status, doc = status_and_json(await raw(url, head + body))
+        assert status == 400, doc
+        assert doc["error"]["code"] == "invalid_body"
+        assert doc["error"]["type"] == "invalid_request_error"
+        good = (
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
+            b"\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body
+        )  # fmt: skip
+        assert status_and_json(await raw(url, good))[0] == 200
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR or r.exc_info]
 
 
 async def test_body_sent_too_slowly_is_408_and_a_whole_body_is_served(
