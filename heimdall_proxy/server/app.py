@@ -33,6 +33,10 @@ log = logging.getLogger(__name__)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
+#: After the drain, how long aiohttp gives each connection's handler to end (twice: once to
+#: finish, once to stop after cancelling it).
+SHUTDOWN_GRACE = 0.25
+
 
 def openai_errors(handler: Handler) -> Handler:
     """`handler` with routing errors and unexpected exceptions rendered as OpenAI-shaped JSON.
@@ -202,7 +206,9 @@ async def serve(app: web.Application, options: ServerOptions, banner: str | None
         handler_cancellation=True,
         access_log=None,
         keepalive_timeout=options.keepalive_timeout,
-        shutdown_timeout=options.drain_timeout,
+        # The drain is waited for here (below): aiohttp would wait its shutdown timeout
+        # for a request and then as long again for it to stop, rounded up to seconds.
+        shutdown_timeout=SHUTDOWN_GRACE,
     )
     await runner.setup()
     listener: asyncio.Server | None = None
@@ -234,6 +240,15 @@ async def serve(app: web.Application, options: ServerOptions, banner: str | None
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), options.drain_delay)
         log.info("shutting down; requests in flight get %.0fs", options.drain_timeout)
+        listener.close()
+        runner.server.pre_shutdown()  # open connections take no further request
+        try:
+            await asyncio.wait_for(app[GATEWAY].drained(), options.drain_timeout)
+        except TimeoutError:
+            log.warning(
+                "requests still in flight after --drain-timeout %.0fs are cut",
+                options.drain_timeout,
+            )
     finally:
         if listener is not None:
             listener.close()

@@ -202,6 +202,12 @@ class Gateway:
             self._replaced.discard(old)
             await old.stop()
 
+    async def drained(self) -> None:
+        """Return once no inference request is in flight, on the routing in force or on one
+        a reload replaced (shutdown's drain)."""
+        for routing in (self.routing, *self._replaced):
+            await routing.drained()
+
     async def _read_body(self, request: web.Request) -> bytes:
         limit = self.options.max_body_bytes
         declared = request.content_length
