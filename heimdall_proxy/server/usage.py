@@ -85,7 +85,9 @@ def ask_for_usage(request: Any) -> bool:
     """Have a streamed chat or completions request ask the pod for its usage
     (`stream_options.include_usage`) when the client did not, so token counts and TPOT are
     measured on every stream. Returns True when it changed the request: the usage event is
-    then the gateway's, and `strip_usage_events` keeps it from the client."""
+    then the gateway's, and `strip_usage_events` keeps it from the client. A client's
+    `continuous_usage_stats` is turned off with it: vLLM honours it only with
+    `include_usage`, so alone it gets the client no usage, and the gateway keeps it so."""
     if request.api not in ("chat", "completions") or not request.stream:
         return False
     options = request.data.get("stream_options")
@@ -96,6 +98,8 @@ def ask_for_usage(request: Any) -> bool:
         if isinstance(options, DICT_OR_MAPPING)
         else {"include_usage": True}
     )
+    if merged.get("continuous_usage_stats"):
+        merged["continuous_usage_stats"] = False
     request.set_data({**request.data, "stream_options": merged})
     return True
 

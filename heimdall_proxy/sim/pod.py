@@ -25,7 +25,7 @@ from heimdall_proxy.sim.kvevents import KVEvent, KVEventPublisher
 from heimdall_proxy.sim.metrics import LoraInfo, render
 from heimdall_proxy.sim.options import SimOptions
 from heimdall_proxy.sim.prompt import ApiKind
-from heimdall_proxy.sim.shapes import DONE, Shapes
+from heimdall_proxy.sim.shapes import DONE, Shapes, usage
 from heimdall_proxy.sim.tokens import WORDS, OutputWords, Prompt, PromptError, Tokenizer
 
 __all__ = ["WORDS", "Received", "SimOptions", "SimPod"]
@@ -495,12 +495,15 @@ class SimPod:
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await response.prepare(request)
         emit = _Emitter(self, request, response)
-        include_usage = bool((data.get("stream_options") or {}).get("include_usage"))
+        options = data.get("stream_options") or {}
+        include_usage = bool(options.get("include_usage"))
+        # vLLM: usage in every event only when include_usage is on too
+        continuous = include_usage and bool(options.get("continuous_usage_stats"))
         try:
             if api == "responses":
                 await self._responses_stream(emit, shapes, seq)
             else:
-                await self._chunks_stream(emit, api, shapes, seq)
+                await self._chunks_stream(emit, api, shapes, seq, continuous)
                 if include_usage:
                     await emit(
                         shapes.usage_chunk(seq.prompt_len, seq.num_output, seq.cached_tokens)
@@ -525,14 +528,22 @@ class SimPod:
         if seq.status is Status.ABORTED:
             raise _Aborted
 
-    async def _chunks_stream(self, emit: _Emitter, api: ApiKind, shapes: Shapes, seq: Seq) -> None:
+    async def _chunks_stream(
+        self, emit: _Emitter, api: ApiKind, shapes: Shapes, seq: Seq, continuous: bool = False
+    ) -> None:
         sent = 0
+
+        def running(n: int) -> dict[str, Any] | None:
+            return usage(seq.prompt_len, n, seq.cached_tokens) if continuous else None
+
         started = False
         finish_sent = False
         while True:
             await self._progress(seq, sent)
             if api == "chat" and not started:
-                await emit(shapes.chat_chunk({"role": "assistant", "content": ""}, None))
+                await emit(
+                    shapes.chat_chunk({"role": "assistant", "content": ""}, None, running(0))
+                )
             started = True
             words = seq.output_words[sent:]
             end = seq.num_output
@@ -541,18 +552,18 @@ class SimPod:
                 finish = seq.finish_reason if last else None
                 piece = (" " if i else "") + word
                 if api == "chat":
-                    await emit(shapes.chat_chunk({"content": piece}, finish))
+                    await emit(shapes.chat_chunk({"content": piece}, finish, running(i + 1)))
                 else:
-                    await emit(shapes.completion_chunk(piece, finish))
+                    await emit(shapes.completion_chunk(piece, finish, running(i + 1)))
                 finish_sent = finish_sent or last
             sent = end
             if seq.done:
                 break
         if not finish_sent:
             if api == "chat":
-                await emit(shapes.chat_chunk({"content": ""}, seq.finish_reason))
+                await emit(shapes.chat_chunk({"content": ""}, seq.finish_reason, running(sent)))
             else:
-                await emit(shapes.completion_chunk("", seq.finish_reason))
+                await emit(shapes.completion_chunk("", seq.finish_reason, running(sent)))
 
     async def _responses_stream(self, emit: _Emitter, shapes: Shapes, seq: Seq) -> None:
         prompt = seq.prompt_len

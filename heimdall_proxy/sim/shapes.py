@@ -76,24 +76,29 @@ class Shapes:
             }
         )
 
-    def completion_chunk(self, text: str, finish: str | None) -> bytes:
-        return sse(
-            {
-                "id": self.id,
-                "object": "text_completion",
-                "created": self.created,
-                "model": self.model,
-                "choices": [
-                    {
-                        "index": 0,
-                        "text": text,
-                        "logprobs": None,
-                        "finish_reason": finish,
-                        "stop_reason": None,
-                    }
-                ],
-            }
-        )
+    def completion_chunk(
+        self, text: str, finish: str | None, running: dict[str, Any] | None = None
+    ) -> bytes:
+        """One streamed completion event; `running`: the usage so far, which vLLM puts in
+        every event under `stream_options.continuous_usage_stats`."""
+        doc: dict[str, Any] = {
+            "id": self.id,
+            "object": "text_completion",
+            "created": self.created,
+            "model": self.model,
+            "choices": [
+                {
+                    "index": 0,
+                    "text": text,
+                    "logprobs": None,
+                    "finish_reason": finish,
+                    "stop_reason": None,
+                }
+            ],
+        }
+        if running is not None:
+            doc["usage"] = running
+        return sse(doc)
 
     # -- chat --------------------------------------------------------------------------
     def chat(
@@ -140,18 +145,20 @@ class Shapes:
             }
         )
 
-    def chat_chunk(self, delta: dict[str, Any], finish: str | None) -> bytes:
-        return sse(
-            {
-                "id": self.id,
-                "object": "chat.completion.chunk",
-                "created": self.created,
-                "model": self.model,
-                "choices": [
-                    {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
-                ],
-            }
-        )
+    def chat_chunk(
+        self, delta: dict[str, Any], finish: str | None, running: dict[str, Any] | None = None
+    ) -> bytes:
+        """One streamed chat event; `running` as in `completion_chunk`."""
+        doc: dict[str, Any] = {
+            "id": self.id,
+            "object": "chat.completion.chunk",
+            "created": self.created,
+            "model": self.model,
+            "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}],
+        }
+        if running is not None:
+            doc["usage"] = running
+        return sse(doc)
 
     def usage_chunk(self, prompt_tokens: int, n_tokens: int, cached: int = 0) -> bytes:
         obj = "chat.completion.chunk" if self.api == "chat" else "text_completion"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import aiohttp
 import orjson
 import pytest
@@ -114,6 +116,34 @@ async def test_a_stream_without_usage_is_asked_for_it_and_the_client_does_not_se
     assert pod.pod.received[-1].json()["stream_options"] == {"include_usage": True}
     assert '"usage"' not in text and text.rstrip().endswith("data: [DONE]")
     assert gw.metric("inference_objective_input_tokens_count", LABELS) == 1  # measured
+    assert gw.metric("inference_objective_output_tokens_sum", LABELS) == 3
+
+
+@pytest.mark.parametrize("api", ["completions", "chat"])
+async def test_continuous_usage_stats_alone_gets_no_usage_as_from_vllm_alone(
+    start_pod: PodFactory, start_gateway: GatewayFactory, api: str
+) -> None:
+    """vLLM sends usage in every event only when include_usage is on as well: a client that
+    asked for continuous stats alone gets none, through the gateway too."""
+    pod = await start_pod()
+    gw = await start_gateway(make_config([pod]))
+    options = {"continuous_usage_stats": True}
+    body: dict[str, Any] = {"model": "sim-model", "max_tokens": 3, "stream": True}
+    if api == "chat":
+        body["messages"] = [{"role": "user", "content": "one two"}]
+    else:
+        body["prompt"] = "one two"
+    path = "/v1/chat/completions" if api == "chat" else "/v1/completions"
+    async with aiohttp.ClientSession() as http:
+        async with http.post(pod.url + path, json={**body, "stream_options": options}) as r:
+            assert '"usage"' not in (await r.read()).decode()  # the pod alone
+        both = {**options, "include_usage": True}
+        async with http.post(pod.url + path, json={**body, "stream_options": both}) as r:
+            direct = (await r.read()).decode()
+        assert direct.count('"usage"') > 2  # the simulator streams running usage as vLLM
+        async with http.post(gw.url + path, json={**body, "stream_options": options}) as r:
+            text = (await r.read()).decode()
+    assert '"usage"' not in text and text.rstrip().endswith("data: [DONE]")
     assert gw.metric("inference_objective_output_tokens_sum", LABELS) == 3
 
 
