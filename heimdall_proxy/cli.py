@@ -94,6 +94,13 @@ def _add_server(p: argparse.ArgumentParser, default_port: int = 8000) -> None:
         "HEIMDALL_ADMIN_API_KEYS)",
     )
     g.add_argument(
+        "--upstream-api-key",
+        metavar="KEY",
+        help="send Authorization: Bearer KEY to the pods (vLLM's --api-key; also "
+        "HEIMDALL_UPSTREAM_API_KEY). A client's Authorization is never forwarded when the "
+        "gateway checks keys itself or this is set",
+    )
+    g.add_argument(
         "--owner-header",
         metavar="NAME",
         help="without API keys: the header that identifies the caller owning stored responses",
@@ -435,6 +442,9 @@ def _server_options(args: argparse.Namespace) -> ServerOptions:
         api_keys=tuple(args.api_key) + _env_list("HEIMDALL_API_KEYS"),
         admin_api_keys=tuple(args.admin_api_key) + _env_list("HEIMDALL_ADMIN_API_KEYS"),
         owner_header=args.owner_header,
+        upstream_api_key=args.upstream_api_key
+        or os.environ.get("HEIMDALL_UPSTREAM_API_KEY")
+        or None,
         allow_routes=tuple(args.allow_route),
         trust_client_transfer_params=args.trust_client_transfer_params,
         body_timeout=args.body_timeout,

@@ -41,11 +41,13 @@ from heimdall_proxy.upstream import KEEPALIVE, UpstreamClient, UpstreamTimeouts
 log = logging.getLogger(__name__)
 
 
-def _data_session() -> aiohttp.ClientSession:
-    """The scrapes' pooled session. No cookie jar: a pod's Set-Cookie is never replayed."""
+def _data_session(pod_key: str | None = None) -> aiohttp.ClientSession:
+    """The scrapes' pooled session, with the pods' own key when they need one (vLLM's
+    --api-key guards /v1/models). No cookie jar: a pod's Set-Cookie is never replayed."""
     return aiohttp.ClientSession(
         connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=KEEPALIVE),
         cookie_jar=aiohttp.DummyCookieJar(),
+        headers={"Authorization": f"Bearer {pod_key}"} if pod_key else None,
     )
 
 
@@ -139,7 +141,7 @@ class Gateway:
             stream: UpstreamTimeouts(read, opts.upstream_timeout)
             for stream, read in ((False, opts.first_byte_timeout), (True, opts.stream_idle_timeout))
         }
-        self._data_session = _data_session()
+        self._data_session = _data_session(opts.upstream_api_key)
         try:
             await self.routing.start(self._upstream, self._data_session, self._timeouts)
             yield

@@ -40,13 +40,36 @@ def _connection_tokens(headers: MultiMapping[str]) -> frozenset[str]:
     return frozenset(t.strip().lower() for v in values for t in v.split(","))
 
 
-def upstream_request_headers(headers: CIMultiDictProxy[str]) -> CIMultiDict[str]:
+class UpstreamCredentials:
+    """What a pod gets for Authorization: the client's own header only when the gateway
+    neither checks keys (`gateway_keys`) nor has a key for the pods (`pod_key`); else the
+    pod key, or nothing. A key a client presented to the gateway never reaches a pod."""
+
+    __slots__ = ("authorization", "drop")
+
+    def __init__(self, gateway_keys: bool = False, pod_key: str | None = None) -> None:
+        replace = gateway_keys or bool(pod_key)
+        #: request headers never forwarded
+        self.drop = _REQUEST_DROP_OWNED | {"authorization"} if replace else _REQUEST_DROP_OWNED
+        #: the Authorization value the gateway sends instead, if any
+        self.authorization = f"Bearer {pod_key}" if pod_key else None
+
+    def __repr__(self) -> str:  # never the key
+        return f"UpstreamCredentials(pod_key={self.authorization is not None})"
+
+
+FORWARD_CLIENT_CREDENTIALS = UpstreamCredentials()
+
+
+def upstream_request_headers(
+    headers: CIMultiDictProxy[str], credentials: UpstreamCredentials = FORWARD_CLIENT_CREDENTIALS
+) -> CIMultiDict[str]:
     """The client's headers minus hop-by-hop ones, Host, Content-Length, Content-Encoding and
     any header the gateway owns (`mif-*`, `x-gateway-*`, `x-decoder-host-port`,
-    `x-prefiller-host-port`)."""
+    `x-prefiller-host-port`), with Authorization as `credentials` say."""
     # the usual HTTP/1.1 keep-alive message lists nothing: no call for it
     listed = _connection_tokens(headers) if "connection" in headers else _NONE
-    drop = _REQUEST_DROP_OWNED | listed if listed else _REQUEST_DROP_OWNED
+    drop = credentials.drop | listed if listed else credentials.drop
     out: CIMultiDict[str] = CIMultiDict()
     add = out.add
     for key, value in headers.items():
@@ -54,6 +77,8 @@ def upstream_request_headers(headers: CIMultiDictProxy[str]) -> CIMultiDict[str]
         if lk in drop or lk.startswith(OWNED_PREFIXES):
             continue
         add(key, value)
+    if credentials.authorization is not None:
+        out["Authorization"] = credentials.authorization
     return out
 
 

@@ -40,6 +40,10 @@ class ServerOptions:
     api_keys: tuple[str, ...] = field(default=(), repr=False)
     #: Keys that may also use the allowlisted and debug routes.
     admin_api_keys: tuple[str, ...] = field(default=(), repr=False)
+    #: The pods' own key (vLLM's --api-key), sent as `Authorization: Bearer` on every request
+    #: to a pod (scrapes too). A client's Authorization is forwarded only when the gateway
+    #: neither checks keys nor has this: a gateway key must not reach the model servers.
+    upstream_api_key: str | None = field(default=None, repr=False)
     #: Without keys: the header whose value identifies the caller (owner of stored responses).
     owner_header: str | None = None
     #: Paths forwarded besides the inference routes (POST), e.g. /tokenize; admin key if keys.

@@ -25,7 +25,12 @@ from heimdall_proxy.framework.types import CycleState, Endpoint, InferenceReques
 from heimdall_proxy.observability import GatewayMetrics
 from heimdall_proxy.server.answers import RETRYABLE, Answers, is_stream
 from heimdall_proxy.server.director import Decision
-from heimdall_proxy.server.headers import client_response_headers, upstream_request_headers
+from heimdall_proxy.server.headers import (
+    FORWARD_CLIENT_CREDENTIALS,
+    UpstreamCredentials,
+    client_response_headers,
+    upstream_request_headers,
+)
 from heimdall_proxy.server.hooks import Hooks
 from heimdall_proxy.server.hops import Hops
 from heimdall_proxy.server.outliers import OutlierDetector, Verdicts
@@ -52,8 +57,11 @@ class Relay:
         timeouts: Mapping[bool, UpstreamTimeouts] | None = None,
         load: InFlightLoad | None = None,
         fallback: Fallback | None = None,
+        credentials: UpstreamCredentials = FORWARD_CLIENT_CREDENTIALS,
     ) -> None:
         self.client = client
+        #: What the pods get for Authorization (never a gateway key).
+        self.credentials = credentials
         #: More pods for a request whose ranking is used up (the director reschedules).
         self.fallback = fallback
         self.hooks = hooks
@@ -74,7 +82,7 @@ class Relay:
         RequestError(502) when no pod could be reached."""
         ireq, state, result = decision.request, decision.state, decision.result
         body = orjson.dumps(ireq.data) if ireq.body_modified else ireq.body
-        headers = upstream_request_headers(request.headers)
+        headers = upstream_request_headers(request.headers, self.credentials)
         # a disaggregated plan's encode and prefill hops, once, before any decode attempt
         prefill: Endpoint | None = None
         if DISAGG_PLAN_KEY in state and read_plan(state) is not None:  # no call without one

@@ -33,6 +33,7 @@ from heimdall_proxy.server.director import Director
 from heimdall_proxy.server.flow.controller import FlowController
 from heimdall_proxy.server.flow.metrics import FlowMetrics
 from heimdall_proxy.server.flow.wiring import build_flow
+from heimdall_proxy.server.headers import UpstreamCredentials
 from heimdall_proxy.server.hooks import Hooks
 from heimdall_proxy.server.hops import Hops
 from heimdall_proxy.server.options import ServerOptions
@@ -127,9 +128,12 @@ class Routing:
         loops and the plugins' background work. On failure what was started is stopped."""
         opts = self.options
         hops = Hops(upstream, self.metrics, opts.max_attempts, self.load)
+        credentials = UpstreamCredentials(
+            bool(opts.api_keys or opts.admin_api_keys), opts.upstream_api_key
+        )
         self.relay = Relay(
             upstream, self.hooks, hops, self.metrics, opts.max_attempts, self.outliers,
-            timeouts, self.load, self.director.fallback,
+            timeouts, self.load, self.director.fallback, credentials,
         )  # fmt: skip
         self.refresher = PoolRefresher(
             self.pool,

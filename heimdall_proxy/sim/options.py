@@ -23,6 +23,8 @@ class SimOptions:
     #: Disaggregation role: "encode" serves only the multimodal encoder; the others behave
     #: as vLLM does with a NIXL connector (what a request does is set by kv_transfer_params).
     role: Role = "both"
+    #: vLLM's --api-key: every /v1 route then needs `Authorization: Bearer <key>` (401).
+    api_key: str | None = None
 
     # ---- scheduler (vLLM V1) ------------------------------------------------------------
     max_num_seqs: int = 256

@@ -204,6 +204,16 @@ class SimPod:
         if self.publisher is not None:
             self.publisher.publish(events)
 
+    @web.middleware
+    async def _check_key(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        """vLLM's --api-key: the /v1 routes need the key; /health and /metrics do not."""
+        if request.path.startswith("/v1") and (
+            request.headers.get("Authorization") != f"Bearer {self.options.api_key}"
+        ):
+            return _error(401, "Unauthorized", "AuthenticationError")
+        response: web.StreamResponse = await handler(request)
+        return response
+
     def app(self) -> web.Application:
         app = web.Application(client_max_size=256 * 1024 * 1024)
         app.cleanup_ctx.append(self._lifecycle)
@@ -211,6 +221,8 @@ class SimPod:
         # holding the server's graceful shutdown for as long as they would have run.
         app.on_shutdown.append(self._on_shutdown)
         app.on_response_prepare.append(self._tag_response)
+        if self.options.api_key:
+            app.middlewares.append(self._check_key)
         app.router.add_get("/v1/models", self._models)
         app.router.add_get("/metrics", self._metrics)
         app.router.add_get("/health", self._health)

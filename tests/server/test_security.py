@@ -19,7 +19,7 @@ import pytest
 from heimdall_proxy.config import GatewayConfig
 from heimdall_proxy.server.app import create_app, serve
 from heimdall_proxy.server.options import ServerOptions
-from tests.conftest import GatewayFactory, PodFactory, RunningGateway, make_config
+from tests.conftest import GatewayFactory, PodFactory, RunningGateway, eventually, make_config
 
 STORE = {
     "featureGates": ["prepareDataPlugins"],
@@ -104,6 +104,35 @@ async def test_api_keys_guard_every_route_but_health_ready_and_metrics(
 
 def test_keys_are_never_in_the_options_repr() -> None:
     assert "k-secret" not in repr(ServerOptions(api_keys=("k-secret",)))
+    assert "k-secret" not in repr(ServerOptions(upstream_api_key="k-secret"))
+
+
+async def test_the_gateway_key_never_reaches_a_pod_and_the_pod_key_does(
+    start_pod: PodFactory, start_gateway: GatewayFactory
+) -> None:
+    user = {"Authorization": "Bearer k-user", "x-trace": "1"}
+    pod = await start_pod()
+    gw = await start_gateway(make_config([pod]), api_keys=("k-user",))
+    assert (await call(gw, "POST", "/v1/chat/completions", CHAT, user))[0] == 200
+    got = {k.lower(): v for k, v in pod.pod.received[-1].headers.items()}
+    assert "authorization" not in got and got["x-trace"] == "1"
+
+    # pods started with vLLM's --api-key: the gateway sends its own key for them, in place
+    # of the client's, on requests and on the /v1/models scrape alike
+    locked = await start_pod(api_key="k-pod")
+    gw = await start_gateway(make_config([locked]), api_keys=("k-user",), upstream_api_key="k-pod")
+    await eventually(lambda: bool(gw.gateway.pool.models()))
+    status, doc = await call(gw, "POST", "/v1/chat/completions", CHAT, user)
+    assert status == 200, doc
+    assert locked.pod.received[-1].headers["Authorization"] == "Bearer k-pod"
+    status, models = await call(gw, "GET", "/v1/models", headers=user)
+    assert status == 200 and [m["id"] for m in models["data"]] == ["sim-model"]
+
+    # no gateway keys and no pod key: the client's Authorization is the pods' business
+    open_gw = await start_gateway(make_config([pod]))
+    mine = {"Authorization": "Bearer for-the-pod"}
+    assert (await call(open_gw, "POST", "/v1/chat/completions", CHAT, mine))[0] == 200
+    assert pod.pod.received[-1].headers["Authorization"] == "Bearer for-the-pod"
 
 
 # ---- body fields and routes -----------------------------------------------------------------------
