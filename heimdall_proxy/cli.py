@@ -22,6 +22,7 @@ from heimdall_proxy.config import (
     GatewayConfig,
     PluginConfig,
     load_config,
+    require_endpoints,
 )
 from heimdall_proxy.framework.params import parse_duration
 from heimdall_proxy.observability import setup_logging
@@ -327,12 +328,14 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command")
 
     serve = sub.add_parser("serve", help="run the gateway (the default command)")
-    serve.add_argument("--config", "-c", help="YAML config; without it, the embedded demo runs")
+    serve.add_argument(
+        "--config", "-c", help="YAML config; without it, the embedded demo (simulated pods) runs"
+    )
     serve.add_argument(
         "--sim-pods",
         type=int,
         default=2,
-        help="simulated pods started when the config lists no endpoints",
+        help="without --config: simulated pods the embedded demo starts",
     )
     serve.add_argument(
         "--watch-config",
@@ -674,6 +677,7 @@ def check_config(path: str) -> int:
     try:
         config = load_config(path)
         pset = validate(config, ServerOptions())
+        require_endpoints(config)
     except ConfigError as exc:
         print(f"config error: {exc}", file=sys.stderr)
         return 1
@@ -692,11 +696,7 @@ def describe(cfg: GatewayConfig, pset: PluginSet) -> str:
         out.append(
             f"discovery: kubernetes pods {k8s.label_selector()} in {where}, port {k8s.target_port}"
         )
-    out.append(
-        "endpoints:"
-        if cfg.endpoints or k8s is not None
-        else "endpoints: (none: simulated pods are started)"
-    )
+    out.append("endpoints:")
     for ep in cfg.endpoints:
         labels = ", ".join(f"{k}={v}" for k, v in ep.labels.items())
         out.append(f"  {ep.name}  {ep.url}" + (f"  [{labels}]" if labels else ""))
@@ -750,6 +750,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         config = _load(args.config)
         if args.command == "serve":
             model, pods = "sim-model", args.sim_pods
+            if not args.config:
+                log.warning(
+                    "no --config: serving the embedded demo on %d SIMULATED pods", max(1, pods)
+                )
         else:  # demo: always the simulated fleet, whatever endpoints the config lists
             model, pods = args.model, args.pods
             config = config.model_copy(update={"endpoints": []})
@@ -763,6 +767,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         app = create_app(config, options) if has_pods else None
         if app is None:
             validate(config, options)
+            if args.command == "serve" and args.config:  # a file's pods: never simulated ones
+                require_endpoints(config)
         elif args.command == "serve" and args.config:
             from heimdall_proxy.server.reload import install_reloader
 

@@ -3,14 +3,22 @@ heimdall-values.yaml) plus the gateway's own `endpoints:` list."""
 
 from __future__ import annotations
 
+import difflib
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from heimdall_proxy.discoveryconfig import DiscoveryConfig
 from heimdall_proxy.flowconfig import FlowControlConfig, ObjectiveConfig, SaturationDetectorConfig
@@ -23,14 +31,66 @@ class ConfigError(Exception):
     """An invalid config; the message names the file, plugin, profile or field at fault."""
 
 
+def _known_keys(model: type[BaseModel]) -> set[str]:
+    known = set(model.model_fields)
+    known.update(f.alias for f in model.model_fields.values() if f.alias)
+    return known
+
+
+def warn_unknown_keys(
+    where: str, keys: Iterable[Any], known: Iterable[str], hint: str = ""
+) -> None:
+    """One warning for keys a config section has but nothing reads (a typo, or a field in
+    the wrong place), with the closest known key when one is near."""
+    choices = sorted(known)
+    for key in keys:
+        close = difflib.get_close_matches(str(key), choices, n=1, cutoff=0.75)
+        log.warning(
+            "%s: unknown key %r ignored%s%s",
+            where,
+            key,
+            f" (did you mean {close[0]!r}?)" if close else "",
+            hint,
+        )
+
+
 class _Model(BaseModel):
+    """A config section: keys it does not know are ignored with a warning naming the
+    section (`_section`), never silently."""
+
     model_config = ConfigDict(populate_by_name=True, extra="ignore")
+
+    @classmethod
+    def _section(cls, data: Mapping[Any, Any]) -> tuple[str, str]:
+        """How a warning names a section like `data`, and a hint to add."""
+        return cls.__name__, ""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _unknown_keys(cls, data: Any) -> Any:
+        if isinstance(data, Mapping):
+            known = _known_keys(cls)
+            unknown = [k for k in data if k not in known]
+            if unknown:
+                where, hint = cls._section(data)
+                warn_unknown_keys(where, unknown, known, hint)
+        return data
 
 
 class PluginConfig(_Model):
     type: str
     name: str | None = None
     parameters: dict[str, Any] | None = None
+
+    @classmethod
+    def _section(cls, data: Mapping[Any, Any]) -> tuple[str, str]:
+        name = data.get("name") or data.get("type")
+        hint = (
+            "; a weight goes on the plugin's pluginRef in a scheduling profile"
+            if "weight" in data
+            else ""
+        )
+        return f"plugin {name!r}", hint
 
     @property
     def instance_name(self) -> str:
@@ -195,6 +255,11 @@ def parse_config(doc: Any, source: str = "<memory>") -> GatewayConfig:
         if ignored:
             log.info("ignoring Helm keys %s in %s", ", ".join(ignored), source)
     epp_doc = dict(epp_doc)
+    known = _EPP_KEYS.union(_GATEWAY_KEYS)
+    unknown = [k for k in epp_doc if k not in known]
+    if unknown:  # beside the EPP keys: a typo (`schedulingProfile:`) would change routing
+        section = "config:" if "config" in doc else "top level"
+        warn_unknown_keys(f"{source} ({section})", unknown, known)
     endpoints_doc = doc.get("endpoints", epp_doc.get("endpoints")) or []
     try:
         epp = EndpointPickerConfig.model_validate(
@@ -231,6 +296,17 @@ def parse_config(doc: Any, source: str = "<memory>") -> GatewayConfig:
         discovery=discovery,
         source=source,
     )
+
+
+def require_endpoints(config: GatewayConfig) -> None:
+    """A config the gateway serves from a file must name pods (or a discovery source): an
+    empty list, from a templating mistake say, is an error, never simulated pods serving
+    fake answers. Raises ConfigError."""
+    if not config.endpoints and config.discovery.kubernetes is None:
+        raise ConfigError(
+            f"{config.source}: no endpoints and no discovery: there is no pod to route to "
+            "(`heimdall-proxy demo` runs simulated pods)"
+        )
 
 
 M = TypeVar("M", bound=BaseModel)

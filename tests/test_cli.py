@@ -22,12 +22,58 @@ def test_there_are_example_configs() -> None:
     assert len(CONFIGS) >= 3
 
 
+ONE_POD = "\nendpoints:\n- name: a\n  url: http://127.0.0.1:9\n"
+
+
 @pytest.mark.parametrize("path", CONFIGS, ids=[p.name for p in CONFIGS])
-def test_example_configs_load(path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_example_configs_load(
+    path: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    text = path.read_text()
+    if "\nendpoints:" not in text and "\ndiscovery:" not in text:
+        # a template (the demo's, say): refused until it names pods, then valid
+        assert main(["check-config", str(path)]) == 1
+        assert "no endpoints and no discovery" in capsys.readouterr().err
+        path = tmp_path / path.name
+        path.write_text(text + ONE_POD)
     assert main(["check-config", str(path)]) == 0
     out = capsys.readouterr().out
     assert out.startswith("config OK")
     assert "scheduling profiles:" in out
+
+
+@pytest.mark.parametrize("text", ["", "endpoints: []\n", "plugins:\n- type: queue-scorer\n"])
+def test_a_config_without_pods_is_an_error_never_simulated_pods(
+    text: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cfg = tmp_path / "empty.yaml"
+    cfg.write_text(text)
+    assert main(["check-config", str(cfg)]) == 1
+    assert "no endpoints and no discovery" in capsys.readouterr().err
+    assert main(["--config", str(cfg), "--port", "1"]) == 1  # before any pod or port
+    assert "no endpoints and no discovery" in capsys.readouterr().err
+
+
+def test_unknown_keys_are_warned_about_with_the_likely_key(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cfg = tmp_path / "typo.yaml"
+    cfg.write_text(
+        "plugins:\n- type: queue-scorer\n  weight: 2\n"
+        "schedulingProfile:\n- name: p\n  plugins:\n  - pluginRef: queue-scorer\n"
+        "  - pluginRef: max-score-picker\n    wieght: 2\n" + ONE_POD
+    )
+    assert main(["check-config", str(cfg)]) == 0
+    warned = [line for line in capsys.readouterr().err.splitlines() if "warning" in line]
+    assert any("'schedulingProfile'" in m and "'schedulingProfiles'" in m for m in warned)
+    assert any("plugin 'queue-scorer'" in m and "weight" in m and "pluginRef" in m for m in warned)
+    cfg.write_text(
+        "schedulingProfiles:\n- name: p\n  plugins:\n  - pluginRef: queue-scorer\n"
+        "    wieght: 2\nplugins:\n- type: queue-scorer\n" + ONE_POD
+    )
+    assert main(["check-config", str(cfg)]) == 0
+    warned = [line for line in capsys.readouterr().err.splitlines() if "warning" in line]
+    assert any("'wieght'" in m and "'weight'" in m for m in warned)
 
 
 def test_check_config_prints_resolved_profile(
@@ -37,7 +83,7 @@ def test_check_config_prints_resolved_profile(
     cfg.write_text(
         "plugins:\n- type: queue-scorer\n- type: by-label\n  parameters: {label: tier, validValues: [a]}\n"
         "schedulingProfiles:\n- name: only\n  plugins:\n  - pluginRef: by-label\n"
-        "  - pluginRef: queue-scorer\n    weight: 3\n"
+        "  - pluginRef: queue-scorer\n    weight: 3\n" + ONE_POD
     )
     assert main(["check-config", str(cfg)]) == 0
     out = capsys.readouterr().out
@@ -74,7 +120,7 @@ def test_bad_config_exits_1_naming_the_problem(
 ) -> None:
     text, expected = BAD[case]
     cfg = tmp_path / "bad.yaml"
-    cfg.write_text(text)
+    cfg.write_text(text + ("" if "[\n" in text else ONE_POD))
     assert main(["check-config", str(cfg)]) == 1
     assert expected in capsys.readouterr().err
     # serve validates the same way, before binding a port

@@ -18,7 +18,7 @@ from collections.abc import AsyncIterator
 
 from aiohttp import web
 
-from heimdall_proxy.config import ConfigError, load_config
+from heimdall_proxy.config import ConfigError, load_config, require_endpoints
 from heimdall_proxy.server.gateway import GATEWAY, Gateway
 
 log = logging.getLogger(__name__)
@@ -55,8 +55,7 @@ class ConfigReloader:
         """Load, validate and swap the file's config now; False (logged) when rejected."""
         try:
             config = load_config(self.path)
-            if not config.endpoints and config.discovery.kubernetes is None:
-                log.warning("reloaded config %s lists no endpoints: requests get 503", self.path)
+            require_endpoints(config)
             await self.gateway.reload(config)
         except ConfigError as exc:
             self.rejected += 1

@@ -136,6 +136,13 @@ async def test_sighup_swaps_endpoints_and_plugins_without_dropping_streams(
             assert await gw.pods(http) == 2
             assert {await gw.served_by(http) for _ in range(10)} <= {"p0", "p1"}
             assert gw.proc.returncode is None
+
+            # no endpoints (a templating mistake): rejected too, never an empty pool
+            cfg.write_text("endpoints: []\n")
+            gw.proc.send_signal(signal.SIGHUP)
+            await gw.wait_logged("no endpoints and no discovery")
+            assert await gw.pods(http) == 2
+            assert {await gw.served_by(http) for _ in range(10)} <= {"p0", "p1"}
             assert not gw.logged("Traceback"), gw.log.read_text()[-3000:]
 
 
