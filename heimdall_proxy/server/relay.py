@@ -139,9 +139,16 @@ class Relay:
             budget.in_flight -= 1
             if retrying:
                 budget.retries -= 1
+        # Which pods failed and how goes to the log only: pod names and addresses are the
+        # operator's (the debug routes that show them are locked down too).
+        log.warning(
+            "no model server could serve the request",
+            extra={"request_id": ireq.request_id, "error": "; ".join(tried)},
+        )
         raise RequestError(
             502,
-            "No model server could serve the request: " + "; ".join(tried),
+            f"No model server could serve the request ({len(tried)} attempts failed; "
+            f"request id {ireq.request_id}).",
             code="upstream_unreachable",
         )
 
