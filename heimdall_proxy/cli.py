@@ -70,7 +70,9 @@ def _add_logging(p: argparse.ArgumentParser) -> None:
 
 
 def _add_server(p: argparse.ArgumentParser, default_port: int = 8000) -> None:
-    p.add_argument("--host", default="0.0.0.0")
+    p.add_argument(
+        "--host", default="0.0.0.0", help="address to listen on (default 0.0.0.0: every interface)"
+    )
     p.add_argument("--port", type=int, default=default_port)
     p.add_argument(
         "--response-header",
