@@ -4,11 +4,14 @@ KV-event worker processes die with a gateway killed by SIGKILL."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import sys
 import textwrap
 import time
+from asyncio.subprocess import Process
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import aiohttp
@@ -17,7 +20,10 @@ import pytest
 from tests.helpers import free_port, wait_http
 
 
-async def test_sigterm_turns_unready_then_drains(tmp_path: Path) -> None:
+@contextlib.asynccontextmanager
+async def pod_and_gateway(tmp_path: Path, *flags: str) -> AsyncIterator[tuple[Process, str]]:
+    """A simulated pod and a gateway in front of it, both real processes (the gateway with
+    `flags`): the gateway's process and base URL, both killed at the end if still alive."""
     pod_port, gw_port = free_port(), free_port()
     py = sys.executable
     pod = await asyncio.create_subprocess_exec(
@@ -28,12 +34,22 @@ async def test_sigterm_turns_unready_then_drains(tmp_path: Path) -> None:
     cfg.write_text(f"endpoints:\n- name: p0\n  url: http://127.0.0.1:{pod_port}\n")
     gw = await asyncio.create_subprocess_exec(
         py, "-m", "heimdall_proxy", "serve", "--config", str(cfg), "--host", "127.0.0.1",
-        "--port", str(gw_port), "--drain-delay", "3s", stderr=asyncio.subprocess.DEVNULL,
+        "--port", str(gw_port), *flags, stderr=asyncio.subprocess.DEVNULL,
     )  # fmt: skip
     base = f"http://127.0.0.1:{gw_port}"
     try:
         await wait_http(f"http://127.0.0.1:{pod_port}/health")
         await wait_http(base + "/ready")
+        yield gw, base
+    finally:
+        for proc in (gw, pod):
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+
+
+async def test_sigterm_turns_unready_then_drains(tmp_path: Path) -> None:
+    async with pod_and_gateway(tmp_path, "--drain-delay", "3s") as (gw, base):
         async with aiohttp.ClientSession() as http:
             gw.send_signal(signal.SIGTERM)
             # The gateway turns unready when its loop runs the signal handler: polled, since a
@@ -51,11 +67,26 @@ async def test_sigterm_turns_unready_then_drains(tmp_path: Path) -> None:
             async with http.post(base + "/v1/completions", json=body) as r:
                 assert r.status == 200  # still served while draining
         assert await asyncio.wait_for(gw.wait(), 20) == 0
-    finally:
-        for proc in (gw, pod):
-            if proc.returncode is None:
-                proc.kill()
-                await proc.wait()
+
+
+async def test_sigterm_exits_within_the_drain_timeout_with_a_request_still_running(
+    tmp_path: Path,
+) -> None:
+    """A stream that outlives --drain-timeout is cut at the timeout, and the process exits
+    then: Kubernetes kills at its grace period, so the drain timeout must be the whole wait
+    (it was about twice that)."""
+    async with pod_and_gateway(tmp_path, "--drain-timeout", "2s") as (gw, base):
+        # thousands of decode steps: far longer than the drain timeout
+        body = {"model": "sim-model", "prompt": "hi", "max_tokens": 5000, "stream": True}
+        async with aiohttp.ClientSession() as http:
+            async with http.post(base + "/v1/completions", json=body) as r:
+                assert r.status == 200
+                await r.content.readline()  # the stream has started
+                gw.send_signal(signal.SIGTERM)
+                sent = time.monotonic()
+                assert await asyncio.wait_for(gw.wait(), 30) == 0
+                took = time.monotonic() - sent
+        assert took < 2.0 + 1.5, f"exited {took:.1f}s after SIGTERM with --drain-timeout 2s"
 
 
 WORKER_SCRIPT = textwrap.dedent(
@@ -115,43 +146,3 @@ def _alive(pid: int) -> bool:
             return f.read().rpartition(")")[2].split()[0] != "Z"
     except OSError:
         return False
-
-
-async def test_sigterm_exits_within_the_drain_timeout_with_a_request_still_running(
-    tmp_path: Path,
-) -> None:
-    """A stream that outlives --drain-timeout is cut at the timeout, and the process exits
-    then: Kubernetes kills at its grace period, so the drain timeout must be the whole wait
-    (it was about twice that)."""
-    pod_port, gw_port = free_port(), free_port()
-    py = sys.executable
-    pod = await asyncio.create_subprocess_exec(
-        py, "-m", "heimdall_proxy", "sim", "--host", "127.0.0.1", "--port", str(pod_port),
-        "--name", "p0", stderr=asyncio.subprocess.DEVNULL,
-    )  # fmt: skip
-    cfg = tmp_path / "gw.yaml"
-    cfg.write_text(f"endpoints:\n- name: p0\n  url: http://127.0.0.1:{pod_port}\n")
-    gw = await asyncio.create_subprocess_exec(
-        py, "-m", "heimdall_proxy", "serve", "--config", str(cfg), "--host", "127.0.0.1",
-        "--port", str(gw_port), "--drain-timeout", "2s", stderr=asyncio.subprocess.DEVNULL,
-    )  # fmt: skip
-    base = f"http://127.0.0.1:{gw_port}"
-    try:
-        await wait_http(f"http://127.0.0.1:{pod_port}/health")
-        await wait_http(base + "/ready")
-        # thousands of decode steps: far longer than the drain timeout
-        body = {"model": "sim-model", "prompt": "hi", "max_tokens": 5000, "stream": True}
-        async with aiohttp.ClientSession() as http:
-            async with http.post(base + "/v1/completions", json=body) as r:
-                assert r.status == 200
-                await r.content.readline()  # the stream has started
-                gw.send_signal(signal.SIGTERM)
-                sent = time.monotonic()
-                assert await asyncio.wait_for(gw.wait(), 30) == 0
-                took = time.monotonic() - sent
-        assert took < 2.0 + 1.5, f"exited {took:.1f}s after SIGTERM with --drain-timeout 2s"
-    finally:
-        for proc in (gw, pod):
-            if proc.returncode is None:
-                proc.kill()
-                await proc.wait()
