@@ -31,6 +31,16 @@ def test_completions_add_bos_unless_told_not_to(tok: LocalTokenizer) -> None:
         tok.tokenize_request("completions", {"prompt": 3})
 
 
+def test_encode_gives_the_ids_of_tokenizers_own_encode(tok: LocalTokenizer) -> None:
+    # encode goes through the batch call (it releases the GIL): the same ids as encode
+    for text in ("hello world", "<s><|user|> the pod </s> <|assistant|> ", "", "zzz unknown"):
+        for special in (True, False):
+            want = tok.tokenizer.encode(text, add_special_tokens=special).ids
+            assert tok.encode(text, add_special_tokens=special) == want
+    ids, offsets = tok.encode_with_offsets("hello world")
+    assert ids == tok.encode("hello world") and offsets[1:] == [(0, 5), (6, 11)]
+
+
 def test_chat_is_rendered_with_the_template_then_tokenized_without_bos(tok: LocalTokenizer) -> None:
     text = tok.render_chat(CHAT)
     assert text == "<s><|system|> the gateway </s> <|user|> hello world </s> <|assistant|> "
