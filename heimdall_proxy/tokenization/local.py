@@ -333,6 +333,45 @@ def completion_prompt(data: Mapping[str, Any]) -> str | list[int]:
     return prompt
 
 
+def _content_chars(content: Any) -> int:
+    if isinstance(content, str):
+        return len(content)
+    if isinstance(content, list):
+        n = 0
+        for part in content:
+            if isinstance(part, str):
+                n += len(part)
+            elif isinstance(part, Mapping) and isinstance(part.get("text"), str):
+                n += len(part["text"])
+        return n
+    return 0
+
+
+def prompt_chars(api: str, data: Mapping[str, Any]) -> int:
+    """The characters of text an OpenAI request body gives its tokenizer (a completion's
+    prompt, the first of a batch; message contents; a response's instructions and input),
+    counted without copying it: what tokenizing the request will cost, chat template aside.
+    0 when there is no text (a prompt of token ids, an odd body)."""
+    if api == "chat":
+        messages = data.get("messages")
+        if not isinstance(messages, list):
+            return 0
+        return sum(_content_chars(m.get("content")) for m in messages if isinstance(m, Mapping))
+    if api == "responses":
+        n = _content_chars(data.get("instructions"))
+        inp = data.get("input")
+        if isinstance(inp, list):
+            for item in inp:
+                if isinstance(item, Mapping):
+                    n += _content_chars(item.get("content")) + _content_chars(item.get("text"))
+            return n
+        return n + _content_chars(inp)
+    prompt = data.get("prompt", data.get("input"))
+    if isinstance(prompt, list) and prompt:
+        prompt = prompt[0]
+    return len(prompt) if isinstance(prompt, str) else 0
+
+
 def responses_messages(data: Mapping[str, Any]) -> list[dict[str, Any]]:
     """The chat messages a /v1/responses request stands for."""
     messages: list[dict[str, Any]] = []

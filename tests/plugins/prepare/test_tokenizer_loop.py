@@ -60,7 +60,11 @@ async def scenario(model_dir: Path, prompt: str) -> tuple[int, list[float]]:
     doc: dict[str, Any] = {
         "featureGates": ["prepareDataPlugins"],
         "plugins": [
-            {"type": "tokenizer", "parameters": {"modelName": str(model_dir)}},
+            {
+                "type": "tokenizer",
+                # high enough that this prompt is tokenized, not skipped as too long
+                "parameters": {"modelName": str(model_dir), "maxPromptChars": 2 * PROMPT_CHARS},
+            },
             {"type": "queue-scorer"},
         ],
         "endpoints": [{"name": "pod-0", "url": str(pod_server.make_url("")).rstrip("/")}],
