@@ -39,6 +39,29 @@ LOOPS: dict[str, Callable[[], asyncio.AbstractEventLoop]] = {
 }
 
 
+def _tokenizer(model_dir: Path) -> list[dict[str, Any]]:
+    # maxPromptChars high enough that the prompt is tokenized, not skipped as too long
+    params = {"modelName": str(model_dir), "maxPromptChars": 2 * PROMPT_CHARS}
+    return [{"type": "tokenizer", "parameters": params}, {"type": "queue-scorer"}]
+
+
+def _precise(model_dir: Path) -> list[dict[str, Any]]:
+    pool = {"modelName": str(model_dir), "workersCount": 1, "maxPromptChars": 2 * PROMPT_CHARS}
+    params = {
+        "indexerConfig": {"tokenizersPoolConfig": pool},
+        # no event feed: the scorer tokenizes and looks up all the same
+        "kvEventsConfig": {"discoverPods": False, "decodeProcesses": 0},
+    }
+    return [{"type": "precise-prefix-cache-scorer", "parameters": params}]
+
+
+#: The two plugins that tokenize in-process.
+PLUGINS: dict[str, Callable[[Path], list[dict[str, Any]]]] = {
+    "tokenizer": _tokenizer,
+    "precise-prefix-cache-scorer": _precise,
+}
+
+
 def long_prompt(chars: int) -> str:
     rnd = random.Random(32)
     words: list[str] = []
@@ -50,7 +73,7 @@ def long_prompt(chars: int) -> str:
     return " ".join(words)
 
 
-async def scenario(model_dir: Path, prompt: str) -> tuple[int, list[float]]:
+async def scenario(plugin: str, model_dir: Path, prompt: str) -> tuple[int, list[float]]:
     """The big request's status, and the times (perf_counter) of: its sending, each answer
     to /health and to a small request asked one after the other while it was in flight, and
     its answer."""
@@ -59,14 +82,7 @@ async def scenario(model_dir: Path, prompt: str) -> tuple[int, list[float]]:
     await pod_server.start_server()
     doc: dict[str, Any] = {
         "featureGates": ["prepareDataPlugins"],
-        "plugins": [
-            {
-                "type": "tokenizer",
-                # high enough that this prompt is tokenized, not skipped as too long
-                "parameters": {"modelName": str(model_dir), "maxPromptChars": 2 * PROMPT_CHARS},
-            },
-            {"type": "queue-scorer"},
-        ],
+        "plugins": PLUGINS[plugin](model_dir),
         "endpoints": [{"name": "pod-0", "url": str(pod_server.make_url("")).rstrip("/")}],
     }
     app = create_app(
@@ -117,12 +133,17 @@ async def scenario(model_dir: Path, prompt: str) -> tuple[int, list[float]]:
     return status, sorted(times)
 
 
-@pytest.mark.parametrize("loop", sorted(LOOPS))
-def test_health_is_answered_while_a_long_prompt_is_tokenized(loop: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("plugin", "loop"),
+    [("tokenizer", "asyncio"), ("tokenizer", "uvloop"), ("precise-prefix-cache-scorer", "uvloop")],
+)
+def test_health_is_answered_while_a_long_prompt_is_tokenized(
+    plugin: str, loop: str, tmp_path: Path
+) -> None:
     model_dir = make_model_dir(tmp_path / "tiny")
     prompt = long_prompt(PROMPT_CHARS)
     with asyncio.Runner(loop_factory=LOOPS[loop]) as runner:
-        status, times = runner.run(scenario(model_dir, prompt))
+        status, times = runner.run(scenario(plugin, model_dir, prompt))
     # the pod refuses a prompt beyond its context, as vLLM does: what matters is that it
     # got there, and what the gateway did meanwhile
     assert status == 400
