@@ -51,8 +51,10 @@ from typing import Any, TypeVar
 import grpc
 import grpc.aio
 
+from heimdall_proxy.tokenization import DEFAULT_MAX_PROMPT_CHARS, check_prompt_length
 from heimdall_proxy.tokenization.local import (
     completion_prompt,
+    prompt_chars,
     responses_messages,
 )
 from heimdall_proxy.tokenization.tokenizerpb import tokenizer_pb2 as pb
@@ -135,7 +137,11 @@ class UDSTokenizerClient:
     file fails a call at once; otherwise every call waits for the connection and its answer
     up to a deadline of `timeout` seconds; the model's InitializeTokenizer, which may download it,
     gets `init_timeout` but a request waits for it no longer than `timeout` (it then goes on
-    loading in the background)."""
+    loading in the background).
+
+    A request whose prompt is over `max_prompt_chars` characters is not sent
+    (TokenizeSkippedError): the service would spend seconds on it, past the deadline, and
+    its answer, millions of ids, would be decoded on the event loop."""
 
     def __init__(
         self,
@@ -144,8 +150,10 @@ class UDSTokenizerClient:
         use_tcp: bool = False,
         timeout: float = 5.0,
         init_timeout: float = 60.0,
+        max_prompt_chars: int = DEFAULT_MAX_PROMPT_CHARS,
     ) -> None:
         self.address = address
+        self.max_prompt_chars = max_prompt_chars
         self.model = model
         self.use_tcp = use_tcp
         self.timeout = timeout
@@ -315,6 +323,7 @@ class UDSTokenizerClient:
 
     async def tokenize(self, api: str, data: Mapping[str, Any], size_hint: int = 0) -> list[int]:
         """The prompt ids of an OpenAI request body (RequestTokenizer)."""
+        check_prompt_length(prompt_chars(api, data), self.max_prompt_chars)
         if api == "chat":
             return await self.render_chat_completion(data, data.get("messages"))
         if api == "responses":

@@ -2,13 +2,22 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+import threading
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from heimdall_proxy.tokenization import InProcessTokenizer
-from heimdall_proxy.tokenization.local import ChatTemplateError, LocalTokenizer, responses_messages
+from heimdall_proxy.tokenization import InProcessTokenizer, TokenizeSkippedError
+from heimdall_proxy.tokenization.local import (
+    ChatTemplateError,
+    LocalTokenizer,
+    prompt_chars,
+    responses_messages,
+)
 from tests.tokenization.model import make_model_dir
 
 CHAT = [{"role": "system", "content": "the gateway"}, {"role": "user", "content": "hello world"}]
@@ -29,6 +38,16 @@ def test_completions_add_bos_unless_told_not_to(tok: LocalTokenizer) -> None:
     )
     with pytest.raises(ValueError, match="no text prompt"):
         tok.tokenize_request("completions", {"prompt": 3})
+
+
+def test_encode_gives_the_ids_of_tokenizers_own_encode(tok: LocalTokenizer) -> None:
+    # encode goes through the batch call (it releases the GIL): the same ids as encode
+    for text in ("hello world", "<s><|user|> the pod </s> <|assistant|> ", "", "zzz unknown"):
+        for special in (True, False):
+            want = tok.tokenizer.encode(text, add_special_tokens=special).ids
+            assert tok.encode(text, add_special_tokens=special) == want
+    ids, offsets = tok.encode_with_offsets("hello world")
+    assert ids == tok.encode("hello world") and offsets[1:] == [(0, 5), (6, 11)]
 
 
 def test_chat_is_rendered_with_the_template_then_tokenized_without_bos(tok: LocalTokenizer) -> None:
@@ -139,4 +158,73 @@ async def test_in_process_tokenizer_runs_long_inputs_on_a_thread(tok: LocalToken
         assert short == tok.encode("hello world")
         assert len(long) == 4001
     finally:
+        await svc.close()
+
+
+def test_prompt_chars_counts_what_the_tokenizer_reads() -> None:
+    assert prompt_chars("completions", {"prompt": "hello"}) == 5
+    assert prompt_chars("completions", {"prompt": ["hello", "a much longer one"]}) == 5
+    assert prompt_chars("completions", {"prompt": [1, 2, 3]}) == 0
+    assert prompt_chars("completions", {"prompt": 3}) == 0
+    chat = [
+        {"role": "system", "content": "abc"},
+        {"role": "user", "content": [{"type": "text", "text": "hello"}, "xy", {"type": "i"}]},
+        "junk",
+    ]
+    assert prompt_chars("chat", {"messages": chat}) == 10
+    assert prompt_chars("chat", {"messages": "nope"}) == 0
+    items = [{"role": "user", "content": [{"type": "input_text", "text": "hey"}]},
+             {"type": "input_text", "text": "you"}, 7]  # fmt: skip
+    assert prompt_chars("responses", {"instructions": "be", "input": items}) == 8
+    assert prompt_chars("responses", {"input": "hello"}) == 5
+
+
+class _Gate:
+    """A PromptTokenizer whose calls for long prompts wait until the test opens the gate."""
+
+    def __init__(self, tok: LocalTokenizer) -> None:
+        self.tok = tok
+        self.gate = threading.Event()
+        self.started = threading.Event()
+
+    def tokenize_request(self, api: str, data: Mapping[str, Any]) -> list[int]:
+        if prompt_chars(api, data) > 100:
+            self.started.set()
+            self.gate.wait(5)
+        return self.tok.tokenize_request(api, data)
+
+
+async def test_in_process_tokenizer_bounds_its_work(tok: LocalTokenizer) -> None:
+    gated = _Gate(tok)
+    svc = InProcessTokenizer(gated, workers=1, max_prompt_chars=10_000, max_pending_chars=15_000)
+    big = {"prompt": "hello " * 1500}  # 9,000 characters
+    try:
+        with pytest.raises(TokenizeSkippedError, match="over maxPromptChars"):
+            await svc.tokenize("completions", {"prompt": "hello " * 2000}, size_hint=12_000)
+        assert svc.pending == 0
+        first = asyncio.create_task(svc.tokenize("completions", big, size_hint=9_100))
+        await asyncio.to_thread(gated.started.wait, 5)
+        # 9,000 more would make 18,000 pending: over the bound, so not queued
+        with pytest.raises(TokenizeSkippedError, match="queued"):
+            await svc.tokenize("completions", big, size_hint=9_100)
+        # nor is it tokenized inline when its body is short (responses-store expanded it)
+        with pytest.raises(TokenizeSkippedError, match="queued"):
+            await svc.tokenize("completions", big, size_hint=100)
+        # a small one still fits in the budget, and a short body is tokenized inline
+        second = asyncio.create_task(
+            svc.tokenize("completions", {"prompt": "hello world " * 500}, size_hint=6_100)
+        )
+        await asyncio.sleep(0)  # second is submitted
+        assert await svc.tokenize("completions", {"prompt": "hi"}, size_hint=20) == tok.encode("hi")
+        assert (svc.pending, svc.pending_chars) == (2, 15_000)
+        # a cancelled request's work counts until the thread is done with it
+        first.cancel()
+        await asyncio.sleep(0.01)
+        assert svc.pending == 2
+        gated.gate.set()
+        assert len(await second) == 1001
+        assert (svc.pending, svc.pending_chars) == (0, 0)
+        assert len(await svc.tokenize("completions", big, size_hint=9_100)) == 1501
+    finally:
+        gated.gate.set()
         await svc.close()

@@ -13,7 +13,13 @@ from heimdall_proxy.framework.handle import PluginHandle
 from heimdall_proxy.framework.params import PluginParams
 from heimdall_proxy.framework.registry import register
 from heimdall_proxy.framework.types import Endpoint, InferenceRequest
-from heimdall_proxy.tokenization import InProcessTokenizer, LocalTokenizer, RequestTokenizer
+from heimdall_proxy.tokenization import (
+    DEFAULT_MAX_PROMPT_CHARS,
+    InProcessTokenizer,
+    LocalTokenizer,
+    RequestTokenizer,
+    TokenizeSkippedError,
+)
 from heimdall_proxy.tokenization.resolve import TokenizerNotFoundError, find_tokenizer
 from heimdall_proxy.tokenization.uds import UDSTokenizerClient
 
@@ -31,6 +37,8 @@ class UDSTokenizerConfig(PluginParams):
 class TokenizerParams(PluginParams):
     model_name: str = Field(min_length=1)
     uds_tokenizer_config: UDSTokenizerConfig | None = None
+    #: Extension: prompts longer than this (characters) go on untokenized.
+    max_prompt_chars: int = Field(default=DEFAULT_MAX_PROMPT_CHARS, gt=0)
 
 
 @register(TOKENIZER_TYPE, TokenizerParams, feature_gate=PREPARE_DATA_GATE)
@@ -46,25 +54,37 @@ class TokenizerPlugin(BasePlugin[TokenizerParams]):
 
     Fails open: a request that cannot be tokenized (service down, no chat template, odd
     input) goes on without token ids, with a warning. A request that already carries token
-    ids is left alone. A missing local tokenizer is a configuration error."""
+    ids is left alone. A missing local tokenizer is a configuration error.
+
+    Bounded (an extension): a prompt over `maxPromptChars` characters (default 1 MiB, about
+    256k tokens) is not tokenized, nor, in-process, a request that arrives while the worker
+    has 4 x `maxPromptChars` characters of prompts queued; both go on without token ids at
+    once, counted in `skipped` and logged at debug level (not failures: the breaker is not
+    told). Later plugins then estimate the prompt's tokens from its characters."""
 
     type = TOKENIZER_TYPE
 
     def __init__(self, name: str, params: TokenizerParams, handle: PluginHandle) -> None:
         super().__init__(name, params, handle)
         self.failures = 0
+        self.skipped = 0
         self.breaker = CircuitBreaker(f"{name}: tokenizer")
         self.tokenizer: RequestTokenizer
         if params.uds_tokenizer_config is not None:
             self.tokenizer = UDSTokenizerClient(
-                params.uds_tokenizer_config.socket_file, params.model_name, timeout=1.0
+                params.uds_tokenizer_config.socket_file,
+                params.model_name,
+                timeout=1.0,
+                max_prompt_chars=params.max_prompt_chars,
             )
         else:
             try:
                 path = find_tokenizer(params.model_name)
             except TokenizerNotFoundError as exc:
                 raise ValueError(str(exc)) from exc
-            self.tokenizer = InProcessTokenizer(LocalTokenizer(path))
+            self.tokenizer = InProcessTokenizer(
+                LocalTokenizer(path), max_prompt_chars=params.max_prompt_chars
+            )
 
     def breakers(self) -> Iterable[CircuitBreaker]:
         return (self.breaker,)
@@ -79,6 +99,14 @@ class TokenizerPlugin(BasePlugin[TokenizerParams]):
                 request.api, request.data, len(request.body)
             )
             self.breaker.success()
+        except TokenizeSkippedError as exc:
+            self.skipped += 1
+            log.debug(
+                "tokenizer %r: request goes on untokenized: %s",
+                self.name,
+                exc,
+                extra={"request_id": request.request_id},
+            )
         except Exception as exc:
             self.breaker.failure()
             self.failures += 1

@@ -44,7 +44,13 @@ def build_tokenizer(cfg: TokenizersPoolConfig) -> RequestTokenizer:
     discovery first, then the HF caches and the Hub. Raises ValueError."""
     if cfg.uds is not None:
         model = uds_model_name(cfg.model_name, cfg.uds.model_tokenizer_map)
-        return UDSTokenizerClient(cfg.uds.socket_file, model, use_tcp=cfg.uds.use_tcp, timeout=1.0)
+        return UDSTokenizerClient(
+            cfg.uds.socket_file,
+            model,
+            use_tcp=cfg.uds.use_tcp,
+            timeout=1.0,
+            max_prompt_chars=cfg.max_prompt_chars,
+        )
     local = cfg.local or LocalTokenizerConfig()
     hf = cfg.hf or HFTokenizerConfig()
     sources = ["path", "local"] + (["hf"] if hf.enabled else [])
@@ -82,7 +88,9 @@ def build_tokenizer(cfg: TokenizersPoolConfig) -> RequestTokenizer:
         tokenizer = MistralRequestTokenizer(path) if mistral else LocalTokenizer(path)
     except ImportError as exc:
         raise ValueError(f"indexerConfig.tokenizersPoolConfig: {exc}") from exc
-    return InProcessTokenizer(tokenizer, workers=cfg.workers_count)
+    return InProcessTokenizer(
+        tokenizer, workers=cfg.workers_count, max_prompt_chars=cfg.max_prompt_chars
+    )
 
 
 def build_index(cfg: KVBlockIndexConfig, block_size: int, params: PrecisePrefixCacheParams,

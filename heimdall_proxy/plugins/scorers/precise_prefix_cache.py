@@ -35,6 +35,7 @@ from heimdall_proxy.plugins.scorers.precise_prefix_params import (
     unhonoured,
 )
 from heimdall_proxy.plugins.scorers.prefix_cache import cache_salt
+from heimdall_proxy.tokenization import TokenizeSkippedError
 
 PRECISE_PREFIX_CACHE_SCORER_TYPE = "precise-prefix-cache-scorer"
 
@@ -75,7 +76,9 @@ class PrecisePrefixCacheScorer(BasePlugin[PrecisePrefixCacheParams]):
     looks the keys up (Redis I/O happens here, never in the scorer) and publishes a
     PrefixCacheMatchInfo on the CycleState. Score: per pod, the longest run of cached blocks
     from the start of the prompt, each block weighted by its fastest tier, over the prompt's
-    block count, in [0, 1]. A request that cannot be tokenized scores 0.
+    block count, in [0, 1]. A request that cannot be tokenized scores 0, as does one whose
+    prompt is over `tokenizersPoolConfig.maxPromptChars` characters (an extension, default 1
+    MiB) or that finds the pool with 4 x that queued: those are not tokenized at all.
 
     With `speculativeIndexing`, pre_request records the chosen pod (and prefill pod) as
     holding the prompt's blocks for `speculativeTTL`, covering the time until its events
@@ -151,6 +154,8 @@ class PrecisePrefixCacheScorer(BasePlugin[PrecisePrefixCacheParams]):
         self._index_breaker = CircuitBreaker(f"{name}: KV index")
         self._tokenizer_breaker = CircuitBreaker(f"{name}: tokenizer")
         self._last_warning = 0.0
+        #: Requests not tokenized on purpose (tokenizersPoolConfig.maxPromptChars).
+        self.skipped = 0
 
     # ---- lifecycle -----------------------------------------------------------------------
 
@@ -202,6 +207,15 @@ class PrecisePrefixCacheScorer(BasePlugin[PrecisePrefixCacheParams]):
                 return  # the tokenizer is failing: score 0 at once instead of waiting
             try:
                 tokens = await self.tokenizer.tokenize(request.api, request.data, len(request.body))
+            except TokenizeSkippedError as exc:  # too long, or the pool is full: not a failure
+                self.skipped += 1
+                log.debug(
+                    "%s: scoring the request 0: %s",
+                    self.name,
+                    exc,
+                    extra={"request_id": request.request_id},
+                )
+                return
             except Exception as exc:
                 self._tokenizer_breaker.failure()
                 log.warning(

@@ -10,6 +10,7 @@ from heimdall_proxy.kvcache.hashing import STANDARD_HASH_SEED
 from heimdall_proxy.kvcache.index import parse_bytes, tier_weights
 from heimdall_proxy.kvcache.prepare import default_processes
 from heimdall_proxy.plugins.scorers.shared_state import RedisConfig
+from heimdall_proxy.tokenization import DEFAULT_MAX_PROMPT_CHARS
 
 
 class TokenProcessorConfig(PluginParams):
@@ -98,6 +99,8 @@ class UDSTokenizerPoolConfig(PluginParams):
 class TokenizersPoolConfig(PluginParams):
     model_name: str = Field(min_length=1)
     workers_count: int = Field(default=5, gt=0)
+    #: Extension: prompts longer than this (characters) are not tokenized (score 0).
+    max_prompt_chars: int = Field(default=DEFAULT_MAX_PROMPT_CHARS, gt=0)
     hf: HFTokenizerConfig | None = None
     local: LocalTokenizerConfig | None = None
     uds: UDSTokenizerPoolConfig | None = None

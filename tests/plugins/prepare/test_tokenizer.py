@@ -99,6 +99,32 @@ async def test_sets_token_ids_and_fails_open(
         await plugin.stop()
 
 
+async def test_prompts_over_max_prompt_chars_go_on_untokenized(
+    model_dir: Path, tmp_path: Path
+) -> None:
+    local = make(modelName=str(model_dir), maxPromptChars=40)
+    # UDS: not even sent (no service listens here: sending would be a failure)
+    uds = make(
+        modelName="tiny",
+        maxPromptChars=40,
+        udsTokenizerConfig={"socketFile": str(tmp_path / "none.sock")},
+    )
+    try:
+        for plugin in (local, uds):
+            for _ in range(10):
+                r = req("chat", {"messages": [{"role": "user", "content": "hello world " * 4}]})
+                await plugin.prepare_data(r, [])
+                assert r.token_ids is None
+            assert (plugin.skipped, plugin.failures) == (10, 0)
+            assert plugin.breaker.allow()  # skipped requests are not failures
+        short = req("chat", {"messages": [{"role": "user", "content": "hello world"}]})
+        await local.prepare_data(short, [])
+        assert short.token_ids is not None
+    finally:
+        await local.stop()
+        await uds.stop()
+
+
 async def test_uds_mode_and_service_down(model_dir: Path, tmp_path: Path) -> None:
     sock = f"/tmp/hp-tokp-{os.getpid()}-{tmp_path.name[-8:]}.sock"
     plugin = make(modelName="tiny", udsTokenizerConfig={"socketFile": sock})

@@ -229,6 +229,25 @@ async def test_untokenizable_requests_score_zero(model_dir: Path) -> None:
     assert scorer.score(state, r, [ep("a")]) == {"a": 0.0}
 
 
+async def test_prompts_over_max_prompt_chars_are_not_tokenized(model_dir: Path) -> None:
+    pool = {"modelName": str(model_dir), "maxPromptChars": 40}
+    scorer = make(str(model_dir), indexer={"tokenizersPoolConfig": pool})
+    scorer.ingest.ready = True
+    try:
+        for _ in range(10):  # never a failure: the breaker stays closed
+            state = CycleState()
+            r = req("completions", {"prompt": "hello world " * 4})  # 48 characters
+            await scorer.produce(state, r, [ep("a")])
+            assert r.token_ids is None
+            assert scorer.score(state, r, [ep("a")]) == {"a": 0.0}
+        assert scorer.skipped == 10
+        short = req("completions", {"prompt": "hello world " * 3})
+        await scorer.produce(CycleState(), short, [ep("a")])
+        assert short.token_ids is not None and len(short.token_ids) == 7
+    finally:
+        await scorer.tokenizer.close()
+
+
 async def test_metrics_are_logged_and_an_unreachable_index_fails_open(
     model_dir: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
