@@ -25,6 +25,7 @@ from heimdall_proxy.plugins.pickers.max_score import MaxScorePicker
 from heimdall_proxy.plugins.pickers.random_picker import RandomPicker
 from heimdall_proxy.plugins.pickers.weighted_random import WeightedRandomPicker
 from heimdall_proxy.plugins.prepare.tokenizer import TokenizerPlugin
+from heimdall_proxy.plugins.producers.inflight_load import InFlightLoadProducer
 from heimdall_proxy.plugins.producers.predicted_latency import PredictedLatencyProducer
 from heimdall_proxy.plugins.profiles.disagg import DisaggProfileHandler, PDProfileHandler
 from heimdall_proxy.plugins.profiles.single import SingleProfileHandler
@@ -46,6 +47,7 @@ from heimdall_proxy.plugins.scorers.prefix_cache import PrefixCacheScorer
 from heimdall_proxy.plugins.scorers.queue import QueueScorer
 from heimdall_proxy.plugins.scorers.running_requests import RunningRequestsSizeScorer
 from heimdall_proxy.plugins.scorers.session_affinity import SessionAffinityScorer
+from heimdall_proxy.plugins.scorers.token_load import TokenLoadScorer
 from heimdall_proxy.plugins.store.responses_store import ResponsesStore
 
 BUILTIN_PLUGINS: tuple[type, ...] = (
@@ -76,12 +78,14 @@ BUILTIN_PLUGINS: tuple[type, ...] = (
     QueueScorer,
     RunningRequestsSizeScorer,
     SessionAffinityScorer,
+    TokenLoadScorer,
     # pickers
     MaxScorePicker,
     RandomPicker,
     WeightedRandomPicker,
-    # prepare-data, request control, data layer, store
+    # prepare-data, producers, request control, data layer, store
     TokenizerPlugin,
+    InFlightLoadProducer,
     DisaggHeadersHandler,
     ResponseHeaderHandler,
     ModelsDataSource,

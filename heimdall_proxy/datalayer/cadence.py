@@ -19,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from heimdall_proxy.framework.flowcontrol import InFlightLoad
+from heimdall_proxy.framework.inflight import InFlightLoad
 from heimdall_proxy.framework.types import Endpoint
 
 

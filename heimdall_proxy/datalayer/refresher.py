@@ -16,7 +16,7 @@ import orjson
 from heimdall_proxy.datalayer.cadence import ScrapeCadence
 from heimdall_proxy.datalayer.pool import EndpointPool
 from heimdall_proxy.datalayer.vllm_metrics import ALL_FAMILIES, parse_vllm_metrics
-from heimdall_proxy.framework.flowcontrol import InFlightLoad
+from heimdall_proxy.framework.inflight import InFlightLoad
 from heimdall_proxy.framework.loader import WiredSource
 from heimdall_proxy.framework.types import Endpoint, parse_model_list, publish_models
 

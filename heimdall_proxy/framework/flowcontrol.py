@@ -1,10 +1,6 @@
-"""Flow control's contracts: the in-flight ledger, saturation detectors, and the policies
-that order a priority band's queues.
-
-The gateway keeps one `InFlightLoad` ledger: requests it has sent to each pod and not yet
-seen finish, and requests it has let through admission but not yet sent anywhere (`pending`).
-Scraped metrics lag by up to a scrape interval; the ledger does not, so detectors read both,
-and a burst cannot slip past a detector between two scrapes."""
+"""Flow control's contracts: saturation detectors and the policies that order a priority
+band's queues. Detectors read the gateway's in-flight ledger (framework/inflight.py) beside
+the scraped metrics."""
 
 from __future__ import annotations
 
@@ -12,46 +8,6 @@ from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
 from heimdall_proxy.framework.types import Endpoint
-
-
-class InFlightLoad:
-    """Per-pod requests and estimated prompt tokens in flight through this gateway, plus the
-    admitted requests not yet sent. Single-threaded (the event loop), so plain counters."""
-
-    __slots__ = ("count_tokens", "pending", "requests", "sent", "tokens")
-
-    def __init__(self) -> None:
-        self.requests: dict[str, int] = {}
-        self.tokens: dict[str, int] = {}
-        #: Whether anything reads `tokens` (a detector in tokens or hybrid mode sets it).
-        #: Until then the relay does not estimate a request's prompt tokens for the ledger:
-        #: that walks the messages, and with the EPP's default plugins nothing else does.
-        self.count_tokens = False
-        #: Admitted by flow control, not yet sent to a pod.
-        self.pending = 0
-        #: Requests ever sent to each pod: the data layer compares it between scrapes to
-        #: tell a pod nobody has touched (datalayer/cadence.py).
-        self.sent: dict[str, int] = {}
-
-    def acquire(self, pod: str, tokens: int) -> None:
-        self.requests[pod] = self.requests.get(pod, 0) + 1
-        self.sent[pod] = self.sent.get(pod, 0) + 1
-        self.tokens[pod] = self.tokens.get(pod, 0) + tokens
-
-    def touch(self, pod: str) -> None:
-        """Count a request sent to `pod` outside the ledger's in-flight accounting (a
-        disaggregation hop), so the data layer knows the pod was disturbed."""
-        self.sent[pod] = self.sent.get(pod, 0) + 1
-
-    def release(self, pod: str, tokens: int) -> None:
-        left = self.requests.get(pod, 0) - 1
-        if left > 0:
-            self.requests[pod] = left
-            tokens_left = self.tokens.get(pod, 0) - tokens
-            self.tokens[pod] = tokens_left if tokens_left > 0 else 0  # max(): a builtin call
-        else:
-            self.requests.pop(pod, None)
-            self.tokens.pop(pod, None)
 
 
 @runtime_checkable

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from heimdall_proxy.framework.flowcontrol import InFlightLoad
+from heimdall_proxy.framework.inflight import InFlightLoad
 from heimdall_proxy.framework.types import Endpoint
 
 

@@ -14,6 +14,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from heimdall_proxy.framework.flowcontrol import FairnessPolicy, OrderingPolicy, SaturationDetector
+from heimdall_proxy.framework.inflight import LoadEstimator
 from heimdall_proxy.framework.types import (
     CycleState,
     Endpoint,
@@ -302,6 +303,7 @@ EXTENSION_POINTS: dict[str, type] = {
     "DataSource": DataSource,
     "DataExtractor": DataExtractor,
     "SaturationDetector": SaturationDetector,
+    "LoadEstimator": LoadEstimator,
     "FairnessPolicy": FairnessPolicy,
     "OrderingPolicy": OrderingPolicy,
 }

@@ -9,6 +9,7 @@ import time
 from aiohttp import web
 from multidict import CIMultiDict
 
+from heimdall_proxy.framework.inflight import InFlightLoad
 from heimdall_proxy.framework.types import RequestContext
 from heimdall_proxy.observability import GatewayMetrics
 from heimdall_proxy.series import ModelSeries
@@ -37,9 +38,17 @@ def is_stream(resp: UpstreamResponse) -> bool:
 
 
 class Answers:
-    def __init__(self, hooks: Hooks, metrics: GatewayMetrics, outliers: OutlierDetector) -> None:
+    def __init__(
+        self,
+        hooks: Hooks,
+        metrics: GatewayMetrics,
+        outliers: OutlierDetector,
+        load: InFlightLoad | None = None,
+    ) -> None:
         self.metrics = metrics
         self.outliers = outliers
+        #: The in-flight ledger: a stream's first chunk ends its prompt's share of the load.
+        self.load = load or InFlightLoad()
         #: None when no plugin follows chunks: one test per chunk, no call.
         self.streaming = hooks.response_streaming if hooks.response_streaming.active else None
 
@@ -126,6 +135,7 @@ class Answers:
             if first:
                 first = False
                 first_at = time.monotonic()
+                self.load.prompt_done(ctx.key)
                 (series.ttft or series.histogram("ttft")).observe(
                     first_at - ctx.request.received_at
                 )

@@ -20,7 +20,7 @@ from heimdall_proxy.config import GatewayConfig
 from heimdall_proxy.datalayer.pool import EndpointPool
 from heimdall_proxy.datalayer.refresher import PoolRefresher
 from heimdall_proxy.framework.errors import RequestError
-from heimdall_proxy.framework.flowcontrol import InFlightLoad
+from heimdall_proxy.framework.inflight import InFlightLoad
 from heimdall_proxy.framework.loader import PluginSet
 from heimdall_proxy.framework.registry import Registry
 from heimdall_proxy.framework.types import ApiKind

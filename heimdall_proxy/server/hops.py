@@ -34,7 +34,7 @@ import orjson
 from multidict import CIMultiDict
 
 from heimdall_proxy.framework.disagg import DisaggPlan, multimodal_parts, read_plan
-from heimdall_proxy.framework.flowcontrol import InFlightLoad
+from heimdall_proxy.framework.inflight import InFlightLoad
 from heimdall_proxy.framework.spans import SPANS_KEY
 from heimdall_proxy.framework.types import CycleState, Endpoint, InferenceRequest
 from heimdall_proxy.observability import GatewayMetrics

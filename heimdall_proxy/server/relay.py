@@ -19,7 +19,7 @@ from multidict import CIMultiDict
 from heimdall_proxy.config import OutlierDetectionConfig
 from heimdall_proxy.framework.disagg import DISAGG_PLAN_KEY, read_plan
 from heimdall_proxy.framework.errors import RequestError
-from heimdall_proxy.framework.flowcontrol import InFlightLoad
+from heimdall_proxy.framework.inflight import InFlightLoad, LoadEstimate
 from heimdall_proxy.framework.spans import SPANS_KEY
 from heimdall_proxy.framework.types import CycleState, Endpoint, InferenceRequest, RequestContext
 from heimdall_proxy.observability import GatewayMetrics
@@ -58,6 +58,7 @@ class Relay:
         load: InFlightLoad | None = None,
         fallback: Fallback | None = None,
         credentials: UpstreamCredentials = FORWARD_CLIENT_CREDENTIALS,
+        estimate: Callable[[RequestContext], tuple[int, int]] | None = None,
     ) -> None:
         self.client = client
         #: What the pods get for Authorization (never a gateway key).
@@ -73,9 +74,11 @@ class Relay:
         #: wait for a whole non-streamed answer; none given: no limits
         self.timeouts = dict(timeouts or {False: NO_LIMITS, True: NO_LIMITS})
         self.outliers = outliers or OutlierDetector(OutlierDetectionConfig(consecutiveFailures=0))
-        self.answers = Answers(hooks, metrics, self.outliers)
-        #: What this gateway has in flight on each pod (read by the saturation detectors).
+        #: What this gateway has in flight on each pod (scorers and detectors read it), and
+        #: what an attempt adds to it (inflight-load-producer's estimate, else the defaults).
         self.load = load or InFlightLoad()
+        self.estimate = estimate or LoadEstimate()
+        self.answers = Answers(hooks, metrics, self.outliers, self.load)
 
     async def relay(self, request: web.Request, decision: Decision) -> web.StreamResponse:
         """Serve `decision` from its pod, falling back to the next-best pods. Raises
@@ -198,8 +201,11 @@ class Relay:
         upstream: UpstreamResponse | None = None
         complete = False
         finished = False  # response_complete ran (a whole answer runs it before sending)
-        tokens = ctx.request.estimated_tokens() if self.load.count_tokens else 0
-        self.load.acquire(target.name, tokens)
+        load = self.load
+        if load.count_tokens:
+            load.acquire(ctx.key, target.name, *self.estimate(ctx))
+        else:  # nothing reads tokens: no estimate (it walks the prompt)
+            load.acquire(ctx.key, target.name)
         try:
             # Inside the try: a client that disconnects while a pre_request hook awaits (a
             # Redis write, say) still gets response_complete, which undoes what the hooks
@@ -256,7 +262,7 @@ class Relay:
             ctx.error = ctx.error or "client disconnected"
             raise
         finally:
-            self.load.release(target.name, tokens)
+            load.release(ctx.key)
             if upstream is not None:
                 if complete and ctx.error is None:
                     upstream.release()

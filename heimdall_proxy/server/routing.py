@@ -23,8 +23,8 @@ from heimdall_proxy.datalayer.kubernetes import (
 from heimdall_proxy.datalayer.pool import EndpointPool
 from heimdall_proxy.datalayer.refresher import PoolRefresher, RefreshOptions
 from heimdall_proxy.datalayer.vllm_metrics import needed_families
-from heimdall_proxy.framework.flowcontrol import InFlightLoad
 from heimdall_proxy.framework.handle import PluginHandle
+from heimdall_proxy.framework.inflight import InFlightLoad, LoadEstimator
 from heimdall_proxy.framework.inherit import inherit_state
 from heimdall_proxy.framework.loader import PluginSet, build_plugins
 from heimdall_proxy.framework.registry import Registry
@@ -84,6 +84,14 @@ class Routing:
             config.outlier_detection, lambda pod: metrics.ejections.labels(pod).inc()
         )
         self.load = load
+        #: What an attempt adds to the ledger: the config's inflight-load-producer says.
+        estimators = [p for p in self.plugins.plugins.values() if isinstance(p, LoadEstimator)]
+        if len(estimators) > 1:
+            raise ConfigError(
+                f"{config.source}: more than one inflight-load-producer: the gateway keeps one "
+                "in-flight ledger"
+            )
+        self.load_estimate = estimators[0].estimate_load if estimators else None
         self.flow: FlowController = build_flow(config, self.plugins, registry, handle, flow_metrics)
         self.director = Director(
             self.pool, self.plugins, metrics, options.trust_client_transfer_params,
@@ -111,6 +119,7 @@ class Routing:
             if (now := self.pool.get(e.name)) is None or now.url != e.url
         )
         self.inherited = inherit_state(previous.plugins.plugins, self.plugins.plugins, gone)
+        self.load.forget(gone)
 
     def leave(self) -> None:
         """A request that took this routing (and counted itself in `in_flight`) is over."""
@@ -133,7 +142,7 @@ class Routing:
         )
         self.relay = Relay(
             upstream, self.hooks, hops, self.metrics, opts.max_attempts, self.outliers,
-            timeouts, self.load, self.director.fallback, credentials,
+            timeouts, self.load, self.director.fallback, credentials, self.load_estimate,
         )  # fmt: skip
         self.refresher = PoolRefresher(
             self.pool,
@@ -175,7 +184,9 @@ class Routing:
         clash = sorted(p.name for p in pods if p.name in names)
         if clash:
             log.warning("discovered pods %s share a name with static endpoints: ignored", clash)
+        before = {e.name for e in self.pool.endpoints()}
         self.pool.replace(static + [p for p in pods if p.name not in names])
+        self.load.forget(before - {e.name for e in self.pool.endpoints()})
         if self.refresher is not None and self.refresher.running:
             self.refresher.sync()
 

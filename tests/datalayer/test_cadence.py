@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from heimdall_proxy.datalayer.cadence import ScrapeCadence
-from heimdall_proxy.framework.flowcontrol import InFlightLoad
+from heimdall_proxy.framework.inflight import InFlightLoad
 from heimdall_proxy.framework.types import Endpoint, Metrics
 from tests.helpers import ep
 
@@ -43,8 +43,8 @@ def test_a_send_wakes_a_quiet_pod_on_the_next_tick() -> None:
         _scrape(cadence, pod, now)
     assert cadence.pod("a").due == 1.4
     assert cadence.due([pod], 0.7) == []
-    load.acquire("a", 10)
-    load.release("a", 10)  # even a request already finished counts
+    load.acquire("r:0", "a", 10)
+    load.release("r:0")  # even a request already finished counts
     assert cadence.due([pod], 0.725) == [pod]
     _scrape(cadence, pod, 0.725)
     # Still empty after the request finished: quiet again, its back-off restarted.
@@ -55,10 +55,10 @@ def test_in_flight_work_keeps_a_pod_busy_and_a_hop_wakes_it() -> None:
     load = InFlightLoad()
     cadence = ScrapeCadence(load, 0.1, 1.0)
     pod = ep("a", updated_at=1.0)
-    load.acquire("a", 1)
+    load.acquire("r:0", "a", 1)
     _scrape(cadence, pod, 0.0)
     assert not cadence.pod("a").quiet
-    load.release("a", 1)
+    load.release("r:0")
     _scrape(cadence, pod, 0.1)
     _scrape(cadence, pod, 0.3)
     assert cadence.pod("a").quiet

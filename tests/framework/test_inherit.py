@@ -14,6 +14,7 @@ from heimdall_proxy.builtins import load_builtin_plugins
 from heimdall_proxy.config import parse_config
 from heimdall_proxy.datalayer.pool import EndpointPool
 from heimdall_proxy.framework.handle import PluginHandle
+from heimdall_proxy.framework.inflight import InFlightLoad
 from heimdall_proxy.framework.inherit import inherit_state
 from heimdall_proxy.framework.loader import PluginSet, build_plugins
 from heimdall_proxy.framework.registry import register
@@ -55,9 +56,21 @@ def doc(**overrides: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+#: The gateway's in-flight ledger, which outlives a reload: every plugin set built here
+#: shares it, as the routings of one gateway do.
+LEDGER = InFlightLoad()
+
+
+@pytest.fixture(autouse=True)
+def empty_ledger() -> None:
+    LEDGER.forget(set(LEDGER.requests))
+
+
 def build(d: dict[str, Any]) -> PluginSet:
     cfg = parse_config(d, "test.yaml")
-    handle = PluginHandle(EndpointPool(cfg.endpoints), frozenset(cfg.epp.feature_gates))
+    handle = PluginHandle(
+        EndpointPool(cfg.endpoints), frozenset(cfg.epp.feature_gates), load=LEDGER
+    )
     return build_plugins(cfg.epp, load_builtin_plugins(), handle)
 
 
@@ -75,6 +88,7 @@ async def serve_one(pset: PluginSet, target: int = 0) -> Any:
     get(pset, NoHitLRUScorer).score(c.state, c.request, PODS)
     affinity = get(pset, PrefixCacheAffinityFilter)
     affinity.filter(c.state, c.request, PODS)
+    LEDGER.acquire(c.key, PODS[target].name)  # as the relay does, once per attempt
     for cls in (PrefixCacheScorer, NoHitLRUScorer, ActiveRequestScorer, OutstandingWorkScorer):
         await get(pset, cls).pre_request(c)
     await affinity.pre_request(c)
@@ -110,7 +124,9 @@ async def test_a_reload_keeps_every_plugins_state_and_shares_it_with_the_old_req
         assert get(old, cls)._published() == {}
         assert set(get(new, cls)._published()) == {"pod-a"}
 
-    # the old request ends on the old plugins: the new ones see it gone
+    # the old request ends on the old plugins (and leaves the gateway's ledger, as the relay
+    # reports): the new ones see it gone
+    LEDGER.release(running.key)
     for cls in (ActiveRequestScorer, OutstandingWorkScorer):
         await get(old, cls).response_complete(running)
     assert get(new, ActiveRequestScorer).count("pod-a") == 0

@@ -9,6 +9,9 @@ from collections.abc import AsyncIterator
 import pytest
 from pydantic import ValidationError
 
+from heimdall_proxy.datalayer.pool import EndpointPool
+from heimdall_proxy.framework.handle import PluginHandle
+from heimdall_proxy.framework.inflight import InFlightLoad
 from heimdall_proxy.plugins.filters.prefix_affinity import (
     PrefixCacheAffinityFilter,
     PrefixCacheAffinityParams,
@@ -187,15 +190,23 @@ def test_the_affinity_filter_shares_no_samples_when_it_learns_none(ns: str) -> N
     assert f.shared is not None and f.journal is None
 
 
+def ledger_handle(load: InFlightLoad) -> PluginHandle:
+    return PluginHandle(EndpointPool([]), load=load)
+
+
 async def test_a_reloaded_replica_counts_its_requests_once_on_every_side(ns: str) -> None:
     # old and new: one gateway's plugin before and after a config reload; other: a replica
     params = ActiveRequestParams.model_validate(shared(ns))
-    old, new, other = (ActiveRequestScorer("a", params, None) for _ in range(3))  # type: ignore[arg-type]
+    mine, theirs = InFlightLoad(), InFlightLoad()  # each gateway's one ledger
+    old, new = (ActiveRequestScorer("a", params, ledger_handle(mine)) for _ in range(2))
+    other = ActiveRequestScorer("a", params, ledger_handle(theirs))
     for scorer in (old, new, other):
         await scorer.start()
     try:
         for i in range(3):
-            await old.pre_request(ctx(req(), ep("p0"), attempt=i))
+            c = ctx(req(), ep("p0"), attempt=i)
+            mine.acquire(c.key, "p0")  # as the relay does
+            await old.pre_request(c)
         await old.shared.sync()  # type: ignore[union-attr]
         assert new.inherit(old, frozenset()) is None
         for scorer in (old, new, other, old, new, other):  # everyone has read everyone

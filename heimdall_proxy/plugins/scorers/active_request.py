@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+import time
 from collections.abc import Mapping
 
 from pydantic import Field
@@ -16,7 +18,6 @@ from heimdall_proxy.framework.types import (
     InferenceRequest,
     RequestContext,
 )
-from heimdall_proxy.plugins.scorers.inflight import InFlight
 from heimdall_proxy.plugins.scorers.shared_state import (
     SharedCountsParams,
     SharesState,
@@ -34,9 +35,10 @@ class ActiveRequestParams(SharedCountsParams):
 
 @register(ACTIVE_REQUEST_SCORER_TYPE, ActiveRequestParams)
 class ActiveRequestScorer(SharesState, BasePlugin[ActiveRequestParams]):
-    """Counts, per pod, the requests this gateway has sent it and not yet seen end: from the
-    moment one is scheduled (pre_request) until it completes, fails, or its client
-    disconnects (response_complete); a request older than `requestTimeout` stops counting.
+    """Counts, per pod, the requests this gateway has sent it and not yet seen end, as the
+    gateway's in-flight ledger holds them (framework/inflight.py: from dispatch until the
+    attempt completes, fails, or its client disconnects); a request older than
+    `requestTimeout` stops counting here. Keeps no count of its own.
 
     Score: a pod with at most `idleThreshold` requests in flight scores 1.0; a busier pod
     scores `maxBusyScore * (max - count) / max`, where max is the largest count among the
@@ -50,40 +52,46 @@ class ActiveRequestScorer(SharesState, BasePlugin[ActiveRequestParams]):
 
     def __init__(self, name: str, params: ActiveRequestParams, handle: PluginHandle) -> None:
         super().__init__(name, params, handle)
-        self.inflight = InFlight(params.request_timeout)
+        self.load = handle.load
+        self._timeout = params.request_timeout
         self._idle = params.idle_threshold
         self._busy = params.max_busy_score
         self.shared = shared_counters(self, params, self._published)
 
     def inherit(self, previous: ActiveRequestScorer, gone: frozenset[str]) -> str | None:
-        """A reload keeps the ledger: the requests still running on the old plugins count
-        against their pods here too (else every pod looks idle at the swap)."""
-        self.inflight = previous.inflight
-        self.inflight.timeout = self.params.request_timeout
+        """A reload hands the replica sharing over; the counts are the ledger's, which the
+        gateway keeps across reloads."""
         self.hand_over(previous)
         return None
 
+    def _cutoff(self) -> float:
+        return time.monotonic() - self._timeout if self._timeout > 0 else -math.inf
+
     def _published(self) -> Mapping[str, float]:
-        """What this replica publishes to the others: the ledger, unless a reload handed it
-        over (both instances publishing it, under their own ids, would count it twice)."""
-        return {} if self.handed_over else self.inflight.counts()
+        """What this replica publishes to the others: its ledger's counts, unless a reload
+        handed the sharing over (both instances publishing, under their own ids, would count
+        them twice)."""
+        if self.handed_over:
+            return {}
+        cutoff = self._cutoff()
+        since = self.load.requests_since
+        return {pod: float(n) for pod in self.load.requests if (n := since(pod, cutoff))}
 
     def count(self, pod: str) -> int:
         """Requests in flight to `pod`, through this replica and (shared) the others."""
-        self.inflight.expire()
         others = self.shared.others().get(pod, 0.0) if self.shared is not None else 0.0
-        return self.inflight.count(pod) + int(others)
+        return self.load.requests_since(pod, self._cutoff()) + int(others)
 
     def score(
         self, state: CycleState, request: InferenceRequest, endpoints: list[Endpoint]
     ) -> Mapping[str, float]:
-        self.inflight.expire()
-        count = self.inflight.count
+        cutoff = self._cutoff()
+        since = self.load.requests_since
         if self.shared is None:
-            counts = [count(e.name) for e in endpoints]
+            counts = [since(e.name, cutoff) for e in endpoints]
         else:
             others = self.shared.others()
-            counts = [count(e.name) + int(others.get(e.name, 0.0)) for e in endpoints]
+            counts = [since(e.name, cutoff) + int(others.get(e.name, 0.0)) for e in endpoints]
         top = max(counts) if counts else 0
         out = {}
         for e, n in zip(endpoints, counts, strict=True):
@@ -91,11 +99,9 @@ class ActiveRequestScorer(SharesState, BasePlugin[ActiveRequestParams]):
         return out
 
     async def pre_request(self, ctx: RequestContext) -> None:
-        self.inflight.add(ctx.target.name, ctx.key)
-        if self.shared is not None:
+        if self.shared is not None:  # the ledger counted it: the others hear of it
             self.shared.changed()
 
     async def response_complete(self, ctx: RequestContext) -> None:
-        self.inflight.remove(ctx.target.name, ctx.key)
         if self.shared is not None:
             self.shared.changed()

@@ -24,10 +24,10 @@ from heimdall_proxy.flowconfig import FlowControlConfig, PriorityBandConfig
 from heimdall_proxy.framework.errors import RequestError
 from heimdall_proxy.framework.flowcontrol import (
     FairnessPolicy,
-    InFlightLoad,
     OrderingPolicy,
     SaturationDetector,
 )
+from heimdall_proxy.framework.inflight import InFlightLoad
 from heimdall_proxy.framework.types import Endpoint, InferenceRequest
 from heimdall_proxy.server.flow.metrics import FlowMetrics
 from heimdall_proxy.server.flow.objectives import MAX_FLOW_LABELS, Objectives

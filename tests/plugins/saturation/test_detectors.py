@@ -50,8 +50,8 @@ def test_utilization_adds_requests_the_scrape_does_not_show_yet() -> None:
     d = util(queueDepthThreshold=2)
     pod = fresh("a", running=1)
     assert d.saturation([pod]) == 0.0
-    for _ in range(3):
-        d.load.acquire("a", 10)
+    for i in range(3):
+        d.load.acquire(f"r{i}:0", "a", 10)
     assert d.saturation([pod]) == 1.0  # 3 in flight, the scrape shows 1: 2 more queued
     d.load.pending = 2
     assert d.saturation([pod]) == 2.0
@@ -75,16 +75,16 @@ def test_concurrency_modes() -> None:
         ),
         handle,
     )
-    handle.load.acquire("a", 150)
+    handle.load.acquire("k2", "a", 150)
     assert by_req.saturation(pods) == 0.25
     assert hybrid.saturation(pods) == 0.75
-    handle.load.acquire("a", 10)
+    handle.load.acquire("k3", "a", 10)
     handle.load.pending = 2
     assert by_req.saturation(pods) == 1.0
     assert by_req.filter(CycleState(), REQ, pods) == [pods[1]]
     assert hybrid.filter(CycleState(), REQ, pods) == [pods[1]]
-    handle.load.acquire("b", 1)
-    handle.load.acquire("b", 1)
+    handle.load.acquire("k4", "b", 1)
+    handle.load.acquire("k5", "b", 1)
     assert by_req.filter(CycleState(), REQ, pods) == pods  # all over: keep all
 
 

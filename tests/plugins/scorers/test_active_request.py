@@ -2,63 +2,72 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
+from heimdall_proxy.datalayer.pool import EndpointPool
+from heimdall_proxy.framework.handle import PluginHandle
+from heimdall_proxy.framework.inflight import InFlightLoad
 from heimdall_proxy.framework.types import CycleState
 from heimdall_proxy.plugins.scorers.active_request import ActiveRequestParams, ActiveRequestScorer
 from tests.helpers import ep
-from tests.plugins.helpers import ctx, req
+from tests.plugins.helpers import req
 
 
 def make(**params: object) -> ActiveRequestScorer:
-    return ActiveRequestScorer("a", ActiveRequestParams.model_validate(params), None)  # type: ignore[arg-type]
+    handle = PluginHandle(EndpointPool([]), load=InFlightLoad())
+    return ActiveRequestScorer("a", ActiveRequestParams.model_validate(params), handle)
 
 
-async def test_counts_follow_the_lifecycle_and_score() -> None:
+def test_counts_are_the_ledgers_and_score() -> None:
+    """The scorer keeps no count: what the relay puts in the gateway's ledger is what it
+    reads, from dispatch to the attempt's end."""
     scorer = make()
+    load = scorer.load
     a, b, c = ep("a"), ep("b"), ep("c")
-    ctxs = [ctx(req(), a) for _ in range(4)] + [ctx(req(), b) for _ in range(2)]
-    for x in ctxs:
-        await scorer.pre_request(x)
+    keys = [(f"r{i}:0", "a") for i in range(4)] + [(f"s{i}:0", "b") for i in range(2)]
+    for key, pod in keys:
+        load.acquire(key, pod)
     assert (scorer.count("a"), scorer.count("b"), scorer.count("c")) == (4, 2, 0)
     got = scorer.score(CycleState(), req(), [a, b, c])
     assert got == pytest.approx({"a": 0.0, "b": 0.5, "c": 1.0})
-    for x in ctxs:
-        await scorer.response_complete(x)
-        await scorer.response_complete(x)  # a second completion never drives a count negative
+    for key, _ in keys:
+        load.release(key)
+        load.release(key)  # a second release never drives a count negative
     assert scorer.count("a") == scorer.count("b") == 0
     assert scorer.score(CycleState(), req(), [a, b]) == {"a": 1.0, "b": 1.0}
 
 
-async def test_retry_attempts_are_counted_on_their_own_pod() -> None:
+def test_retry_attempts_are_counted_on_their_own_pod() -> None:
     scorer = make()
-    a, b = ep("a"), ep("b")
-    r = req()
-    first, second = ctx(r, a, attempt=0), ctx(r, b, attempt=1)
-    await scorer.pre_request(first)
-    await scorer.response_complete(first)
-    await scorer.pre_request(second)
+    load = scorer.load
+    load.acquire("r:0", "a")
+    load.release("r:0")
+    load.acquire("r:1", "b")
     assert (scorer.count("a"), scorer.count("b")) == (0, 1)
 
 
-async def test_idle_threshold_and_max_busy_score() -> None:
+def test_idle_threshold_and_max_busy_score() -> None:
     scorer = make(idleThreshold=1, maxBusyScore=0.5)
     a, b, c = ep("a"), ep("b"), ep("c")
     for pod, n in ((a, 1), (b, 2), (c, 4)):
-        for _ in range(n):
-            await scorer.pre_request(ctx(req(), pod))
+        for i in range(n):
+            scorer.load.acquire(f"{pod.name}{i}:0", pod.name)
     got = scorer.score(CycleState(), req(), [a, b, c])
     assert got == pytest.approx({"a": 1.0, "b": 0.5 * (4 - 2) / 4, "c": 0.0})
 
 
-async def test_requests_older_than_the_timeout_stop_counting() -> None:
+def test_requests_older_than_the_timeout_stop_counting_here_only() -> None:
+    """requestTimeout keeps its meaning for this scorer; the ledger itself keeps the request
+    until it ends (or its own, longer, expiry)."""
     scorer = make(requestTimeout="2m")
-    a = ep("a")
-    old = ctx(req(), a)
-    scorer.inflight.add("a", "old:0", now=0.0)  # started long ago
-    await scorer.pre_request(old)
+    now = time.monotonic()
+    scorer.load.acquire("old:0", "a", now=now - 121.0)
+    scorer.load.acquire("new:0", "a", now=now)
     assert scorer.count("a") == 1
-    await scorer.response_complete(old)
+    assert scorer.load.requests["a"] == 2
+    scorer.load.release("new:0")
     assert scorer.count("a") == 0
 
 

@@ -77,12 +77,12 @@ def req(
 def occupy(fc: FlowController, admission: Admission, pod: Endpoint = POD) -> None:
     """What the relay does when the request's attempt starts."""
     admission.sent()
-    fc.load.acquire(pod.name, 1)
+    fc.load.acquire(f"{id(admission)}:0", pod.name, 1)
 
 
 def done(fc: FlowController, admission: Admission, pod: Endpoint = POD) -> None:
     """What the relay and the gateway do when it ends."""
-    fc.load.release(pod.name, 1)
+    fc.load.release(f"{id(admission)}:0")
     admission.finish()
 
 

@@ -1,0 +1,250 @@
+"""The gateway's one in-flight ledger: what it has sent each pod and not yet seen finish.
+
+One `InFlightLoad` per gateway process, kept across reloads. The relay feeds it once per
+attempt: `acquire` when the attempt starts (the request, and the tokens the pod must work
+through: its uncached prompt, plus an output estimate when `inflight-load-producer` asks
+for one), `prompt_done` at a stream's first chunk (prefill is over: the prompt tokens are
+released), `release` when the attempt ends, whatever ended it. Scraped metrics lag by up to
+a scrape interval; the ledger does not, so scorers, filters and saturation detectors read
+it (each keeps no count of its own), and a burst cannot slip past a detector between scrapes.
+
+Entries older than `timeout` are dropped by `expire` (a completion that never came must not
+pin a count); a consumer with a shorter horizon of its own (active-request-scorer's
+`requestTimeout`) counts with `requests_since`."""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+from heimdall_proxy.framework.prefix import match_at, prefix_match_key
+from heimdall_proxy.framework.types import RequestContext
+
+#: The approximate prefix index's publisher, whose match discounts the prompt by default
+#: (prefix-cache-scorer keeps the index today; llm-d's approx-prefix-cache-producer).
+APPROX_PREFIX_TYPE = "prefix-cache-scorer"
+
+#: How long an attempt counts at most when its end is never seen (the relay always reports
+#: it; this only bounds a bug's damage). Long generations run for minutes.
+DEFAULT_TIMEOUT = 600.0
+
+
+@dataclass(slots=True)
+class _Attempt:
+    pod: str
+    start: float
+    #: prompt tokens still counted (0 once the first chunk came) and output tokens counted
+    prompt: int
+    output: int
+
+
+class InFlightLoad:
+    """Per pod: requests and tokens in flight through this gateway, plus the admitted
+    requests not yet sent (`pending`). Single-threaded (the event loop), so plain counters;
+    read them through `requests` / `tokens` (pod -> count; absent: 0)."""
+
+    __slots__ = (
+        "_attempts",
+        "_by_pod",
+        "_earliest",
+        "count_tokens",
+        "pending",
+        "requests",
+        "sent",
+        "timeout",
+        "tokens",
+    )
+
+    def __init__(self, timeout: float = DEFAULT_TIMEOUT) -> None:
+        self.requests: dict[str, int] = {}
+        self.tokens: dict[str, int] = {}
+        self.timeout = timeout
+        #: Whether anything reads `tokens`. Until then the relay does not estimate a request's
+        #: prompt tokens for the ledger: that walks the messages, and with the EPP's default
+        #: plugins nothing else does.
+        self.count_tokens = False
+        #: Admitted by flow control, not yet sent to a pod.
+        self.pending = 0
+        #: Requests ever sent to each pod: the data layer compares it between scrapes to
+        #: tell a pod nobody has touched (datalayer/cadence.py).
+        self.sent: dict[str, int] = {}
+        self._attempts: dict[str, _Attempt] = {}
+        #: per pod, its attempts by key in start order (active-request's horizon counts them)
+        self._by_pod: dict[str, dict[str, _Attempt]] = {}
+        # No attempt started before this (a lower bound): expire() skips its walk until the
+        # cutoff reaches it.
+        self._earliest = math.inf
+
+    # ---- the relay's side ---------------------------------------------------------------
+
+    def acquire(
+        self, key: str, pod: str, prompt: int = 0, output: int = 0, now: float | None = None
+    ) -> None:
+        """Attempt `key` starts on `pod`, with `prompt` + `output` tokens to work through."""
+        if key in self._attempts:
+            return
+        start = time.monotonic() if now is None else now
+        attempt = _Attempt(pod, start, prompt, output)
+        self._attempts[key] = attempt
+        mine = self._by_pod.get(pod)
+        if mine is None:
+            mine = self._by_pod[pod] = {}
+        mine[key] = attempt
+        self.requests[pod] = self.requests.get(pod, 0) + 1
+        self.sent[pod] = self.sent.get(pod, 0) + 1
+        if prompt or output:
+            self.tokens[pod] = self.tokens.get(pod, 0) + prompt + output
+        if start < self._earliest:
+            self._earliest = start
+        elif self.timeout > 0 and start - self.timeout >= self._earliest:
+            self.expire(start)  # one comparison per attempt until something is that old
+
+    def prompt_done(self, key: str) -> None:
+        """A stream's first chunk: the pod has prefilled the prompt; its tokens leave."""
+        attempt = self._attempts.get(key)
+        if attempt is not None and attempt.prompt:
+            self._take_tokens(attempt.pod, attempt.prompt)
+            attempt.prompt = 0
+
+    def release(self, key: str) -> None:
+        """Attempt `key` is over (completed, failed, retried elsewhere or cancelled)."""
+        attempt = self._attempts.pop(key, None)
+        if attempt is not None:
+            self._drop(key, attempt)
+
+    def touch(self, pod: str) -> None:
+        """Count a request sent to `pod` outside the in-flight accounting (a disaggregation
+        hop), so the data layer knows the pod was disturbed."""
+        self.sent[pod] = self.sent.get(pod, 0) + 1
+
+    # ---- upkeep -------------------------------------------------------------------------
+
+    def expire(self, now: float | None = None) -> None:
+        """Drop attempts older than `timeout`, whose end was never reported."""
+        if self.timeout <= 0:
+            return
+        cutoff = (time.monotonic() if now is None else now) - self.timeout
+        if cutoff < self._earliest:
+            return
+        attempts = self._attempts
+        while attempts:  # insertion order is start order
+            key, attempt = next(iter(attempts.items()))
+            if attempt.start > cutoff:
+                break
+            del attempts[key]
+            self._drop(key, attempt)
+        self._earliest = next(iter(attempts.values())).start if attempts else math.inf
+
+    def forget(self, pods: frozenset[str] | set[str]) -> None:
+        """Pods that left the pool: what was counted on them goes (a pod back under the same
+        name is a fresh server)."""
+        for pod in pods:
+            for key in self._by_pod.pop(pod, {}):
+                self._attempts.pop(key, None)
+            self.requests.pop(pod, None)
+            self.tokens.pop(pod, None)
+
+    # ---- readers ------------------------------------------------------------------------
+
+    def requests_since(self, pod: str, cutoff: float) -> int:
+        """Requests in flight on `pod` that started after `cutoff` (monotonic seconds)."""
+        mine = self._by_pod.get(pod)
+        if not mine:
+            return 0
+        old = 0
+        for attempt in mine.values():  # start order: the old ones come first
+            if attempt.start > cutoff:
+                break
+            old += 1
+        return len(mine) - old
+
+    def attempts(self) -> int:
+        """Attempts in flight, over every pod."""
+        return len(self._attempts)
+
+    # ---- internals ----------------------------------------------------------------------
+
+    def _drop(self, key: str, attempt: _Attempt) -> None:
+        pod = attempt.pod
+        mine = self._by_pod.get(pod)
+        if mine is not None:
+            mine.pop(key, None)
+            if not mine:
+                del self._by_pod[pod]
+        left = self.requests.get(pod, 0) - 1
+        if left > 0:
+            self.requests[pod] = left
+        else:
+            self.requests.pop(pod, None)
+        held = attempt.prompt + attempt.output
+        if held:
+            self._take_tokens(pod, held)
+
+    def _take_tokens(self, pod: str, n: int) -> None:
+        left = self.tokens.get(pod, 0) - n
+        if left > 0:
+            self.tokens[pod] = left
+        else:
+            self.tokens.pop(pod, None)
+
+
+#: Output-to-input ratio of the output estimate (llm-d's inflight-load-producer default).
+DEFAULT_OUTPUT_RATIO = 1.5
+_OUTPUT_CAPS = ("max_completion_tokens", "max_tokens", "max_output_tokens")
+
+
+class LoadEstimate:
+    """What one attempt adds to its pod's tokens: the prompt tokens the pod must compute
+    (those the first prefix match found at `match_keys` says it holds are not counted; the
+    whole prompt when none ran) and, with `add_output`, an output estimate: the prompt's
+    length times `output_ratio`, at most the request's own cap (max_tokens, ...) and
+    `max_output`."""
+
+    __slots__ = ("add_output", "match_keys", "max_output", "output_ratio")
+
+    def __init__(
+        self,
+        match_keys: tuple[str, ...] = (prefix_match_key(APPROX_PREFIX_TYPE, APPROX_PREFIX_TYPE),),
+        add_output: bool = False,
+        output_ratio: float = DEFAULT_OUTPUT_RATIO,
+        max_output: int | None = None,
+    ) -> None:
+        self.match_keys = match_keys
+        self.add_output = add_output
+        self.output_ratio = output_ratio
+        self.max_output = max_output
+
+    def __call__(self, ctx: RequestContext) -> tuple[int, int]:
+        """(prompt tokens, output tokens) of attempt `ctx` on its target."""
+        request = ctx.request
+        tokens = request.estimated_tokens()
+        info = None
+        for key in self.match_keys:
+            info = match_at(ctx.state, key)
+            if info is not None:
+                break
+        prompt = tokens if info is None else info.uncached_tokens(ctx.target.name)
+        if not self.add_output:
+            return prompt, 0
+        output = round(tokens * self.output_ratio)  # from the whole prompt, cached or not
+        data = request.data
+        for name in _OUTPUT_CAPS:
+            cap = data.get(name)
+            if isinstance(cap, int) and not isinstance(cap, bool) and cap > 0:
+                output = min(output, cap)
+                break
+        if self.max_output is not None:
+            output = min(output, self.max_output)
+        return prompt, output
+
+
+@runtime_checkable
+class LoadEstimator(Protocol):
+    """A plugin that says what an attempt adds to the ledger (inflight-load-producer); the
+    gateway asks it once per attempt. Without one, `LoadEstimate()`'s defaults apply."""
+
+    def estimate_load(self, ctx: RequestContext) -> tuple[int, int]:
+        """(prompt tokens, output tokens) attempt `ctx` adds to its target's load."""
+        ...

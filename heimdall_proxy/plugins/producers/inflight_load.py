@@ -1,0 +1,73 @@
+"""inflight-load-producer (llm-d's): says what each request adds to the gateway's in-flight
+ledger, which token-load-scorer, active-request-scorer and the concurrency detector read."""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from heimdall_proxy.framework.base import BasePlugin
+from heimdall_proxy.framework.handle import PluginHandle
+from heimdall_proxy.framework.inflight import (
+    APPROX_PREFIX_TYPE,
+    DEFAULT_OUTPUT_RATIO,
+    LoadEstimate,
+)
+from heimdall_proxy.framework.params import PluginParams
+from heimdall_proxy.framework.prefix import prefix_match_key
+from heimdall_proxy.framework.registry import register
+from heimdall_proxy.framework.types import RequestContext
+
+INFLIGHT_LOAD_PRODUCER_TYPE = "inflight-load-producer"
+#: The precise index's publisher, which `prefixMatchInfoProducerName` may name instead.
+PRECISE_PREFIX_TYPE = "precise-prefix-cache-scorer"
+
+
+class InFlightLoadProducerParams(PluginParams):
+    add_estimated_output_tokens: bool = False
+    output_ratio: float = Field(default=DEFAULT_OUTPUT_RATIO, ge=0.0)
+    max_estimated_output_tokens: int | None = Field(default=None, ge=0)
+    #: The prefix plugin whose match discounts the cached part of a prompt: a
+    #: prefix-cache-scorer's name (the default one's when empty) or a
+    #: precise-prefix-cache-scorer's, whichever the config declares under that name.
+    prefix_match_info_producer_name: str = ""
+
+
+@register(INFLIGHT_LOAD_PRODUCER_TYPE, InFlightLoadProducerParams)
+class InFlightLoadProducer(BasePlugin[InFlightLoadProducerParams]):
+    """The tokens an attempt puts on its pod in the gateway's one in-flight ledger
+    (framework/inflight.py): the prompt tokens the pod does not already hold (by the prefix
+    match of `prefixMatchInfoProducerName`; the whole prompt when none ran), released at a
+    stream's first chunk (prefill is over) or at the end; with `addEstimatedOutputTokens`,
+    plus `outputRatio` x the prompt's length, capped by the request's max tokens and
+    `maxEstimatedOutputTokens`, released at the end. The request itself counts from dispatch
+    to its end.
+
+    The ledger is the gateway's, not this plugin's: there is one per process whatever the
+    config declares, it outlives reloads, and pods that leave the pool are forgotten.
+    Without this plugin the ledger counts with its defaults (prompt tokens, no output)."""
+
+    type = INFLIGHT_LOAD_PRODUCER_TYPE
+
+    def __init__(self, name: str, params: InFlightLoadProducerParams, handle: PluginHandle) -> None:
+        super().__init__(name, params, handle)
+        named = params.prefix_match_info_producer_name
+        # either kind of prefix plugin under that name, whichever the config declares (and
+        # wherever in the plugin list: the match is looked up per request)
+        keys = (
+            (
+                prefix_match_key(APPROX_PREFIX_TYPE, named),
+                prefix_match_key(PRECISE_PREFIX_TYPE, named),
+            )
+            if named
+            else (prefix_match_key(APPROX_PREFIX_TYPE, APPROX_PREFIX_TYPE),)
+        )
+        self._estimate = LoadEstimate(
+            keys,
+            params.add_estimated_output_tokens,
+            params.output_ratio,
+            params.max_estimated_output_tokens,
+        )
+        handle.load.count_tokens = True
+
+    def estimate_load(self, ctx: RequestContext) -> tuple[int, int]:
+        return self._estimate(ctx)

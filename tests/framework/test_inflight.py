@@ -1,0 +1,65 @@
+"""The gateway's one in-flight ledger: attempts in and out, a stream's prompt released at its
+first chunk, one expiry, pods that leave forgotten, and a consumer's own horizon."""
+
+from __future__ import annotations
+
+from heimdall_proxy.framework.inflight import InFlightLoad, LoadEstimate
+from heimdall_proxy.framework.prefix import PrefixCacheMatchInfo, prefix_match_key
+from tests.helpers import ep
+from tests.plugins.helpers import ctx, req
+
+
+def test_an_attempts_tokens_and_request_come_and_go() -> None:
+    load = InFlightLoad()
+    load.acquire("r:0", "a", prompt=100, output=40)
+    load.acquire("s:0", "a", prompt=10)
+    assert (load.requests["a"], load.tokens["a"], load.sent["a"]) == (2, 150, 2)
+    load.prompt_done("r:0")  # the stream's first chunk: prefill is over
+    load.prompt_done("r:0")
+    assert (load.requests["a"], load.tokens["a"]) == (2, 50)
+    load.release("r:0")
+    load.release("r:0")  # a second report changes nothing
+    assert (load.requests["a"], load.tokens["a"]) == (1, 10)
+    load.release("s:0")
+    assert load.requests == {} and load.tokens == {} and load.sent["a"] == 2
+    load.acquire("r:0", "b")
+    load.acquire("r:0", "b")  # one attempt counts once
+    assert load.requests["b"] == 1 and "b" not in load.tokens
+
+
+def test_one_expiry_and_a_consumers_own_horizon() -> None:
+    load = InFlightLoad(timeout=600.0)
+    load.acquire("old:0", "a", prompt=5, now=0.0)
+    load.acquire("mid:0", "a", prompt=5, now=500.0)
+    assert load.requests_since("a", cutoff=100.0) == 1  # e.g. active-request's 2m horizon
+    assert load.requests["a"] == 2
+    load.acquire("new:0", "b", now=700.0)  # a new attempt drops what is past the expiry
+    assert (load.requests["a"], load.tokens["a"], load.attempts()) == (1, 5, 2)
+    load.expire(now=1200.0)
+    assert load.requests == {"b": 1} and load.tokens == {}
+
+
+def test_pods_that_leave_are_forgotten() -> None:
+    load = InFlightLoad()
+    load.acquire("r:0", "a", prompt=5)
+    load.acquire("s:0", "b", prompt=7)
+    load.forget({"a"})
+    assert load.requests == {"b": 1} and load.tokens == {"b": 7}
+    load.release("r:0")  # its end, reported later, changes nothing
+    assert load.requests == {"b": 1} and load.requests_since("a", 0.0) == 0
+
+
+def test_the_estimate_counts_the_uncached_prompt_and_a_capped_output() -> None:
+    r = req("completions", data={"prompt": "x" * 400, "max_tokens": 30})
+    r.token_ids = list(range(100))
+    c = ctx(r, ep("a"))
+    assert LoadEstimate()(c) == (100, 0)  # no prefix match ran: the whole prompt
+    c.state[prefix_match_key("prefix-cache-scorer", "prefix-cache-scorer")] = PrefixCacheMatchInfo(
+        16, 6, 100, {"a": 4.0}
+    )
+    assert LoadEstimate()(c) == (100 - 64, 0)
+    with_output = LoadEstimate(add_output=True)  # 1.5 x 100, but the request caps it at 30
+    assert with_output(c) == (36, 30)
+    r.data.pop("max_tokens")
+    assert with_output(c) == (36, 150)  # from the whole prompt, cached or not
+    assert LoadEstimate(add_output=True, output_ratio=0.5, max_output=20)(c) == (36, 20)
