@@ -87,25 +87,31 @@ class ResponsesStore(BasePlugin[ResponsesStoreParams]):
     whichever pod served the earlier turns.
 
     - PrepareData: a `POST /v1/responses` with `previous_response_id` is rewritten into a
-      self-contained request: `input` becomes the previous response's input, its output
-      items, then the new input; `previous_response_id` is removed. The request's own
-      `instructions` are kept and the previous ones are not added (as OpenAI does). An
-      unknown id is answered 404 `previous_response_not_found`; a store that cannot be read
-      503 `store_unavailable`.
-    - ResponseStreaming: follows an SSE stream to its `response.completed` (or
-      `.incomplete` / `.failed`) event and takes the final response object from it.
-    - ResponseComplete: stores a 2xx response (non-streamed: the body) under its own `id`,
-      with the (expanded) input it answered, unless the request said `store: false`. An
-      entry over `maxEntryBytes` is not stored (a warning is logged; the client still gets
-      its response). A stored stream is readable from the moment its final event was seen.
+      self-contained request: `input` becomes the conversation so far (each earlier turn's
+      input, then its output items), then the new input; `previous_response_id` is
+      removed. The request's own `instructions` are kept and the previous ones are not
+      added (as OpenAI does). An unknown id, or a conversation with an earlier turn gone, is
+      answered 404 `previous_response_not_found`; a store that cannot be read 503
+      `store_unavailable`.
+    - ResponseReceived: a stream to store goes through a TerminalHold, which stores the
+      final response before its terminal event reaches the client and marks that event
+      `"store": false` when it was not stored.
+    - ResponseStreaming: collects a JSON body relayed in chunks.
+    - ResponseComplete: stores a non-streamed 2xx response (the body) under its own `id`,
+      unless the request said `store: false`. An entry over `maxEntryBytes` is not stored,
+      nor one whose write failed: a warning is logged and the client still gets its
+      response, with `x-heimdall-store: too-large` / `failed`.
     - ResponsesStoreAPI: the server's `GET`/`DELETE /v1/responses/{id}` and
       `GET /v1/responses/{id}/input_items`.
 
-    Entries are `{"owner": <caller>, "response": <response object>, "input": [<input
-    items>]}` as JSON, so each is self-contained: evicting or deleting an earlier turn does
-    not break later ones. The owner is the caller that stored it (its API key's digest, the
-    owner header, or "" when the gateway has neither); only it can read, continue or delete
-    the entry, and an entry is never overwritten by another caller's response."""
+    Entries are `{"prev": <previous response id>, "owner": <caller>, "response": <response
+    object>, "input": [<this turn's input items>]}` as JSON ("prev" first, and only when the
+    turn continued one), so memory grows with a conversation, not its square; the history
+    is assembled by walking the links (an entry without one, as written before entries were
+    linked, holds its whole history). The owner is the caller that stored it (its API key's
+    digest, the owner header, or "" when the gateway has neither); only it can read,
+    continue or delete the entry, a walk through another owner's entry is a broken chain,
+    and an entry is never overwritten by another caller's response."""
 
     type = RESPONSES_STORE_TYPE
 
