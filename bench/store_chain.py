@@ -29,10 +29,12 @@ import time
 from pathlib import Path
 
 import aiohttp
+import orjson
 import yaml
 
 PY = sys.executable
 MODEL = "sim-model"
+JSON = {"Content-Type": "application/json"}
 
 
 def free_port() -> int:
@@ -118,8 +120,9 @@ async def run(args: argparse.Namespace, tmp: Path, code: str | None) -> dict[str
                 if turn <= args.window or turn >= args.turns - args.window:
                     alone = {**body, "input": [*history, user], "store": False}
                     alone.pop("previous_response_id", None)
+                    raw = orjson.dumps(alone)  # serialised before the clock starts
                     t0 = time.perf_counter()
-                    async with http.post(pod_url + "/v1/responses", json=alone) as r:
+                    async with http.post(pod_url + "/v1/responses", data=raw, headers=JSON) as r:
                         await r.read()
                     direct[turn] = time.perf_counter() - t0
                 t0 = time.perf_counter()
