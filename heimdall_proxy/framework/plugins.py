@@ -252,7 +252,8 @@ class ResponsesStoreAPI(Protocol):
     async def get_input_items(self, response_id: str, owner: str) -> list[dict[str, Any]] | None:
         """Every input item the model read for that response, oldest first, each an object
         with a string `id` (earlier turns of a conversation included), or None when the
-        response is unknown. The server pages and orders them."""
+        response is unknown. Raises RequestError (rendered as is) when they cannot be
+        listed, e.g. an earlier turn is gone. The server pages and orders them."""
         ...
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal, overload
 
@@ -448,6 +448,10 @@ class RequestContext:
     response_body: bytes | None = None
     #: Why the attempt ended without a complete response (connect error, disconnect, ...).
     error: str | None = None
+    #: Set by at most one plugin (in response_received) to change a stream in flight: the
+    #: relay passes every chunk through it before writing, writes what it returns (bytes it
+    #: holds back come out with a later call), and calls it with b"" at the end for the rest.
+    chunk_filter: Callable[[bytes], Awaitable[bytes]] | None = None
     attempt: int = 0
     #: "<request id>:<attempt>", which hooks key per-attempt state by: made once, when the
     #: context is (several plugins read it in several hooks, and a call per read added up).

@@ -103,6 +103,7 @@ class Answers:
         series = self._series(ctx)
         usage = StreamUsage() if 200 <= upstream.status < 300 else None
         strip = ctx.state.get(USAGE_ASKED_KEY, False)
+        chunk_filter = ctx.chunk_filter
         while True:
             try:
                 chunk = await read()
@@ -127,8 +128,13 @@ class Answers:
                 usage.feed(chunk)
             if strip:
                 chunk = strip_usage_events(chunk)
+            out = chunk if chunk_filter is None else await chunk_filter(chunk)
+            if not out:
+                if streaming is not None:
+                    await streaming.run(ctx, chunk)
+                continue
             try:
-                await response.write(chunk)
+                await response.write(out)
             except ConnectionError:
                 ctx.error = "client disconnected"
                 return response
@@ -141,6 +147,12 @@ class Answers:
                 )
             if streaming is not None:
                 await streaming.run(ctx, chunk)
+        try:
+            if chunk_filter is not None and (rest := await chunk_filter(b"")):
+                await response.write(rest)
+        except ConnectionError:
+            ctx.error = "client disconnected"
+            return response
         self._served(series, ctx)
         if usage is not None:
             self._observe_stream(series, usage, first_at)

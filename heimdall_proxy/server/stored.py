@@ -136,6 +136,8 @@ async def list_input_items(request: web.Request) -> web.Response:
         return render(exc)
     try:
         items = await store.get_input_items(response_id, caller_of(request))
+    except RequestError as exc:  # an earlier turn of the conversation is gone
+        return render(exc)
     except Exception as exc:
         return _store_unavailable(exc)
     if items is None:

@@ -202,7 +202,7 @@ async def test_get_delete_and_input_items(make: Any) -> None:
         await s.sdk.responses.retrieve(r2.id)
     with pytest.raises(openai.NotFoundError):
         await s.sdk.responses.input_items.list(r2.id)
-    # entries are self-contained: the earlier turn is untouched
+    # deleting a later turn leaves the earlier one untouched
     assert (await s.sdk.responses.retrieve(r1.id)).output_text == r1.output_text
 
 
@@ -291,25 +291,60 @@ async def test_store_false_is_not_stored(make: Any) -> None:
         await s.sdk.responses.retrieve(r3.id)
 
 
-async def test_oversize_entry_is_not_stored_but_delivered(
+async def test_oversize_entry_is_not_stored_but_delivered_and_says_so(
     make: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
     s = await make({"inMemoryConfig": {"maxEntryBytes": 300}})
     with caplog.at_level(logging.WARNING, "heimdall_proxy.plugins.responses_store"):
-        r1 = await s.sdk.responses.create(model=MODEL, input="hi", max_output_tokens=3)
+        raw = await s.sdk.responses.with_raw_response.create(
+            model=MODEL, input="hi", max_output_tokens=3
+        )
         stream = await s.sdk.responses.create(
             model=MODEL, input="hi", max_output_tokens=3, stream=True
         )
         events = [e async for e in stream]
+    r1 = raw.parse()
     assert r1.output_text == "the gateway routes"
+    assert raw.headers.get("x-heimdall-store") == "too-large"
     assert events[-1].type == "response.completed"
     final = events[-1].response  # type: ignore[union-attr]
+    assert final.output_text == "the gateway routes"
+    assert final.model_extra is not None and final.model_extra.get("store") is False
     for rid in (r1.id, final.id):
         with pytest.raises(openai.NotFoundError):
             await s.sdk.responses.retrieve(rid)
     warnings = [r.getMessage() for r in caplog.records if "not stored" in r.getMessage()]
     assert len(warnings) == 2, warnings
     assert "over maxEntryBytes (300)" in warnings[0]
+
+
+async def test_stored_answers_carry_no_store_signal(make: Any) -> None:
+    s = await make()
+    raw = await s.sdk.responses.with_raw_response.create(model=MODEL, input="hi")
+    assert "x-heimdall-store" not in raw.headers
+    stream = await s.sdk.responses.create(model=MODEL, input="hi", stream=True)
+    events = [e async for e in stream]
+    final = events[-1].response  # type: ignore[union-attr]
+    assert "store" not in (final.model_extra or {})  # relayed as the pod sent it
+    assert (await s.sdk.responses.retrieve(final.id)).id == final.id
+
+
+async def test_a_conversation_whose_first_turn_is_gone_is_404(make: Any) -> None:
+    s = await make()
+    r1 = await s.sdk.responses.create(model=MODEL, input="one", max_output_tokens=1)
+    r2 = await s.sdk.responses.create(
+        model=MODEL, input="two", previous_response_id=r1.id, max_output_tokens=1
+    )
+    await s.sdk.responses.delete(r1.id)
+    with pytest.raises(openai.NotFoundError) as info:
+        await s.sdk.responses.create(model=MODEL, input="three", previous_response_id=r2.id)
+    assert info.value.code == "previous_response_not_found"
+    assert r1.id in info.value.message
+    with pytest.raises(openai.NotFoundError) as listed:
+        await s.sdk.responses.input_items.list(r2.id)
+    assert r1.id in listed.value.message
+    assert (await s.sdk.responses.retrieve(r2.id)).id == r2.id
+    assert len(responses_bodies(s.pods)) == 2  # the broken turn reached no pod
 
 
 # ---- the Redis tier -----------------------------------------------------------------------

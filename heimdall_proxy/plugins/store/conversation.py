@@ -1,5 +1,5 @@
-"""The Responses API bits responses-store needs: input items, the self-contained input of a
-continued conversation, the ids of listed input items, and the final response of an SSE
+"""The Responses API bits responses-store needs: input items, one stored turn's part of a
+conversation, the ids of listed input items, and the final response of an SSE
 stream."""
 
 from __future__ import annotations
@@ -25,16 +25,16 @@ def input_items(value: Any) -> list[Any]:
     return [value]
 
 
-def continued_input(entry: dict[str, Any], new_input: Any) -> list[Any]:
-    """The input that makes a continuation self-contained: everything the previous response
-    read, what it produced, then the new input (OpenAI's semantics for
-    `previous_response_id`; instructions are not part of it, so they do not carry over)."""
+def turn_items(entry: dict[str, Any]) -> list[Any]:
+    """One stored turn's part of a conversation: the input it added, then what it produced
+    (OpenAI's semantics for `previous_response_id`; instructions are not part of it, so they
+    do not carry over). An entry without a link holds its whole history as its input."""
     response = entry.get("response")
     output = response.get("output") if isinstance(response, dict) else None
+    own = entry.get("input")
     return [
-        *entry.get("input", []),
+        *(own if isinstance(own, list) else []),
         *(output if isinstance(output, list) else []),
-        *input_items(new_input),
     ]
 
 

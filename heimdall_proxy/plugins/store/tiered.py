@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
+from heimdall_proxy.plugins.store.backends import entry_link
 from heimdall_proxy.plugins.store.params import MongoConfig, RedisConfig, StreamConfig, TieredConfig
 
 log = logging.getLogger(__name__)
@@ -32,6 +33,27 @@ KEY_PREFIX = "heimdall:responses:"
 #: does not fall back to a MongoDB copy the sync has not deleted yet. Entries are JSON
 #: objects and never empty.
 TOMBSTONE = b""
+
+#: Walks a conversation's links inside Redis in one round trip (see TieredBackend.chain):
+#: ARGV = key prefix, first id, most entries, ttl seconds (0: none). Returns the entries
+#: found, newest first; it stops at a missing key, a tombstone, an entry without a link, or
+#: a link it cannot read without decoding JSON (an escaped character), and the client goes on
+#: from there. The keys are not declared in KEYS, as they are only known while walking: used
+#: on a standalone Redis / Sentinel master only, never on a Cluster.
+CHAIN_SCRIPT = """
+local prefix, rid = ARGV[1], ARGV[2]
+local limit, ttl = tonumber(ARGV[3]), tonumber(ARGV[4])
+local found = {}
+while rid and #found < limit do
+  local key = prefix .. rid
+  local entry = redis.call('GET', key)
+  if not entry or entry == '' then break end
+  if ttl > 0 then redis.call('EXPIRE', key, ttl) end
+  found[#found + 1] = entry
+  rid = string.match(entry, '^{"prev":"([^"\\\\]*)"')
+end
+return found
+"""
 
 #: redis-py's asyncio clients (Redis, RedisCluster, a Sentinel master). Its type hints
 #: describe the sync and async clients at once (`X | Awaitable[X]`), so it is used untyped.
@@ -405,6 +427,7 @@ class TieredBackend:
         self.mongo = mongo if mongo is not None else (MongoStore(cfg.mongo) if cfg.mongo else None)
         self._consumer = consumer
         self.syncer: StreamSyncer | None = None
+        self._chain_script: Any = None
 
     def _key(self, response_id: str) -> str:
         return self.key_prefix + response_id
@@ -458,6 +481,33 @@ class TieredBackend:
         if self.mongo is None:
             return None
         return await self.mongo.get(response_id)
+
+    async def chain(self, response_id: str, limit: int) -> list[bytes]:
+        """In Redis by CHAIN_SCRIPT (one round trip per `limit` entries) on a standalone
+        Redis or a Sentinel master; entry by entry on a Cluster, whose keys live on several
+        nodes. An entry missing in Redis is looked up in MongoDB, and the walk goes on."""
+        found: list[bytes] = []
+        rid: str | None = response_id
+        ttl = self._ttl() or 0
+        while rid is not None and len(found) < limit:
+            if self.target.mode != "cluster":
+                if self._chain_script is None:
+                    self._chain_script = self._client().register_script(CHAIN_SCRIPT)
+                args = [self.key_prefix, rid, limit - len(found), ttl]
+                walked: list[bytes] = await self._chain_script(keys=[], args=args)
+                if walked:
+                    found.extend(walked)
+                    rid = entry_link(walked[-1])
+                    continue
+            # a Cluster, a Redis miss (MongoDB may have it) or a link the script cannot read
+            entry = await self.get(rid)
+            if entry is None:
+                break
+            if ttl and self.target.mode == "cluster":
+                await self._client().expire(self._key(rid), ttl)
+            found.append(entry)
+            rid = entry_link(entry)
+        return found
 
     async def delete(self, response_id: str) -> bool:
         if self.mongo is None:

@@ -10,9 +10,9 @@ import pytest
 
 from heimdall_proxy.plugins.store.conversation import (
     FinalResponseParser,
-    continued_input,
     input_items,
     listed_items,
+    turn_items,
 )
 
 
@@ -37,15 +37,12 @@ def test_input_items() -> None:
     assert input_items(items) == items and input_items(items) is not items
 
 
-def test_continued_input_is_previous_input_then_output_then_new() -> None:
+def test_turn_items_are_the_turns_input_then_its_output() -> None:
     out = {"id": "msg_1", "type": "message", "role": "assistant", "content": []}
     entry = {"response": {"output": [out]}, "input": [{"role": "user", "content": "a"}]}
-    assert continued_input(entry, "b") == [
-        {"role": "user", "content": "a"},
-        out,
-        {"type": "message", "role": "user", "content": "b"},
-    ]
-    assert continued_input({"response": {}, "input": []}, None) == []
+    assert turn_items(entry) == [{"role": "user", "content": "a"}, out]
+    assert turn_items({"response": {}, "input": []}) == []
+    assert turn_items({"response": "junk", "input": "junk"}) == []
 
 
 def test_listed_items_shapes_and_stable_ids() -> None:

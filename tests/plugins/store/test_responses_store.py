@@ -3,6 +3,7 @@ plain objects."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Any
 
@@ -276,6 +277,9 @@ class BrokenBackend(InMemoryBackend):
     async def get(self, response_id: str) -> bytes | None:
         raise ConnectionError("down")
 
+    async def chain(self, response_id: str, limit: int) -> list[bytes]:
+        raise ConnectionError("down")
+
 
 async def test_unreadable_store_is_503_for_a_continuation() -> None:
     store = plugin(backend=BrokenBackend(1, 1, 1000))
@@ -297,20 +301,24 @@ async def test_other_apis_and_failures_are_left_alone() -> None:
     assert await store.get_response("r-nostore", "") is None
 
 
-async def test_streamed_response_is_readable_from_its_final_event() -> None:
+async def test_streamed_response_is_stored_before_its_final_event_is_relayed() -> None:
     mem = InMemoryBackend(60, 10, 10_000)
     store = plugin(backend=mem)
     req = request({"input": "x", "stream": True})
     c = ctx(req, ep("pod"))
     c.status = 200
     c.upstream_response_headers = {"Content-Type": "text/event-stream; charset=utf-8"}
+    await store.response_received(c)
+    assert c.chunk_filter is not None
     event = {"type": "response.completed", "response": response("r-s")}
     data = b"data: " + orjson.dumps(event) + b"\n\n"
-    await store.response_streaming(c, data[:10])
-    await store.response_streaming(c, data[10:])
-    # staged: visible before response_complete wrote it to the backend
+    assert await c.chunk_filter(data[:10]) == b""  # half an event is held back
     assert len(mem) == 0
+    # read-your-writes: stored by the time the client can see the final event
+    assert await c.chunk_filter(data[10:]) == data
+    assert len(mem) == 1
     assert (await store.get_response("r-s", "")) == response("r-s")
+    assert await c.chunk_filter(b"") == b""
     await store.response_complete(c)
     assert len(mem) == 1 and store._staged == {}
 
@@ -337,3 +345,202 @@ async def test_delete_and_unknown() -> None:
     assert await store.delete_response("r1", "") is False
     assert await store.get_response("r1", "") is None
     assert await store.get_input_items("r1", "") is None
+
+
+# ---- conversations as linked turns -------------------------------------------------------
+
+
+async def chain(store: ResponsesStore, turns: int, prefix: str = "r") -> list[InferenceRequest]:
+    """`turns` short turns, each continuing the previous one."""
+    reqs = []
+    for i in range(turns):
+        data: dict[str, Any] = {"input": f"turn {i}"}
+        if i:
+            data["previous_response_id"] = f"{prefix}{i - 1}"
+        reqs.append(await serve(store, data, f"{prefix}{i}"))
+    return reqs
+
+
+async def test_each_entry_keeps_only_its_own_turn() -> None:
+    # maxEntryBytes is far below the conversation's size: it bounds one turn, not the history
+    mem = InMemoryBackend(0, 10_000, 600)
+    store = plugin(backend=mem)
+    reqs = await chain(store, 200)
+    sizes = [len(await mem.get(f"r{i}") or b"") for i in range(200)]
+    assert all(sizes), "every turn is stored"
+    assert max(sizes) < 2 * min(sizes)  # linear in the conversation, not its square
+    assert mem.total_bytes == sum(sizes)
+    # the pod still reads the whole conversation, in order
+    last = reqs[-1].data["input"]
+    assert len(last) == 2 * 199 + 1
+    assert [i["content"] for i in last[::2]] == [f"turn {i}" for i in range(200)]
+    assert [i["id"] for i in last[1::2]] == [f"msg_r{i}" for i in range(199)]
+    items = await store.get_input_items("r199", "")
+    assert items is not None and len(items) == len(last)
+    assert [i["id"] for i in items[1::2]] == [f"msg_r{i}" for i in range(199)]
+    # ids of listed items are the same in every response of the conversation
+    earlier = await store.get_input_items("r100", "")
+    assert earlier is not None and [i["id"] for i in earlier] == [i["id"] for i in items[:201]]
+    stored = await store.get_response("r199", "")
+    assert stored is not None and stored["previous_response_id"] == "r198"
+
+
+async def test_a_broken_chain_is_404_never_a_truncated_history() -> None:
+    store = plugin()
+    await chain(store, 3)
+    assert await store.delete_response("r0", "") is True
+    with pytest.raises(RequestError) as info:
+        await store.prepare_data(request({"input": "x", "previous_response_id": "r2"}), [])
+    err = info.value
+    assert (err.status, err.code, err.param) == (
+        404,
+        "previous_response_not_found",
+        "previous_response_id",
+    )
+    assert "'r2'" in err.message and "'r0'" in err.message
+    with pytest.raises(RequestError) as listed:
+        await store.get_input_items("r2", "")
+    assert listed.value.status == 404 and "'r0'" in listed.value.message
+    # the response itself is still there
+    assert (await store.get_response("r2", "")) is not None
+
+
+async def test_ancestors_of_another_owner_break_the_chain() -> None:
+    store = plugin()
+    await chain(store, 2)
+    # r0 replaced by another caller's entry under the same id (a reused id)
+    await store.backend.delete("r0")
+    await store.backend.put("r0", orjson.dumps({"owner": "key:other", "response": response("r0")}))
+    with pytest.raises(RequestError) as info:
+        await store.prepare_data(request({"input": "x", "previous_response_id": "r1"}), [])
+    assert info.value.status == 404
+
+
+async def test_continuing_renews_the_ancestors() -> None:
+    # a conversation in use never expires under its latest turn, nor is it evicted by LRU
+    clock = Clock()
+    mem = InMemoryBackend(ttl=10, max_entries=3, max_entry_bytes=10_000, clock=clock)
+    store = plugin(backend=mem)
+    await serve(store, {"input": "a"}, "r0")
+    clock.now += 6
+    await serve(store, {"input": "b", "previous_response_id": "r0"}, "r1")
+    clock.now += 6  # r0 was stored 12 s ago, but read 6 s ago
+    await serve(store, {"input": "z"}, "other")
+    await serve(store, {"input": "c", "previous_response_id": "r1"}, "r2")
+    assert await mem.get("other") is None  # the least recently used went, not r0
+    req = await serve(store, {"input": "d", "previous_response_id": "r2"}, "r3")
+    assert len(req.data["input"]) == 7
+
+
+async def test_a_long_walk_lets_the_event_loop_run() -> None:
+    store = plugin(backend=InMemoryBackend(0, 100_000, 10_000))
+    await chain(store, 3000)
+    ticks = 0
+    done = False
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while not done:
+            ticks += 1
+            await asyncio.sleep(0)
+
+    task = asyncio.create_task(ticker())
+    await asyncio.sleep(0)
+    ticks = 0
+    req = request({"input": "x", "previous_response_id": "r2999"})
+    await store.prepare_data(req, [])
+    done = True
+    await task
+    assert len(req.data["input"]) == 6001
+    assert ticks >= 3, ticks
+
+
+async def test_an_entry_without_a_link_is_the_whole_history() -> None:
+    # an entry stored by an earlier version holds its whole input: still continued
+    store = plugin()
+    old = {"owner": "", "response": response("old"), "input": [{"role": "user", "content": "a"}]}
+    old["input"].append({"type": "message", "role": "assistant", "content": "b"})
+    await store.backend.put("old", orjson.dumps(old))
+    req = await serve(store, {"input": "c", "previous_response_id": "old"}, "new")
+    roles = [i["role"] for i in req.data["input"]]
+    assert roles == ["user", "assistant", "assistant", "user"]
+    assert req.data["input"][-1]["content"] == "c"
+    items = await store.get_input_items("new", "")
+    assert items is not None and len(items) == 4
+
+
+async def test_oversize_non_streamed_turn_says_so_in_a_header() -> None:
+    store = plugin({"storeConfig": {"inMemoryConfig": {"maxEntryBytes": 300}}})
+    req = request({"input": "x"})
+    c = ctx(req, ep("pod"))
+    c.status = 200
+    c.response_body = orjson.dumps(response("r-big", "x" * 500))
+    await store.response_complete(c)
+    assert c.response_headers.get("x-heimdall-store") == "too-large"
+    assert await store.get_response("r-big", "") is None
+
+
+def sse_stream(rid: str, text: str) -> bytes:
+    created = {"type": "response.created", "sequence_number": 0, "response": {"id": rid}}
+    final = {"type": "response.completed", "sequence_number": 1, "response": response(rid, text)}
+    return (
+        b"event: response.created\ndata: "
+        + orjson.dumps(created)
+        + b"\n\nevent: response.completed\ndata: "
+        + orjson.dumps(final)
+        + b"\n\n"
+    )
+
+
+async def relay_stream(store: ResponsesStore, body: bytes, step: int = 37) -> tuple[bytes, Any]:
+    """A stream as the relay passes it: through the plugin's chunk filter, then the hooks."""
+    c = ctx(request({"input": "x", "stream": True}), ep("pod"))
+    c.status = 200
+    c.upstream_response_headers = {"Content-Type": "text/event-stream"}
+    await store.response_received(c)
+    assert c.chunk_filter is not None
+    out = b""
+    for i in range(0, len(body), step):
+        chunk = body[i : i + step]
+        out += await c.chunk_filter(chunk)
+        await store.response_streaming(c, chunk)
+    out += await c.chunk_filter(b"")
+    await store.response_complete(c)
+    return out, c
+
+
+def final_event(out: bytes) -> dict[str, Any]:
+    last = out.rstrip(b"\n").split(b"\n\n")[-1]
+    assert last.startswith(b"event: response.completed\ndata: "), last
+    doc: dict[str, Any] = orjson.loads(last.split(b"data: ", 1)[1])
+    return doc
+
+
+async def test_streamed_turn_says_store_false_when_it_was_not_stored() -> None:
+    store = plugin({"storeConfig": {"inMemoryConfig": {"maxEntryBytes": 400}}})
+    small = sse_stream("r-small", "out")
+    out, _ = await relay_stream(store, small)
+    assert out == small  # stored: relayed byte for byte
+    assert await store.get_response("r-small", "") == response("r-small")
+
+    big = sse_stream("r-big", "x" * 500)
+    out, _ = await relay_stream(store, big)
+    final = final_event(out)
+    assert final["response"]["store"] is False
+    del final["response"]["store"]
+    assert final == final_event(big)
+    assert out.startswith(big.split(b"\n\n")[0] + b"\n\n")
+    assert await store.get_response("r-big", "") is None
+
+
+class FailingWrites(InMemoryBackend):
+    async def put(self, response_id: str, entry: bytes) -> None:
+        raise ConnectionError("down")
+
+
+async def test_streamed_turn_whose_write_failed_says_store_false() -> None:
+    store = plugin(backend=FailingWrites(60, 10, 10_000))
+    out, _ = await relay_stream(store, sse_stream("r-s", "out"))
+    assert final_event(out)["response"]["store"] is False
+    assert store.write_failures == 1
+    assert store._staged == {}

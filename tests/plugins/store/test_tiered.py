@@ -9,6 +9,7 @@ The MongoStore itself is tested against a real MongoDB only when MONGODB_URI is 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import time
 import uuid
@@ -20,6 +21,7 @@ import pytest
 from heimdall_proxy.plugins.store.params import MongoConfig, RedisConfig, StreamConfig, TieredConfig
 from heimdall_proxy.plugins.store.tiered import (
     MongoStore,
+    RedisTarget,
     StreamSyncer,
     SyncOp,
     TieredBackend,
@@ -365,3 +367,94 @@ async def test_tiered_backend_with_real_mongo(redis: Any, ns: str) -> None:
         assert isinstance(mongo, MongoStore) and mongo._client is not None
         await mongo._client.drop_database(database)
         await backend.stop()
+
+
+# ---- conversations: walking the links ----------------------------------------------------
+
+
+def linked(prev: str | None, n: int) -> bytes:
+    head = f'{{"prev":{json.dumps(prev)},' if prev is not None else "{"
+    return f'{head}"owner":"","n":{n}}}'.encode()
+
+
+async def test_chain_walks_the_links_in_redis_and_renews_them(redis: Any, ns: str) -> None:
+    backend = TieredBackend(tiered(ns, mongo=False, ttl="1m"), key_prefix=ns, redis=redis)
+    await backend.start()
+    try:
+        await backend.put("r0", linked(None, 0))
+        for i in range(1, 10):
+            await backend.put(f"r{i}", linked(f"r{i - 1}", i))
+        await redis.expire(f"{ns}r0", 5)
+        assert await backend.chain("r9", 100) == [
+            linked(f"r{i - 1}", i) for i in range(9, 0, -1)
+        ] + [linked(None, 0)]
+        assert await redis.ttl(f"{ns}r0") > 5  # read by a walk: its ttl starts again
+        assert await backend.chain("r9", 4) == [linked(f"r{i - 1}", i) for i in range(9, 5, -1)]
+        # a gap stops the walk before it; an unknown id is no chain at all
+        await backend.delete("r4")
+        assert len(await backend.chain("r9", 100)) == 5
+        assert await backend.chain("nope", 100) == []
+    finally:
+        await backend.stop()
+
+
+async def test_chain_on_a_cluster_walks_entry_by_entry(redis: Any, ns: str) -> None:
+    backend = TieredBackend(tiered(ns, mongo=False, ttl="1m"), key_prefix=ns, redis=redis)
+    backend.target = RedisTarget("cluster", nodes=(("127.0.0.1", 6379),))
+    await backend.start()
+    try:
+        # an id with characters JSON escapes: the link is read by decoding the entry
+        odd = 'r"0\\'
+        await backend.put(odd, linked(None, 0))
+        await backend.put("r1", linked(odd, 1))
+        await redis.expire(ns + odd, 5)
+        assert await backend.chain("r1", 10) == [linked(odd, 1), linked(None, 0)]
+        assert await redis.ttl(ns + odd) > 5
+    finally:
+        await backend.stop()
+
+
+async def test_chain_reads_past_an_odd_link_in_redis(redis: Any, ns: str) -> None:
+    backend = TieredBackend(tiered(ns, mongo=False), key_prefix=ns, redis=redis)
+    await backend.start()
+    try:
+        odd = 'r"0\\'
+        await backend.put(odd, linked(None, 0))
+        await backend.put("r1", linked(odd, 1))
+        await backend.put("r2", linked("r1", 2))
+        assert await backend.chain("r2", 10) == [linked("r1", 2), linked(odd, 1), linked(None, 0)]
+    finally:
+        await backend.stop()
+
+
+async def test_chain_falls_back_to_mongo_for_a_turn_redis_lost(redis: Any, ns: str) -> None:
+    mongo = FakeMongo()
+    backend = TieredBackend(tiered(ns), key_prefix=ns, redis=redis, mongo=mongo)
+    await backend.start()
+    try:
+        for i in range(4):
+            await backend.put(f"r{i}", linked(f"r{i - 1}" if i else None, i))
+        await eventually(lambda: len(mongo.docs) == 4)
+        await redis.delete(f"{ns}r1")  # evicted from Redis, still in MongoDB
+        assert len(await backend.chain("r3", 10)) == 4
+        await backend.delete("r2")  # deleted: the tombstone stops the walk
+        assert await backend.chain("r3", 10) == [linked("r2", 3)]
+    finally:
+        await backend.stop()
+
+
+async def test_a_conversation_through_the_plugin_on_redis(redis: Any, ns: str) -> None:
+    from tests.plugins.store.test_responses_store import chain, plugin
+
+    backend = TieredBackend(tiered(ns, mongo=False), key_prefix=ns, redis=redis)
+    store = plugin(backend=backend)
+    await store.start()
+    try:
+        reqs = await chain(store, 300)
+        assert len(reqs[-1].data["input"]) == 2 * 299 + 1
+        sizes = [await redis.strlen(f"{ns}r{i}") for i in range(300)]
+        assert max(sizes) < 2 * min(sizes)
+        items = await store.get_input_items("r299", "")
+        assert items is not None and len(items) == 599
+    finally:
+        await store.stop()
