@@ -15,6 +15,7 @@ from __future__ import annotations
 import copy
 import random
 import time
+import urllib.error
 from collections.abc import Iterator
 from typing import Any
 
@@ -34,6 +35,7 @@ from tests.e2e.conftest import (
     Pod,
     gateway_process,
     http_get,
+    http_post_json,
 )
 
 # Pod start-up runs inside the first test's timeout: allow for it on a busy machine.
@@ -289,3 +291,26 @@ def test_kv_events_come_from_the_pod_that_served(client: Any, pods: list[Pod]) -
         for sub in subs:
             sub.close()
         ctx.term()
+
+
+def test_transfer_params_in_vllm_xargs_never_reach_a_pod_nor_eject_one(
+    client: Any, gateway: GatewayProcess, pods: list[Pod]
+) -> None:
+    """vLLM copies vllm_xargs.kv_transfer_params into the slot the gateway keeps for its own
+    hops, and fails on a value it cannot use: the gateway drops it, so the request is served
+    and no pod is charged for it."""
+    poison = {"vllm_xargs": {"kv_transfer_params": "evil"}}
+    body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 2, **poison}
+    with pytest.raises(urllib.error.HTTPError) as direct:  # the pod alone fails on it
+        http_post_json(f"{pods[0].url}/v1/completions", body)
+    assert direct.value.code >= 500
+    direct.value.close()
+    for _ in range(4):
+        reply = client.completions.create(
+            model=MODEL, prompt=PROMPT, max_tokens=2, extra_body=poison
+        )
+        assert reply.choices
+    ejected = [
+        s for s in _gateway_samples(gateway) if s.name == "inference_objective_pod_ejections_total"
+    ]
+    assert all(s.value == 0 for s in ejected)
