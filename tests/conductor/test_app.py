@@ -528,6 +528,8 @@ async def test_a_current_sglang_publisher_with_salts_and_its_media(
         offloaded = stored([2000, 2001], TOKENS[: 2 * BS], block_size=BS, medium="CPU_PINNED")
         await pub.publish(sglang_batch([offloaded], current=True))
         await eventually_query(client, q(cache_salt="tenant-a"), "sglang-1", 6 * BS)
+        # the third batch may still be on its way when the first two are in: waited for too
+        await eventually_query(client, q(), "sglang-1", 2 * BS)
         doc = (await hits(client, q(cache_salt="tenant-a")))["default"]["sglang-1"]
         assert doc["GPU"] == 6 * BS and doc["CPU"] == 0
         plain = (await hits(client, q()))["default"]["sglang-1"]
