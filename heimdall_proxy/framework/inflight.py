@@ -14,6 +14,7 @@ pin a count); a consumer with a shorter horizon of its own (active-request-score
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from dataclasses import dataclass
@@ -25,6 +26,8 @@ from heimdall_proxy.framework.types import RequestContext
 #: The approximate prefix index's publisher, whose match discounts the prompt by default
 #: (prefix-cache-scorer keeps the index today; llm-d's approx-prefix-cache-producer).
 APPROX_PREFIX_TYPE = "prefix-cache-scorer"
+
+log = logging.getLogger(__name__)
 
 #: How long an attempt counts at most when its end is never seen (the relay always reports
 #: it; this only bounds a bug's damage). Long generations run for minutes.
@@ -38,12 +41,17 @@ class _Attempt:
     #: prompt tokens still counted (0 once the first chunk came) and output tokens counted
     prompt: int
     output: int
+    #: the whole prompt's tokens, cached or not, counted until the end
+    whole: int
 
 
 class InFlightLoad:
     """Per pod: requests and tokens in flight through this gateway, plus the admitted
     requests not yet sent (`pending`). Single-threaded (the event loop), so plain counters;
-    read them through `requests` / `tokens` (pod -> count; absent: 0)."""
+    read them through `requests`, `tokens` (what the pod must still compute of the prompts,
+    and estimated output) and `prompts` (whole prompts of the requests in flight, until
+    each ends: how much a pod is serving, as the affinity filter and the latency producer
+    weigh it); pod -> count, absent: 0."""
 
     __slots__ = (
         "_attempts",
@@ -51,6 +59,7 @@ class InFlightLoad:
         "_earliest",
         "count_tokens",
         "pending",
+        "prompts",
         "requests",
         "sent",
         "timeout",
@@ -60,6 +69,7 @@ class InFlightLoad:
     def __init__(self, timeout: float = DEFAULT_TIMEOUT) -> None:
         self.requests: dict[str, int] = {}
         self.tokens: dict[str, int] = {}
+        self.prompts: dict[str, int] = {}
         self.timeout = timeout
         #: Whether anything reads `tokens`. Until then the relay does not estimate a request's
         #: prompt tokens for the ledger: that walks the messages, and with the EPP's default
@@ -80,13 +90,20 @@ class InFlightLoad:
     # ---- the relay's side ---------------------------------------------------------------
 
     def acquire(
-        self, key: str, pod: str, prompt: int = 0, output: int = 0, now: float | None = None
+        self,
+        key: str,
+        pod: str,
+        prompt: int = 0,
+        output: int = 0,
+        whole: int = 0,
+        now: float | None = None,
     ) -> None:
-        """Attempt `key` starts on `pod`, with `prompt` + `output` tokens to work through."""
+        """Attempt `key` starts on `pod`, with `prompt` + `output` tokens to work through, of
+        a prompt of `whole` tokens."""
         if key in self._attempts:
             return
         start = time.monotonic() if now is None else now
-        attempt = _Attempt(pod, start, prompt, output)
+        attempt = _Attempt(pod, start, prompt, output, whole)
         self._attempts[key] = attempt
         mine = self._by_pod.get(pod)
         if mine is None:
@@ -96,6 +113,8 @@ class InFlightLoad:
         self.sent[pod] = self.sent.get(pod, 0) + 1
         if prompt or output:
             self.tokens[pod] = self.tokens.get(pod, 0) + prompt + output
+        if whole:
+            self.prompts[pod] = self.prompts.get(pod, 0) + whole
         if start < self._earliest:
             self._earliest = start
         elif self.timeout > 0 and start - self.timeout >= self._earliest:
@@ -145,6 +164,7 @@ class InFlightLoad:
                 self._attempts.pop(key, None)
             self.requests.pop(pod, None)
             self.tokens.pop(pod, None)
+            self.prompts.pop(pod, None)
 
     # ---- readers ------------------------------------------------------------------------
 
@@ -159,6 +179,11 @@ class InFlightLoad:
                 break
             old += 1
         return len(mine) - old
+
+    def whole_of(self, key: str) -> int:
+        """The prompt tokens attempt `key` counts in `prompts` (0 when not in flight)."""
+        attempt = self._attempts.get(key)
+        return attempt.whole if attempt is not None else 0
 
     def attempts(self) -> int:
         """Attempts in flight, over every pod."""
@@ -181,13 +206,32 @@ class InFlightLoad:
         held = attempt.prompt + attempt.output
         if held:
             self._take_tokens(pod, held)
+        if attempt.whole:
+            _take(self.prompts, pod, attempt.whole)
 
     def _take_tokens(self, pod: str, n: int) -> None:
-        left = self.tokens.get(pod, 0) - n
-        if left > 0:
-            self.tokens[pod] = left
-        else:
-            self.tokens.pop(pod, None)
+        _take(self.tokens, pod, n)
+
+
+def _take(totals: dict[str, int], pod: str, n: int) -> None:
+    left = totals.get(pod, 0) - n
+    if left > 0:
+        totals[pod] = left
+    else:
+        totals.pop(pod, None)
+
+
+def warn_other_expiry(plugin: str, param: str, value: float, load: InFlightLoad) -> None:
+    """A plugin's own request timeout, from before the ledger was one: the ledger's expiry
+    applies instead, and a value other than it is warned about rather than silently lost."""
+    if value != load.timeout:
+        log.warning(
+            "%s: %s %.0fs is not used: requests in flight expire after the gateway ledger's %.0fs",
+            plugin,
+            param,
+            value,
+            load.timeout,
+        )
 
 
 #: Output-to-input ratio of the output estimate (llm-d's inflight-load-producer default).
@@ -216,8 +260,10 @@ class LoadEstimate:
         self.output_ratio = output_ratio
         self.max_output = max_output
 
-    def __call__(self, ctx: RequestContext) -> tuple[int, int]:
-        """(prompt tokens, output tokens) of attempt `ctx` on its target."""
+    def __call__(self, ctx: RequestContext) -> tuple[int, int, int]:
+        """(uncached prompt tokens, output tokens, whole prompt tokens) of attempt `ctx` on
+        its target. The whole prompt is the prefix match's count when one ran (the one its
+        readers scored with), else the request's estimate."""
         request = ctx.request
         tokens = request.estimated_tokens()
         info = None
@@ -226,8 +272,9 @@ class LoadEstimate:
             if info is not None:
                 break
         prompt = tokens if info is None else info.uncached_tokens(ctx.target.name)
+        whole = info.prompt_tokens if info is not None and info.prompt_tokens else tokens
         if not self.add_output:
-            return prompt, 0
+            return prompt, 0, whole
         output = round(tokens * self.output_ratio)  # from the whole prompt, cached or not
         data = request.data
         for name in _OUTPUT_CAPS:
@@ -237,7 +284,7 @@ class LoadEstimate:
                 break
         if self.max_output is not None:
             output = min(output, self.max_output)
-        return prompt, output
+        return prompt, output, whole
 
 
 @runtime_checkable
@@ -245,6 +292,7 @@ class LoadEstimator(Protocol):
     """A plugin that says what an attempt adds to the ledger (inflight-load-producer); the
     gateway asks it once per attempt. Without one, `LoadEstimate()`'s defaults apply."""
 
-    def estimate_load(self, ctx: RequestContext) -> tuple[int, int]:
-        """(prompt tokens, output tokens) attempt `ctx` adds to its target's load."""
+    def estimate_load(self, ctx: RequestContext) -> tuple[int, int, int]:
+        """(uncached prompt, output, whole prompt) tokens attempt `ctx` adds to its target's
+        load."""
         ...

@@ -58,7 +58,7 @@ class Relay:
         load: InFlightLoad | None = None,
         fallback: Fallback | None = None,
         credentials: UpstreamCredentials = FORWARD_CLIENT_CREDENTIALS,
-        estimate: Callable[[RequestContext], tuple[int, int]] | None = None,
+        estimate: Callable[[RequestContext], tuple[int, int, int]] | None = None,
     ) -> None:
         self.client = client
         #: What the pods get for Authorization (never a gateway key).

@@ -53,13 +53,13 @@ def test_the_estimate_counts_the_uncached_prompt_and_a_capped_output() -> None:
     r = req("completions", data={"prompt": "x" * 400, "max_tokens": 30})
     r.token_ids = list(range(100))
     c = ctx(r, ep("a"))
-    assert LoadEstimate()(c) == (100, 0)  # no prefix match ran: the whole prompt
+    assert LoadEstimate()(c) == (100, 0, 100)  # no prefix match ran: the whole prompt
     c.state[prefix_match_key("prefix-cache-scorer", "prefix-cache-scorer")] = PrefixCacheMatchInfo(
         16, 6, 100, {"a": 4.0}
     )
-    assert LoadEstimate()(c) == (100 - 64, 0)
+    assert LoadEstimate()(c) == (100 - 64, 0, 100)
     with_output = LoadEstimate(add_output=True)  # 1.5 x 100, but the request caps it at 30
-    assert with_output(c) == (36, 30)
+    assert with_output(c) == (36, 30, 100)
     r.data.pop("max_tokens")
-    assert with_output(c) == (36, 150)  # from the whole prompt, cached or not
-    assert LoadEstimate(add_output=True, output_ratio=0.5, max_output=20)(c) == (36, 20)
+    assert with_output(c) == (36, 150, 100)  # from the whole prompt, cached or not
+    assert LoadEstimate(add_output=True, output_ratio=0.5, max_output=20)(c) == (36, 20, 100)

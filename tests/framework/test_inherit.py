@@ -27,7 +27,7 @@ from heimdall_proxy.plugins.scorers.outstanding_work import OutstandingWorkScore
 from heimdall_proxy.plugins.scorers.prefix_cache import PrefixCacheScorer
 from heimdall_proxy.plugins.store.responses_store import ResponsesStore
 from tests.helpers import ep
-from tests.plugins.helpers import ctx, req
+from tests.plugins.helpers import ctx, req, sent
 
 PODS = [ep("pod-a"), ep("pod-b")]
 NONE: frozenset[str] = frozenset()
@@ -88,7 +88,7 @@ async def serve_one(pset: PluginSet, target: int = 0) -> Any:
     get(pset, NoHitLRUScorer).score(c.state, c.request, PODS)
     affinity = get(pset, PrefixCacheAffinityFilter)
     affinity.filter(c.state, c.request, PODS)
-    LEDGER.acquire(c.key, PODS[target].name)  # as the relay does, once per attempt
+    sent(LEDGER, c)  # as the relay does, once per attempt
     for cls in (PrefixCacheScorer, NoHitLRUScorer, ActiveRequestScorer, OutstandingWorkScorer):
         await get(pset, cls).pre_request(c)
     await affinity.pre_request(c)
@@ -111,7 +111,7 @@ async def test_a_reload_keeps_every_plugins_state_and_shares_it_with_the_old_req
     assert get(new, NoHitLRUScorer).last_used() == ["pod-a"]
     # ... the request still running counts against its pod ...
     assert get(new, ActiveRequestScorer).count("pod-a") == 1
-    assert get(new, PrefixCacheAffinityFilter).inflight.total("pod-a") > 0
+    assert get(new, PrefixCacheAffinityFilter).estimated_ttft("pod-a", None, 0) > 0
     assert get(new, OutstandingWorkScorer).work("pod-a") > 0
     # ... and the stored response can still be continued
     assert await get(new, ResponsesStore).backend.get("resp_1") == b'{"owner": ""}'
@@ -156,7 +156,7 @@ async def test_a_state_whose_meaning_changed_starts_empty_and_says_why(
     assert not get(new, PrefixCacheScorer).match(probe.state, probe.request, PODS).matched_blocks
     old_lat, new_lat = get(old, PredictedLatencyProducer), get(new, PredictedLatencyProducer)
     assert new_lat.predictor is not old_lat.predictor
-    assert new_lat.inflight is old_lat.inflight  # the ledger is kept all the same
+    assert new_lat.load is old_lat.load  # the gateway's ledger is kept all the same
     # a new lruCapacityPerServer is not a new meaning: the index is kept, with the new bound
     newer = build(
         doc(**{"prefix-cache-scorer": {"blockSizeTokens": 32, "lruCapacityPerServer": 7}})

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from heimdall_proxy.datalayer.pool import EndpointPool
+from heimdall_proxy.framework.handle import PluginHandle
+from heimdall_proxy.framework.inflight import InFlightLoad, LoadEstimate
 from heimdall_proxy.framework.types import (
     ApiKind,
     CycleState,
@@ -30,3 +33,15 @@ def req(
 def ctx(request: InferenceRequest, target: Endpoint, attempt: int = 0) -> RequestContext:
     result = SchedulingResult({"default": ProfileResult([target], [target])}, "default")
     return RequestContext(request, CycleState(), result, target, attempt=attempt)
+
+
+def ledger() -> PluginHandle:
+    """A plugin handle with an in-flight ledger of its own (a gateway's one)."""
+    return PluginHandle(EndpointPool([]), load=InFlightLoad())
+
+
+def sent(load: InFlightLoad, c: RequestContext) -> RequestContext:
+    """What the relay does as attempt `c` starts: the gateway's ledger counts it (before any
+    pre_request hook runs)."""
+    load.acquire(c.key, c.target.name, *LoadEstimate()(c))
+    return c

@@ -30,7 +30,7 @@ from heimdall_proxy.replicas.hub import LISTEN_POLL
 from tests.helpers import ep
 from tests.kvcache.redisns import REDIS_URL, redis_namespace
 from tests.plugins.filters.test_prefix_affinity import SYSTEM, keyed
-from tests.plugins.helpers import ctx, req
+from tests.plugins.helpers import ctx, ledger, req, sent
 from tests.plugins.scorers.test_prefix_cache import LONG, completion, route
 
 
@@ -135,13 +135,13 @@ async def test_outstanding_work_sums_the_replicas(ns: str) -> None:
 
 async def test_the_affinity_filter_counts_the_other_replicas_prompt_tokens(ns: str) -> None:
     params = PrefixCacheAffinityParams.model_validate(shared(ns))
-    a = PrefixCacheAffinityFilter("f", params, None)  # type: ignore[arg-type]
-    b = PrefixCacheAffinityFilter("f", params, None)  # type: ignore[arg-type]
+    a = PrefixCacheAffinityFilter("f", params, ledger())
+    b = PrefixCacheAffinityFilter("f", params, ledger())
     await a.start()
     await b.start()
     try:
         before = b.estimated_ttft("p0", None, 100)
-        await a.pre_request(ctx(completion("word " * 4000), ep("p0")))
+        await a.pre_request(sent(a.load, ctx(completion("word " * 4000), ep("p0"))))
         assert a.shared is not None and b.shared is not None
         await a.shared.sync()
         await b.shared.sync()
@@ -154,20 +154,21 @@ async def test_the_affinity_filter_counts_the_other_replicas_prompt_tokens(ns: s
 
 async def test_the_affinity_filter_learns_the_queue_price_from_every_replica(ns: str) -> None:
     params = PrefixCacheAffinityParams.model_validate(shared(ns))
-    a = PrefixCacheAffinityFilter("f", params, None)  # type: ignore[arg-type]
-    b = PrefixCacheAffinityFilter("f", params, None)  # type: ignore[arg-type]
+    a = PrefixCacheAffinityFilter("f", params, ledger())
+    b = PrefixCacheAffinityFilter("f", params, ledger())
     await a.start()
     await b.start()
-    late = PrefixCacheAffinityFilter("f", params, None)  # type: ignore[arg-type]
+    late = PrefixCacheAffinityFilter("f", params, ledger())
     default = 1.0 / 16000
     try:
         # one request stays in flight on p0, so each streamed one after it has tokens ahead
-        await a.pre_request(ctx(completion("word " * 4000), ep("p0")))
+        await a.pre_request(sent(a.load, ctx(completion("word " * 4000), ep("p0"))))
         for _ in range(4):  # QueueDelay's minimum before a pod's own price is used
             c = ctx(completion("word " * 400, stream=True), ep("p0"))
-            await a.pre_request(c)
+            await a.pre_request(sent(a.load, c))
             await a.response_streaming(c, b'data: {"choices": []}\n\n')
             await a.response_complete(c)
+            a.load.release(c.key)
         learned = a.queue_price.seconds_per_token("p0")
         assert learned != default
         assert b.queue_price.seconds_per_token("p0") == default
@@ -186,7 +187,7 @@ async def test_the_affinity_filter_learns_the_queue_price_from_every_replica(ns:
 
 def test_the_affinity_filter_shares_no_samples_when_it_learns_none(ns: str) -> None:
     params = PrefixCacheAffinityParams.model_validate(shared(ns, learnQueueDelay=False))
-    f = PrefixCacheAffinityFilter("f", params, None)  # type: ignore[arg-type]
+    f = PrefixCacheAffinityFilter("f", params, ledger())
     assert f.shared is not None and f.journal is None
 
 
@@ -221,8 +222,8 @@ async def test_the_affinity_filters_popularity_counts_every_replicas_requests(ns
     """The filters' hub ticks only when poked (60 s interval): a's requests reach b's count
     in the pushes a's counters send anyway."""
     params = PrefixCacheAffinityParams.model_validate(shared(ns, sharedPrefixDiscount=0.75))
-    a = PrefixCacheAffinityFilter("f", params, None)  # type: ignore[arg-type]
-    b = PrefixCacheAffinityFilter("f", params, None)  # type: ignore[arg-type]
+    a = PrefixCacheAffinityFilter("f", params, ledger())
+    b = PrefixCacheAffinityFilter("f", params, ledger())
     await a.start()
     await b.start()
     try:
@@ -231,7 +232,7 @@ async def test_the_affinity_filters_popularity_counts_every_replicas_requests(ns
             c = ctx(completion(f"turn {i}"), ep("p1"), attempt=i)
             c.state = keyed({"p1": 100.0}, SYSTEM)
             a.filter(c.state, c.request, [ep("p0"), ep("p1")])  # leaves the prefix to count
-            await a.pre_request(c)
+            await a.pre_request(sent(a.load, c))
         assert a.popularity.count(SYSTEM[-1]) > 9
         async with asyncio.timeout(10.0):
             while b.popularity.count(SYSTEM[-1]) != a.popularity.count(SYSTEM[-1]):  # noqa: ASYNC110
@@ -243,9 +244,7 @@ async def test_the_affinity_filters_popularity_counts_every_replicas_requests(ns
 
 def test_the_popularity_rides_on_no_push_without_the_discount(ns: str) -> None:
     f = PrefixCacheAffinityFilter(
-        "f",
-        PrefixCacheAffinityParams.model_validate(shared(ns)),
-        None,  # type: ignore[arg-type]
+        "f", PrefixCacheAffinityParams.model_validate(shared(ns)), ledger()
     )
     assert f.shared is not None and f.shared.rider is None
 
@@ -254,7 +253,7 @@ def test_another_replicas_pushed_requests_are_counted_once_across_a_reload(ns: s
     # old and new: one gateway's filter before and after a reload, both still in the hub
     # while the old requests drain; every replica's push reaches both their counters
     params = PrefixCacheAffinityParams.model_validate(shared(ns, sharedPrefixDiscount=0.75))
-    old, new, other = (PrefixCacheAffinityFilter("f", params, None) for _ in range(3))  # type: ignore[arg-type]
+    old, new, other = (PrefixCacheAffinityFilter("f", params, ledger()) for _ in range(3))
     assert new.inherit(old, frozenset()) is None
     assert other._shared_popularity is not None and other.shared is not None
     other._shared_popularity.observe(42)

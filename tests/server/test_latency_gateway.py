@@ -82,8 +82,8 @@ async def test_sheddable_request_refused_when_no_pod_meets_its_slo(
         for _ in range(16):  # keep both pods busy (all 16 on one pod: p = 2^-15)
             busy.append(asyncio.create_task(http.post(f"{gw.url}/v1/completions", json=STREAM)))
         producer = gw.gateway.plugins.plugins["predicted-latency-producer"]
-        inflight = producer.inflight  # type: ignore[attr-defined]
-        await eventually(lambda: all(inflight.count(p.name) > 0 for p in pods))
+        load = producer.load  # type: ignore[attr-defined]
+        await eventually(lambda: all(load.requests.get(p.name, 0) > 0 for p in pods))
         slo = {"x-slo-ttft-ms": "0.01", "x-gateway-inference-objective": "batch"}
         async with http.post(f"{gw.url}/v1/completions", json=BODY, headers=slo) as shed:
             assert shed.status == 429

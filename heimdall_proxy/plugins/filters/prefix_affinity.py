@@ -22,6 +22,7 @@ from pydantic import Field
 
 from heimdall_proxy.framework.base import BasePlugin
 from heimdall_proxy.framework.handle import PluginHandle
+from heimdall_proxy.framework.inflight import warn_other_expiry
 from heimdall_proxy.framework.inherit import changed
 from heimdall_proxy.framework.params import Duration
 from heimdall_proxy.framework.prefix import PrefixCacheMatchInfo, match_at, prefix_match_key
@@ -37,7 +38,6 @@ from heimdall_proxy.plugins.filters import affinity_trace
 from heimdall_proxy.plugins.filters.prefix_popularity import PrefixPopularity
 from heimdall_proxy.plugins.filters.queue_price import QueuePrice
 from heimdall_proxy.plugins.filters.shared_popularity import SharedPopularity
-from heimdall_proxy.plugins.scorers.inflight import InFlight
 from heimdall_proxy.plugins.scorers.shared_state import (
     SharedCountsParams,
     SharedJournalParams,
@@ -116,10 +116,11 @@ class PrefixCacheAffinityFilter(SharesState, BasePlugin[PrefixCacheAffinityParam
     `sharedPrefixDiscount` (ours), the margin shrinks for a prefix many recent requests
     shared (prefix_popularity.py).
 
-    PreRequest / ResponseComplete keep the prompt tokens in flight per pod, from scheduling
-    until the response ends (as llm-d's in-flight load counts them): a pod busy decoding
-    requests whose prompts it had cached still counts as busy, which is what stops a hot
-    prefix from piling onto it.
+    The prompt tokens in flight per pod are the gateway's in-flight ledger's whole prompts
+    (framework/inflight.py), counted from dispatch until the response ends: a pod busy
+    decoding requests whose prompts it had cached still counts as busy, which is what stops a
+    hot prefix from piling onto it. The filter keeps no count of its own; `requestTimeout`
+    is the ledger's expiry (600s), warned about when set otherwise.
 
     With `redisConfig` / `valkeyConfig` (an extension), the prompt tokens in flight are those
     of every live gateway replica, shared as active-request-scorer shares its counts
@@ -135,7 +136,11 @@ class PrefixCacheAffinityFilter(SharesState, BasePlugin[PrefixCacheAffinityParam
 
     def __init__(self, name: str, params: PrefixCacheAffinityParams, handle: PluginHandle) -> None:
         super().__init__(name, params, handle)
-        self.inflight = InFlight(params.request_timeout)
+        #: The gateway's in-flight ledger: the whole prompts in flight on each pod (`prompts`),
+        #: which the relay counts from dispatch to the end.
+        self.load = handle.load
+        self.load.count_tokens = True
+        warn_other_expiry(name, "requestTimeout", params.request_timeout, self.load)
         self._rng = random.Random()
         self._seconds_per_token = 1.0 / params.peak_prefill_throughput
         self._penalty = params.max_ttft_penalty_ms / 1000.0
@@ -178,14 +183,12 @@ class PrefixCacheAffinityFilter(SharesState, BasePlugin[PrefixCacheAffinityParam
             previous._shared_popularity = self._shared_popularity
         else:
             not_kept.append(f"the prefix popularity is counted anew: {reason}")
-        self.inflight = previous.inflight
-        self.inflight.timeout = self.params.request_timeout
         self.hand_over(previous)
         return "; ".join(not_kept) or None
 
     def _published(self) -> Mapping[str, float]:
         """The prompt tokens in flight, or nothing once handed over (as active-request's)."""
-        return {} if self.handed_over else self.inflight.totals()
+        return {} if self.handed_over else {p: float(n) for p, n in self.load.prompts.items()}
 
     def _learned(self, record: list[Any]) -> None:
         """Another replica's queue-price sample, applied by the successor once handed over."""
@@ -210,7 +213,7 @@ class PrefixCacheAffinityFilter(SharesState, BasePlugin[PrefixCacheAffinityParam
 
     def _busy(self, pod: str) -> float:
         """Prompt tokens in flight on `pod` (every replica's, when shared)."""
-        busy = self.inflight.total(pod)
+        busy: float = self.load.prompts.get(pod, 0)
         if self.shared is not None:
             busy += self.shared.others().get(pod, 0.0)
         return busy
@@ -253,7 +256,6 @@ class PrefixCacheAffinityFilter(SharesState, BasePlugin[PrefixCacheAffinityParam
         p = self.params.exploration_probability
         if p and self._rng.random() < p:
             return endpoints
-        self.inflight.expire()
         prompt = info.prompt_tokens or self._prompt_tokens(request)
         names = {e.name for e in sticky}
         best_sticky = min(self.estimated_ttft(e.name, info, prompt) for e in sticky)
@@ -287,7 +289,7 @@ class PrefixCacheAffinityFilter(SharesState, BasePlugin[PrefixCacheAffinityParam
         pods = [e.name for e in endpoints]
         est = {p: self.estimated_ttft(p, info, prompt) for p in pods}
         others = dict(self.shared.others()) if self.shared is not None else {}
-        local = {p: self.inflight.total(p) for p in pods}
+        local = {p: float(self.load.prompts.get(p, 0)) for p in pods}
         price = {p: self._queue_price(p) for p in pods}
         affinity_trace.emit(
             "filter",
@@ -318,8 +320,9 @@ class PrefixCacheAffinityFilter(SharesState, BasePlugin[PrefixCacheAffinityParam
         pod, key = ctx.target.name, ctx.key
         if self.params.learn_queue_delay and ctx.request.data.get("stream") is True:
             own = info.uncached_tokens(pod) if info is not None else tokens
-            self.queue_price.sent(key, pod, self._busy(pod), own)
-        self.inflight.add(pod, key, float(tokens))
+            # what was in flight before it: the ledger already counts this attempt
+            ahead = self._busy(pod) - self.load.whole_of(key)
+            self.queue_price.sent(key, pod, ahead, own)
         if self.shared is not None:
             self.shared.changed()
         if self.params.shared_prefix_discount:
@@ -345,7 +348,6 @@ class PrefixCacheAffinityFilter(SharesState, BasePlugin[PrefixCacheAffinityParam
     async def response_complete(self, ctx: RequestContext) -> None:
         key = ctx.key
         self.queue_price.forget(key)
-        self.inflight.remove(ctx.target.name, key)
         if self.shared is not None:
             self.shared.changed()
         if affinity_trace.enabled():

@@ -69,5 +69,5 @@ class InFlightLoadProducer(BasePlugin[InFlightLoadProducerParams]):
         )
         handle.load.count_tokens = True
 
-    def estimate_load(self, ctx: RequestContext) -> tuple[int, int]:
+    def estimate_load(self, ctx: RequestContext) -> tuple[int, int, int]:
         return self._estimate(ctx)

@@ -18,6 +18,7 @@ from pydantic import Field, field_validator
 
 from heimdall_proxy.framework.base import BasePlugin
 from heimdall_proxy.framework.handle import PluginHandle
+from heimdall_proxy.framework.inflight import warn_other_expiry
 from heimdall_proxy.framework.inherit import changed
 from heimdall_proxy.framework.params import Duration, PluginParams
 from heimdall_proxy.framework.prefix import read_prefix_match
@@ -42,7 +43,6 @@ from heimdall_proxy.latency.state import (
     slo_seconds,
 )
 from heimdall_proxy.loopmetrics import GaugeFamily, HistogramFamily
-from heimdall_proxy.plugins.scorers.inflight import InFlight
 
 log = logging.getLogger(__name__)
 
@@ -162,7 +162,6 @@ class PredictedLatencyProducer(BasePlugin[PredictedLatencyProducerParams]):
         super().__init__(name, params, handle)
         self.predictor = LatencyPredictor(min_samples=params.min_samples)
         self._features = FeatureMatrix()
-        self._next_expiry = 0.0
         self.remote: RemotePredictor | None = None
         if params.prediction_server_url or params.training_server_url:
             self.remote = RemotePredictor(
@@ -170,7 +169,11 @@ class PredictedLatencyProducer(BasePlugin[PredictedLatencyProducerParams]):
                 params.training_server_url,
                 timeout=params.predictor_timeout,
             )
-        self.inflight = InFlight(params.request_timeout)
+        #: The gateway's in-flight ledger: its requests and whole prompts per pod are the
+        #: model's load features (the producer keeps no count of its own).
+        self.load = handle.load
+        self.load.count_tokens = True
+        warn_other_expiry(name, "contextTTL", params.request_timeout, self.load)
         self.metrics = LatencyMetrics()
         self._attempts: dict[str, _Attempt] = {}
         self._max_tpot_samples = params.max_tpot_samples
@@ -179,12 +182,10 @@ class PredictedLatencyProducer(BasePlugin[PredictedLatencyProducerParams]):
         self._pending: dict[str, dict[str, _Attempt]] = {}
 
     def inherit(self, previous: PredictedLatencyProducer, gone: frozenset[str]) -> str | None:
-        """A reload keeps the in-flight ledger and the metrics, and the trained model (less
+        """A reload keeps the metrics, and the trained model (less
         the speed factors of the pods `gone`, under the new `minSamples`) with the attempts
         it trains on, unless what it is trained on (`streamingMode`) changed: then the old
         attempts train the old model to the end, and the new one starts untrained."""
-        self.inflight = previous.inflight
-        self.inflight.timeout = self.params.request_timeout
         self.metrics = previous.metrics
         reason = changed(previous.params, self.params, "streaming_mode")
         if reason is not None:
@@ -277,14 +278,13 @@ class PredictedLatencyProducer(BasePlugin[PredictedLatencyProducerParams]):
             output_tokens=out,
         )
         now = time.monotonic()
-        if now >= self._next_expiry:  # entries live for minutes: once a second is plenty
-            self.inflight.expire(now)
-            self._next_expiry = now + 1.0
-        inflight = self.inflight
         self._censored(now)
         names = [e.name for e in endpoints]
-        counts = [inflight.count(n) for n in names]
-        tokens = [inflight.total(n) if c else 0.0 for n, c in zip(names, counts, strict=True)]
+        requests, prompts = self.load.requests, self.load.prompts
+        counts = [requests.get(n, 0) for n in names]
+        tokens = [
+            float(prompts.get(n, 0)) if c else 0.0 for n, c in zip(names, counts, strict=True)
+        ]
         uncached: list[int] | None = None
         if info is not None:
             ratios = [info.ratio(n) for n in names]
@@ -356,7 +356,6 @@ class PredictedLatencyProducer(BasePlugin[PredictedLatencyProducerParams]):
         key = ctx.key
         row = preds.features_of(pod) if preds is not None else None
         prompt = row[3] * 1000.0 if row is not None else 0.0
-        self.inflight.add(pod, key, prompt)
         att = _Attempt(
             pod,
             row,
@@ -416,7 +415,6 @@ class PredictedLatencyProducer(BasePlugin[PredictedLatencyProducerParams]):
     async def response_complete(self, ctx: RequestContext) -> None:
         key = ctx.key
         att = self._attempts.pop(key, None)
-        self.inflight.remove(ctx.target.name, key)
         pending = self._pending.get(ctx.target.name)
         if pending is not None:
             pending.pop(key, None)

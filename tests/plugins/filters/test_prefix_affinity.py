@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 import yaml
 
 from heimdall_proxy.builtins import load_builtin_plugins
@@ -18,7 +19,7 @@ from heimdall_proxy.plugins.filters.prefix_affinity import (
     PrefixCacheAffinityParams,
 )
 from tests.helpers import ep
-from tests.plugins.helpers import ctx, req
+from tests.plugins.helpers import ctx, ledger, req, sent
 
 PODS = [ep("a"), ep("b"), ep("c")]
 KEY = "prefix-cache-scorer/prefix-cache-scorer"
@@ -26,7 +27,7 @@ KEY = "prefix-cache-scorer/prefix-cache-scorer"
 
 def make(**params: Any) -> PrefixCacheAffinityFilter:
     p = PrefixCacheAffinityParams.model_validate({"maxTTFTPenaltyMs": 0, **params})
-    return PrefixCacheAffinityFilter("f", p, None)  # type: ignore[arg-type]
+    return PrefixCacheAffinityFilter("f", p, ledger())
 
 
 def state(matched: dict[str, float], prompt_tokens: int = 1600) -> CycleState:
@@ -43,7 +44,7 @@ async def occupy(f: PrefixCacheAffinityFilter, pod: int, n: int, tokens: int = 1
     for i in range(n):
         c = ctx(req(data={"i": i}), PODS[pod], attempt=i)
         c.state.update(state({}, tokens))
-        await f.pre_request(c)
+        await f.pre_request(sent(f.load, c))
 
 
 def test_defaults_follow_the_reference() -> None:
@@ -101,16 +102,19 @@ async def test_a_penalty_ratio_holds_the_affinity_when_every_pod_is_deep() -> No
     assert names(f.filter(s, req(), PODS)) == ["a", "b", "c"]
 
 
-async def test_completion_frees_the_pod() -> None:
+async def test_the_prompts_in_flight_are_the_ledgers() -> None:
+    """The filter counts nothing itself: what the relay dispatched and has not seen end."""
     f = make()
     c = ctx(req(), PODS[0])
     c.state.update(state({}))
-    await f.pre_request(c)
-    await f.pre_request(ctx(req(), PODS[0], attempt=1))
-    assert f.inflight.total("a") > 0
-    await f.response_complete(c)
-    await f.response_complete(ctx(req(), PODS[0], attempt=1))
-    assert f.inflight.total("a") == 0
+    other = ctx(req(), PODS[0], attempt=1)
+    for x in (c, other):
+        await f.pre_request(sent(f.load, x))
+    assert f.estimated_ttft("a", None, 0) == pytest.approx(1600 / 16000)  # c's 1600 tokens
+    for x in (c, other):
+        await f.response_complete(x)
+        f.load.release(x.key)
+    assert f.estimated_ttft("a", None, 0) == 0.0
 
 
 def test_exploration_sometimes_skips_the_narrowing() -> None:
@@ -143,7 +147,8 @@ async def test_a_hot_prefix_spreads_over_pods_as_load_grows() -> None:
         {"name": n, "url": f"http://{n}:80"} for n in ("a", "b", "c")
     ]}).endpoints)  # fmt: skip
     cfg = parse_config(yaml.safe_load(CONFIG))
-    pset = build_plugins(cfg.epp, load_builtin_plugins(), PluginHandle(pool=pool))
+    handle = PluginHandle(pool=pool)
+    pset = build_plugins(cfg.epp, load_builtin_plugins(), handle)
     prompt = "shared system prompt " * 400
     picks = []
     for i in range(6):
@@ -157,6 +162,7 @@ async def test_a_hot_prefix_spreads_over_pods_as_load_grows() -> None:
         picks.append(target.name)
         c = ctx(r, target)
         c.state = st
+        sent(handle.load, c)
         for hook in pset.pre_request:
             await hook.pre_request(c)
     assert picks[0] == picks[1]  # the second copy follows the first
