@@ -26,7 +26,6 @@ import asyncio
 import os
 import random
 import signal
-import socket
 import sys
 import tempfile
 import time
@@ -34,6 +33,11 @@ from pathlib import Path
 
 import aiohttp
 import yaml
+
+if __package__ in (None, ""):  # run as a script
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench.compare import free_port
+from bench.runner import wait_http
 
 PY = sys.executable
 PLUGINS = (
@@ -55,29 +59,10 @@ def system_prompts(n: int) -> list[str]:
     ]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def cpu_seconds(pid: int) -> float:
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-async def wait_http(url: str) -> None:
-    async with aiohttp.ClientSession() as http:
-        for _ in range(300):
-            try:
-                async with http.get(url) as r:
-                    if r.status < 500:
-                        return
-            except aiohttp.ClientError:
-                pass
-            await asyncio.sleep(0.1)
-    raise RuntimeError(f"{url} never answered")
 
 
 def write(cfg: Path, ports: list[int], plugins: list[dict[str, object]]) -> None:

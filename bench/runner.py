@@ -51,6 +51,24 @@ PERCENTILES = (50, 95, 99)
 POD_HEADERS = ("x-sim-pod", "x-decoder-host-port")
 
 
+# ---- processes ----------------------------------------------------------------------------
+
+
+async def wait_http(url: str, tries: int = 300) -> None:
+    """Wait until `url` answers below 500 (a pod or gateway process is up), polling every
+    0.1 s; RuntimeError after `tries` polls."""
+    async with aiohttp.ClientSession() as http:
+        for _ in range(tries):
+            try:
+                async with http.get(url) as r:
+                    if r.status < 500:
+                        return
+            except aiohttp.ClientError:
+                pass
+            await asyncio.sleep(0.1)
+    raise RuntimeError(f"{url} never answered")
+
+
 # ---- statistics ---------------------------------------------------------------------------
 
 

@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import socket
 import statistics
 import sys
 import tempfile
@@ -32,15 +31,14 @@ import aiohttp
 import orjson
 import yaml
 
+if __package__ in (None, ""):  # run as a script
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench.compare import free_port
+from bench.runner import percentile, wait_http
+
 PY = sys.executable
 MODEL = "sim-model"
 JSON = {"Content-Type": "application/json"}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def rss_mb(pid: int) -> float:
@@ -49,24 +47,6 @@ def rss_mb(pid: int) -> float:
             if line.startswith("VmRSS:"):
                 return int(line.split()[1]) / 1024
     raise RuntimeError(f"no VmRSS for {pid}")
-
-
-async def wait_http(url: str) -> None:
-    async with aiohttp.ClientSession() as http:
-        for _ in range(300):
-            try:
-                async with http.get(url) as r:
-                    if r.status < 500:
-                        return
-            except aiohttp.ClientError:
-                pass
-            await asyncio.sleep(0.1)
-    raise RuntimeError(f"{url} never answered")
-
-
-def pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 async def run(args: argparse.Namespace, tmp: Path, code: str | None) -> dict[str, float]:
@@ -148,9 +128,9 @@ async def run(args: argparse.Namespace, tmp: Path, code: str | None) -> dict[str
             "rss_first": rss_first,
             "rss_end": rss_mb(gw.pid),
             "head_p50": statistics.median(head) * 1000,
-            "head_p95": pct(head, 0.95) * 1000,
+            "head_p95": (percentile(head, 95) or 0.0) * 1000,
             "tail_p50": statistics.median(tail) * 1000,
-            "tail_p95": pct(tail, 0.95) * 1000,
+            "tail_p95": (percentile(tail, 95) or 0.0) * 1000,
             "total_s": sum(latencies),
         }
     finally:
@@ -167,6 +147,8 @@ async def main() -> None:
     p.add_argument("--baseline", help="also run the chain with this tree's gateway code")
     p.add_argument("--progress", action="store_true")
     args = p.parse_args()
+    if args.turns <= args.window:
+        p.error(f"--turns ({args.turns}) must be more than --window ({args.window})")
     runs: list[tuple[str, dict[str, float]]] = []
     with tempfile.TemporaryDirectory() as d:
         if args.baseline:

@@ -25,7 +25,6 @@ import io
 import json
 import os
 import random
-import socket
 import sys
 import tempfile
 import time
@@ -37,7 +36,9 @@ import orjson
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bench.compare import free_port
 from bench.machine import cpu_model, git_dirty, git_head
+from bench.runner import percentile, wait_http
 
 PY = sys.executable
 #: The corpus' words, and the prompt's.
@@ -87,30 +88,6 @@ def long_prompt(chars: int) -> str:
         words.append(word)
         n += len(word) + 1
     return " ".join(words)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-async def wait_http(url: str) -> None:
-    async with aiohttp.ClientSession() as http:
-        for _ in range(300):
-            try:
-                async with http.get(url) as r:
-                    if r.status < 500:
-                        return
-            except aiohttp.ClientError:
-                pass
-            await asyncio.sleep(0.1)
-    raise RuntimeError(f"{url} never answered")
-
-
-def pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 async def run(
@@ -188,8 +165,8 @@ async def run(
         "status": status,
         "request_s": elapsed,
         "answers": len(latencies),
-        "p50_ms": pct(latencies, 0.5) * 1000,
-        "p99_ms": pct(latencies, 0.99) * 1000,
+        "p50_ms": (percentile(latencies, 50) or 0.0) * 1000,
+        "p99_ms": (percentile(latencies, 99) or 0.0) * 1000,
         "max_ms": max(latencies) * 1000,
         "load": os.getloadavg()[0],
     }
