@@ -453,6 +453,9 @@ class RequestContext:
     #: holds back come out with a later call), and calls it with b"" at the end for the rest.
     chunk_filter: Callable[[bytes], Awaitable[bytes]] | None = None
     attempt: int = 0
+    #: SSE data events in the chunk the response_streaming hooks are given ([DONE] not
+    #: counted): the relay counts them once, so no hook scans the chunk for them again.
+    events: int = 0
     #: "<request id>:<attempt>", which hooks key per-attempt state by: made once, when the
     #: context is (several plugins read it in several hooks, and a call per read added up).
     key: str = field(init=False, default="")

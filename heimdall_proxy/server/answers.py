@@ -19,6 +19,7 @@ from heimdall_proxy.server.usage import (
     USAGE_ASKED_KEY,
     StreamUsage,
     body_usage,
+    sse_events,
     strip_usage_events,
 )
 from heimdall_proxy.upstream import UpstreamError, UpstreamResponse
@@ -124,8 +125,10 @@ class Answers:
                 return response
             if not chunk:
                 break
+            # counted once here for every reader: the usage and the streaming hooks
+            ctx.events = events = sse_events(chunk)
             if usage is not None:
-                usage.feed(chunk)
+                usage.feed(chunk, events)
             if strip:
                 chunk = strip_usage_events(chunk)
             out = chunk if chunk_filter is None else await chunk_filter(chunk)

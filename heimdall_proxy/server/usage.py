@@ -125,6 +125,14 @@ def strip_usage_events(chunk: bytes) -> bytes:
     return b"\n\n".join(kept)
 
 
+def sse_events(chunk: bytes) -> int:
+    """Data events in a chunk of an SSE stream, the final `data: [DONE]` not counted."""
+    n = chunk.count(b"data:")
+    if n and b"[DONE]" in chunk:
+        n -= chunk.count(b"data: [DONE]")
+    return n
+
+
 class StreamUsage:
     """Follows a relayed SSE stream chunk by chunk: counts its data events and keeps the last
     `usage` it carried. Only chunks that mention `"usage"` are parsed."""
@@ -136,8 +144,9 @@ class StreamUsage:
         self.prompt: int | None = None
         self.output: int | None = None
 
-    def feed(self, chunk: bytes) -> None:
-        self.events += chunk.count(b"data:") - chunk.count(b"data: [DONE]")
+    def feed(self, chunk: bytes, events: int | None = None) -> None:
+        """Follow one more chunk; `events`: its data events, when the caller counted them."""
+        self.events += sse_events(chunk) if events is None else events
         if b'"usage"' not in chunk:
             return
         for line in chunk.split(b"\n"):

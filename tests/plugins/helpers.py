@@ -16,6 +16,7 @@ from heimdall_proxy.framework.types import (
     RequestContext,
     SchedulingResult,
 )
+from heimdall_proxy.server.usage import sse_events
 
 
 def req(
@@ -45,3 +46,10 @@ def sent(load: InFlightLoad, c: RequestContext) -> RequestContext:
     pre_request hook runs)."""
     load.acquire(c.key, c.target.name, *LoadEstimate()(c))
     return c
+
+
+async def streamed(plugin: Any, c: RequestContext, chunk: bytes) -> None:
+    """What the relay does with a chunk of a stream: counts its events once, on the context,
+    then runs the plugin's response_streaming hook."""
+    c.events = sse_events(chunk)
+    await plugin.response_streaming(c, chunk)

@@ -30,7 +30,7 @@ from heimdall_proxy.replicas.hub import LISTEN_POLL
 from tests.helpers import ep
 from tests.kvcache.redisns import REDIS_URL, redis_namespace
 from tests.plugins.filters.test_prefix_affinity import SYSTEM, keyed
-from tests.plugins.helpers import ctx, ledger, req, sent
+from tests.plugins.helpers import ctx, ledger, req, sent, streamed
 from tests.plugins.scorers.test_prefix_cache import LONG, completion, route
 
 
@@ -166,7 +166,7 @@ async def test_the_affinity_filter_learns_the_queue_price_from_every_replica(ns:
         for _ in range(4):  # QueueDelay's minimum before a pod's own price is used
             c = ctx(completion("word " * 400, stream=True), ep("p0"))
             await a.pre_request(sent(a.load, c))
-            await a.response_streaming(c, b'data: {"choices": []}\n\n')
+            await streamed(a, c, b'data: {"choices": []}\n\n')
             await a.response_complete(c)
             a.load.release(c.key)
         learned = a.queue_price.seconds_per_token("p0")

@@ -161,3 +161,13 @@ def test_only_usage_only_events_are_stripped() -> None:
     assert strip_usage_events(b'data: {"choices": [{"text": "b"}]}\n\n') == (
         b'data: {"choices": [{"text": "b"}]}\n\n'
     )
+
+
+def test_a_chunks_events_are_counted_once_without_done() -> None:
+    """What the relay leaves on ctx.events for every streaming hook (they do not scan)."""
+    from heimdall_proxy.server.usage import sse_events
+
+    assert sse_events(b'data: {"a": 1}\n\ndata: {"b": 2}\n\n') == 2
+    assert sse_events(b'data: {"a": 1}\n\ndata: [DONE]\n\n') == 1
+    assert sse_events(b"data: [DONE]\n\n") == 0
+    assert sse_events(b": keep-alive\n\n") == 0

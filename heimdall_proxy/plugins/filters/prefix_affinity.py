@@ -336,7 +336,7 @@ class PrefixCacheAffinityFilter(SharesState, BasePlugin[PrefixCacheAffinityParam
             affinity_trace.emit("start", key, self._replica(), pod=pod, tokens=tokens)
 
     async def response_streaming(self, ctx: RequestContext, chunk: bytes) -> None:
-        if not self.queue_price.waiting or b"data:" not in chunk:
+        if not self.queue_price.waiting or not ctx.events:
             return
         key = ctx.key
         sample = self.queue_price.first_token(key)

@@ -397,7 +397,7 @@ class PredictedLatencyProducer(BasePlugin[PredictedLatencyProducerParams]):
             att.first_at = now
         else:
             # one SSE event per token, unless the server coalesced several into a chunk
-            att.later_events += max(1, chunk.count(b"data: {"))
+            att.later_events += max(1, ctx.events)
             token = att.later_events + 1  # the first chunk carried token 1
             if (
                 self.params.streaming_mode

@@ -220,7 +220,7 @@ class OutstandingWorkScorer(SharesState, BasePlugin[OutstandingWorkParams]):
         # Prefill went with the headers (response_received, which the relay runs first).
         key = ctx.key
         work = self._work.get(key)
-        events = chunk.count(b"data:")
+        events = ctx.events  # the relay counted them
         if work is None or not events:
             return
         now = self.clock()

@@ -8,7 +8,7 @@ import pytest
 
 from heimdall_proxy.plugins.filters.queue_delay import QueueDelay
 from tests.plugins.filters.test_prefix_affinity import PODS, make, names, occupy, state
-from tests.plugins.helpers import ctx, req
+from tests.plugins.helpers import ctx, req, streamed
 
 
 def test_the_default_stands_until_enough_is_seen() -> None:
@@ -58,7 +58,7 @@ async def test_first_tokens_teach_the_filter_to_release_sooner() -> None:
         waiting[c.key] = (
             pod, ahead, own, time.monotonic() - own - ahead * 1e-3,
         )  # fmt: skip
-        await f.response_streaming(c, b'data: {"x":1}\n\n')
+        await streamed(f, c, b'data: {"x":1}\n\n')
         await f.response_complete(c)
     assert f.queue_price.seconds_per_token("a") == pytest.approx(1e-3, rel=0.05)
     assert names(f.filter(s, req(), PODS)) == ["a", "b", "c"]
@@ -69,7 +69,7 @@ async def test_not_learned_when_turned_off_or_not_streamed() -> None:
         await occupy(f, 0, 1)
         c = ctx(req(data=data), PODS[0], attempt=7)
         await f.pre_request(c)
-        await f.response_streaming(c, b"data: {}\n\n")
+        await streamed(f, c, b"data: {}\n\n")
         await f.response_complete(c)
         assert not f.queue_price.waiting
         assert f.queue_price.delay.seconds_per_token("a", -1.0) == -1.0

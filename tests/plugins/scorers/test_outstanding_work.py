@@ -14,7 +14,7 @@ from heimdall_proxy.plugins.scorers.outstanding_work import (
     output_limit,
 )
 from tests.helpers import ep
-from tests.plugins.helpers import ctx, req
+from tests.plugins.helpers import ctx, req, streamed
 
 
 def make(**params: object) -> OutstandingWorkScorer:
@@ -46,9 +46,9 @@ async def test_progress_prefill_then_streamed_tokens_then_complete() -> None:
     assert scorer.work("p") == pytest.approx(20 + 10)
     await scorer.response_received(c)  # the headers: prefill stops counting
     assert scorer.work("p") == pytest.approx(10)
-    await scorer.response_streaming(c, b'data: {"a":1}\n\ndata: {"a":2}\n\n')
+    await streamed(scorer, c, b'data: {"a":1}\n\ndata: {"a":2}\n\n')
     assert scorer.work("p") == pytest.approx(8)
-    await scorer.response_streaming(c, b"data: x\n\n" * 50)
+    await streamed(scorer, c, b"data: x\n\n" * 50)
     assert scorer.work("p") == 0.0
     await scorer.response_complete(c)
     await scorer.response_complete(c)
@@ -110,7 +110,7 @@ async def run_stream(scorer: OutstandingWorkScorer, clock: Clock, pod: object, *
     await scorer.pre_request(c)
     for dt in (0.5, 0.1, 0.1, 0.1):
         clock.now += dt
-        await scorer.response_streaming(c, b"data: {}\n\n")
+        await streamed(scorer, c, b"data: {}\n\n")
     await scorer.response_complete(c)
 
 
@@ -144,7 +144,7 @@ async def test_only_streams_that_ran_to_their_end_set_the_pace() -> None:
     broken = ctx(r, pod)  # type: ignore[arg-type]
     await scorer.pre_request(broken)
     clock.now += 0.5
-    await scorer.response_streaming(broken, b"data: {}\n\n")
+    await streamed(scorer, broken, b"data: {}\n\n")
     broken.error = "read failed"
     await scorer.response_complete(broken)
     c = ctx(completion(100, 10), pod, attempt=1)  # type: ignore[arg-type]
