@@ -17,7 +17,9 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
+from itertools import repeat
 from typing import Protocol, runtime_checkable
 
 from heimdall_proxy.framework.prefix import match_at, prefix_match_key
@@ -45,6 +47,64 @@ class _Attempt:
     whole: int
 
 
+class Measure:
+    """A value a consumer keeps per attempt in flight (outstanding-work-scorer's work left),
+    summed per pod. It lives in the ledger, so an attempt's value goes when the attempt
+    does (release, expiry, its pod leaving) and a reload finds it under the same name."""
+
+    __slots__ = ("_counts", "_totals", "_values")
+
+    def __init__(self) -> None:
+        self._values: dict[str, tuple[str, float]] = {}
+        self._totals: dict[str, float] = {}
+        self._counts: dict[str, int] = {}
+
+    def put(self, key: str, pod: str, value: float) -> None:
+        """Attempt `key`'s value on `pod` (added, or changed)."""
+        old = self._values.get(key)
+        self._values[key] = (pod, value)
+        if old is None:
+            self._counts[pod] = self._counts.get(pod, 0) + 1
+            delta = value
+        else:
+            delta = value - old[1]
+        left = self._totals.get(pod, 0.0) + delta
+        self._totals[pod] = left if left > 0.0 else 0.0
+
+    def drop(self, key: str) -> None:
+        item = self._values.pop(key, None)
+        if item is None:
+            return
+        pod, value = item
+        n = self._counts.get(pod, 0) - 1
+        if n > 0:
+            self._counts[pod] = n
+            left = self._totals.get(pod, 0.0) - value
+            self._totals[pod] = left if left > 0.0 else 0.0
+        else:  # exact zero, never float residue
+            self._counts.pop(pod, None)
+            self._totals.pop(pod, None)
+
+    def total(self, pod: str) -> float:
+        return self._totals.get(pod, 0.0)
+
+    def totals_of(self, pods: Iterable[str]) -> list[float]:
+        """`total(pod)` of each of `pods`, in order, without a call per pod."""
+        return list(map(self._totals.get, pods, repeat(0.0)))
+
+    def totals(self) -> dict[str, float]:
+        """pod -> sum of the values (what a replica publishes to the others)."""
+        return {pod: total for pod, total in self._totals.items() if total}
+
+    def forget(self, pods: Iterable[str]) -> None:
+        gone = frozenset(pods)
+        for key in [k for k, (pod, _) in self._values.items() if pod in gone]:
+            del self._values[key]
+        for pod in gone:
+            self._totals.pop(pod, None)
+            self._counts.pop(pod, None)
+
+
 class InFlightLoad:
     """Per pod: requests and tokens in flight through this gateway, plus the admitted
     requests not yet sent (`pending`). Single-threaded (the event loop), so plain counters;
@@ -57,6 +117,7 @@ class InFlightLoad:
         "_attempts",
         "_by_pod",
         "_earliest",
+        "_measures",
         "count_tokens",
         "pending",
         "prompts",
@@ -81,6 +142,7 @@ class InFlightLoad:
         #: tell a pod nobody has touched (datalayer/cadence.py).
         self.sent: dict[str, int] = {}
         self._attempts: dict[str, _Attempt] = {}
+        self._measures: dict[str, Measure] = {}
         #: per pod, its attempts by key in start order (active-request's horizon counts them)
         self._by_pod: dict[str, dict[str, _Attempt]] = {}
         # No attempt started before this (a lower bound): expire() skips its walk until the
@@ -165,6 +227,16 @@ class InFlightLoad:
             self.requests.pop(pod, None)
             self.tokens.pop(pod, None)
             self.prompts.pop(pod, None)
+        for measure in self._measures.values():
+            measure.forget(pods)
+
+    def measure(self, name: str) -> Measure:
+        """The per-attempt value kept under `name` (made on first use; the same object for
+        every plugin instance that asks, across reloads)."""
+        found = self._measures.get(name)
+        if found is None:
+            found = self._measures[name] = Measure()
+        return found
 
     # ---- readers ------------------------------------------------------------------------
 
@@ -192,6 +264,8 @@ class InFlightLoad:
     # ---- internals ----------------------------------------------------------------------
 
     def _drop(self, key: str, attempt: _Attempt) -> None:
+        for measure in self._measures.values():
+            measure.drop(key)
         pod = attempt.pod
         mine = self._by_pod.get(pod)
         if mine is not None:

@@ -63,3 +63,24 @@ def test_the_estimate_counts_the_uncached_prompt_and_a_capped_output() -> None:
     r.data.pop("max_tokens")
     assert with_output(c) == (36, 150, 100)  # from the whole prompt, cached or not
     assert LoadEstimate(add_output=True, output_ratio=0.5, max_output=20)(c) == (36, 20, 100)
+
+
+def test_a_measure_goes_with_its_attempt() -> None:
+    """A consumer's per-attempt value (outstanding work) lives in the ledger: released,
+    expired or forgotten with the attempt, and the same object for whoever asks by name."""
+    load = InFlightLoad(timeout=600.0)
+    work = load.measure("outstanding-work-scorer/w")
+    assert load.measure("outstanding-work-scorer/w") is work
+    load.acquire("r:0", "a", now=0.0)
+    load.acquire("s:0", "a", now=500.0)
+    load.acquire("t:0", "b", now=500.0)
+    work.put("r:0", "a", 10.0)
+    work.put("s:0", "a", 5.0)
+    work.put("t:0", "b", 7.0)
+    work.put("s:0", "a", 2.0)  # a change of value
+    assert work.totals_of(["a", "b", "c"]) == [12.0, 7.0, 0.0]
+    load.expire(now=700.0)  # r:0 is past the expiry
+    assert work.totals() == {"a": 2.0, "b": 7.0}
+    load.release("s:0")
+    load.forget({"b"})
+    assert work.totals() == {} and work.total("a") == 0.0

@@ -116,8 +116,8 @@ async def test_the_no_hit_lru_is_shared(ns: str) -> None:
 
 async def test_outstanding_work_sums_the_replicas(ns: str) -> None:
     params = OutstandingWorkParams.model_validate(shared(ns))
-    a = OutstandingWorkScorer("w", params, None)  # type: ignore[arg-type]
-    b = OutstandingWorkScorer("w", params, None)  # type: ignore[arg-type]
+    a = OutstandingWorkScorer("w", params, ledger())
+    b = OutstandingWorkScorer("w", params, ledger())
     await a.start()
     await b.start()
     try:

@@ -12,6 +12,7 @@ from pydantic import Field
 
 from heimdall_proxy.framework.base import BasePlugin
 from heimdall_proxy.framework.handle import PluginHandle
+from heimdall_proxy.framework.inflight import warn_other_expiry
 from heimdall_proxy.framework.params import Duration
 from heimdall_proxy.framework.prefix import match_at, prefix_match_key
 from heimdall_proxy.framework.registry import register
@@ -23,7 +24,6 @@ from heimdall_proxy.framework.types import (
     InferenceRequest,
     RequestContext,
 )
-from heimdall_proxy.plugins.scorers.inflight import InFlight
 from heimdall_proxy.plugins.scorers.pace import Pace
 from heimdall_proxy.plugins.scorers.shared_state import (
     SharedCountsParams,
@@ -115,7 +115,11 @@ class OutstandingWorkScorer(SharesState, BasePlugin[OutstandingWorkParams]):
 
     def __init__(self, name: str, params: OutstandingWorkParams, handle: PluginHandle) -> None:
         super().__init__(name, params, handle)
-        self.inflight = InFlight(params.request_timeout)
+        #: The work of each attempt in flight, kept in the gateway's ledger (which drops an
+        #: attempt's value when the attempt ends, expires or its pod leaves).
+        self.load = handle.load
+        self.inflight = self.load.measure(f"{OUTSTANDING_WORK_SCORER_TYPE}/{name}")
+        warn_other_expiry(name, "requestTimeout", params.request_timeout, self.load)
         # Progress of each attempt; dropped at response_complete, which the server calls once
         # per attempt whatever happens, so it never outgrows the requests in flight.
         self._work: dict[str, _Work] = {}
@@ -136,7 +140,6 @@ class OutstandingWorkScorer(SharesState, BasePlugin[OutstandingWorkParams]):
         for pod in gone:
             previous._pace.pop(pod, None)
         self.inflight = previous.inflight
-        self.inflight.timeout = self.params.request_timeout
         self._work = previous._work
         self._unstreamed = previous._unstreamed
         self._pace = previous._pace
@@ -169,7 +172,6 @@ class OutstandingWorkScorer(SharesState, BasePlugin[OutstandingWorkParams]):
 
     def work(self, pod: str) -> float:
         """Outstanding work on `pod`, in decode-token units (all replicas' when shared)."""
-        self.inflight.expire()
         self._decay()
         others = self.shared.others().get(pod, 0.0) if self.shared is not None else 0.0
         return self.inflight.total(pod) + others
@@ -177,7 +179,6 @@ class OutstandingWorkScorer(SharesState, BasePlugin[OutstandingWorkParams]):
     def score(
         self, state: CycleState, request: InferenceRequest, endpoints: list[Endpoint]
     ) -> Mapping[str, float]:
-        self.inflight.expire()
         self._decay()
         total = self.inflight.total
         if self.shared is None:
@@ -201,7 +202,7 @@ class OutstandingWorkScorer(SharesState, BasePlugin[OutstandingWorkParams]):
         work = self._work[key] = _Work(ctx.target.name, prefill, decode, self.clock())
         if not ctx.request.stream:
             self._unstreamed[key] = work
-        self.inflight.add(ctx.target.name, key, prefill + decode)
+        self.inflight.put(key, ctx.target.name, prefill + decode)
         if self.shared is not None:
             self.shared.changed()
 
@@ -214,7 +215,7 @@ class OutstandingWorkScorer(SharesState, BasePlugin[OutstandingWorkParams]):
         work = self._work.get(ctx.key)
         if work is not None and work.prefill:
             work.prefill = 0.0
-            self.inflight.update(ctx.target.name, ctx.key, work.total)
+            self.inflight.put(ctx.key, ctx.target.name, work.total)
 
     async def response_streaming(self, ctx: RequestContext, chunk: bytes) -> None:
         # Prefill went with the headers (response_received, which the relay runs first).
@@ -230,7 +231,7 @@ class OutstandingWorkScorer(SharesState, BasePlugin[OutstandingWorkParams]):
         work.events += events
         if work.decode_left > 0.0:
             work.decode_left = max(0.0, work.decode_left - events)
-            self.inflight.update(ctx.target.name, key, work.total)
+            self.inflight.put(key, ctx.target.name, work.total)
 
     async def response_complete(self, ctx: RequestContext) -> None:
         key = ctx.key
@@ -240,7 +241,7 @@ class OutstandingWorkScorer(SharesState, BasePlugin[OutstandingWorkParams]):
             # A stream that ran to its end: its pace is the pod's, now.
             tpot = (work.last_at - work.first_at) / (work.events - 1) if work.events > 1 else None
             self._pace.setdefault(work.pod, Pace()).observe(work.first_at - work.sent_at, tpot)
-        self.inflight.remove(ctx.target.name, key)
+        self.inflight.drop(key)
         if self.shared is not None:
             self.shared.changed()
 
@@ -264,7 +265,7 @@ class OutstandingWorkScorer(SharesState, BasePlugin[OutstandingWorkParams]):
             # Never below one token: the request is still running, whatever the pace says.
             work.decode_left = max(min(1.0, work.decode), work.decode - done)
             if work.total != before:
-                self.inflight.update(work.pod, key, work.total)
+                self.inflight.put(key, work.pod, work.total)
                 changed = True
         if changed and self.shared is not None:
             self.shared.changed()

@@ -14,11 +14,11 @@ from heimdall_proxy.plugins.scorers.outstanding_work import (
     output_limit,
 )
 from tests.helpers import ep
-from tests.plugins.helpers import ctx, req, streamed
+from tests.plugins.helpers import ctx, ledger, req, streamed
 
 
 def make(**params: object) -> OutstandingWorkScorer:
-    return OutstandingWorkScorer("w", OutstandingWorkParams.model_validate(params), None)  # type: ignore[arg-type]
+    return OutstandingWorkScorer("w", OutstandingWorkParams.model_validate(params), ledger())
 
 
 def completion(prompt_tokens: int, max_tokens: int) -> object:
