@@ -35,6 +35,7 @@ sys.path.insert(0, str(REPO))
 from bench.machine import cpu_model, git_head  # noqa: E402
 from heimdall_proxy.builtins import load_builtin_plugins  # noqa: E402
 from heimdall_proxy.config import parse_config  # noqa: E402
+from heimdall_proxy.framework.inflight import LoadEstimate  # noqa: E402
 from heimdall_proxy.framework.types import Metrics, RequestContext  # noqa: E402
 from heimdall_proxy.server.gateway import Gateway  # noqa: E402
 from heimdall_proxy.server.options import ServerOptions  # noqa: E402
@@ -135,16 +136,16 @@ async def measure(path: Path, pods: int, requests: int, profile: bool) -> dict[s
                 decision.result,
                 decision.result.primary.targets[0],
             )
+            # as the relay does: the ledger counts the attempt, then the hooks run
+            gw.load.acquire(ctx.key, ctx.target.name, *LoadEstimate()(ctx))
             if gw.hooks.pre_request:
                 await gw.hooks.pre_request.run(ctx)
-            tokens = ctx.request.estimated_tokens()
-            gw.load.acquire(ctx.target.name, tokens)
             flight.append(ctx)
             if decision.admission is not None:
                 decision.admission.finish()
             if len(flight) > min(IN_FLIGHT, pods):
                 old = flight.popleft()
-                gw.load.release(old.target.name, old.request.estimated_tokens())
+                gw.load.release(old.key)
                 old.status = 200
                 if gw.hooks.response_complete:
                     await gw.hooks.response_complete.run(old)

@@ -241,7 +241,7 @@ def cost(args: argparse.Namespace) -> list[str]:
         times.append(time.thread_time() - c)
         walls.append(time.perf_counter() - w)
         if i % 100 == 0:  # some requests in flight, as in a live gateway
-            producer.inflight.add(rng.choice(pods).name, str(i), 500.0)
+            producer.load.acquire(f"{i}:0", rng.choice(pods).name, 500, 0, 500)
     times.sort()
     walls.sort()
     p50 = statistics.median(times)
