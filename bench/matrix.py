@@ -95,6 +95,14 @@ SHAPES: dict[str, Shape] = {
         Shape("unequal", "(e) the mixed traffic on unequal pods: pods 2 and 3 at half speed",
               "mixed", {"rate": "7"}, {"requests": "140"},
               per_pod=(((), 1.0), ((), 1.0), (SLOW, SLOW_FACTOR), (SLOW, SLOW_FACTOR))),
+        # issue 33: load-aware.yaml lost to round-robin on an all-cold burst of heavy and
+        # light prompts; every prompt here is unique, and the sizes span 20x
+        Shape("cold-mixed", "(f) all-cold mixed burst: every prompt unique, 256 to 5,120 "
+              "tokens (20x), above capacity", "context-mix",
+              {"rate": "40", "mix": "0.5,0.3,0.2", "short_tokens": "256,512",
+               "medium_tokens": "1024,2048", "long_tokens": "4096,5120",
+               "output_tokens": "16,64"},
+              {"requests": "120"}),
     )
 }  # fmt: skip
 

@@ -106,3 +106,13 @@ def test_tables_render_from_a_saved_summary() -> None:
     assert "| heimdall-proxy r.yaml | 12.0 | 1.50x | 0.75x |" in text
     assert "| 0.75x | 75.0% | 0 |" in text  # E2E p95 3 / 4, hit rate
     assert "would take 9.0 s (1.12x the bound)" in text
+
+
+def test_the_cold_mixed_shape_is_all_cold_and_spans_twenty_times() -> None:
+    w = matrix.build_workload(matrix.SHAPES["cold-mixed"], quick=True)
+    prompts = [r.body["prompt"] for r in w.requests]
+    assert len(prompts) == 120 and len(set(prompts)) == 120  # every prompt distinct
+    starts = {p[:64] for p in prompts}
+    assert len(starts) == 120  # and distinct from its first block on: nothing to share
+    sizes = sorted(len(p) for p in prompts)
+    assert sizes[-1] >= 10 * sizes[0]
