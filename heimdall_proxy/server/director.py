@@ -1,15 +1,23 @@
-"""The director: one request from body to scheduling decision (GIE's director phase).
+"""The director: one inference request's whole life, in llm-d's order.
 
-parse -> candidates -> prepare-data (and data producers) -> schedule. Everything here happens
-before any pod is contacted, so every failure is an OpenAI-shaped `RequestError` answered by
-the gateway itself."""
+parse -> candidates -> admit (flow control) -> prepare-data and producers -> admit (admitter
+plugins) -> schedule -> the disaggregation hops -> attempts on the ranked pods (pre-request
+and response hooks run per attempt in the relay; a ranking used up is scheduled again
+without the pods that failed) -> finish (the admission, the request metrics).
+
+The gateway hands it a request whose body it has read and gets a response back; the relay
+sends and streams, one attempt at a time. Until a pod is contacted every failure is an
+OpenAI-shaped `RequestError`, answered here."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
+
+from aiohttp import web
 
 from heimdall_proxy.datalayer.pool import EndpointPool, ModelNotFoundError, NoEndpointsError
 from heimdall_proxy.framework.errors import RequestError
@@ -21,14 +29,21 @@ from heimdall_proxy.framework.types import (
     CycleState,
     Endpoint,
     InferenceRequest,
+    RequestContext,
     SchedulingError,
     SchedulingResult,
 )
 from heimdall_proxy.observability import GatewayMetrics
+from heimdall_proxy.server.admission import AdmissionControl
+from heimdall_proxy.server.answers import UNKNOWN_MODEL
+from heimdall_proxy.server.errors import render
 from heimdall_proxy.server.flow.controller import Admission, FlowController
-from heimdall_proxy.server.outliers import OutlierDetector
+from heimdall_proxy.server.outliers import OutlierDetector, Verdicts
 from heimdall_proxy.server.parse import parse_body
+from heimdall_proxy.server.relay import Relay
+from heimdall_proxy.server.retry import RetryBudget, backoff, failure_reason
 from heimdall_proxy.server.tracing import RequestTrace
+from heimdall_proxy.server.untrusted import untrusted_fields
 from heimdall_proxy.server.usage import USAGE_ASKED_KEY, ask_for_usage
 
 log = logging.getLogger(__name__)
@@ -36,47 +51,14 @@ log = logging.getLogger(__name__)
 
 @dataclass(slots=True)
 class Decision:
-    """What the director hands the relay: the parsed request, the cycle's state (read by the
-    hooks and the disaggregation hops) and the scheduler's result."""
+    """A scheduled request: the parsed request, the cycle's state (read by the hooks and the
+    disaggregation hops) and the scheduler's result."""
 
     request: InferenceRequest
     state: CycleState
     result: SchedulingResult
-    #: The flow controller's admission, finished by the gateway when the request is over.
+    #: The flow controller's admission, finished when the request is over.
     admission: Admission | None = None
-
-
-#: Body fields that make a pod act on what they name: vLLM's NIXL connector dials the
-#: remote_host / remote_port of kv_transfer_params; an EC connector loads what
-#: ec_transfer_params points at. The gateway writes them itself for its own hops.
-TRANSFER_FIELDS = ("kv_transfer_params", "ec_transfer_params")
-#: vLLM's free-form extra arguments: it copies a `kv_transfer_params` found there into the
-#: same slot as the top-level field, so the transfer fields are dropped from it too.
-XARGS_FIELD = "vllm_xargs"
-
-
-def untrusted_fields(ireq: InferenceRequest, trust_transfer_params: bool) -> None:
-    """Drop what a client must not choose: the transfer parameters, at the top level and in
-    `vllm_xargs` (unless the operator trusts its clients), and, on /v1/responses,
-    `request_id` (vLLM makes it the response id, so a client could otherwise name, and
-    overwrite, another caller's stored response)."""
-    data = ireq.data
-    drop = []
-    xargs = None
-    if not trust_transfer_params:
-        for name in TRANSFER_FIELDS:  # a loop, not a comprehension: no frame per request
-            if name in data:
-                drop.append(name)
-        extra = data.get(XARGS_FIELD)
-        if isinstance(extra, dict) and any(name in extra for name in TRANSFER_FIELDS):
-            xargs = {k: v for k, v in extra.items() if k not in TRANSFER_FIELDS}
-    if ireq.api == "responses" and "request_id" in data:
-        drop.append("request_id")
-    if drop or xargs is not None:
-        kept = {k: v for k, v in data.items() if k not in drop}
-        if xargs is not None:
-            kept[XARGS_FIELD] = xargs
-        ireq.set_data(kept)
 
 
 class Director:
@@ -88,14 +70,68 @@ class Director:
         trust_transfer_params: bool = False,
         outliers: OutlierDetector | None = None,
         flow: FlowController | None = None,
+        max_attempts: int = 1,
     ) -> None:
-        self.flow = flow
+        self.admission = AdmissionControl(flow, plugins.admitters)
         self.outliers = outliers
         self.pool = pool
         self.plugins = plugins
         self.metrics = metrics
         self.trust_transfer_params = trust_transfer_params
-        self._has_prepare = bool(plugins.prepare_data or plugins.producers or plugins.admitters)
+        self.max_attempts = max(1, max_attempts)
+        #: Retries in flight are bounded by the requests in flight (server/retry.py).
+        self.budget = RetryBudget()
+        #: Sends to the pods; set when the routing starts (it needs the upstream client).
+        self.relay: Relay | None = None
+        self._has_prepare = bool(plugins.prepare_data or plugins.producers)
+
+    @property
+    def flow(self) -> FlowController | None:
+        return self.admission.flow
+
+    # -- the whole life ----------------------------------------------------------------
+
+    async def serve(
+        self,
+        request: web.Request,
+        api: ApiKind,
+        body: bytes,
+        caller: str = "",
+        spans: RequestTrace | None = None,
+        started: float | None = None,
+    ) -> web.StreamResponse:
+        """Serve one inference request of `caller` end to end: its answer, or the error the
+        client gets in the API's shape. `started` is when its transport began (the request
+        duration metric counts from there)."""
+        if started is None:
+            started = time.perf_counter()
+        metrics = self.metrics
+        model = UNKNOWN_MODEL
+        admission: Admission | None = None
+        try:
+            ireq = self._parse(api, request.path, body, request.headers, caller, spans)
+            model = ireq.model
+            candidates = self.candidates(ireq)
+            admission = await self.admission.enter(ireq, candidates)
+            if admission is not None and admission.waited:
+                candidates = self.candidates(ireq)  # the pool may have changed meanwhile
+            decision = await self._schedule(ireq, candidates, None, admission, spans)
+            series = metrics.models.get(model) or metrics.model_series(model)
+            running = series.running or series.running_child()
+            running.inc()
+            try:
+                return await self._forward(request, decision)
+            finally:
+                running.dec()
+                (series.duration or series.histogram("duration")).observe(
+                    time.perf_counter() - started
+                )
+        except RequestError as exc:
+            metrics.errors.labels(model, model, exc.code or str(exc.status)).inc()
+            return render(exc)
+        finally:
+            if admission is not None:
+                admission.finish()
 
     async def decide(
         self,
@@ -105,12 +141,24 @@ class Director:
         headers: Mapping[str, str],
         trace: ScheduleTrace | None = None,
         caller: str = "",
-        spans: RequestTrace | None = None,
     ) -> Decision:
-        """Parse and schedule one request. Raises RequestError for anything the client gets an
-        answer to without a pod (bad body, unknown model, no pod can serve it). With `trace`,
-        the scheduler records every profile's filters, scores and pick into it; with `spans`
-        (tracing on), parse, prepare and each profile get a span."""
+        """Parse and schedule one request without admitting or sending it (the debug route
+        and the decision benchmark): `trace` records every profile's filters, scores and
+        pick. Raises RequestError as `serve` would answer it."""
+        ireq = self._parse(api, path, body, headers, caller, None)
+        return await self._schedule(ireq, self.candidates(ireq), trace, None)
+
+    # -- steps -------------------------------------------------------------------------
+
+    def _parse(
+        self,
+        api: ApiKind,
+        path: str,
+        body: bytes,
+        headers: Mapping[str, str],
+        caller: str,
+        spans: RequestTrace | None,
+    ) -> InferenceRequest:
         if spans is None:
             ireq = parse_body(api, path, body, headers)
         else:
@@ -120,67 +168,7 @@ class Director:
                 spans.span.set_attribute("heimdall.request_id", ireq.request_id)
         ireq.caller = caller
         untrusted_fields(ireq, self.trust_transfer_params)
-        candidates = self.candidates(ireq)
-        if self.flow is None or trace is not None:  # a debug trace is never queued or counted
-            return await self._schedule(ireq, candidates, trace, None, spans)
-        admission = await self.flow.admit(ireq, candidates)
-        try:
-            if admission.waited:  # the pool may have changed while it waited
-                candidates = self.candidates(ireq)
-            return await self._schedule(ireq, candidates, trace, admission, spans)
-        except BaseException:
-            admission.finish()
-            raise
-
-    async def _schedule(
-        self,
-        ireq: InferenceRequest,
-        candidates: list[Endpoint],
-        trace: ScheduleTrace | None,
-        admission: Admission | None,
-        spans: RequestTrace | None = None,
-    ) -> Decision:
-        state = CycleState()
-        if ireq.stream and ask_for_usage(ireq):  # only a stream may need to ask
-            state[USAGE_ASKED_KEY] = True
-        if trace is not None:
-            state[TRACE_KEY] = trace
-        if spans is not None:
-            state[SPANS_KEY] = spans
-        if self._has_prepare:
-            if spans is None:
-                await self._prepare(ireq, state, candidates)
-            else:
-                with spans.phase("prepare", **{"heimdall.candidates": len(candidates)}):
-                    await self._prepare(ireq, state, candidates)
-        t0 = time.perf_counter()
-        try:
-            result = self.plugins.scheduler.schedule(state, ireq, candidates)
-        except SchedulingError as exc:
-            raise RequestError(
-                503,
-                f"No endpoint can serve the request: {exc}",
-                code="no_endpoint_available",
-                headers={"Retry-After": "1"},
-            ) from exc
-        self.metrics.scheduler_duration.observe(time.perf_counter() - t0)
-        return Decision(ireq, state, result, admission)
-
-    def fallback(
-        self, ireq: InferenceRequest, state: CycleState, exclude: set[str]
-    ) -> list[Endpoint]:
-        """Pods to try after every ranked one failed: a new scheduling cycle over the
-        candidates minus `exclude`, so that hard filters (roles, labels) still hold while a
-        soft one (prefix affinity) that kept only the failed pods no longer can. On a copy of
-        the cycle state: the first cycle's results stay as they were."""
-        try:
-            pods = [e for e in self.candidates(ireq) if e.name not in exclude]
-            if not pods:
-                return []
-            result = self.plugins.scheduler.schedule(CycleState(state), ireq, pods)
-        except (RequestError, SchedulingError):
-            return []
-        return [e for e in result.fallback_order() if e.name not in exclude]
+        return ireq
 
     def candidates(self, ireq: InferenceRequest) -> list[Endpoint]:
         """The pods that may serve `ireq`: those serving its model (or every pod when the body
@@ -212,6 +200,42 @@ class Director:
                 headers={"Retry-After": "1"},
             ) from exc
 
+    async def _schedule(
+        self,
+        ireq: InferenceRequest,
+        candidates: list[Endpoint],
+        trace: ScheduleTrace | None,
+        admission: Admission | None,
+        spans: RequestTrace | None = None,
+    ) -> Decision:
+        state = CycleState()
+        if ireq.stream and ask_for_usage(ireq):  # only a stream may need to ask
+            state[USAGE_ASKED_KEY] = True
+        if trace is not None:
+            state[TRACE_KEY] = trace
+        if spans is not None:
+            state[SPANS_KEY] = spans
+        if self._has_prepare:
+            if spans is None:
+                await self._prepare(ireq, state, candidates)
+            else:
+                with spans.phase("prepare", **{"heimdall.candidates": len(candidates)}):
+                    await self._prepare(ireq, state, candidates)
+        if self.admission.admitters:
+            self.admission.admit(state, ireq, candidates)
+        t0 = time.perf_counter()
+        try:
+            result = self.plugins.scheduler.schedule(state, ireq, candidates)
+        except SchedulingError as exc:
+            raise RequestError(
+                503,
+                f"No endpoint can serve the request: {exc}",
+                code="no_endpoint_available",
+                headers={"Retry-After": "1"},
+            ) from exc
+        self.metrics.scheduler_duration.observe(time.perf_counter() - t0)
+        return Decision(ireq, state, result, admission)
+
     async def _prepare(
         self, ireq: InferenceRequest, state: CycleState, candidates: list[Endpoint]
     ) -> None:
@@ -228,13 +252,95 @@ class Director:
                 await producer.produce(state, ireq, candidates)
             except Exception:
                 log.exception("producer %r failed", getattr(producer, "name", producer))
-        for admitter in self.plugins.admitters:
-            reason = admitter.admit_request(state, ireq, candidates)
-            if reason is not None:
-                raise RequestError(
-                    429,
-                    reason,
-                    type="rate_limit_exceeded",
-                    code="slo_unattainable",
-                    headers={"Retry-After": "1"},
-                )
+
+    def fallback(
+        self, ireq: InferenceRequest, state: CycleState, exclude: set[str]
+    ) -> list[Endpoint]:
+        """Pods to try after every ranked one failed: a new scheduling cycle over the
+        candidates minus `exclude`, so that hard filters (roles, labels) still hold while a
+        soft one (prefix affinity) that kept only the failed pods no longer can. On a copy of
+        the cycle state: the first cycle's results stay as they were."""
+        try:
+            pods = [e for e in self.candidates(ireq) if e.name not in exclude]
+            if not pods:
+                return []
+            result = self.plugins.scheduler.schedule(CycleState(state), ireq, pods)
+        except (RequestError, SchedulingError):
+            return []
+        return [e for e in result.fallback_order() if e.name not in exclude]
+
+    async def _forward(self, request: web.Request, decision: Decision) -> web.StreamResponse:
+        """Serve `decision` from its pod, falling back to the next-best pods: a pod that
+        fails before sending a response, or answers a retryable status while another pod
+        may be tried, is replaced (server/retry.py says when, the retry budget how often).
+        Once a response has started nothing is retried. Raises RequestError(502) when no pod
+        could serve it."""
+        relay = self.relay
+        assert relay is not None, "the routing is not started"
+        ireq, state, result = decision.request, decision.state, decision.result
+        body, headers, prefill = await relay.prepare(request, ireq, state)
+        if decision.admission is not None:
+            decision.admission.sent()
+        tried = []
+        target = result.primary.targets[0]
+        order: list[Endpoint] | None = None  # the fallback order, built only when needed
+        attempt = 0
+        budget = self.budget
+        max_attempts = self.max_attempts
+        retrying = False
+
+        def another_pod() -> bool:
+            """Whether a failed attempt may go to the next pod (builds the order lazily; when
+            the scheduled ranking is used up, e.g. a filter kept only the pod that failed,
+            the request is scheduled again without the pods already in the order)."""
+            nonlocal order
+            if order is None:
+                order = result.fallback_order()[:max_attempts]
+            if attempt + 1 >= len(order) and len(order) < max_attempts:
+                more = self.fallback(ireq, state, {e.name for e in order})
+                order.extend(more[: max_attempts - len(order)])
+            return attempt + 1 < len(order) and budget.allows()
+
+        spans: RequestTrace | None = state.get(SPANS_KEY)
+        verdicts = Verdicts(relay.outliers)
+        budget.in_flight += 1
+        try:
+            while True:
+                ctx = RequestContext(ireq, state, result, target, prefill=prefill, attempt=attempt)
+                if spans is None:
+                    response = await relay.attempt(
+                        request, ctx, body, headers, verdicts, another_pod
+                    )
+                else:
+                    response = await relay.traced(
+                        spans, request, ctx, body, headers, verdicts, another_pod
+                    )
+                if response is not None:
+                    return response
+                tried.append(f"{target.name} ({ctx.error})")
+                if not another_pod():
+                    break
+                assert order is not None
+                self.metrics.retries.labels(failure_reason(ctx.error)).inc()
+                attempt += 1
+                if not retrying:
+                    retrying = True
+                    budget.retries += 1
+                await asyncio.sleep(backoff(attempt, ctx.upstream_response_headers))
+                target = order[attempt]
+        finally:
+            budget.in_flight -= 1
+            if retrying:
+                budget.retries -= 1
+        # Which pods failed and how goes to the log only: pod names and addresses are the
+        # operator's (the debug routes that show them are locked down too).
+        log.warning(
+            "no model server could serve the request",
+            extra={"request_id": ireq.request_id, "error": "; ".join(tried)},
+        )
+        raise RequestError(
+            502,
+            f"No model server could serve the request ({len(tried)} attempts failed; "
+            f"request id {ireq.request_id}).",
+            code="upstream_unreachable",
+        )

@@ -1,6 +1,6 @@
-"""The Gateway: wiring, start and stop. It owns the pool, the plugins, the upstream client and
-sessions and the background work, and hands each request to the director (parse -> schedule)
-and then the relay (hops, attempts, streaming).
+"""The Gateway: wiring, start and stop, and the transport of a request. It owns the routing in
+force (pool, plugins, director), the upstream client and sessions and the background work;
+it reads each request's body and hands it to the director, which runs the request's life.
 
 Built synchronously, so config errors surface before a port is bound; network resources are
 opened in `lifespan`."""
@@ -264,50 +264,21 @@ class Gateway:
         caller: str = "",
         spans: RequestTrace | None = None,
     ) -> web.StreamResponse:
-        """Serve one inference request of `caller` (as the auth guard identified it) end to
-        end. The routing in force when a request arrives serves it to its end, whatever a
-        reload does meanwhile."""
+        """Read the body of one inference request of `caller` (as the auth guard identified
+        it) and have the director serve it. The routing in force when a request arrives
+        serves it to its end, whatever a reload does meanwhile."""
         started = time.perf_counter()
-        model_label = UNKNOWN_MODEL
         routing = self.routing
         routing.in_flight += 1
         try:
             try:
                 body = await self._read_body(request)
-                decision = await routing.director.decide(
-                    api,
-                    request.path,
-                    body,
-                    request.headers,
-                    caller=caller,
-                    spans=spans,
-                )
-                model_label = decision.request.model
             except RequestError as exc:
                 self.metrics.errors.labels(
-                    model_label, model_label, exc.code or str(exc.status)
+                    UNKNOWN_MODEL, UNKNOWN_MODEL, exc.code or str(exc.status)
                 ).inc()
                 return render(exc)
-
-            metrics = self.metrics
-            series = metrics.models.get(model_label) or metrics.model_series(model_label)
-            running = series.running or series.running_child()
-            running.inc()
-            try:
-                assert routing.relay is not None, "the gateway is not started"
-                return await routing.relay.relay(request, decision)
-            except RequestError as exc:
-                self.metrics.errors.labels(
-                    model_label, model_label, exc.code or str(exc.status)
-                ).inc()
-                return render(exc)
-            finally:
-                if decision.admission is not None:
-                    decision.admission.finish()
-                running.dec()
-                (series.duration or series.histogram("duration")).observe(
-                    time.perf_counter() - started
-                )
+            return await routing.director.serve(request, api, body, caller, spans, started)
         finally:
             routing.leave()
 

@@ -1,10 +1,11 @@
-"""The relay: sends a scheduled request to its pod and streams the answer back.
+"""The relay: the transport of a scheduled request to the pods.
 
-Runs the disaggregation hops (built once per gateway), then attempts on the picked pod and,
-when a pod fails before sending a response, on the scheduler's next-best pods, up to
-`--max-attempts`. Once the response has started nothing can be retried: an upstream failure
-mid-stream aborts the client connection, so the client sees a broken stream, never a clean
-but truncated one."""
+`prepare` runs a disaggregated plan's encode and prefill hops (server/hops.py) and gives the
+body and headers every attempt sends; `attempt` is one try on one pod: its in-flight count in
+the ledger, its pre-request and response hooks, and the answer streamed or sent back. Which
+pod each attempt goes to, and whether there is another, is the director's call. Once the
+response has started nothing can be retried: an upstream failure mid-stream aborts the
+client connection, so the client sees a broken stream, never a clean but truncated one."""
 
 from __future__ import annotations
 
@@ -18,13 +19,10 @@ from multidict import CIMultiDict
 
 from heimdall_proxy.config import OutlierDetectionConfig
 from heimdall_proxy.framework.disagg import DISAGG_PLAN_KEY, read_plan
-from heimdall_proxy.framework.errors import RequestError
 from heimdall_proxy.framework.inflight import InFlightLoad, LoadEstimate
-from heimdall_proxy.framework.spans import SPANS_KEY
 from heimdall_proxy.framework.types import CycleState, Endpoint, InferenceRequest, RequestContext
 from heimdall_proxy.observability import GatewayMetrics
 from heimdall_proxy.server.answers import RETRYABLE, Answers, is_stream
-from heimdall_proxy.server.director import Decision
 from heimdall_proxy.server.headers import (
     FORWARD_CLIENT_CREDENTIALS,
     UpstreamCredentials,
@@ -34,15 +32,11 @@ from heimdall_proxy.server.headers import (
 from heimdall_proxy.server.hooks import Hooks
 from heimdall_proxy.server.hops import Hops
 from heimdall_proxy.server.outliers import OutlierDetector, Verdicts
-from heimdall_proxy.server.retry import RETRY_STATUSES, RetryBudget, backoff, failure_reason
+from heimdall_proxy.server.retry import RETRY_STATUSES
 from heimdall_proxy.server.tracing import RequestTrace
 from heimdall_proxy.upstream import NO_LIMITS, UpstreamClient, UpstreamResponse, UpstreamTimeouts
 
 log = logging.getLogger(__name__)
-
-
-#: (request, its cycle state, pod names to leave out) -> more pods to try, best first.
-Fallback = Callable[[InferenceRequest, CycleState, set[str]], list[Endpoint]]
 
 
 class Relay:
@@ -52,24 +46,18 @@ class Relay:
         hooks: Hooks,
         hops: Hops,
         metrics: GatewayMetrics,
-        max_attempts: int,
         outliers: OutlierDetector | None = None,
         timeouts: Mapping[bool, UpstreamTimeouts] | None = None,
         load: InFlightLoad | None = None,
-        fallback: Fallback | None = None,
         credentials: UpstreamCredentials = FORWARD_CLIENT_CREDENTIALS,
         estimate: Callable[[RequestContext], tuple[int, int, int]] | None = None,
     ) -> None:
         self.client = client
         #: What the pods get for Authorization (never a gateway key).
         self.credentials = credentials
-        #: More pods for a request whose ranking is used up (the director reschedules).
-        self.fallback = fallback
         self.hooks = hooks
         self.hops = hops
         self.metrics = metrics
-        self.max_attempts = max(1, max_attempts)
-        self.budget = RetryBudget()
         #: per request kind (streamed?): the read limit is the stream's idle limit, or the
         #: wait for a whole non-streamed answer; none given: no limits
         self.timeouts = dict(timeouts or {False: NO_LIMITS, True: NO_LIMITS})
@@ -80,82 +68,20 @@ class Relay:
         self.estimate = estimate or LoadEstimate()
         self.answers = Answers(hooks, metrics, self.outliers, self.load)
 
-    async def relay(self, request: web.Request, decision: Decision) -> web.StreamResponse:
-        """Serve `decision` from its pod, falling back to the next-best pods. Raises
-        RequestError(502) when no pod could be reached."""
-        ireq, state, result = decision.request, decision.state, decision.result
+    async def prepare(
+        self, request: web.Request, ireq: InferenceRequest, state: CycleState
+    ) -> tuple[bytes, CIMultiDict[str], Endpoint | None]:
+        """What every attempt of `ireq` sends (its body and headers), after the encode and
+        prefill hops of a disaggregated plan, run once before any decode attempt; and the
+        prefill pod, if one served."""
         body = orjson.dumps(ireq.data) if ireq.body_modified else ireq.body
         headers = upstream_request_headers(request.headers, self.credentials)
-        # a disaggregated plan's encode and prefill hops, once, before any decode attempt
         prefill: Endpoint | None = None
         if DISAGG_PLAN_KEY in state and read_plan(state) is not None:  # no call without one
             prefill, body = await self.hops.run(ireq, state, headers, body)
-        if decision.admission is not None:
-            decision.admission.sent()
-        tried = []
-        target = result.primary.targets[0]
-        order: list[Endpoint] | None = None  # the fallback order, built only when needed
-        attempt = 0
-        budget = self.budget
-        retrying = False
+        return body, headers, prefill
 
-        def another_pod() -> bool:
-            """Whether a failed attempt may go to the next pod (builds the order lazily; when
-            the scheduled ranking is used up, e.g. a filter kept only the pod that failed,
-            the request is scheduled again without the pods already in the order)."""
-            nonlocal order
-            if order is None:
-                order = result.fallback_order()[: self.max_attempts]
-            if attempt + 1 >= len(order) and len(order) < self.max_attempts and self.fallback:
-                more = self.fallback(ireq, state, {e.name for e in order})
-                order.extend(more[: self.max_attempts - len(order)])
-            return attempt + 1 < len(order) and budget.allows()
-
-        spans: RequestTrace | None = state.get(SPANS_KEY)
-        verdicts = Verdicts(self.outliers)
-        budget.in_flight += 1
-        try:
-            while True:
-                ctx = RequestContext(ireq, state, result, target, prefill=prefill, attempt=attempt)
-                if spans is None:
-                    response = await self._attempt(
-                        request, ctx, body, headers, verdicts, another_pod
-                    )
-                else:
-                    response = await self._traced(
-                        spans, request, ctx, body, headers, verdicts, another_pod
-                    )
-                if response is not None:
-                    return response
-                tried.append(f"{target.name} ({ctx.error})")
-                if not another_pod():
-                    break
-                assert order is not None
-                self.metrics.retries.labels(failure_reason(ctx.error)).inc()
-                attempt += 1
-                if not retrying:
-                    retrying = True
-                    budget.retries += 1
-                await asyncio.sleep(backoff(attempt, ctx.upstream_response_headers))
-                target = order[attempt]
-        finally:
-            budget.in_flight -= 1
-            if retrying:
-                budget.retries -= 1
-        # Which pods failed and how goes to the log only: pod names and addresses are the
-        # operator's (the debug routes that show them are locked down too).
-        log.warning(
-            "no model server could serve the request",
-            extra={"request_id": ireq.request_id, "error": "; ".join(tried)},
-        )
-        raise RequestError(
-            502,
-            f"No model server could serve the request ({len(tried)} attempts failed; "
-            f"request id {ireq.request_id}).",
-            code="upstream_unreachable",
-        )
-
-    async def _traced(
+    async def traced(
         self,
         spans: RequestTrace,
         request: web.Request,
@@ -176,14 +102,14 @@ class Relay:
         with spans.client("upstream attempt", **attributes) as span:
             headers = base_headers.copy()
             spans.inject(span, headers)
-            response = await self._attempt(request, ctx, body, headers, verdicts, another_pod)
+            response = await self.attempt(request, ctx, body, headers, verdicts, another_pod)
             if ctx.status is not None:
                 span.set_attribute("http.response.status_code", ctx.status)
             if ctx.error is not None:
                 spans.failed(span, ctx.error)
             return response
 
-    async def _attempt(
+    async def attempt(
         self,
         request: web.Request,
         ctx: RequestContext,

@@ -95,7 +95,7 @@ class Routing:
         self.flow: FlowController = build_flow(config, self.plugins, registry, handle, flow_metrics)
         self.director = Director(
             self.pool, self.plugins, metrics, options.trust_client_transfer_params,
-            self.outliers, self.flow,
+            self.outliers, self.flow, options.max_attempts,
         )  # fmt: skip
         self.hooks = Hooks(self.plugins)
         self.relay: Relay | None = None
@@ -140,9 +140,9 @@ class Routing:
         credentials = UpstreamCredentials(
             bool(opts.api_keys or opts.admin_api_keys), opts.upstream_api_key
         )
-        self.relay = Relay(
-            upstream, self.hooks, hops, self.metrics, opts.max_attempts, self.outliers,
-            timeouts, self.load, self.director.fallback, credentials, self.load_estimate,
+        self.relay = self.director.relay = Relay(
+            upstream, self.hooks, hops, self.metrics, self.outliers, timeouts, self.load,
+            credentials, self.load_estimate,
         )  # fmt: skip
         self.refresher = PoolRefresher(
             self.pool,
