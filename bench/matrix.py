@@ -210,17 +210,27 @@ class ShapeResult:
     runs: list[compare.TargetRun] = field(default_factory=list)
 
 
-def build_workload(shape: Shape, quick: bool) -> Workload:
+#: The request schedule's seed unless --seed says otherwise (every figure in RESULTS before
+#: 2026-11-28 used it).
+DEFAULT_SEED = 42
+
+
+def build_workload(shape: Shape, quick: bool, seed: int = DEFAULT_SEED) -> Workload:
     preset = PRESETS[shape.preset]
     overrides = {**shape.overrides, **(shape.quick if quick else {})}
     params = apply_overrides(preset.params, overrides)
-    return preset.builder(params, seed=42, name=shape.key)
+    return preset.builder(params, seed=seed, name=shape.key)
 
 
 def run_shape(
-    shape: Shape, targets: Sequence[compare.Target], quick: bool, pods: int, out: Path
+    shape: Shape,
+    targets: Sequence[compare.Target],
+    quick: bool,
+    pods: int,
+    out: Path,
+    seed: int = DEFAULT_SEED,
 ) -> ShapeResult:
-    workload = build_workload(shape, quick)
+    workload = build_workload(shape, quick, seed)
     per_pod = list(shape.per_pod) or [((), 1.0)]
     speeds = [per_pod[i % len(per_pod)][1] for i in range(pods)]
     result = ShapeResult(shape, workload, lower_bound(workload, speeds))
@@ -230,7 +240,7 @@ def run_shape(
     # spent on the 2-core machine for the others
     kv = "auto" if any("precise" in t.arg for t in targets) else "off"
     spec = compare.FleetSpec(
-        pods, "sim-model", sim_args, 1.0, 42, kv, supported,
+        pods, "sim-model", sim_args, 1.0, seed, kv, supported,
         per_pod_args=[list(a) for a, _ in per_pod] if shape.per_pod else [],
     )  # fmt: skip
     print(f"== {shape.key}: {workload.describe()}", file=sys.stderr)
@@ -336,6 +346,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--shapes", default=",".join(SHAPES), help="comma-separated")
     parser.add_argument("--targets", nargs="+", default=list(DEFAULT_TARGETS))
     parser.add_argument("--pods", type=int, default=4)
+    parser.add_argument(
+        "--seed",
+        type=int,
+        default=DEFAULT_SEED,
+        help="the request schedule's (and the pods') seed: repeat a claim on other draws",
+    )
     parser.add_argument("--out-dir", type=Path, default=compare.BENCH_DIR / "out" / "matrix")
     parser.add_argument("--json", type=Path, help="write the summary JSON here")
     parser.add_argument("--markdown", type=Path, help="write the markdown tables here")
@@ -359,13 +375,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                 quick = "quick" in str(doc.get("mode", ""))
                 per_pod = list(spec.per_pod) or [((), 1.0)]
                 speeds = [per_pod[i % len(per_pod)][1] for i in range(doc.get("pods", 4))]
-                shape["lower_bound"] = lower_bound(build_workload(spec, quick), speeds).to_json()
+                wl = build_workload(spec, quick, doc.get("seed", DEFAULT_SEED))
+                shape["lower_bound"] = lower_bound(wl, speeds).to_json()
         print(render(doc))
         return 0
     if args.bound_only:
         for k in keys:
             shape = SHAPES[k]
-            wl = build_workload(shape, args.quick)
+            wl = build_workload(shape, args.quick, args.seed)
             per_pod = list(shape.per_pod) or [((), 1.0)]
             speeds = [per_pod[i % len(per_pod)][1] for i in range(args.pods)]
             print(k, wl.describe(), lower_bound(wl, speeds).to_json())
@@ -373,7 +390,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     targets = [compare.parse_target(t) for t in args.targets]
     started = dt.datetime.now(dt.UTC)
     load_before = os.getloadavg()[0]
-    results = [run_shape(SHAPES[k], targets, args.quick, args.pods, args.out_dir) for k in keys]
+    results = [
+        run_shape(SHAPES[k], targets, args.quick, args.pods, args.out_dir, args.seed) for k in keys
+    ]
     cmd = "python bench/matrix.py " + " ".join(argv if argv is not None else sys.argv[1:])
     m = compare.machine_info()
     head = [
@@ -391,7 +410,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.markdown.write_text(text + "\n", encoding="utf-8")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        doc.update(mode="quick" if args.quick else "full", pods=args.pods)
+        doc.update(mode="quick" if args.quick else "full", pods=args.pods, seed=args.seed)
         args.json.write_text(json.dumps(doc, indent=1), encoding="utf-8")
     return 0 if all(r.result.summary["errors"] == 0 for s in results for r in s.runs) else 2
 
