@@ -25,6 +25,7 @@ from heimdall_proxy.plugins.pickers.max_score import MaxScorePicker
 from heimdall_proxy.plugins.pickers.random_picker import RandomPicker
 from heimdall_proxy.plugins.pickers.weighted_random import WeightedRandomPicker
 from heimdall_proxy.plugins.prepare.tokenizer import TokenizerPlugin
+from heimdall_proxy.plugins.producers.approx_prefix import ApproxPrefixCacheProducer
 from heimdall_proxy.plugins.producers.inflight_load import InFlightLoadProducer
 from heimdall_proxy.plugins.producers.predicted_latency import PredictedLatencyProducer
 from heimdall_proxy.plugins.profiles.disagg import DisaggProfileHandler, PDProfileHandler
@@ -43,14 +44,15 @@ from heimdall_proxy.plugins.scorers.no_hit_lru import NoHitLRUScorer
 from heimdall_proxy.plugins.scorers.outstanding_work import OutstandingWorkScorer
 from heimdall_proxy.plugins.scorers.precise_prefix_cache import PrecisePrefixCacheScorer
 from heimdall_proxy.plugins.scorers.predicted_latency import PredictedLatencyScorer
-from heimdall_proxy.plugins.scorers.prefix_cache import PrefixCacheScorer
+from heimdall_proxy.plugins.scorers.prefix_cache import prefix_cache_scorer
 from heimdall_proxy.plugins.scorers.queue import QueueScorer
 from heimdall_proxy.plugins.scorers.running_requests import RunningRequestsSizeScorer
 from heimdall_proxy.plugins.scorers.session_affinity import SessionAffinityScorer
 from heimdall_proxy.plugins.scorers.token_load import TokenLoadScorer
 from heimdall_proxy.plugins.store.responses_store import ResponsesStore
 
-BUILTIN_PLUGINS: tuple[type, ...] = (
+#: Plugin classes, and the factories of types built by more than one class (prefix-cache-scorer).
+BUILTIN_PLUGINS: tuple[object, ...] = (
     # profile handlers and deciders
     SingleProfileHandler,
     DisaggProfileHandler,
@@ -74,7 +76,7 @@ BUILTIN_PLUGINS: tuple[type, ...] = (
     NoHitLRUScorer,
     OutstandingWorkScorer,
     PrecisePrefixCacheScorer,
-    PrefixCacheScorer,
+    prefix_cache_scorer,
     QueueScorer,
     RunningRequestsSizeScorer,
     SessionAffinityScorer,
@@ -86,6 +88,7 @@ BUILTIN_PLUGINS: tuple[type, ...] = (
     # prepare-data, producers, request control, data layer, store
     TokenizerPlugin,
     InFlightLoadProducer,
+    ApproxPrefixCacheProducer,
     DisaggHeadersHandler,
     ResponseHeaderHandler,
     ModelsDataSource,

@@ -22,12 +22,15 @@ from dataclasses import dataclass
 from itertools import repeat
 from typing import Protocol, runtime_checkable
 
-from heimdall_proxy.framework.prefix import match_at, prefix_match_key
+from heimdall_proxy.framework.prefix import find_match, prefix_match_key
 from heimdall_proxy.framework.types import RequestContext
 
-#: The approximate prefix index's publisher, whose match discounts the prompt by default
-#: (prefix-cache-scorer keeps the index today; llm-d's approx-prefix-cache-producer).
-APPROX_PREFIX_TYPE = "prefix-cache-scorer"
+#: Where the match that discounts the prompt is found by default: the default-named
+#: approx-prefix-cache-producer's, else the seeds' default prefix-cache-scorer's.
+DEFAULT_MATCH_KEYS = (
+    prefix_match_key("approx-prefix-cache-producer", "approx-prefix-cache-producer"),
+    prefix_match_key("prefix-cache-scorer", "prefix-cache-scorer"),
+)
 
 log = logging.getLogger(__name__)
 
@@ -324,7 +327,7 @@ class LoadEstimate:
 
     def __init__(
         self,
-        match_keys: tuple[str, ...] = (prefix_match_key(APPROX_PREFIX_TYPE, APPROX_PREFIX_TYPE),),
+        match_keys: tuple[str, ...] = DEFAULT_MATCH_KEYS,
         add_output: bool = False,
         output_ratio: float = DEFAULT_OUTPUT_RATIO,
         max_output: int | None = None,
@@ -340,11 +343,7 @@ class LoadEstimate:
         readers scored with), else the request's estimate."""
         request = ctx.request
         tokens = request.estimated_tokens()
-        info = None
-        for key in self.match_keys:
-            info = match_at(ctx.state, key)
-            if info is not None:
-                break
+        info = find_match(ctx.state, self.match_keys)
         prompt = tokens if info is None else info.uncached_tokens(ctx.target.name)
         whole = info.prompt_tokens if info is not None and info.prompt_tokens else tokens
         if not self.add_output:

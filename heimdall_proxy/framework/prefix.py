@@ -77,3 +77,28 @@ def match_at(state: CycleState, key: str) -> PrefixCacheMatchInfo | None:
     read the match several times per request; the key is the same every time)."""
     info = state.get(key)
     return info if isinstance(info, PrefixCacheMatchInfo) else None
+
+
+#: The plugin types that publish a prefix match, in the order a name is looked up: llm-d's
+#: producers, then the seeds' scorers that own an index.
+PREFIX_PRODUCER_TYPES = (
+    "approx-prefix-cache-producer",
+    "precise-prefix-cache-producer",
+    "prefix-cache-scorer",
+    "precise-prefix-cache-scorer",
+)
+
+
+def producer_match_keys(producer_name: str) -> tuple[str, ...]:
+    """The keys under which a prefix plugin named `producer_name` may have published its
+    match, whatever its type (a reader that names a producer need not say which kind)."""
+    return tuple(prefix_match_key(t, producer_name) for t in PREFIX_PRODUCER_TYPES)
+
+
+def find_match(state: CycleState, keys: Sequence[str]) -> PrefixCacheMatchInfo | None:
+    """The first match published under `keys` (from `producer_match_keys`)."""
+    for key in keys:
+        info = state.get(key)
+        if isinstance(info, PrefixCacheMatchInfo):
+            return info
+    return None

@@ -8,27 +8,25 @@ from pydantic import Field
 from heimdall_proxy.framework.base import BasePlugin
 from heimdall_proxy.framework.handle import PluginHandle
 from heimdall_proxy.framework.inflight import (
-    APPROX_PREFIX_TYPE,
+    DEFAULT_MATCH_KEYS,
     DEFAULT_OUTPUT_RATIO,
     LoadEstimate,
 )
 from heimdall_proxy.framework.params import PluginParams
-from heimdall_proxy.framework.prefix import prefix_match_key
+from heimdall_proxy.framework.prefix import producer_match_keys
 from heimdall_proxy.framework.registry import register
 from heimdall_proxy.framework.types import RequestContext
 
 INFLIGHT_LOAD_PRODUCER_TYPE = "inflight-load-producer"
-#: The precise index's publisher, which `prefixMatchInfoProducerName` may name instead.
-PRECISE_PREFIX_TYPE = "precise-prefix-cache-scorer"
 
 
 class InFlightLoadProducerParams(PluginParams):
     add_estimated_output_tokens: bool = False
     output_ratio: float = Field(default=DEFAULT_OUTPUT_RATIO, ge=0.0)
     max_estimated_output_tokens: int | None = Field(default=None, ge=0)
-    #: The prefix plugin whose match discounts the cached part of a prompt: a
-    #: prefix-cache-scorer's name (the default one's when empty) or a
-    #: precise-prefix-cache-scorer's, whichever the config declares under that name.
+    #: The prefix plugin whose match discounts the cached part of a prompt: a prefix
+    #: producer's name (or a seed prefix scorer's), whatever its kind; empty: the default
+    #: approx-prefix-cache-producer's, else the default prefix-cache-scorer's.
     prefix_match_info_producer_name: str = ""
 
 
@@ -51,16 +49,9 @@ class InFlightLoadProducer(BasePlugin[InFlightLoadProducerParams]):
     def __init__(self, name: str, params: InFlightLoadProducerParams, handle: PluginHandle) -> None:
         super().__init__(name, params, handle)
         named = params.prefix_match_info_producer_name
-        # either kind of prefix plugin under that name, whichever the config declares (and
-        # wherever in the plugin list: the match is looked up per request)
-        keys = (
-            (
-                prefix_match_key(APPROX_PREFIX_TYPE, named),
-                prefix_match_key(PRECISE_PREFIX_TYPE, named),
-            )
-            if named
-            else (prefix_match_key(APPROX_PREFIX_TYPE, APPROX_PREFIX_TYPE),)
-        )
+        # whichever kind of prefix plugin has that name (and wherever in the plugin list:
+        # the match is looked up per request)
+        keys = producer_match_keys(named) if named else DEFAULT_MATCH_KEYS
         self._estimate = LoadEstimate(
             keys,
             params.add_estimated_output_tokens,

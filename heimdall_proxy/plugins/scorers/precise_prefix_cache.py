@@ -29,12 +29,12 @@ from heimdall_proxy.kvcache.ingest import KVEventIngest
 from heimdall_proxy.kvcache.lookup import LocalLookup
 from heimdall_proxy.kvcache.subscriber import SubscriberOptions
 from heimdall_proxy.loopmetrics import HistogramFamily
+from heimdall_proxy.plugins.producers.approx_prefix import cache_salt
 from heimdall_proxy.plugins.scorers.precise_prefix_build import build_index, build_tokenizer
 from heimdall_proxy.plugins.scorers.precise_prefix_params import (
     PrecisePrefixCacheParams,
     unhonoured,
 )
-from heimdall_proxy.plugins.scorers.prefix_cache import cache_salt
 from heimdall_proxy.tokenization import TokenizeSkippedError
 
 PRECISE_PREFIX_CACHE_SCORER_TYPE = "precise-prefix-cache-scorer"

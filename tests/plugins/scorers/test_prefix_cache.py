@@ -7,11 +7,8 @@ from pydantic import ValidationError
 
 from heimdall_proxy.framework.prefix import PrefixCacheMatchInfo, read_prefix_match
 from heimdall_proxy.framework.types import CycleState, Endpoint, RequestContext
-from heimdall_proxy.plugins.scorers.prefix_cache import (
-    PrefixCacheParams,
-    PrefixCacheScorer,
-    request_text,
-)
+from heimdall_proxy.plugins.producers.approx_prefix import request_text
+from heimdall_proxy.plugins.scorers.prefix_cache import PrefixCacheParams, PrefixCacheScorer
 from tests.helpers import ep
 from tests.plugins.helpers import ctx, req
 

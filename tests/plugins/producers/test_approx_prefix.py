@@ -1,0 +1,208 @@
+"""approx-prefix-cache-producer owns the approximate index; prefix-cache-scorer and the other
+readers read its match; the seeds' shape (index parameters on the scorer) keeps its own."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import aiohttp
+import pytest
+
+from heimdall_proxy.framework.prefix import PrefixCacheMatchInfo, read_prefix_match
+from heimdall_proxy.framework.types import CycleState, Endpoint, InferenceRequest
+from heimdall_proxy.plugins.producers.approx_prefix import (
+    ApproxPrefixCacheProducer,
+    ApproxPrefixProducerParams,
+)
+from heimdall_proxy.plugins.scorers.no_hit_lru import NoHitLRUScorer
+from heimdall_proxy.plugins.scorers.prefix_cache import (
+    PrefixCacheParams,
+    PrefixCacheReader,
+    PrefixCacheScorer,
+    prefix_cache_scorer,
+)
+from tests.conftest import GatewayFactory, PodFactory, make_config
+from tests.framework.test_loader import ENDPOINTS, build
+from tests.helpers import ep
+from tests.plugins.helpers import ctx, req
+
+PRODUCER = "approx-prefix-cache-producer"
+LONG = "The quick brown fox jumps over the lazy dog. " * 40  # 1,800 chars
+
+
+def producer(name: str = PRODUCER, **params: object) -> ApproxPrefixCacheProducer:
+    p = ApproxPrefixProducerParams.model_validate({"autoTune": False, **params})
+    return ApproxPrefixCacheProducer(name, p, None)  # type: ignore[arg-type]
+
+
+def reader(producer_name: str, **params: object) -> PrefixCacheReader:
+    p = PrefixCacheParams.model_validate({"prefixMatchInfoProducerName": producer_name, **params})
+    plugin = prefix_cache_scorer("prefix-cache-scorer", p, None)  # type: ignore[arg-type]
+    assert isinstance(plugin, PrefixCacheReader)
+    return plugin
+
+
+async def route(
+    plugin: ApproxPrefixCacheProducer, request: InferenceRequest, pod: Endpoint
+) -> None:
+    c = ctx(request, pod)
+    await plugin.produce(c.state, c.request, [pod])
+    await plugin.pre_request(c)
+
+
+def test_llm_d_defaults() -> None:
+    p = ApproxPrefixProducerParams()
+    assert (p.auto_tune, p.block_size_tokens, p.lru_capacity_per_server) == (True, 16, 31250)
+    assert (p.max_prefix_blocks_to_match, p.max_prefix_tokens_to_match) == (2048, 131072)
+    assert p.max_blocks(16) == 8192  # the token cap wins when set
+    assert ApproxPrefixProducerParams(maxPrefixTokensToMatch=0).max_blocks(16) == 2048
+    assert (
+        ApproxPrefixProducerParams(maxPrefixTokensToMatch=0, maxPrefixBlocksToMatch=0).max_blocks(
+            16
+        )
+        is None
+    )  # both 0: the whole prompt
+
+
+async def test_the_scorer_reads_the_producers_match() -> None:
+    owner = producer()
+    scorer = reader(PRODUCER)
+    a, b = ep("a"), ep("b")
+    await route(owner, req("completions", {"prompt": LONG}), a)
+    state = CycleState()
+    request = req("completions", {"prompt": LONG})
+    await owner.produce(state, request, [a, b])
+    info = read_prefix_match(state, PRODUCER, PRODUCER)
+    assert isinstance(info, PrefixCacheMatchInfo) and info.total_blocks == len(LONG) // 64
+    assert scorer.score(state, request, [a, b]) == {"a": 1.0, "b": 0.0}
+    # no match published (the producer did not run): 0 everywhere, nothing kept
+    assert scorer.score(CycleState(), request, [a, b]) == {"a": 0.0, "b": 0.0}
+    assert not hasattr(scorer, "index")
+
+
+async def test_match_length_weight_favours_long_cached_prefixes() -> None:
+    owner = producer()
+    a, b = ep("a"), ep("b")
+    short = LONG[: 64 * 4]
+    await route(owner, req("completions", {"prompt": LONG}), a)
+    await route(owner, req("completions", {"prompt": short}), b)
+    state = CycleState()
+    request = req("completions", {"prompt": LONG})
+    await owner.produce(state, request, [a, b])
+    total = len(LONG) // 64
+    plain = reader(PRODUCER).score(state, request, [a, b])
+    assert plain == {"a": 1.0, "b": pytest.approx(4 / total)}
+    weighted = reader(PRODUCER, matchLengthWeight=0.5, matchLengthScaleTokens=512)
+    scores = weighted.score(state, request, [a, b])
+    # a: 28 blocks x 16 = 448 tokens of 512 -> 0.5 x (448/512)^2 + 0.5 x 1
+    assert scores["a"] == pytest.approx(0.5 * (448 / 512) ** 2 + 0.5)
+    assert scores["b"] == pytest.approx(0.5 * (64 / 512) ** 2 + 0.5 * 4 / total)
+
+
+async def test_two_producers_keep_two_indexes() -> None:
+    gpu, cpu = producer("gpu", blockSizeTokens=16), producer("cpu", blockSizeTokens=64)
+    a = ep("a")
+    request = req("completions", {"prompt": LONG})
+    for owner in (gpu, cpu):
+        await route(owner, request, a)
+    state = CycleState()
+    for owner in (gpu, cpu):
+        await owner.produce(state, request, [a])
+    g = read_prefix_match(state, PRODUCER, "gpu")
+    c = read_prefix_match(state, PRODUCER, "cpu")
+    assert g is not None and c is not None
+    assert (g.block_size, c.block_size) == (16, 64)
+    assert g.total_blocks == 4 * c.total_blocks
+    assert gpu.index is not cpu.index
+
+
+LLM_D_SHAPE: dict[str, Any] = {
+    "apiVersion": "llm-d.ai/v1alpha1",
+    "kind": "EndpointPickerConfig",
+    "plugins": [
+        {
+            "type": PRODUCER,
+            "parameters": {"maxPrefixTokensToMatch": 16384, "lruCapacityPerServer": 31250},
+        },
+        {"type": "prefix-cache-scorer"},
+        {"type": "no-hit-lru-scorer", "parameters": {"lruSize": 2048}},
+        {"type": "decode-filter"},
+        {"type": "max-score-picker"},
+        {"type": "single-profile-handler"},
+    ],
+    "schedulingProfiles": [
+        {
+            "name": "default",
+            "plugins": [
+                {"pluginRef": "decode-filter"},
+                {"pluginRef": "max-score-picker"},
+                {"pluginRef": "prefix-cache-scorer", "weight": 2},
+                {"pluginRef": "no-hit-lru-scorer", "weight": 1},
+            ],
+        }
+    ],
+    "endpoints": ENDPOINTS,
+}
+
+
+def test_a_config_with_a_producer_links_its_readers() -> None:
+    _, pset = build(LLM_D_SHAPE)
+    plugins = pset.plugins
+    assert isinstance(plugins[PRODUCER], ApproxPrefixCacheProducer)
+    scorer = plugins["prefix-cache-scorer"]
+    assert isinstance(scorer, PrefixCacheReader)  # one index: the producer's
+    assert scorer.params.prefix_match_info_producer_name == PRODUCER
+    lru = plugins["no-hit-lru-scorer"]
+    assert isinstance(lru, NoHitLRUScorer)
+    assert (lru.params.prefix_plugin_type, lru.params.prefix_plugin_name) == (PRODUCER, PRODUCER)
+    assert plugins[PRODUCER] in pset.producers and scorer not in pset.producers
+
+
+def test_the_seeds_shape_keeps_the_scorers_own_index() -> None:
+    seed = {
+        "plugins": [
+            {"type": "prefix-cache-scorer", "parameters": {"blockSizeTokens": 32}},
+            {"type": "no-hit-lru-scorer"},
+            {"type": "max-score-picker"},
+        ],
+        "endpoints": ENDPOINTS,
+    }
+    _, pset = build(seed)
+    scorer = pset.plugins["prefix-cache-scorer"]
+    assert isinstance(scorer, PrefixCacheScorer) and scorer in pset.producers
+    lru = pset.plugins["no-hit-lru-scorer"]
+    assert lru.params.prefix_plugin_type == "prefix-cache-scorer"  # type: ignore[attr-defined]
+    # a producer declared beside a seed scorer with its own index leaves both alone
+    both = {**seed, "plugins": [{"type": PRODUCER}, *seed["plugins"]]}
+    _, pset = build(both)
+    assert isinstance(pset.plugins["prefix-cache-scorer"], PrefixCacheScorer)
+    lru = pset.plugins["no-hit-lru-scorer"]
+    assert lru.params.prefix_plugin_type == "prefix-cache-scorer"  # type: ignore[attr-defined]
+
+
+async def test_the_llm_d_shape_routes_a_repeated_prefix_to_its_pod(
+    start_pod: PodFactory, start_gateway: GatewayFactory
+) -> None:
+    pods = [await start_pod(), await start_pod(), await start_pod()]
+    doc = {k: v for k, v in LLM_D_SHAPE.items() if k not in ("endpoints",)}
+    doc["plugins"] = [p for p in doc["plugins"] if p["type"] != "decode-filter"]
+    doc["schedulingProfiles"] = [
+        {
+            "name": "default",
+            "plugins": [p for p in LLM_D_SHAPE["schedulingProfiles"][0]["plugins"]
+                        if p["pluginRef"] != "decode-filter"],
+        }
+    ]  # fmt: skip
+    gw = await start_gateway(make_config(pods, doc))
+    body = {"model": "sim-model", "prompt": LONG, "max_tokens": 1}
+    served = []
+    async with aiohttp.ClientSession() as http:
+        for i in range(4):
+            async with http.post(f"{gw.url}/v1/completions", json=body) as r:
+                assert r.status == 200
+                served.append(r.headers["x-sim-pod"])
+            # a cold prompt between: no-hit-lru sends it elsewhere, the prefix stays put
+            cold = {**body, "prompt": f"{i} " + "another prompt entirely " * 30}
+            async with http.post(f"{gw.url}/v1/completions", json=cold) as r:
+                assert r.status == 200
+    assert len(set(served)) == 1
