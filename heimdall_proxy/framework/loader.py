@@ -188,11 +188,16 @@ def build_plugins(
     return pset
 
 
+#: Profile handlers' type names end so (single-, disagg-, pd-, data-parallel-...).
+PROFILE_HANDLER_SUFFIX = "-profile-handler"
+
+
 def instantiate_all(
     epp: EndpointPickerConfig, registry: Registry, handle: PluginHandle, extra: list[PluginConfig]
 ) -> tuple[dict[str, object], dict[str, str]]:
     """Phase 1: every declared plugin, in order (each can look up the ones before it through
-    the handle). Returns the plugins by name and the ones skipped for a disabled feature gate
+    the handle), profile handlers last: they look up the deciders and handlers they name,
+    which llm-d's configs may declare after them. Returns the plugins by name and the ones skipped for a disabled feature gate
     (name -> gate)."""
     plugins: dict[str, object] = {}
     skipped: dict[str, str] = {}
@@ -200,6 +205,7 @@ def instantiate_all(
     declared = list(epp.plugins)
     declared_types = {p.type for p in declared}
     declared.extend(p for p in extra if p.type not in declared_types)
+    declared.sort(key=lambda p: p.type.endswith(PROFILE_HANDLER_SUFFIX))  # stable
     for cfg in declared:
         name = cfg.instance_name
         if name in plugins or name in skipped:

@@ -480,26 +480,27 @@ def test_example_configs_build() -> None:
         assert gw.plugins.handler_name == "disagg-profile-handler"
 
 
-def test_decider_declared_after_the_handler_is_a_config_error() -> None:
+def test_a_decider_may_be_declared_after_its_handler_but_not_left_out() -> None:
     doc = canonical()
     decider = doc["plugins"].pop(1)
-    doc["plugins"].append(decider)
+    doc["plugins"].append(decider)  # llm-d's configs do this
+    gw = build(doc)
+    assert gw.plugins.handler_name == "disagg-profile-handler"
+    doc["plugins"].pop()
     with pytest.raises(
         ConfigError,
-        match=r"deciders.prefill: decider 'prefix-based-pd-decider' must be declared earlier",
+        match=r"deciders.prefill: decider 'prefix-based-pd-decider' is not declared",
     ):
         build(doc)
 
 
 def test_missing_disagg_headers_handler_is_a_config_error() -> None:
     doc = canonical()
-    doc["plugins"].pop(0)
-    with pytest.raises(ConfigError, match=r"disagg-headers-handler .*must be declared earlier"):
+    headers = doc["plugins"].pop(0)
+    with pytest.raises(ConfigError, match=r"disagg-headers-handler .*must be declared beside"):
         build(doc)
-    # declared after the handler counts as missing
-    doc["plugins"].append({"type": "disagg-headers-handler"})
-    with pytest.raises(ConfigError, match="disagg-headers-handler"):
-        build(doc)
+    doc["plugins"].append(headers)  # after the profile handler: found all the same
+    assert build(doc).plugins.handler_name == "disagg-profile-handler"
 
 
 def test_missing_profile_and_bad_primary_port_are_config_errors() -> None:

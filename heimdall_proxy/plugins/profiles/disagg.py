@@ -141,8 +141,7 @@ class _DisaggHandler:
         if owner is None:
             raise ValueError(
                 f"a decider is set, so {DISAGG_HEADERS_HANDLER_TYPE} (or its alias "
-                f"prefill-header-handler) must be declared earlier in the plugins list than "
-                f"{self.type} {self.name!r}"
+                f"prefill-header-handler) must be declared beside {self.type} {self.name!r}"
             )
         self.settings = owner.disagg_settings
 
@@ -153,8 +152,7 @@ class _DisaggHandler:
             plugin = handle.plugin(name)
         except PluginLookupError:
             raise ValueError(
-                f"{param}: decider {name!r} must be declared earlier in the plugins list than "
-                f"{self.type} {self.name!r}"
+                f"{param}: decider {name!r} is not declared (needed by {self.type} {self.name!r})"
             ) from None
         if not isinstance(plugin, Decider):
             raise ValueError(
