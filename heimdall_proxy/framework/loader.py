@@ -197,8 +197,8 @@ def instantiate_all(
 ) -> tuple[dict[str, object], dict[str, str]]:
     """Phase 1: every declared plugin, in order (each can look up the ones before it through
     the handle), profile handlers last: they look up the deciders and handlers they name,
-    which llm-d's configs may declare after them. Returns the plugins by name and the ones skipped for a disabled feature gate
-    (name -> gate)."""
+    which llm-d's configs may declare after them. Returns the plugins by name and the ones
+    skipped for a disabled feature gate (name -> gate)."""
     plugins: dict[str, object] = {}
     skipped: dict[str, str] = {}
     gates = handle.feature_gates
