@@ -28,6 +28,7 @@ from heimdall_proxy.plugins.prepare.tokenizer import TokenizerPlugin
 from heimdall_proxy.plugins.producers.approx_prefix import ApproxPrefixCacheProducer
 from heimdall_proxy.plugins.producers.inflight_load import InFlightLoadProducer
 from heimdall_proxy.plugins.producers.predicted_latency import PredictedLatencyProducer
+from heimdall_proxy.plugins.producers.token import TokenProducer
 from heimdall_proxy.plugins.profiles.disagg import DisaggProfileHandler, PDProfileHandler
 from heimdall_proxy.plugins.profiles.single import SingleProfileHandler
 from heimdall_proxy.plugins.requestcontrol.disagg_headers import DisaggHeadersHandler
@@ -87,6 +88,7 @@ BUILTIN_PLUGINS: tuple[object, ...] = (
     WeightedRandomPicker,
     # prepare-data, producers, request control, data layer, store
     TokenizerPlugin,
+    TokenProducer,
     InFlightLoadProducer,
     ApproxPrefixCacheProducer,
     DisaggHeadersHandler,

@@ -228,6 +228,9 @@ class SimPod:
         app.router.add_get("/health", self._health)
         app.router.add_get("/version", self._version)
         app.router.add_post("/tokenize", self._tokenize)
+        # vLLM's render endpoints (served with --enable-scale-out, or by `vllm launch render`)
+        app.router.add_post("/v1/completions/render", self._render)
+        app.router.add_post("/v1/chat/completions/render", self._render)
         app.router.add_post("/reset_prefix_cache", self._reset_prefix_cache)
         app.router.add_post("/v1/embeddings", self._embeddings)
         if self.options.fault_control:
@@ -312,6 +315,30 @@ class SimPod:
             "token_strs": None,
         }
         return web.json_response(body)
+
+    async def _render(self, request: web.Request) -> web.Response:
+        """The prompt's token ids as vLLM's render endpoints give them: for a chat request one
+        GenerateRequest-shaped object, for a completion a list of them (one per prompt; the
+        simulator takes one prompt per request)."""
+        try:
+            data = orjson.loads(await request.read())
+        except orjson.JSONDecodeError:
+            return _error(400, "invalid JSON")
+        if not isinstance(data, dict):
+            return _error(400, "the body must be a JSON object")
+        model = data.get("model")
+        if model is not None and model not in self.served_models:
+            return _error(404, f"The model `{model}` does not exist.", "NotFoundError", "model")
+        chat = request.path.startswith("/v1/chat/")
+        try:
+            if chat:
+                prompt = self.tokenizer.chat(data.get("messages") or [], True)
+            else:
+                prompt = self.tokenizer.completion(data)
+        except PromptError as exc:
+            return _error(400, str(exc))
+        rendered = {"model": model, "token_ids": prompt.ids}
+        return web.json_response(rendered if chat else [rendered])
 
     async def _reset_prefix_cache(self, request: web.Request) -> web.Response:
         if not self.engine.reset_prefix_cache():

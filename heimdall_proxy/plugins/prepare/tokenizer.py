@@ -41,8 +41,64 @@ class TokenizerParams(PluginParams):
     max_prompt_chars: int = Field(default=DEFAULT_MAX_PROMPT_CHARS, gt=0)
 
 
+class Tokenizing:
+    """The request path of a plugin that sets `InferenceRequest.token_ids` with a
+    RequestTokenizer (`tokenizer`, `token-producer`): once per request, before scheduling,
+    failing open behind a circuit breaker. Set `name`, `tokenizer` (None: nothing to do) and
+    `breaker` in __init__."""
+
+    name: str
+    tokenizer: RequestTokenizer | None
+    breaker: CircuitBreaker
+    failures: int = 0
+    skipped: int = 0
+
+    def breakers(self) -> Iterable[CircuitBreaker]:
+        return (self.breaker,)
+
+    async def prepare_data(self, request: InferenceRequest, endpoints: list[Endpoint]) -> None:
+        tokenizer = self.tokenizer
+        if (
+            tokenizer is None
+            or request.token_ids is not None
+            or request.api not in ("completions", "chat", "responses")
+        ):
+            return
+        if not self.breaker.allow():
+            return  # the tokenizer is failing: go on untokenized at once
+        try:
+            request.token_ids = await tokenizer.tokenize(
+                request.api, request.data, len(request.body)
+            )
+            self.breaker.success()
+        except TokenizeSkippedError as exc:
+            self.skipped += 1
+            log.debug(
+                "tokenizer %r: request goes on untokenized: %s",
+                self.name,
+                exc,
+                extra={"request_id": request.request_id},
+            )
+        except Exception as exc:
+            self.breaker.failure()
+            self.failures += 1
+            log.warning(
+                "tokenizer %r: request goes on untokenized: %s",
+                self.name,
+                exc,
+                extra={"request_id": request.request_id},
+            )
+
+    async def start(self) -> None:
+        return None
+
+    async def stop(self) -> None:
+        if self.tokenizer is not None:
+            await self.tokenizer.close()
+
+
 @register(TOKENIZER_TYPE, TokenizerParams, feature_gate=PREPARE_DATA_GATE)
-class TokenizerPlugin(BasePlugin[TokenizerParams]):
+class TokenizerPlugin(Tokenizing, BasePlugin[TokenizerParams]):
     """Tokenizes completions, chat and responses requests once, before scheduling, and sets
     `InferenceRequest.token_ids` for every later plugin (prefix-cache scorers, deciders).
 
@@ -69,7 +125,6 @@ class TokenizerPlugin(BasePlugin[TokenizerParams]):
         self.failures = 0
         self.skipped = 0
         self.breaker = CircuitBreaker(f"{name}: tokenizer")
-        self.tokenizer: RequestTokenizer
         if params.uds_tokenizer_config is not None:
             self.tokenizer = UDSTokenizerClient(
                 params.uds_tokenizer_config.socket_file,
@@ -85,40 +140,3 @@ class TokenizerPlugin(BasePlugin[TokenizerParams]):
             self.tokenizer = InProcessTokenizer(
                 LocalTokenizer(path), max_prompt_chars=params.max_prompt_chars
             )
-
-    def breakers(self) -> Iterable[CircuitBreaker]:
-        return (self.breaker,)
-
-    async def prepare_data(self, request: InferenceRequest, endpoints: list[Endpoint]) -> None:
-        if request.token_ids is not None or request.api not in ("completions", "chat", "responses"):
-            return
-        if not self.breaker.allow():
-            return  # the tokenizer is failing: go on untokenized at once
-        try:
-            request.token_ids = await self.tokenizer.tokenize(
-                request.api, request.data, len(request.body)
-            )
-            self.breaker.success()
-        except TokenizeSkippedError as exc:
-            self.skipped += 1
-            log.debug(
-                "tokenizer %r: request goes on untokenized: %s",
-                self.name,
-                exc,
-                extra={"request_id": request.request_id},
-            )
-        except Exception as exc:
-            self.breaker.failure()
-            self.failures += 1
-            log.warning(
-                "tokenizer %r: request goes on untokenized: %s",
-                self.name,
-                exc,
-                extra={"request_id": request.request_id},
-            )
-
-    async def start(self) -> None:
-        return None
-
-    async def stop(self) -> None:
-        await self.tokenizer.close()

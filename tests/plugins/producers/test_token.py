@@ -1,0 +1,131 @@
+"""token-producer: llm-d's backends. The vllm backend is tested against the simulator's
+render routes over real HTTP (the same routes vLLM serves with --enable-scale-out)."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from heimdall_proxy.framework.prefix import read_prefix_match
+from heimdall_proxy.framework.registry import Registry
+from heimdall_proxy.plugins.producers.token import TokenProducer, TokenProducerParams
+from tests.conftest import GatewayFactory, PodFactory, make_config
+from tests.helpers import free_port
+from tests.plugins.helpers import req
+from tests.plugins.prepare.test_tokenizer import model_dir  # noqa: F401 (fixture)
+
+CHAT = {"messages": [{"role": "user", "content": "hello there, how are you today?"}]}
+
+
+def make(**params: Any) -> TokenProducer:
+    return TokenProducer("token-producer", TokenProducerParams.model_validate(params), None)  # type: ignore[arg-type]
+
+
+async def sim_ids(url: str, body: dict[str, Any]) -> list[int]:
+    async with aiohttp.ClientSession() as http, http.post(f"{url}/tokenize", json=body) as r:
+        ids: list[int] = (await r.json())["tokens"]
+        return ids
+
+
+async def test_the_vllm_backend_gets_the_pods_own_ids(start_pod: PodFactory) -> None:
+    pod = await start_pod()
+    plugin = make(modelName="sim-model", vllm={"url": pod.url, "timeout": "2s"})
+    assert plugin.backend == "vllm"
+    try:
+        chat = req("chat", CHAT, model="sim-model")
+        await plugin.prepare_data(chat, [])
+        assert chat.token_ids == await sim_ids(pod.url, CHAT)
+        completion = req("completions", {"prompt": "the quick brown fox"}, model="sim-model")
+        await plugin.prepare_data(completion, [])
+        assert completion.token_ids == await sim_ids(pod.url, {"prompt": "the quick brown fox"})
+        # idempotent: ids already there are kept
+        completion.token_ids = [7, 8, 9]
+        await plugin.prepare_data(completion, [])
+        assert completion.token_ids == [7, 8, 9]
+    finally:
+        await plugin.stop()
+
+
+async def test_a_render_that_fails_leaves_the_request_untokenized(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    plugin = make(vllm={"url": f"http://127.0.0.1:{free_port()}"})
+    try:
+        request = req("chat", CHAT)
+        with caplog.at_level(logging.WARNING):
+            await plugin.prepare_data(request, [])
+        assert request.token_ids is None
+        assert plugin.failures == 1
+        assert "request goes on untokenized" in caplog.text
+    finally:
+        await plugin.stop()
+
+
+def test_the_estimate_backend_sets_no_ids_and_warns_about_media_settings(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with caplog.at_level(logging.WARNING):
+        plugin = make(estimate={"image": {"mode": "static"}})
+    assert plugin.backend == "estimate" and plugin.tokenizer is None
+    assert "estimate settings ['image'] are accepted but not honoured" in caplog.text
+
+
+def test_uds_is_deprecated_and_model_name_alone_loads_the_local_tokenizer(
+    caplog: pytest.LogCaptureFixture,
+    model_dir: Path,  # noqa: F811
+) -> None:
+    with caplog.at_level(logging.WARNING):
+        uds = make(modelName="m", udsTokenizerConfig={"socketFile": "/tmp/none.sock"})
+    assert uds.backend == "uds" and "udsTokenizerConfig is deprecated" in caplog.text
+    assert make(modelName=str(model_dir)).backend == "local"
+    with pytest.raises(ValueError, match=r"vllm\.url"):
+        make(modelName="/no/such/model")
+
+
+async def test_llm_d_shape_token_then_prefix_producer_serves(
+    start_pod: PodFactory, start_gateway: GatewayFactory
+) -> None:
+    pods = [await start_pod(), await start_pod()]
+    doc = {
+        "apiVersion": "llm-d.ai/v1alpha1",
+        "kind": "EndpointPickerConfig",
+        "plugins": [
+            {"type": "token-producer",
+             "parameters": {"modelName": "sim-model", "vllm": {"url": pods[0].url}}},
+            {"type": "approx-prefix-cache-producer",
+             "parameters": {"autoTune": False, "blockSizeTokens": 4}},
+            {"type": "prefix-cache-scorer"},
+            {"type": "max-score-picker"},
+        ],
+    }  # fmt: skip
+    gw = await start_gateway(make_config(pods, doc))
+    seen: dict[str, Any] = {}
+    producer = gw.gateway.plugins.plugins["approx-prefix-cache-producer"]
+    original = producer.produce
+
+    async def spy(state: Any, request: Any, endpoints: Any) -> None:
+        await original(state, request, endpoints)
+        seen["ids"] = request.token_ids
+        seen["info"] = read_prefix_match(
+            state, "approx-prefix-cache-producer", "approx-prefix-cache-producer"
+        )
+
+    producer.produce = spy
+    body = {"model": "sim-model", **CHAT, "max_tokens": 1}
+    async with aiohttp.ClientSession() as http:
+        async with http.post(f"{gw.url}/v1/chat/completions", json=body) as r:
+            assert r.status == 200
+    ids = await sim_ids(pods[0].url, CHAT)
+    assert seen["ids"] == ids
+    assert seen["info"].total_blocks == len(ids) // 4  # blocks of real tokens
+
+
+def test_registered() -> None:
+    from heimdall_proxy.builtins import load_builtin_plugins
+
+    registry: Registry = load_builtin_plugins()
+    assert "token-producer" in registry
