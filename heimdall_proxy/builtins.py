@@ -27,6 +27,7 @@ from heimdall_proxy.plugins.pickers.weighted_random import WeightedRandomPicker
 from heimdall_proxy.plugins.prepare.tokenizer import TokenizerPlugin
 from heimdall_proxy.plugins.producers.approx_prefix import ApproxPrefixCacheProducer
 from heimdall_proxy.plugins.producers.inflight_load import InFlightLoadProducer
+from heimdall_proxy.plugins.producers.precise_prefix import PrecisePrefixCacheProducer
 from heimdall_proxy.plugins.producers.predicted_latency import PredictedLatencyProducer
 from heimdall_proxy.plugins.producers.token import TokenProducer
 from heimdall_proxy.plugins.profiles.disagg import DisaggProfileHandler, PDProfileHandler
@@ -91,6 +92,7 @@ BUILTIN_PLUGINS: tuple[object, ...] = (
     TokenProducer,
     InFlightLoadProducer,
     ApproxPrefixCacheProducer,
+    PrecisePrefixCacheProducer,
     DisaggHeadersHandler,
     ResponseHeaderHandler,
     ModelsDataSource,

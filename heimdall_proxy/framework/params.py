@@ -48,6 +48,10 @@ def parse_duration(value: str) -> float:
     return sign * total
 
 
+#: The smallest number a duration may be given as (nanoseconds).
+NANOS_PER_MS = 1_000_000
+
+
 def _duration_validator(value: Any) -> Any:
     if isinstance(value, str):
         return parse_duration(value)
@@ -55,7 +59,15 @@ def _duration_validator(value: Any) -> Any:
         raise ValueError("a duration must be a string such as '30s'")
     if isinstance(value, int | float) and value == 0:
         return 0.0
-    raise ValueError("a duration must be a string such as '30s', '2m' or '500ms'")
+    if isinstance(value, int) and value >= NANOS_PER_MS:
+        # Go decodes a number into a time.Duration as nanoseconds, and llm-d's configs write
+        # some durations so (metricsLoggingInterval: 60000000000). Smaller numbers are far
+        # likelier seconds written without a unit, and are refused rather than read as ns.
+        return value / 1e9
+    raise ValueError(
+        "a duration must be a string such as '30s', '2m' or '500ms' (or a whole number of "
+        "nanoseconds, at least 1 ms)"
+    )
 
 
 #: A Go duration string in the YAML, seconds (float) in Python.

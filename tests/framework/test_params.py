@@ -110,3 +110,11 @@ def test_plugin_params_type_errors_name_the_alias() -> None:
 
 def test_no_params_keeps_everything_as_extra() -> None:
     assert NoParams.model_validate({"x": 1}).model_extra == {"x": 1}
+
+
+def test_duration_field_reads_whole_nanoseconds_as_go_does() -> None:
+    """llm-d's configs give some durations as Go's JSON does, in nanoseconds."""
+    assert _Timeouts.model_validate({"ttl": 60_000_000_000}).ttl == 60.0
+    assert _Timeouts.model_validate({"ttl": 1_000_000}).ttl == 0.001
+    with pytest.raises(ValidationError, match="whole number of nanoseconds"):
+        _Timeouts.model_validate({"ttl": 999_999})  # seconds without a unit, more likely

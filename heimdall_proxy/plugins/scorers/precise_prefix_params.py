@@ -3,6 +3,8 @@ are marked), and the checks that need more than one field."""
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 from pydantic import Field, field_validator, model_validator
 
 from heimdall_proxy.framework.params import Duration, HashSeed, PluginParams
@@ -108,7 +110,9 @@ class TokenizersPoolConfig(PluginParams):
 
 class IndexerConfig(PluginParams):
     kv_block_index_config: KVBlockIndexConfig = Field(default_factory=KVBlockIndexConfig)
-    tokenizers_pool_config: TokenizersPoolConfig
+    #: Required on precise-prefix-cache-scorer (it tokenizes); precise-prefix-cache-producer
+    #: reads a token-producer's ids instead.
+    tokenizers_pool_config: TokenizersPoolConfig | None = None
 
 
 class PodDiscoveryConfig(PluginParams):
@@ -145,11 +149,28 @@ class PrecisePrefixCacheParams(PluginParams):
     #: Extension: the weight of a block held only in a slower tier (gpu, cpu, disk).
     tier_weights: dict[str, float] = Field(default_factory=dict)
 
+    #: Whether the plugin tokenizes itself, and so needs indexerConfig.tokenizersPoolConfig.
+    TOKENIZES: ClassVar[bool] = True
+
     @field_validator("tier_weights")
     @classmethod
     def _weights(cls, value: dict[str, float]) -> dict[str, float]:
         tier_weights(value)
         return value
+
+    @model_validator(mode="after")
+    def _pool(self) -> PrecisePrefixCacheParams:
+        if self.TOKENIZES and self.indexer_config.tokenizers_pool_config is None:
+            raise ValueError("indexerConfig.tokenizersPoolConfig is required")
+        return self
+
+
+class PrecisePrefixProducerParams(PrecisePrefixCacheParams):
+    """llm-d's precise-prefix-cache-producer: the scorer's parameters, with indexerConfig
+    optional; token ids come from a token-producer."""
+
+    TOKENIZES: ClassVar[bool] = False
+    indexer_config: IndexerConfig = Field(default_factory=IndexerConfig)
 
 
 # ---- building blocks -----------------------------------------------------------------------
@@ -192,9 +213,10 @@ def unhonoured(params: PrecisePrefixCacheParams) -> list[str]:
     out: list[str] = []
     idx = params.indexer_config
     pool = idx.tokenizers_pool_config
-    tokenizer_mode(pool)
+    if pool is not None:
+        tokenizer_mode(pool)
     base = "indexerConfig.tokenizersPoolConfig"
-    if pool.local is not None and pool.local.tokenizer_revision:
+    if pool is not None and pool.local is not None and pool.local.tokenizer_revision:
         out.append(f"{base}.local.tokenizerRevision (a local directory has one revision)")
     kv = idx.kv_block_index_config
     for name, rc in (("redisConfig", kv.redis_config), ("valkeyConfig", kv.valkey_config)):

@@ -256,9 +256,7 @@ async def test_metrics_are_logged_and_an_unreachable_index_fails_open(
         indexer={"kvBlockIndexConfig": {"enableMetrics": True, "metricsLoggingInterval": "50ms"}},
         kvEventsConfig={"discoverPods": False},
     )
-    with caplog.at_level(
-        logging.INFO, logger="heimdall_proxy.plugins.scorers.precise_prefix_cache"
-    ):
+    with caplog.at_level(logging.INFO, logger="heimdall_proxy.plugins.producers.precise_prefix"):
         await scorer.start()
         try:
             assert scorer.ready
