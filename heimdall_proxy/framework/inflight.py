@@ -198,11 +198,6 @@ class InFlightLoad:
         if attempt is not None:
             self._drop(key, attempt)
 
-    def touch(self, pod: str) -> None:
-        """Count a request sent to `pod` outside the in-flight accounting (a disaggregation
-        hop), so the data layer knows the pod was disturbed."""
-        self.sent[pod] = self.sent.get(pod, 0) + 1
-
     # ---- upkeep -------------------------------------------------------------------------
 
     def expire(self, now: float | None = None) -> None:

@@ -182,9 +182,30 @@ class Hops:
         limit: float,
         stage: str = "",
         spans: RequestTrace | None = None,
+        key: str = "",
+        tokens: int = 0,
     ) -> dict[str, Any]:
-        """POST `doc` to the pod; with `spans`, inside a `hop <stage>` span whose traceparent
-        the pod receives."""
+        """POST `doc` to the pod, counted in the in-flight ledger as attempt `key` with
+        `tokens` prompt tokens to compute until its answer (a hop is a request the pod
+        serves: the load scorers and detectors must see it); with `spans`, inside a
+        `hop <stage>` span whose traceparent the pod receives."""
+        load = self.load
+        load.acquire(key or f"hop:{id(doc)}", endpoint.name, tokens, 0, tokens)
+        try:
+            return await self._traced_send(endpoint, path, doc, headers, limit, stage, spans)
+        finally:
+            load.release(key or f"hop:{id(doc)}")
+
+    async def _traced_send(
+        self,
+        endpoint: Endpoint,
+        path: str,
+        doc: dict[str, Any],
+        headers: CIMultiDict[str],
+        limit: float,
+        stage: str,
+        spans: RequestTrace | None,
+    ) -> dict[str, Any]:
         if spans is None:
             return await self._send(endpoint, path, doc, headers, limit)
         attributes = {"heimdall.pod": endpoint.name, "server.address": endpoint.host,
@@ -202,7 +223,6 @@ class Hops:
         headers: CIMultiDict[str],
         limit: float,
     ) -> dict[str, Any]:
-        self.load.touch(endpoint.name)
         status, payload = await self.client.fetch(
             "POST", endpoint.url, path, orjson.dumps(doc), headers, UpstreamTimeouts(total=limit)
         )
@@ -246,8 +266,9 @@ class Hops:
         """The pod's kv_transfer_params, or False, or True when another pod is worth a try."""
         try:
             answer = await self._post(
-                endpoint, ireq.path, doc, headers, plan.hop_timeout, "prefill", spans
-            )
+                endpoint, ireq.path, doc, headers, plan.hop_timeout, "prefill", spans,
+                f"{ireq.request_id}:prefill:{endpoint.name}", ireq.estimated_tokens(),
+            )  # fmt: skip
             kv_params = answer.get("kv_transfer_params")
             if not isinstance(kv_params, dict) or not kv_params:
                 raise HopError("the answer carries no kv_transfer_params")
@@ -272,8 +293,9 @@ class Hops:
             endpoint = pods[i % len(pods)]
             try:
                 answer = await self._post(
-                    endpoint, ENCODE_PATH, doc, headers, plan.hop_timeout, "encode", spans
-                )
+                    endpoint, ENCODE_PATH, doc, headers, plan.hop_timeout, "encode", spans,
+                    f"{ireq.request_id}:encode:{i}",
+                )  # fmt: skip
                 params = answer.get("ec_transfer_params")
                 if params is None:
                     # vLLM's shared-storage EC connectors answer 2xx without parameters: the

@@ -62,7 +62,7 @@ def test_in_flight_work_keeps_a_pod_busy_and_a_hop_wakes_it() -> None:
     _scrape(cadence, pod, 0.1)
     _scrape(cadence, pod, 0.3)
     assert cadence.pod("a").quiet
-    load.touch("a")
+    load.acquire("r:0:prefill:a", "a", 5)  # a disaggregation hop counts like any request
     assert cadence.due([pod], 0.35) == [pod]
 
 

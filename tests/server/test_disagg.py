@@ -4,6 +4,7 @@ decode-only."""
 
 from __future__ import annotations
 
+import asyncio
 import socket
 from pathlib import Path
 from typing import Any
@@ -648,3 +649,23 @@ async def _until_scraped(gw: RunningGateway, pod: str, waiting: int) -> None:
     endpoint = gw.gateway.pool.get(pod)
     assert endpoint is not None
     await eventually(lambda: endpoint.metrics.waiting == waiting)
+
+
+async def test_a_prefill_hop_counts_on_its_pod_in_the_ledger_while_it_runs(
+    start_pod: PodFactory, start_gateway: GatewayFactory
+) -> None:
+    # a slow prefill pod (its prefill takes a good fraction of a second): the hop is seen
+    prefill = await start_pod(
+        labels={ROLE: "prefill"}, role="prefill", name="prefill-0", time_scale=20.0
+    )
+    decode = await start_pod(labels={ROLE: "decode"}, role="decode", name="decode-0")
+    gw = await start_gateway(make_config([prefill, decode], canonical(hopTimeout="30s")))
+    load = gw.gateway.load
+    task = asyncio.create_task(chat(gw, LONG, max_tokens=2))
+    await eventually(lambda: load.requests.get("prefill-0", 0) == 1)
+    assert load.prompts["prefill-0"] > 100  # the prompt's tokens, whole
+    assert load.requests.get("decode-0", 0) == 0  # the decode attempt waits for the hop
+    status, _, _ = await task
+    assert status == 200
+    assert not any(load.requests.values()) and not any(load.prompts.values())
+    assert load.sent["prefill-0"] == 1 and load.sent["decode-0"] == 1

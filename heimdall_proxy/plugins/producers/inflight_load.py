@@ -3,6 +3,10 @@ ledger, which token-load-scorer, active-request-scorer and the concurrency detec
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
+from prometheus_client import Metric
+from prometheus_client.core import GaugeMetricFamily
 from pydantic import Field
 
 from heimdall_proxy.framework.base import BasePlugin
@@ -59,6 +63,33 @@ class InFlightLoadProducer(BasePlugin[InFlightLoadProducerParams]):
             params.max_estimated_output_tokens,
         )
         handle.load.count_tokens = True
+        self.load = handle.load
+        self.pool = handle.pool
+
+    def collect_metrics(self) -> Iterable[Metric]:
+        """llm-d's gauges: `llm_d_epp_inflight_requests` and `llm_d_epp_inflight_tokens` per
+        pod of the pool. The ledger counts per pod only, so `fairness_id` and `priority` are
+        empty (llm-d splits them by flow); `namespace` is the pod's when discovery gave one."""
+        labels = ["endpoint_name", "namespace", "producer_name", "fairness_id", "priority"]
+        requests = GaugeMetricFamily(
+            "llm_d_epp_inflight_requests",
+            "Current number of in-flight requests per endpoint, as tracked by the in-flight "
+            "load producer.",
+            labels=labels,
+        )
+        tokens = GaugeMetricFamily(
+            "llm_d_epp_inflight_tokens",
+            "Current number of in-flight tokens per endpoint (uncached prompt tokens, "
+            "optionally plus estimated output), as tracked by the in-flight load producer.",
+            labels=labels,
+        )
+        load = self.load
+        for e in self.pool.endpoints() if self.pool is not None else ():
+            values = [e.name, getattr(e, "namespace", "") or "", self.name, "", ""]
+            requests.add_metric(values, load.requests.get(e.name, 0))
+            tokens.add_metric(values, load.tokens.get(e.name, 0))
+        yield requests
+        yield tokens
 
     def estimate_load(self, ctx: RequestContext) -> tuple[int, int, int]:
         return self._estimate(ctx)

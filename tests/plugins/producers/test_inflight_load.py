@@ -97,3 +97,27 @@ def test_llmd_configs_with_the_producer_load_and_two_producers_do_not(
     twice = {**LLMD, "plugins": [*LLMD["plugins"], {"type": "inflight-load-producer"}]}
     with pytest.raises(ConfigError, match="more than one inflight-load-producer"):
         create_app(make_config([], twice))
+
+
+async def test_llm_d_gauges_follow_a_request_in_flight(
+    start_pod: PodFactory, start_gateway: GatewayFactory
+) -> None:
+    pod = await start_pod()
+    pod.pod.hold = asyncio.Event()
+    doc = {"plugins": [{"type": "inflight-load-producer"}, {"type": "token-load-scorer"},
+                       {"type": "max-score-picker"}]}  # fmt: skip
+    gw = await start_gateway(make_config([pod], doc))
+    labels = {"endpoint_name": pod.name, "namespace": "", "fairness_id": "", "priority": "",
+              "producer_name": "inflight-load-producer"}  # fmt: skip
+    assert gw.metric("llm_d_epp_inflight_requests", labels) == 0
+    body = {"model": "sim-model", "prompt": "tell me a story " * 40, "max_tokens": 3,
+            "stream": True}  # fmt: skip
+    async with aiohttp.ClientSession() as http:
+        async with http.post(f"{gw.url}/v1/completions", json=body) as r:
+            await eventually(lambda: gw.metric("llm_d_epp_inflight_requests", labels) == 1)
+            tokens = gw.metric("llm_d_epp_inflight_tokens", labels)
+            assert tokens is not None and tokens > 100  # the prompt, before its first chunk
+            pod.pod.hold.set()
+            await r.read()
+    await eventually(lambda: gw.metric("llm_d_epp_inflight_requests", labels) == 0)
+    assert gw.metric("llm_d_epp_inflight_tokens", labels) == 0
