@@ -1,25 +1,2 @@
-"""Built-in plugins, one module each. `heimdall_proxy.builtins` registers them."""
-
-from heimdall_proxy.plugins import (
-    datasources,
-    deciders,
-    filters,
-    pickers,
-    prepare,
-    profiles,
-    requestcontrol,
-    scorers,
-    store,
-)
-
-__all__ = [
-    "datasources",
-    "deciders",
-    "filters",
-    "pickers",
-    "prepare",
-    "profiles",
-    "requestcontrol",
-    "scorers",
-    "store",
-]
+"""Built-in plugins, one module each, grouped by the extension point they serve.
+heimdall_proxy/builtins.py is the one list of them (it registers them)."""

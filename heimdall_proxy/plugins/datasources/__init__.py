@@ -1,3 +1,3 @@
-from heimdall_proxy.plugins.datasources import models
+"""Data-layer plugins: sources a pod is polled through, and extractors of what they return.
 
-__all__ = ["models"]
+One module per plugin; heimdall_proxy/builtins.py is the one list of built-in types."""

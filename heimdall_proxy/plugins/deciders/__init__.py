@@ -1,3 +1,3 @@
-from heimdall_proxy.plugins.deciders import always, prefix_based
+"""Disaggregation deciders: whether a request takes a prefill or encode hop.
 
-__all__ = ["always", "prefix_based"]
+One module per plugin; heimdall_proxy/builtins.py is the one list of built-in types."""

@@ -1,3 +1,3 @@
-from heimdall_proxy.plugins.filters import by_label, by_label_selector, role
+"""Scheduling filters: which candidate pods a profile keeps.
 
-__all__ = ["by_label", "by_label_selector", "role"]
+One module per plugin; heimdall_proxy/builtins.py is the one list of built-in types."""

@@ -1,3 +1,3 @@
-from heimdall_proxy.plugins.pickers import max_score, random_picker, weighted_random
+"""Pickers: the pod(s) a profile chooses from the scores.
 
-__all__ = ["max_score", "random_picker", "weighted_random"]
+One module per plugin; heimdall_proxy/builtins.py is the one list of built-in types."""

@@ -1,3 +1,3 @@
-from heimdall_proxy.plugins.prepare import tokenizer
+"""Prepare-data plugins: what a request carries before the producers run (token ids).
 
-__all__ = ["tokenizer"]
+One module per plugin; heimdall_proxy/builtins.py is the one list of built-in types."""

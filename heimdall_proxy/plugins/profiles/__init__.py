@@ -1,3 +1,3 @@
-from heimdall_proxy.plugins.profiles import disagg, single
+"""Profile handlers: which scheduling profiles run for a request, and how their results combine.
 
-__all__ = ["disagg", "single"]
+One module per plugin; heimdall_proxy/builtins.py is the one list of built-in types."""

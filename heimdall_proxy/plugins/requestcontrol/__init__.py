@@ -1,3 +1,3 @@
-from heimdall_proxy.plugins.requestcontrol import disagg_headers, response_header
+"""Request-control hooks: headers and bookkeeping around each attempt.
 
-__all__ = ["disagg_headers", "response_header"]
+One module per plugin; heimdall_proxy/builtins.py is the one list of built-in types."""

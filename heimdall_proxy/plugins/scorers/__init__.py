@@ -1,29 +1,3 @@
-from heimdall_proxy.plugins.scorers import (
-    active_request,
-    context_length,
-    kv_cache_utilization,
-    load_aware,
-    lora_affinity,
-    no_hit_lru,
-    outstanding_work,
-    precise_prefix_cache,
-    prefix_cache,
-    queue,
-    running_requests,
-    session_affinity,
-)
+"""Scorers: a score in [0, 1] per candidate pod, weighted per profile.
 
-__all__ = [
-    "active_request",
-    "context_length",
-    "kv_cache_utilization",
-    "load_aware",
-    "lora_affinity",
-    "no_hit_lru",
-    "outstanding_work",
-    "precise_prefix_cache",
-    "prefix_cache",
-    "queue",
-    "running_requests",
-    "session_affinity",
-]
+One module per plugin; heimdall_proxy/builtins.py is the one list of built-in types."""

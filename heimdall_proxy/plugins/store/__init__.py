@@ -1,3 +1,3 @@
-from heimdall_proxy.plugins.store import responses_store
+"""The Responses API store (previous_response_id, GET/DELETE of stored responses).
 
-__all__ = ["responses_store"]
+One module per plugin; heimdall_proxy/builtins.py is the one list of built-in types."""

@@ -1,0 +1,147 @@
+"""The one list of built-in plugins (heimdall_proxy/builtins.py) and, per registered type, the
+extension points it implements: a plugin that gains or loses a hook (and so starts or stops
+running on every request) changes this table on purpose, never by accident."""
+
+from __future__ import annotations
+
+import inspect
+from typing import Protocol
+
+from heimdall_proxy.builtins import load_builtin_plugins
+from heimdall_proxy.framework import flowcontrol, inflight, plugins
+from heimdall_proxy.plugins.scorers.prefix_cache import PrefixCacheReader, PrefixCacheScorer
+
+EXPECTED: dict[str, list[str]] = {
+    "active-request-scorer": ["Inherits", "Lifecycle", "PreRequest", "ResponseComplete", "Scorer"],
+    "always-disagg-multimodal-decider": ["Decider"],
+    "always-disagg-pd-decider": ["Decider"],
+    "approx-prefix-cache-producer": ["Inherits", "Lifecycle", "PreRequest", "Producer"],
+    "by-label": ["Filter"],
+    "by-label-selector": ["Filter"],
+    "concurrency-detector": ["Filter", "SaturationDetector"],
+    "context-length-aware": ["Filter", "Scorer"],
+    "decode-filter": ["Filter"],
+    "disagg-headers-handler": ["PreRequest"],
+    "disagg-profile-handler": ["ProfileHandler"],
+    "encode-filter": ["Filter"],
+    "fcfs-ordering-policy": ["OrderingPolicy"],
+    "global-strict-fairness-policy": ["FairnessPolicy"],
+    "inflight-load-producer": ["LoadEstimator", "MetricsSource"],
+    "kv-cache-utilization-scorer": ["Scorer"],
+    "latency-scorer": ["Scorer"],
+    "latency-slo-admitter": ["Admitter"],
+    "load-aware-scorer": ["Scorer"],
+    "lora-affinity-scorer": ["Scorer"],
+    "max-score-picker": ["Picker"],
+    "model-server-protocol-models": ["DataExtractor"],
+    "models-data-source": ["DataSource"],
+    "no-hit-lru-scorer": ["ChecksPeers", "Inherits", "Lifecycle", "PreRequest", "Scorer"],
+    "outstanding-work-scorer": [
+        "Inherits",
+        "Lifecycle",
+        "PreRequest",
+        "ResponseComplete",
+        "ResponseReceived",
+        "ResponseStreaming",
+        "Scorer",
+    ],
+    "pd-profile-handler": ["ProfileHandler"],
+    "precise-prefix-cache-producer": ["Lifecycle", "MetricsSource", "PreRequest", "Producer"],
+    "precise-prefix-cache-scorer": [
+        "Lifecycle",
+        "MetricsSource",
+        "PreRequest",
+        "Producer",
+        "Scorer",
+    ],
+    "predicted-latency-producer": [
+        "Inherits",
+        "Lifecycle",
+        "MetricsSource",
+        "PreRequest",
+        "Producer",
+        "ResponseComplete",
+        "ResponseStreaming",
+    ],
+    "predicted-latency-scorer": [
+        "Inherits",
+        "Lifecycle",
+        "MetricsSource",
+        "PreRequest",
+        "Producer",
+        "ResponseComplete",
+        "ResponseStreaming",
+        "Scorer",
+    ],
+    "prefill-filter": ["Filter"],
+    "prefill-header-handler": ["PreRequest"],
+    "prefix-based-pd-decider": ["Decider"],
+    "prefix-cache-affinity-filter": [
+        "Filter",
+        "Inherits",
+        "Lifecycle",
+        "PreRequest",
+        "ResponseComplete",
+        "ResponseStreaming",
+    ],
+    "prefix-cache-scorer": ["Inherits", "Lifecycle", "PreRequest", "Producer", "Scorer"],
+    "prefix-cache-scorer (reader)": ["Scorer"],
+    "queue-scorer": ["Scorer"],
+    "random-picker": ["Picker"],
+    "response-header-handler": ["ResponseReceived"],
+    "responses-store": [
+        "Inherits",
+        "Lifecycle",
+        "MetricsSource",
+        "PrepareData",
+        "ResponseComplete",
+        "ResponseReceived",
+        "ResponseStreaming",
+        "ResponsesStoreAPI",
+    ],
+    "round-robin-fairness-policy": ["FairnessPolicy"],
+    "running-requests-size-scorer": ["Scorer"],
+    "session-affinity-scorer": ["ResponseReceived", "Scorer"],
+    "single-profile-handler": ["ProfileHandler"],
+    "slo-headroom-tier-filter": ["Filter"],
+    "token-load-scorer": ["Scorer"],
+    "token-producer": ["Lifecycle", "PrepareData"],
+    "tokenizer": ["Lifecycle", "PrepareData"],
+    "utilization-detector": ["Filter", "SaturationDetector"],
+    "weighted-random-picker": ["Picker"],
+}
+
+
+def extension_points() -> dict[str, str]:
+    """method name -> the Protocol (extension point) that declares it."""
+    out: dict[str, str] = {}
+    for mod in (plugins, flowcontrol, inflight):
+        for name, obj in vars(mod).items():
+            if (
+                inspect.isclass(obj)
+                and Protocol in obj.__mro__[1:]
+                and obj.__module__ == mod.__name__
+            ):
+                for method, value in obj.__dict__.items():
+                    if not method.startswith("_") and callable(value):
+                        out.setdefault(method, name)
+    return out
+
+
+def implemented(cls: object, points: dict[str, str]) -> list[str]:
+    return sorted(
+        {point for method, point in points.items() if callable(getattr(cls, method, None))}
+    )
+
+
+def test_every_builtin_type_implements_the_pinned_extension_points() -> None:
+    points = extension_points()
+    got: dict[str, list[str]] = {}
+    for spec in load_builtin_plugins():
+        if spec.type_name == "prefix-cache-scorer":  # a factory: one of two classes
+            got["prefix-cache-scorer"] = implemented(PrefixCacheScorer, points)
+            got["prefix-cache-scorer (reader)"] = implemented(PrefixCacheReader, points)
+            continue
+        assert inspect.isclass(spec.factory), spec.type_name
+        got[spec.type_name] = implemented(spec.factory, points)
+    assert got == EXPECTED
