@@ -134,8 +134,12 @@ class InferenceRequest:
     request_id: str = field(default_factory=_new_request_id)
     received_at: float = field(default_factory=time.monotonic)
     body_modified: bool = False
-    #: Real token ids, when a tokenizer prepare-data plugin ran.
+    #: The prompt's token ids, when a tokenizer prepare-data plugin (tokenizer,
+    #: token-producer) ran.
     token_ids: list[int] | None = None
+    #: True when `token_ids` are made up from the prompt's bytes (token-producer's estimate
+    #: backend): fine for counting and approximate prefixes, never for an engine's KV blocks.
+    token_ids_estimated: bool = False
     #: Who is asking, as the server authenticated it: "key:<digest>" for an API key, the
     #: owner header's value, or "" (one shared owner). Owns what the request stores.
     caller: str = ""

@@ -45,24 +45,24 @@ class Tokenizing:
     """The request path of a plugin that sets `InferenceRequest.token_ids` with a
     RequestTokenizer (`tokenizer`, `token-producer`): once per request, before scheduling,
     failing open behind a circuit breaker. Set `name`, `tokenizer` (None: nothing to do) and
-    `breaker` in __init__."""
+    `breaker` in __init__; `estimates` when the ids it sets are made up (they then never
+    replace ids already there, while real ids replace made-up ones)."""
 
     name: str
     tokenizer: RequestTokenizer | None
     breaker: CircuitBreaker
     failures: int = 0
     skipped: int = 0
+    estimates: bool = False
 
     def breakers(self) -> Iterable[CircuitBreaker]:
         return (self.breaker,)
 
     async def prepare_data(self, request: InferenceRequest, endpoints: list[Endpoint]) -> None:
         tokenizer = self.tokenizer
-        if (
-            tokenizer is None
-            or request.token_ids is not None
-            or request.api not in ("completions", "chat", "responses")
-        ):
+        if tokenizer is None or request.api not in ("completions", "chat", "responses"):
+            return
+        if request.token_ids is not None and (self.estimates or not request.token_ids_estimated):
             return
         if not self.breaker.allow():
             return  # the tokenizer is failing: go on untokenized at once
@@ -70,6 +70,7 @@ class Tokenizing:
             request.token_ids = await tokenizer.tokenize(
                 request.api, request.data, len(request.body)
             )
+            request.token_ids_estimated = self.estimates
             self.breaker.success()
         except TokenizeSkippedError as exc:
             self.skipped += 1

@@ -78,7 +78,8 @@ class PreciseIndexOwner(BasePlugin[PreciseParamsT]):
 
     Request: a Producer step takes the prompt's token ids (left by a token-producer or the
     tokenizer plugin; on the scorer, else computed with its tokenizers pool and then left on
-    the request; the producer without ids publishes nothing), keys its full
+    the request; the producer without ids publishes nothing; made-up ids, from a
+    token-producer's estimate backend, count as none), keys its full
     blocks the same way (seeded by the request's adapter when it names a LoRA the pods serve,
     else by `modelName`; a `cache_salt` is keyed as vLLM keys it, see kvcache.hashing),
     looks the keys up (Redis I/O happens here, never in the scorer) and publishes a
@@ -211,7 +212,8 @@ class PreciseIndexOwner(BasePlugin[PreciseParamsT]):
     async def produce(
         self, state: CycleState, request: InferenceRequest, endpoints: list[Endpoint]
     ) -> None:
-        tokens = request.token_ids
+        # made-up ids (token-producer's estimate) never match an engine's blocks: as none
+        tokens = None if request.token_ids_estimated else request.token_ids
         if tokens is None:
             if self.tokenizer is None:
                 return  # no token-producer ran (or it skipped this request): no match
@@ -239,6 +241,7 @@ class PreciseIndexOwner(BasePlugin[PreciseParamsT]):
                 return
             self._tokenizer_breaker.success()
             request.token_ids = tokens
+            request.token_ids_estimated = False
         namespace = self.namespace(request, endpoints)
         salt = cache_salt(request)
         # Lazily hashed: the in-memory lookup stops hashing where the last pod drops out.

@@ -10,14 +10,15 @@ Backends, as llm-d selects them:
 - `modelName` alone: here the model's own tokenizer in-process (as the `tokenizer` plugin
   loads it: a local tokenizer.json, the Hugging Face cache or Hub). llm-d sends that case to
   vLLM's render at localhost:8000, which beside this gateway is the gateway itself.
-- none (llm-d's `estimate`): no ids are set. llm-d's estimate packs 4 bytes of text into a
-  made-up token; every reader here already estimates a prompt at 4 characters a token from
-  its text, and made-up ids would mislead the precise index, which needs real ones. The
-  `estimate` image and video settings are accepted and warned about: no reader here counts
-  media placeholders.
+- none (llm-d's `estimate`, the default): ids made up from the prompt's bytes, four to a
+  token (tokenization/estimate.py), marked as estimated. They serve counting and the
+  approximate prefix index; the precise index ignores them (they never match an engine's KV
+  blocks), as llm-d's precise path misses on them. The `estimate` image and video settings
+  are accepted and warned about: a media part counts as one made-up token here.
 
 Runs in the prepare-data phase, before every producer, and is idempotent: a request that
-already carries ids (a completion sent as ids, or an earlier tokenizer) is left alone. Fails
+already carries ids (a completion sent as ids, or an earlier tokenizer) is left alone, but
+for made-up ones, which a real backend replaces. Fails
 open behind a circuit breaker, bounded by `maxPromptChars` (an extension, as on
 `tokenizer`)."""
 
@@ -33,8 +34,10 @@ from heimdall_proxy.framework.base import BasePlugin
 from heimdall_proxy.framework.handle import PluginHandle
 from heimdall_proxy.framework.params import Duration, PluginParams
 from heimdall_proxy.framework.registry import register
+from heimdall_proxy.framework.types import Endpoint, InferenceRequest
 from heimdall_proxy.plugins.prepare.tokenizer import Tokenizing, UDSTokenizerConfig
 from heimdall_proxy.tokenization import DEFAULT_MAX_PROMPT_CHARS, InProcessTokenizer, LocalTokenizer
+from heimdall_proxy.tokenization.estimate import EstimateTokenizer, given_ids
 from heimdall_proxy.tokenization.render import VLLMRenderTokenizer
 from heimdall_proxy.tokenization.resolve import TokenizerNotFoundError, find_tokenizer
 from heimdall_proxy.tokenization.uds import UDSTokenizerClient
@@ -56,7 +59,7 @@ class TokenProducerParams(PluginParams):
     vllm: VLLMRenderConfig | None = None
     uds_tokenizer_config: UDSTokenizerConfig | None = None
     #: llm-d's estimate backend settings (image and video placeholder counts): accepted,
-    #: not honoured (warned about).
+    #: not honoured (warned about; a media part is one made-up token).
     estimate: dict[str, Any] | None = None
     #: Extension: prompts longer than this (characters) go on untokenized.
     max_prompt_chars: int = Field(default=DEFAULT_MAX_PROMPT_CHARS, gt=0)
@@ -75,8 +78,8 @@ class TokenProducer(Tokenizing, BasePlugin[TokenProducerParams]):
         self.breaker = CircuitBreaker(f"{name}: token-producer")
         if params.estimate:
             log.warning(
-                "plugin %r: estimate settings %s are accepted but not honoured (no reader "
-                "here counts media placeholders)",
+                "plugin %r: estimate settings %s are accepted but not honoured (the estimate "
+                "here makes one token of each image, audio or video)",
                 name,
                 sorted(params.estimate),
             )
@@ -114,4 +117,13 @@ class TokenProducer(Tokenizing, BasePlugin[TokenProducerParams]):
             )
         else:
             self.backend = "estimate"
-            self.tokenizer = None
+            self.estimates = True
+            self.tokenizer = EstimateTokenizer(params.max_prompt_chars)
+
+    async def prepare_data(self, request: InferenceRequest, endpoints: list[Endpoint]) -> None:
+        if self.estimates and request.token_ids is None:
+            ids = given_ids(request.api, request.data)
+            if ids is not None:  # the client sent real ids: nothing to estimate
+                request.token_ids = ids
+                return
+        await super().prepare_data(request, endpoints)

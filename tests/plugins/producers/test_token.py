@@ -13,6 +13,7 @@ import pytest
 from heimdall_proxy.framework.prefix import read_prefix_match
 from heimdall_proxy.framework.registry import Registry
 from heimdall_proxy.plugins.producers.token import TokenProducer, TokenProducerParams
+from heimdall_proxy.tokenization.estimate import estimate_bytes, pack_bytes
 from tests.conftest import GatewayFactory, PodFactory, make_config
 from tests.helpers import free_port
 from tests.plugins.helpers import req
@@ -65,13 +66,42 @@ async def test_a_render_that_fails_leaves_the_request_untokenized(
         await plugin.stop()
 
 
-def test_the_estimate_backend_sets_no_ids_and_warns_about_media_settings(
+async def test_the_estimate_backend_is_the_default_and_makes_up_marked_ids(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     with caplog.at_level(logging.WARNING):
         plugin = make(estimate={"image": {"mode": "static"}})
-    assert plugin.backend == "estimate" and plugin.tokenizer is None
+    assert plugin.backend == "estimate" and make().backend == "estimate"
     assert "estimate settings ['image'] are accepted but not honoured" in caplog.text
+    chat = req("chat", CHAT)
+    await plugin.prepare_data(chat, [])
+    assert chat.token_ids == pack_bytes(estimate_bytes("chat", CHAT))
+    assert chat.token_ids_estimated
+    # ids the client sent are real ones, passed on unmarked
+    ids = req("completions", {"prompt": [11, 12, 13]})
+    await plugin.prepare_data(ids, [])
+    assert ids.token_ids == [11, 12, 13] and not ids.token_ids_estimated
+    # idempotent: ids already there are kept, made-up or not
+    chat.token_ids = [1, 2]
+    await plugin.prepare_data(chat, [])
+    assert chat.token_ids == [1, 2]
+
+
+async def test_real_ids_replace_made_up_ones(start_pod: PodFactory) -> None:
+    pod = await start_pod()
+    estimate = make()
+    vllm = make(modelName="sim-model", vllm={"url": pod.url})
+    try:
+        chat = req("chat", CHAT, model="sim-model")
+        await estimate.prepare_data(chat, [])
+        assert chat.token_ids_estimated
+        await vllm.prepare_data(chat, [])
+        assert chat.token_ids == await sim_ids(pod.url, CHAT)
+        assert not chat.token_ids_estimated
+        await estimate.prepare_data(chat, [])  # nor does an estimate replace real ids
+        assert chat.token_ids == await sim_ids(pod.url, CHAT)
+    finally:
+        await vllm.stop()
 
 
 def test_uds_is_deprecated_and_model_name_alone_loads_the_local_tokenizer(
@@ -122,6 +152,47 @@ async def test_llm_d_shape_token_then_prefix_producer_serves(
     ids = await sim_ids(pods[0].url, CHAT)
     assert seen["ids"] == ids
     assert seen["info"].total_blocks == len(ids) // 4  # blocks of real tokens
+
+
+async def test_estimate_feeds_the_approximate_index_through_the_gateway(
+    start_pod: PodFactory, start_gateway: GatewayFactory
+) -> None:
+    """llm-d's default: a token-producer with no backend, read by the approximate producer;
+    the made-up ids key its blocks, so a repeated prompt goes back to the pod that served it."""
+    pods = [await start_pod(), await start_pod()]
+    doc = {
+        "plugins": [
+            {"type": "token-producer"},
+            {"type": "approx-prefix-cache-producer",
+             "parameters": {"autoTune": False, "blockSizeTokens": 4}},
+            {"type": "prefix-cache-scorer"},
+            {"type": "max-score-picker"},
+        ],
+    }  # fmt: skip
+    gw = await start_gateway(make_config(pods, doc))
+    seen: list[Any] = []
+    producer = gw.gateway.plugins.plugins["approx-prefix-cache-producer"]
+    original = producer.produce
+
+    async def spy(state: Any, request: Any, endpoints: Any) -> None:
+        await original(state, request, endpoints)
+        info = read_prefix_match(
+            state, "approx-prefix-cache-producer", "approx-prefix-cache-producer"
+        )
+        seen.append((request.token_ids, request.token_ids_estimated, info))
+
+    producer.produce = spy
+    chat = {"messages": [{"role": "user", "content": "a long shared question " * 8}]}
+    async with aiohttp.ClientSession() as http:
+        for _ in range(2):
+            body = {"model": "sim-model", **chat, "max_tokens": 1}
+            async with http.post(f"{gw.url}/v1/chat/completions", json=body) as r:
+                assert r.status == 200
+    ids = pack_bytes(estimate_bytes("chat", chat))
+    assert [(s[0], s[1]) for s in seen] == [(ids, True), (ids, True)]
+    first, second = seen[0][2], seen[1][2]
+    assert first.total_blocks == len(ids) // 4 and not first.matched_blocks
+    assert max(second.matched_blocks.values()) == second.total_blocks  # the warmed pod
 
 
 def test_registered() -> None:
