@@ -17,6 +17,10 @@ from heimdall_proxy.tokenization import DEFAULT_MAX_PROMPT_CHARS
 
 class TokenProcessorConfig(PluginParams):
     block_size: int = Field(default=16, gt=0)
+    #: llm-d's seed of the block-key chain: accepted, not honoured (warned about). Keys here
+    #: are seeded by the model (or adapter) and cache_salt, the same on the event and the
+    #: request side, so a seed would change key values but never which blocks match.
+    hash_seed: str = ""
 
 
 class InMemoryConfig(PluginParams):
@@ -211,6 +215,9 @@ def unhonoured(params: PrecisePrefixCacheParams) -> list[str]:
     `params` (each is warned about once at start-up). Raises ValueError for a tokenizer mode
     no library here implements, which would silently give wrong token ids."""
     out: list[str] = []
+    if params.token_processor_config.hash_seed:
+        out.append("tokenProcessorConfig.hashSeed (keys are seeded by the model and "
+                   "cache_salt alike on both sides; a seed changes no match)")  # fmt: skip
     idx = params.indexer_config
     pool = idx.tokenizers_pool_config
     if pool is not None:
