@@ -669,3 +669,50 @@ async def test_a_prefill_hop_counts_on_its_pod_in_the_ledger_while_it_runs(
     assert status == 200
     assert not any(load.requests.values()) and not any(load.prompts.values())
     assert load.sent["prefill-0"] == 1 and load.sent["decode-0"] == 1
+
+
+async def test_a_failed_prefill_hop_leaves_nothing_in_the_ledger(
+    start_pod: PodFactory, start_gateway: GatewayFactory
+) -> None:
+    prefill, decode = await pd_pods(start_pod)
+    prefill.pod.fail_status = 503
+    gw = await start_gateway(make_config([prefill, decode], canonical()))
+    load = gw.gateway.load
+    assert (await chat(gw, LONG, max_tokens=3))[0] == 200
+    assert load.sent["prefill-0"] == 1  # the hop was counted, then released on failure
+    assert not any(load.requests.values()) and not any(load.tokens.values())
+    assert not any(load.prompts.values()) and load.attempts() == 0
+
+
+async def test_a_failed_encode_hop_leaves_nothing_in_the_ledger(
+    start_pod: PodFactory, start_gateway: GatewayFactory
+) -> None:
+    encoder = await start_pod(labels={ROLE: "encode"}, role="encode", name="encode-0")
+    encoder.pod.fail_status = 500
+    decode = await start_pod(labels={ROLE: "decode"}, name="decode-0")
+    gw = await start_gateway(make_config([encoder, decode], EPD))
+    load = gw.gateway.load
+    assert (await chat(gw, [{"type": "text", "text": "look"}, IMAGE]))[0] == 200
+    assert load.sent["encode-0"] == 1
+    assert not any(load.requests.values()) and load.attempts() == 0
+
+
+async def test_a_prefill_hop_cancelled_by_the_client_is_released(
+    start_pod: PodFactory, start_gateway: GatewayFactory
+) -> None:
+    # a slow prefill pod: the client gives up while the hop runs
+    prefill = await start_pod(
+        labels={ROLE: "prefill"}, role="prefill", name="prefill-0", time_scale=50.0
+    )
+    decode = await start_pod(labels={ROLE: "decode"}, role="decode", name="decode-0")
+    gw = await start_gateway(make_config([prefill, decode], canonical(hopTimeout="60s")))
+    load = gw.gateway.load
+    task = asyncio.create_task(chat(gw, LONG, max_tokens=2))
+    await eventually(lambda: load.requests.get("prefill-0", 0) == 1)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    await eventually(lambda: gw.running() == 0)
+    assert not any(load.requests.values()) and not any(load.tokens.values())
+    assert not any(load.prompts.values()) and load.attempts() == 0
+    assert load.sent.get("decode-0", 0) == 0  # it never got past the hop
