@@ -16,7 +16,7 @@ Each timed tick follows a local change (the hub poked), so it also publishes its
 notification, as a tick under traffic does. The last row is what the other replica spends on
 one such notification of a counters set: taking the pushed totals (since 2026-11-25; before,
 it ticked, a round trip as in the first row). On code where a push carries a rider (the
-affinity filter's prefix popularity, shared_popularity.py), recommended.yaml's affinity
+affinity filter's prefix popularity, framework/popularity.py), recommended.yaml's affinity
 counters carry one routed request's prefix key per tick, as they do under traffic, and a
 last row times taking such a push.
 
@@ -161,10 +161,17 @@ async def measure(address: str, n: int) -> dict[str, tuple[float, float]]:
 def popularity_rider(part: ReplicaCounters | Journal) -> Any:
     """The affinity filter's popularity rider on `part`, or None on code without riders."""
     try:
-        from heimdall_proxy.plugins.filters.prefix_popularity import PrefixPopularity
-        from heimdall_proxy.plugins.filters.shared_popularity import SharedPopularity
-    except ImportError:
-        return None
+        from heimdall_proxy.framework.popularity import PrefixPopularity, SharedPopularity
+    except ImportError:  # code from before the popularity moved out of the filter
+        try:
+            from heimdall_proxy.plugins.filters.prefix_popularity import (  # type: ignore[no-redef]
+                PrefixPopularity,
+            )
+            from heimdall_proxy.plugins.filters.shared_popularity import (  # type: ignore[no-redef]
+                SharedPopularity,
+            )
+        except ImportError:
+            return None
     if not isinstance(part, ReplicaCounters) or not hasattr(part, "rider"):
         return None
     part.rider = SharedPopularity(PrefixPopularity())

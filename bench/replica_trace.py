@@ -29,7 +29,7 @@ from typing import Any
 
 if __package__ in (None, ""):  # run as `python bench/replica_trace.py`
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from heimdall_proxy.plugins.filters.queue_delay import QueueDelay
+from heimdall_proxy.framework.queue_delay import QueueDelay
 
 #: The filter's default when nothing is learned yet (1 / peakPrefillThroughput).
 DEFAULT_PRICE = 1.0 / 16000.0

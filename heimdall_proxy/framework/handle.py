@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from heimdall_proxy.framework.inflight import InFlightLoad
+from heimdall_proxy.framework.popularity import Popularities
 from heimdall_proxy.framework.types import Endpoint
 
 
@@ -24,14 +25,20 @@ class PluginLookupError(LookupError):
 
 @dataclass(slots=True)
 class PluginHandle:
-    """Handed to every plugin factory: the pool, feature gates, the in-flight ledger, and the
+    """Handed to every plugin factory: the pool, feature gates, the gateway's state owners
+    (the in-flight ledger with its learned queue prices, the prefix popularity), and the
     plugins declared earlier in the plugin list (Heimdall resolves references at
-    initialisation, so a plugin can only see the ones before it)."""
+    initialisation, so a plugin can only see the ones before it). A plugin reads the owners'
+    data through these and keeps no copy of its own."""
 
     pool: EndpointSource
     feature_gates: frozenset[str] = frozenset()
-    #: The gateway's in-flight ledger (saturation detectors read it).
+    #: The gateway's in-flight ledger (saturation detectors read it), and the queue price
+    #: learned from it: `load.queue_price(seconds_per_token).price(pod)`.
     load: InFlightLoad = field(default_factory=InFlightLoad)
+    #: How many recent requests shared each prefix: `popularity.of(half_life).count(key)`
+    #: (framework/popularity.py). The gateway's, carried over reloads.
+    popularity: Popularities = field(default_factory=Popularities)
     _plugins: dict[str, object] = field(default_factory=dict)
 
     def plugin(self, name: str) -> object:

@@ -10,7 +10,11 @@ it (each keeps no count of its own), and a burst cannot slip past a detector bet
 
 Entries older than `timeout` are dropped by `expire` (a completion that never came must not
 pin a count); a consumer with a shorter horizon of its own (active-request-scorer's
-`requestTimeout`) counts with `requests_since`."""
+`requestTimeout`) counts with `requests_since`.
+
+What is learned from the ledger's data lives in it too: the per-pod queue price
+(queue_price.py, `queue_price`), fed from the same three calls, so it is learned once per
+attempt whichever plugins read it, outlives reloads and forgets the pods that leave."""
 
 from __future__ import annotations
 
@@ -23,6 +27,7 @@ from itertools import repeat
 from typing import Protocol, runtime_checkable
 
 from heimdall_proxy.framework.prefix import find_match, prefix_match_key
+from heimdall_proxy.framework.queue_price import QueuePrice
 from heimdall_proxy.framework.types import RequestContext
 
 #: Where the match that discounts the prompt is found by default: the default-named
@@ -121,6 +126,7 @@ class InFlightLoad:
         "_by_pod",
         "_earliest",
         "_measures",
+        "_prices",
         "count_tokens",
         "pending",
         "prompts",
@@ -146,6 +152,8 @@ class InFlightLoad:
         self.sent: dict[str, int] = {}
         self._attempts: dict[str, _Attempt] = {}
         self._measures: dict[str, Measure] = {}
+        #: nominal seconds per token -> the queue price learned from that starting point
+        self._prices: dict[float, QueuePrice] = {}
         #: per pod, its attempts by key in start order (active-request's horizon counts them)
         self._by_pod: dict[str, dict[str, _Attempt]] = {}
         # No attempt started before this (a lower bound): expire() skips its walk until the
@@ -176,6 +184,10 @@ class InFlightLoad:
         mine[key] = attempt
         self.requests[pod] = self.requests.get(pod, 0) + 1
         self.sent[pod] = self.sent.get(pod, 0) + 1
+        if self._prices:  # before this attempt counts: what was ahead of it
+            ahead = float(self.prompts.get(pod, 0))
+            for price in self._prices.values():
+                price.sent(key, pod, ahead, prompt, start)
         if prompt or output:
             self.tokens[pod] = self.tokens.get(pod, 0) + prompt + output
         if whole:
@@ -186,7 +198,12 @@ class InFlightLoad:
             self.expire(start)  # one comparison per attempt until something is that old
 
     def prompt_done(self, key: str) -> None:
-        """A stream's first chunk: the pod has prefilled the prompt; its tokens leave."""
+        """A stream's first chunk: the pod has prefilled the prompt; its tokens leave (and the
+        queue prices learn how long the attempt waited)."""
+        if self._prices:
+            now = time.monotonic()
+            for price in self._prices.values():
+                price.first_token(key, now)
         attempt = self._attempts.get(key)
         if attempt is not None and attempt.prompt:
             self._take_tokens(attempt.pod, attempt.prompt)
@@ -227,6 +244,8 @@ class InFlightLoad:
             self.prompts.pop(pod, None)
         for measure in self._measures.values():
             measure.forget(pods)
+        for price in self._prices.values():
+            price.forget_pods(pods)
 
     def measure(self, name: str) -> Measure:
         """The per-attempt value kept under `name` (made on first use; the same object for
@@ -235,6 +254,22 @@ class InFlightLoad:
         if found is None:
             found = self._measures[name] = Measure()
         return found
+
+    def queue_price(self, seconds_per_token: float) -> QueuePrice:
+        """The per-pod queue price learned from this ledger's streamed attempts, starting from
+        (and pricing a request's own prefill at) `seconds_per_token`; made on first use, then
+        fed from every attempt, and the same object for every reader that asks with that
+        rate, across reloads. Its readers need the uncached prompt of each attempt, so the
+        relay counts tokens from then on."""
+        found = self._prices.get(seconds_per_token)
+        if found is None:
+            found = self._prices[seconds_per_token] = QueuePrice(seconds_per_token)
+            self.count_tokens = True
+        return found
+
+    def queue_prices(self) -> list[QueuePrice]:
+        """Every queue price this ledger feeds."""
+        return list(self._prices.values())
 
     # ---- readers ------------------------------------------------------------------------
 
@@ -264,6 +299,8 @@ class InFlightLoad:
     def _drop(self, key: str, attempt: _Attempt) -> None:
         for measure in self._measures.values():
             measure.drop(key)
+        for price in self._prices.values():
+            price.forget(key)
         pod = attempt.pod
         mine = self._by_pod.get(pod)
         if mine is not None:

@@ -27,6 +27,7 @@ from heimdall_proxy.framework.handle import PluginHandle
 from heimdall_proxy.framework.inflight import InFlightLoad, LoadEstimator
 from heimdall_proxy.framework.inherit import inherit_state
 from heimdall_proxy.framework.loader import PluginSet, build_plugins
+from heimdall_proxy.framework.popularity import Popularities
 from heimdall_proxy.framework.registry import Registry
 from heimdall_proxy.observability import GatewayMetrics
 from heimdall_proxy.server.director import Director
@@ -71,8 +72,15 @@ class Routing:
         )
         # The in-flight ledger outlives a reload: requests still running on the old plugins
         # count against their pods for the new saturation detector too.
+        # So does the prefix popularity (its counts are the fleet's recent requests).
+        self.popularity: Popularities = (
+            previous.popularity if previous is not None else Popularities()
+        )
         handle = PluginHandle(
-            pool=self.pool, feature_gates=frozenset(config.epp.feature_gates), load=load
+            pool=self.pool,
+            feature_gates=frozenset(config.epp.feature_gates),
+            load=load,
+            popularity=self.popularity,
         )
         extra = [PluginConfig(type="response-header-handler")] if options.response_header else []
         self.plugins: PluginSet = build_plugins(

@@ -17,6 +17,7 @@ from heimdall_proxy.framework.handle import PluginHandle
 from heimdall_proxy.framework.inflight import InFlightLoad
 from heimdall_proxy.framework.inherit import inherit_state
 from heimdall_proxy.framework.loader import PluginSet, build_plugins
+from heimdall_proxy.framework.popularity import Popularities
 from heimdall_proxy.framework.registry import register
 from heimdall_proxy.framework.types import CycleState
 from heimdall_proxy.plugins.filters.prefix_affinity import PrefixCacheAffinityFilter
@@ -56,9 +57,10 @@ def doc(**overrides: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-#: The gateway's in-flight ledger, which outlives a reload: every plugin set built here
-#: shares it, as the routings of one gateway do.
+#: The gateway's in-flight ledger and prefix popularity, which outlive a reload: every plugin
+#: set built here shares them, as the routings of one gateway do.
 LEDGER = InFlightLoad()
+POPULARITY = Popularities()
 
 
 @pytest.fixture(autouse=True)
@@ -69,7 +71,10 @@ def empty_ledger() -> None:
 def build(d: dict[str, Any]) -> PluginSet:
     cfg = parse_config(d, "test.yaml")
     handle = PluginHandle(
-        EndpointPool(cfg.endpoints), frozenset(cfg.epp.feature_gates), load=LEDGER
+        EndpointPool(cfg.endpoints),
+        frozenset(cfg.epp.feature_gates),
+        load=LEDGER,
+        popularity=POPULARITY,
     )
     return build_plugins(cfg.epp, load_builtin_plugins(), handle)
 

@@ -166,19 +166,23 @@ async def test_the_affinity_filter_learns_the_queue_price_from_every_replica(ns:
         for _ in range(4):  # QueueDelay's minimum before a pod's own price is used
             c = ctx(completion("word " * 400, stream=True), ep("p0"))
             await a.pre_request(sent(a.load, c))
+            a.load.prompt_done(c.key)  # the relay, at the first chunk: the ledger learns
             await streamed(a, c, b'data: {"choices": []}\n\n')
             await a.response_complete(c)
             a.load.release(c.key)
-        learned = a.queue_price.seconds_per_token("p0")
+        assert a.queue_price is not None and b.queue_price is not None
+        assert a.queue_price is a.load.queue_price(default)  # the ledger's
+        learned = a.queue_price.price("p0")
         assert learned != default
-        assert b.queue_price.seconds_per_token("p0") == default
+        assert b.queue_price.price("p0") == default
         assert a.journal is not None and b.journal is not None
         await a.journal.sync()
         await b.journal.sync()
-        assert b.queue_price.seconds_per_token("p0") == pytest.approx(learned)
+        assert b.queue_price.price("p0") == pytest.approx(learned)
         # a replica started later reads the samples still kept
         await late.start()
-        assert late.queue_price.seconds_per_token("p0") == pytest.approx(learned)
+        assert late.queue_price is not None
+        assert late.queue_price.price("p0") == pytest.approx(learned)
     finally:
         await late.stop()
         await a.stop()
@@ -253,10 +257,13 @@ def test_another_replicas_pushed_requests_are_counted_once_across_a_reload(ns: s
     # old and new: one gateway's filter before and after a reload, both still in the hub
     # while the old requests drain; every replica's push reaches both their counters
     params = PrefixCacheAffinityParams.model_validate(shared(ns, sharedPrefixDiscount=0.75))
-    old, new, other = (PrefixCacheAffinityFilter("f", params, ledger()) for _ in range(3))
+    gateway = ledger()  # old and new read one gateway's popularity
+    old, new = (PrefixCacheAffinityFilter("f", params, gateway) for _ in range(2))
+    other = PrefixCacheAffinityFilter("f", params, ledger())
+    assert new.popularity is old.popularity
     assert new.inherit(old, frozenset()) is None
-    assert other._shared_popularity is not None and other.shared is not None
-    other._shared_popularity.observe(42)
+    assert other.shared is not None
+    other.popularity.observe(42)
     other.shared.script_args()
     push = other.shared.push_message()
     for filt in (old, new):

@@ -26,6 +26,7 @@ from heimdall_proxy.framework.inflight import warn_other_expiry
 from heimdall_proxy.framework.inherit import changed
 from heimdall_proxy.framework.params import Duration
 from heimdall_proxy.framework.prefix import PrefixCacheMatchInfo, match_at, prefix_match_key
+from heimdall_proxy.framework.queue_price import QueuePrice
 from heimdall_proxy.framework.registry import register
 from heimdall_proxy.framework.types import (
     CandidateNames,
@@ -35,9 +36,6 @@ from heimdall_proxy.framework.types import (
     RequestContext,
 )
 from heimdall_proxy.plugins.filters import affinity_trace
-from heimdall_proxy.plugins.filters.prefix_popularity import PrefixPopularity
-from heimdall_proxy.plugins.filters.queue_price import QueuePrice
-from heimdall_proxy.plugins.filters.shared_popularity import SharedPopularity
 from heimdall_proxy.plugins.scorers.shared_state import (
     SharedCountsParams,
     SharedJournalParams,
@@ -70,7 +68,8 @@ class PrefixCacheAffinityParams(SharedCountsParams, SharedJournalParams):
     #: a mid-size model on one H100 do.
     peak_prefill_throughput: float = Field(default=16000.0, gt=0.0)
     #: Price the prompt tokens in flight on a pod at the delay they were seen to cause
-    #: (learned per pod from streamed responses' first tokens, see queue_delay.py) rather
+    #: (learned per pod from streamed responses' first tokens by the in-flight ledger, see
+    #: framework/queue_price.py) rather
     #: than at `peakPrefillThroughput`, which then prices only the request's own prefill.
     #: Pods that make requests wait for a decode slot delay a first token by a whole reply
     #: per request ahead, several times its prefill.
@@ -79,7 +78,7 @@ class PrefixCacheAffinityParams(SharedCountsParams, SharedJournalParams):
     #: requests (decayed, this one included) shared the longest prefix a sticky pod holds,
     #: the margin is divided by n ** sharedPrefixDiscount. A pod a shared system prompt
     #: moves to is warm for all its later requests, while a conversation's history (n = 1)
-    #: keeps the whole margin (see prefix_popularity.py). Ours; the default 0 gives every
+    #: keeps the whole margin (see framework/popularity.py). Ours; the default 0 gives every
     #: prefix the same margin (config/recommended.yaml sets 0.75).
     shared_prefix_discount: float = Field(default=0.0, ge=0.0)
     #: Requests over which that count decays by half.
@@ -96,7 +95,7 @@ class PrefixCacheAffinityParams(SharedCountsParams, SharedJournalParams):
     request_timeout: Duration = 600.0
     #: Extension, with `redisConfig`: journal entries of queue-delay samples kept for
     #: replicas that start later. The price weighs the last few dozen samples most
-    #: (queue_delay.py), so a short history is enough.
+    #: (framework/queue_delay.py), so a short history is enough.
     history_entries: int = Field(default=1000, gt=0)
 
 
@@ -114,7 +113,14 @@ class PrefixCacheAffinityFilter(SharesState, BasePlugin[PrefixCacheAffinityParam
     the delay they were seen to cause on that pod once it is learned (`learnQueueDelay`).
     A cold request (no pod reaches the threshold) is not narrowed. With
     `sharedPrefixDiscount` (ours), the margin shrinks for a prefix many recent requests
-    shared (prefix_popularity.py).
+    shared.
+
+    The filter learns nothing itself; it reads what the gateway's owners keep (one per
+    process, carried over reloads, forgetting pods that leave): the prompt tokens in flight
+    and the queue price from the in-flight ledger (`handle.load`, framework/queue_price.py:
+    fed by the request path from each streamed attempt's first chunk), and the prefix
+    popularity (`handle.popularity`, framework/popularity.py), which its pre_request counts
+    each sent request into under the prefix its filtering priced.
 
     The prompt tokens in flight per pod are the gateway's in-flight ledger's whole prompts
     (framework/inflight.py), counted from dispatch until the response ends: a pod busy
@@ -128,9 +134,10 @@ class PrefixCacheAffinityFilter(SharesState, BasePlugin[PrefixCacheAffinityParam
     hot prefix too late. The queue price is then learned from every replica's first tokens
     too (a journal of samples): each replica learning from its own half alone priced the same
     pod up to 15% apart from the other and from a single gateway, enough to flip a keep or
-    release decision now and then (bench/RESULTS.md, "decision trace"). The requests the
-    prefix popularity counts are every replica's too (`sharedPrefixDiscount`, riding on the
-    counters' pushes, shared_popularity.py)."""
+    release decision now and then (bench/RESULTS.md, "decision trace"): this filter's store
+    carries the ledger's price samples (its journal). The requests the prefix popularity
+    counts are every replica's too (`sharedPrefixDiscount`, riding on the counters'
+    pushes)."""
 
     type = PREFIX_CACHE_AFFINITY_FILTER_TYPE
 
@@ -145,17 +152,21 @@ class PrefixCacheAffinityFilter(SharesState, BasePlugin[PrefixCacheAffinityParam
         self._seconds_per_token = 1.0 / params.peak_prefill_throughput
         self._penalty = params.max_ttft_penalty_ms / 1000.0
         self.shared = shared_counters(self, params, self._published)
-        self.queue_price = QueuePrice(self._seconds_per_token)
+        #: The ledger's queue price (read only: the ledger learns it); None: the queue is
+        #: priced at `peakPrefillThroughput`.
+        self.queue_price: QueuePrice | None = None
         if params.learn_queue_delay:
+            self.queue_price = self.load.queue_price(self._seconds_per_token)
             self.journal = shared_journal(self, params, self._learned)
-            self.queue_price.journal = self.journal
-        self.popularity = PrefixPopularity(params.popularity_half_life)
-        #: With sharing, the popularity counts every replica's requests (the others' ride
-        #: on the counters' pushes, shared_popularity.py), as one gateway's would.
-        self._shared_popularity: SharedPopularity | None = None
+        #: The gateway's prefix popularity (read, and fed with the requests this filter
+        #: priced). With sharing, it counts every replica's requests (the others' ride on the
+        #: counters' pushes), as one gateway's would.
+        self.popularity = handle.popularity.of(params.popularity_half_life)
         if self.shared is not None and params.shared_prefix_discount:
-            self._shared_popularity = SharedPopularity(self.popularity)
-            self.shared.rider = self._shared_popularity
+            self.popularity.riding = True
+            self.shared.rider = self.popularity
+        # the attempt whose first-token sample was traced last (trace output only)
+        self._traced: str | None = None
         # CycleState key of the shared prefix the filter priced, counted when the request
         # is sent (pre_request), so retries' and the debug route's filtering count nothing
         self._shared_prefix_key = f"{PREFIX_CACHE_AFFINITY_FILTER_TYPE}/{name}#prefix"
@@ -163,37 +174,49 @@ class PrefixCacheAffinityFilter(SharesState, BasePlugin[PrefixCacheAffinityParam
         self._match_key = prefix_match_key(params.prefix_plugin_type, params.prefix_plugin_name)
 
     def inherit(self, previous: PrefixCacheAffinityFilter, gone: frozenset[str]) -> str | None:
-        """A reload keeps the prompt tokens in flight, the learned queue price (less the pods
-        `gone`; unless `peakPrefillThroughput`, its starting point, changed) and the prefix
-        popularity (unless its `popularityHalfLife` changed)."""
+        """What it reads outlives the reload in its owners (the ledger's queue price, the
+        gateway's prefix popularity); this says when the parameters select another one
+        (`peakPrefillThroughput`, the price's starting point; `popularityHalfLife`), and
+        takes over the sharing: from now on the price's samples go out through this
+        filter's journal, and the counters' pushes carry the popularity."""
         not_kept: list[str] = []
-        if (reason := changed(previous.params, self.params, "peak_prefill_throughput")) is None:
-            price = previous.queue_price
-            for pod in gone:
-                price.delay.forget(pod)
-            price.journal = self.journal
-            self.queue_price = price
-        else:
-            not_kept.append(f"the queue price is learned anew: {reason}")
-        if (reason := changed(previous.params, self.params, "popularity_half_life")) is None:
-            self.popularity = previous.popularity
-            if self._shared_popularity is not None:
-                self._shared_popularity.popularity = previous.popularity
-            # the predecessor's own requests (retries while it drains) go out with ours
-            previous._shared_popularity = self._shared_popularity
-        else:
+        if self.queue_price is not None:
+            if previous.queue_price is not self.queue_price:
+                reason = changed(previous.params, self.params, "peak_prefill_throughput")
+                not_kept.append(f"the queue price is learned anew: {reason or 'learnQueueDelay'}")
+            self.queue_price.share(self.journal)
+        if previous.popularity is not self.popularity:
+            reason = changed(previous.params, self.params, "popularity_half_life")
             not_kept.append(f"the prefix popularity is counted anew: {reason}")
         self.hand_over(previous)
         return "; ".join(not_kept) or None
+
+    async def start(self) -> None:
+        # The first filter to share the price attaches its journal before joining, so the
+        # samples the journal replays (kept for replicas that start later) are learned; on a
+        # reload the predecessor's stays attached until `inherit` (the replay is the samples
+        # the price already has).
+        price = self.queue_price
+        if price is not None and self.journal is not None and price.journal is None:
+            price.share(self.journal)
+        await super().start()
+
+    async def stop(self) -> None:
+        price = self.queue_price
+        if price is not None and self.journal is not None and price.journal is self.journal:
+            price.share(None)
+        await super().stop()
 
     def _published(self) -> Mapping[str, float]:
         """The prompt tokens in flight, or nothing once handed over (as active-request's)."""
         return {} if self.handed_over else {p: float(n) for p, n in self.load.prompts.items()}
 
     def _learned(self, record: list[Any]) -> None:
-        """Another replica's queue-price sample, applied by the successor once handed over."""
-        if not self.handed_over:
-            self.queue_price.learned(record)
+        """Another replica's queue-price sample, applied to the ledger's price by the journal
+        attached to it (one, so a reload's two filters do not learn it twice)."""
+        price = self.queue_price
+        if price is not None and price.journal is self.journal:
+            price.learned(record)
 
     def _match(self, state: CycleState) -> PrefixCacheMatchInfo | None:
         return match_at(state, self._match_key)
@@ -220,9 +243,9 @@ class PrefixCacheAffinityFilter(SharesState, BasePlugin[PrefixCacheAffinityParam
 
     def _queue_price(self, pod: str) -> float:
         """Seconds of delay per prompt token in flight on `pod`."""
-        if not self.params.learn_queue_delay:
+        if self.queue_price is None:
             return self._seconds_per_token
-        return self.queue_price.seconds_per_token(pod)
+        return self.queue_price.price(pod)
 
     def filter(
         self, state: CycleState, request: InferenceRequest, endpoints: list[Endpoint]
@@ -318,36 +341,27 @@ class PrefixCacheAffinityFilter(SharesState, BasePlugin[PrefixCacheAffinityParam
         tokens = info.prompt_tokens if info is not None and info.prompt_tokens else 0
         tokens = tokens or self._prompt_tokens(ctx.request)
         pod, key = ctx.target.name, ctx.key
-        if self.params.learn_queue_delay and ctx.request.data.get("stream") is True:
-            own = info.uncached_tokens(pod) if info is not None else tokens
-            # what was in flight before it: the ledger already counts this attempt
-            ahead = self._busy(pod) - self.load.whole_of(key)
-            self.queue_price.sent(key, pod, ahead, own)
         if self.shared is not None:
             self.shared.changed()
         if self.params.shared_prefix_discount:
             prefix = ctx.state.get(self._shared_prefix_key)
-            shared_key = prefix if isinstance(prefix, int) else None
-            if self._shared_popularity is not None:
-                self._shared_popularity.observe(shared_key)
-            else:
-                self.popularity.observe(shared_key)
+            self.popularity.observe(prefix if isinstance(prefix, int) else None, key)
         if affinity_trace.enabled():
             affinity_trace.emit("start", key, self._replica(), pod=pod, tokens=tokens)
 
     async def response_streaming(self, ctx: RequestContext, chunk: bytes) -> None:
-        if not self.queue_price.waiting or not ctx.events:
+        """Trace only: the queue-price sample the ledger took at this stream's first chunk."""
+        price = self.queue_price
+        if price is None or price.last is None or not affinity_trace.enabled():
             return
-        key = ctx.key
-        sample = self.queue_price.first_token(key)
-        if sample is not None and affinity_trace.enabled():
-            pod, ahead, delay = sample
+        key, pod, ahead, delay = price.last
+        if key == ctx.key and key != self._traced:
+            self._traced = key
             affinity_trace.emit("first", key, self._replica(), pod=pod,
                                 ahead=ahead, delay=delay)  # fmt: skip
 
     async def response_complete(self, ctx: RequestContext) -> None:
         key = ctx.key
-        self.queue_price.forget(key)
         if self.shared is not None:
             self.shared.changed()
         if affinity_trace.enabled():

@@ -1,13 +1,15 @@
 """How long one prompt token in flight on a pod really delays the next request's first token,
 learned from the first tokens this gateway sees.
 
-The affinity filter weighs a pod's queue by the prompt tokens it has in flight. Converting
+The affinity filter weighs a pod's queue by the prompt tokens in flight there (the in-flight
+ledger's `prompts`). Converting
 that to time at the pod's prefill rate is right only where the wait is for prefill (a large
 batch that admits every request at once). Where requests wait for a decode slot, each one
 ahead costs its whole reply, several times its prefill, and a filter that prices the queue at
 prefill speed holds a busy warm pod far too long. Measuring the ratio per pod (time to first
 token, less the request's own prefill, over the prompt tokens that were ahead of it) gives the
 right price on either kind of pod, and on pods of unequal speed, with no knob to calibrate.
+This module is the arithmetic; queue_price.py feeds it from the ledger.
 """
 
 from __future__ import annotations
@@ -58,6 +60,8 @@ class QueueDelay:
         self._pods.pop(pod, None)
 
     def seconds_per_token(self, pod: str, default: float) -> float:
+        """`pod`'s learned seconds per prompt token ahead (the fleet's while it has too few
+        samples of its own), or `default` while nothing is learned."""
         sums = self._pods.get(pod)
         if sums is None or sums.samples < self._min:
             sums = self._fleet

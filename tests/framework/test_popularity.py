@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from heimdall_proxy.plugins.filters.prefix_popularity import PrefixPopularity
+from heimdall_proxy.framework.popularity import PrefixPopularity
 
 
 def test_the_count_returned_includes_the_request_itself() -> None:

@@ -1,12 +1,11 @@
-"""The prefix popularity counted over every replica's requests (shared_popularity.py)."""
+"""The prefix popularity counted over every replica's requests (framework/popularity.py)."""
 
 from __future__ import annotations
 
 import msgpack
 import pytest
 
-from heimdall_proxy.plugins.filters.prefix_popularity import PrefixPopularity
-from heimdall_proxy.plugins.filters.shared_popularity import MAX_PENDING, SharedPopularity
+from heimdall_proxy.framework.popularity import MAX_PENDING, PrefixPopularity, SharedPopularity
 
 
 def exchange(src: SharedPopularity, dst: SharedPopularity) -> None:

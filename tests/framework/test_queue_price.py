@@ -1,0 +1,150 @@
+"""The queue price the in-flight ledger learns from its own attempts (queue_price.py): fed by
+the request path's three calls (acquire, prompt_done, release), forgotten with the pods that
+leave, expired with the attempts, one object per starting rate across reloads. The clock is
+a fake one (time.monotonic patched), so the delays are exact."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from heimdall_proxy.framework.inflight import InFlightLoad
+from heimdall_proxy.framework.queue_price import QueuePrice
+from tests.plugins.filters.test_prefix_affinity import PODS, make, names, occupy, state
+from tests.plugins.helpers import ctx, req, sent
+
+NOMINAL = 1.0 / 16000
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
+    c = Clock()
+    monkeypatch.setattr(time, "monotonic", c)
+    return c
+
+
+def teach(load: InFlightLoad, clock: Clock, pod: str, n: int, per_token: float) -> None:
+    """`n` streamed attempts on `pod`, each behind one 4000-token prompt kept in flight, whose
+    first chunk came `per_token` seconds per token ahead after their own 100-token prefill."""
+    load.acquire("blocker-" + pod, pod, whole=4000)
+    for i in range(n):
+        key = f"{pod}-{i}"
+        load.acquire(key, pod, prompt=100, whole=100)
+        clock.now += 100 * NOMINAL + 4000 * per_token
+        load.prompt_done(key)
+        load.release(key)
+    load.release("blocker-" + pod)
+
+
+def test_the_ledger_learns_the_price_from_first_chunks(clock: Clock) -> None:
+    load = InFlightLoad()
+    price = load.queue_price(NOMINAL)
+    assert load.count_tokens  # its samples need each attempt's uncached prompt
+    assert price.price("p0") == NOMINAL  # nothing learned: the nominal rate
+    teach(load, clock, "p0", 6, 1e-3)
+    assert price.price("p0") == pytest.approx(1e-3)
+    assert price.price("p1") == pytest.approx(1e-3)  # a pod without samples: the fleet's
+    assert not price.waiting
+
+
+def test_what_ends_without_a_first_chunk_teaches_nothing(clock: Clock) -> None:
+    load = InFlightLoad()
+    price = load.queue_price(NOMINAL)
+    load.acquire("ahead", "p0", whole=4000)
+    for i in range(6):  # whole answers: released, never prompt_done
+        load.acquire(f"k{i}", "p0", prompt=100, whole=100)
+        clock.now += 5.0
+        load.release(f"k{i}")
+    load.release("ahead")
+    assert not price.waiting
+    assert price.price("p0") == NOMINAL
+
+
+def test_expired_attempts_and_pods_that_leave_are_forgotten(clock: Clock) -> None:
+    load = InFlightLoad(timeout=10.0)
+    price = load.queue_price(NOMINAL)
+    teach(load, clock, "p0", 6, 1e-3)
+    teach(load, clock, "p1", 6, 3e-3)
+    load.acquire("old", "p0", whole=10)
+    clock.now += 11.0
+    load.expire()
+    assert not price.waiting  # the expired attempt is no longer waited on
+    load.acquire("going", "p1", whole=10)
+    load.forget({"p1"})
+    assert not price.waiting
+    # p1 came back as a fresh server: it borrows the fleet's price until it has its own
+    assert price.price("p1") == pytest.approx(price.price("p9"))
+    assert price.price("p0") == pytest.approx(1e-3)
+
+
+def test_one_price_per_starting_rate_whoever_asks() -> None:
+    load = InFlightLoad()
+    a = load.queue_price(NOMINAL)
+    assert load.queue_price(NOMINAL) is a  # a reload's filter reads the same price
+    b = load.queue_price(1.0 / 4000)
+    assert b is not a and b.nominal == 1.0 / 4000
+    assert load.queue_prices() == [a, b]
+
+
+def test_no_price_is_fed_until_one_is_asked_for(clock: Clock) -> None:
+    load = InFlightLoad()
+    load.acquire("k", "p0", prompt=10, whole=10)
+    load.prompt_done("k")
+    assert load.queue_prices() == []
+
+
+def test_the_samples_go_to_the_journal_and_the_others_are_applied(clock: Clock) -> None:
+    sent_records: list[list[object]] = []
+
+    class Journal:
+        def append(self, record: list[object], *, poke: bool = True) -> None:
+            assert poke is False  # rides on the next tick
+            sent_records.append(record)
+
+    load = InFlightLoad()
+    price = load.queue_price(NOMINAL)
+    price.share(Journal())
+    teach(load, clock, "p0", 2, 1e-3)
+    assert [r[0] for r in sent_records] == ["p0", "p0"]
+    other = QueuePrice(NOMINAL)
+    for record in sent_records * 3:
+        other.learned(record)
+    assert other.price("p0") == pytest.approx(1e-3)
+
+
+async def test_first_tokens_teach_the_filter_to_release_sooner(clock: Clock) -> None:
+    # At the prefill price (16,000 tokens/s) a warm pod two prompts busier than an idle cold
+    # one stays sticky under a 200 ms margin; once first chunks showed each queued prompt
+    # token costing 1 ms there, it is released. The filter learns nothing itself: the ledger
+    # it reads does, from what the relay feeds it.
+    f = make(maxTTFTPenaltyMs=200)
+    s = state({"a": 100.0})
+    await occupy(f, 0, 2)
+    assert names(f.filter(s, req(), PODS)) == ["a"]
+    for i in range(6):  # streamed requests on "a", each behind the 3200 tokens in flight
+        c = ctx(req(data={"stream": True, "j": i}), PODS[0], attempt=100 + i)
+        c.state.update(state({}, 1600))
+        await f.pre_request(sent(f.load, c))
+        clock.now += 1600 * NOMINAL + 3200 * 1e-3
+        f.load.prompt_done(c.key)
+        await f.response_complete(c)
+        f.load.release(c.key)
+    assert f.queue_price is f.load.queue_price(NOMINAL)
+    assert f.queue_price.price("a") == pytest.approx(1e-3, rel=0.05)
+    assert names(f.filter(s, req(), PODS)) == ["a", "b", "c"]
+
+
+async def test_a_filter_that_learns_nothing_asks_for_no_price(clock: Clock) -> None:
+    f = make(learnQueueDelay=False)
+    await occupy(f, 0, 1)
+    assert f.queue_price is None and f.load.queue_prices() == []
+    assert f.estimated_ttft("a", None, 0) == pytest.approx(1600 * NOMINAL)
