@@ -187,7 +187,10 @@ class InFlightLoad:
         if self._prices:  # before this attempt counts: what was ahead of it
             ahead = float(self.prompts.get(pod, 0))
             for price in self._prices.values():
-                price.sent(key, pod, ahead, prompt, start)
+                there = (
+                    ahead if price.elsewhere is None else ahead + price.elsewhere().get(pod, 0.0)
+                )
+                price.sent(key, pod, there, prompt, start)
         if prompt or output:
             self.tokens[pod] = self.tokens.get(pod, 0) + prompt + output
         if whole:

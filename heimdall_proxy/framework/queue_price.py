@@ -19,7 +19,7 @@ sync hub's ticks that run anyway, and the other replicas' are applied (`learned`
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Protocol
 
 from heimdall_proxy.framework.queue_delay import QueueDelay
@@ -40,7 +40,7 @@ class QueuePrice:
     rate) and what a request's own uncached prompt is taken to cost (subtracted from its
     time to first token: the rest is the wait for what was ahead of it)."""
 
-    __slots__ = ("_seconds_per_token", "_waiting", "delay", "journal", "last")
+    __slots__ = ("_seconds_per_token", "_waiting", "delay", "elsewhere", "journal", "last")
 
     def __init__(self, seconds_per_token: float) -> None:
         self._seconds_per_token = seconds_per_token
@@ -50,6 +50,9 @@ class QueuePrice:
         self._waiting: dict[str, tuple[str, float, float, float]] = {}
         #: The journal the samples are shared through (None: not shared); set by `share`.
         self.journal: SampleJournal | None = None
+        #: The prompt tokens the other gateway replicas have in flight, per pod, when the
+        #: ledger's counts are shared (they were ahead of an attempt too); set by `share`.
+        self.elsewhere: Callable[[], Mapping[str, float]] | None = None
         #: The last sample taken: (attempt key, pod, tokens ahead, delay seconds), for the
         #: affinity filter's trace.
         self.last: tuple[str, str, float, float] | None = None
@@ -111,9 +114,16 @@ class QueuePrice:
 
     # ---- replica sharing -------------------------------------------------------------------
 
-    def share(self, journal: SampleJournal | None) -> None:
-        """Send the samples learned from now on through `journal` (None: stop sharing)."""
+    def share(
+        self,
+        journal: SampleJournal | None,
+        elsewhere: Callable[[], Mapping[str, float]] | None = None,
+    ) -> None:
+        """Send the samples learned from now on through `journal`, and count the prompt
+        tokens the other replicas have in flight (`elsewhere`) in what was ahead of an
+        attempt (None, None: stop sharing)."""
         self.journal = journal
+        self.elsewhere = elsewhere
 
     def learned(self, record: list[Any]) -> None:
         """Another replica's sample (pod, tokens ahead, delay seconds)."""

@@ -189,6 +189,30 @@ async def test_the_affinity_filter_learns_the_queue_price_from_every_replica(ns:
         await b.stop()
 
 
+async def test_a_price_sample_counts_the_other_replicas_prompts_ahead(ns: str) -> None:
+    """What was ahead of an attempt on a pod is every replica's prompt tokens in flight there,
+    as the filter's estimate multiplies the price by."""
+    params = PrefixCacheAffinityParams.model_validate(shared(ns))
+    a = PrefixCacheAffinityFilter("f", params, ledger())
+    b = PrefixCacheAffinityFilter("f", params, ledger())
+    await a.start()
+    await b.start()
+    try:
+        await a.pre_request(sent(a.load, ctx(completion("word " * 4000), ep("p0"))))
+        assert a.shared is not None and b.shared is not None
+        await a.shared.sync()
+        await b.shared.sync()
+        c = ctx(completion("word " * 400, stream=True), ep("p0"))
+        await b.pre_request(sent(b.load, c))
+        assert b.queue_price is not None
+        _, ahead, _, _ = b.queue_price._waiting[c.key]
+        assert ahead == 5000.0  # a's 20000 characters, none of b's own
+    finally:
+        await a.stop()
+        await b.stop()
+    assert b.queue_price.journal is None and b.queue_price.elsewhere is None  # left with b
+
+
 def test_the_affinity_filter_shares_no_samples_when_it_learns_none(ns: str) -> None:
     params = PrefixCacheAffinityParams.model_validate(shared(ns, learnQueueDelay=False))
     f = PrefixCacheAffinityFilter("f", params, ledger())

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from pydantic import Field
@@ -184,7 +184,7 @@ class PrefixCacheAffinityFilter(SharesState, BasePlugin[PrefixCacheAffinityParam
             if previous.queue_price is not self.queue_price:
                 reason = changed(previous.params, self.params, "peak_prefill_throughput")
                 not_kept.append(f"the queue price is learned anew: {reason or 'learnQueueDelay'}")
-            self.queue_price.share(self.journal)
+            self.queue_price.share(self.journal, self._elsewhere())
         if previous.popularity is not self.popularity:
             reason = changed(previous.params, self.params, "popularity_half_life")
             not_kept.append(f"the prefix popularity is counted anew: {reason}")
@@ -198,7 +198,7 @@ class PrefixCacheAffinityFilter(SharesState, BasePlugin[PrefixCacheAffinityParam
         # the price already has).
         price = self.queue_price
         if price is not None and self.journal is not None and price.journal is None:
-            price.share(self.journal)
+            price.share(self.journal, self._elsewhere())
         await super().start()
 
     async def stop(self) -> None:
@@ -210,6 +210,11 @@ class PrefixCacheAffinityFilter(SharesState, BasePlugin[PrefixCacheAffinityParam
     def _published(self) -> Mapping[str, float]:
         """The prompt tokens in flight, or nothing once handed over (as active-request's)."""
         return {} if self.handed_over else {p: float(n) for p, n in self.load.prompts.items()}
+
+    def _elsewhere(self) -> Callable[[], Mapping[str, float]] | None:
+        """The other replicas' prompt tokens in flight (what this filter's counters read),
+        for the price's samples."""
+        return self.shared.others if self.shared is not None else None
 
     def _learned(self, record: list[Any]) -> None:
         """Another replica's queue-price sample, applied to the ledger's price by the journal
