@@ -8,6 +8,9 @@ import os
 # No test reaches the Hugging Face Hub (this machine has no network): its client reads the
 # caches only. Set before anything imports huggingface_hub, which reads it once.
 os.environ["HF_HUB_OFFLINE"] = "1"
+# No KV-event decode worker process unless a test asks for one (kvEventsConfig.decodeProcesses):
+# spawning one per precise scorer made most of the suite's process start-ups.
+os.environ["HEIMDALL_KV_DECODE_PROCESSES"] = "0"
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,10 +28,31 @@ from heimdall_proxy.server.options import ServerOptions
 from heimdall_proxy.sim import SimOptions, SimPod
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--fast",
+        action="store_true",
+        help="the fast suite: leave out the tests marked `slow` (CI runs everything)",
+    )
+
+
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "uvloop: run the test on uvloop (as production runs) as well as on asyncio"
     )
+    config.addinivalue_line(
+        "markers",
+        "slow: needs processes, Redis, real time or many cases; left out by --fast, run by CI",
+    )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if not config.getoption("--fast"):
+        return
+    slow = [item for item in items if item.get_closest_marker("slow") is not None]
+    if slow:
+        config.hook.pytest_deselected(items=slow)
+        items[:] = [item for item in items if item.get_closest_marker("slow") is None]
 
 
 def pytest_asyncio_loop_factories(

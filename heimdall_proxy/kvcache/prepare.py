@@ -189,8 +189,17 @@ def _prepare_packed(payloads: Sequence[bytes], block_size: int, model_name: str)
     return pack(prepare_batches(payloads, block_size, model_name))
 
 
+#: Overrides the default of `kvEventsConfig.decodeProcesses` (a config that sets it wins):
+#: e.g. 0 where worker processes are not wanted (the test suite sets it).
+DECODE_PROCESSES_ENV = "HEIMDALL_KV_DECODE_PROCESSES"
+
+
 def default_processes() -> int:
-    """One worker process when the machine has a CPU to spare, else none."""
+    """One worker process when the machine has a CPU to spare, else none; or what
+    HEIMDALL_KV_DECODE_PROCESSES says."""
+    forced = os.environ.get(DECODE_PROCESSES_ENV, "").strip()
+    if forced.isdigit():
+        return int(forced)
     return 1 if (os.cpu_count() or 1) > 1 else 0
 
 

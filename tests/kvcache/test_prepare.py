@@ -172,3 +172,16 @@ async def test_a_malformed_event_is_counted_and_skipped_and_its_batch_still_appl
     keys = block_keys(TOKENS[: 2 * BS], BS, seed)
     assert index.match(keys, ["pod"]) == {"pod": 2.0}  # blocks 100 and 102 made it
     assert index.match(block_keys(TOKENS[: 4 * BS], BS, seed), ["pod"]) == {"pod": 4.0}
+
+
+def test_the_default_worker_count_can_be_set_by_the_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from heimdall_proxy.kvcache.prepare import DECODE_PROCESSES_ENV, default_processes
+
+    monkeypatch.setenv(DECODE_PROCESSES_ENV, "2")
+    assert default_processes() == 2
+    monkeypatch.setenv(DECODE_PROCESSES_ENV, "0")
+    assert default_processes() == 0
+    monkeypatch.setenv(DECODE_PROCESSES_ENV, "many")  # not a count: the machine decides
+    assert default_processes() in (0, 1)
