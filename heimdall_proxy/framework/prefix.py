@@ -73,6 +73,8 @@ PREFIX_PRODUCER_TYPES = (
     "precise-prefix-cache-producer",
     "precise-prefix-cache-scorer",
 )
+#: The seeds' type of the plugin readers named by default, now a reader itself.
+LEGACY_SCORER_TYPE = "prefix-cache-scorer"
 #: The producer a reader that names none reads (llm-d's default producer name).
 DEFAULT_PREFIX_PRODUCER = "approx-prefix-cache-producer"
 
@@ -99,8 +101,17 @@ def prefix_match_reader(
         name, first = plugin_name, plugin_type
     else:
         name, first = DEFAULT_PREFIX_PRODUCER, ""
+    legacy = first == LEGACY_SCORER_TYPE
+    if legacy:
+        # a prefix-cache-scorer publishes nothing: the pair names a scorer, whose producer the
+        # loader names instead. Built without the loader, the seeds' default pair reads the
+        # default producer (llm-d ignores the pair and reads its default producer).
+        first = ""
+    default = prefix_match_key(DEFAULT_PREFIX_PRODUCER, DEFAULT_PREFIX_PRODUCER)
+    fallback = (default,) if legacy and name == LEGACY_SCORER_TYPE else ()
     types = ((first,) if first else ()) + tuple(t for t in PREFIX_PRODUCER_TYPES if t != first)
     keys = tuple(prefix_match_key(t, name) for t in types)
+    keys += tuple(k for k in fallback if k not in keys)
 
     def read(state: CycleState) -> PrefixCacheMatchInfo | None:
         for key in keys:

@@ -18,7 +18,7 @@ from heimdall_proxy.plugins.scorers.precise_prefix_params import (
     PrecisePrefixCacheParams,
     PrecisePrefixProducerParams,
 )
-from heimdall_proxy.plugins.scorers.prefix_cache import PrefixCacheReader
+from heimdall_proxy.plugins.scorers.prefix_cache import PrefixCacheScorer
 from tests.conftest import GatewayFactory, PodFactory, eventually
 from tests.server.test_precise_routing import config, model_dir, served_by, warm  # noqa: F401
 
@@ -66,7 +66,7 @@ async def test_the_pods_own_events_bring_a_prompt_back_through_the_producer(
     plugins = gw.gateway.plugins.plugins
     producer = plugins[PRODUCER]
     assert isinstance(producer, PrecisePrefixCacheProducer)
-    assert isinstance(plugins["prefix-cache-scorer"], PrefixCacheReader)
+    assert isinstance(plugins["prefix-cache-scorer"], PrefixCacheScorer)
     assert producer.ingest is not None
     ingest = producer.ingest
     await eventually(lambda: len(ingest.subscriber.subscriptions()) == 3)
