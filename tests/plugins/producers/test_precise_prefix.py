@@ -11,7 +11,7 @@ import aiohttp
 import pytest
 from pydantic import ValidationError
 
-from heimdall_proxy.framework.prefix import PrefixCacheMatchInfo, read_prefix_match
+from heimdall_proxy.framework.prefix import PrefixCacheMatchInfo, prefix_match_reader
 from heimdall_proxy.plugins.producers.precise_prefix import PrecisePrefixCacheProducer
 from heimdall_proxy.plugins.scorers.precise_prefix_cache import PrecisePrefixCacheScorer
 from heimdall_proxy.plugins.scorers.precise_prefix_params import (
@@ -125,8 +125,8 @@ async def test_the_producer_matches_what_the_seeds_scorer_matches(
 
     async def spy(state: Any, request: Any, endpoints: Any) -> None:
         await original(state, request, endpoints)  # runs after the producer (declared later)
-        seen.append((read_prefix_match(state, PRODUCER, PRODUCER),
-                     read_prefix_match(state, SCORER, SCORER)))  # fmt: skip
+        seen.append((prefix_match_reader(PRODUCER)(state),
+                     prefix_match_reader(SCORER)(state)))  # fmt: skip
 
     scorer.produce = spy  # type: ignore[method-assign]
     for plugin in (producer, scorer):

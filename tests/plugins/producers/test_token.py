@@ -174,9 +174,7 @@ async def test_estimate_feeds_the_approximate_index_through_the_gateway(
 
     async def spy(state: Any, request: Any, endpoints: Any) -> None:
         await original(state, request, endpoints)
-        info = read_prefix_match(
-            state, "approx-prefix-cache-producer", "approx-prefix-cache-producer"
-        )
+        info = prefix_match_reader("approx-prefix-cache-producer")(state)
         seen.append((request.token_ids, request.token_ids_estimated, info))
 
     producer.produce = spy
