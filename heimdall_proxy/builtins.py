@@ -46,7 +46,7 @@ from heimdall_proxy.plugins.scorers.no_hit_lru import NoHitLRUScorer
 from heimdall_proxy.plugins.scorers.outstanding_work import OutstandingWorkScorer
 from heimdall_proxy.plugins.scorers.precise_prefix_cache import PrecisePrefixCacheScorer
 from heimdall_proxy.plugins.scorers.predicted_latency import PredictedLatencyScorer
-from heimdall_proxy.plugins.scorers.prefix_cache import prefix_cache_scorer
+from heimdall_proxy.plugins.scorers.prefix_cache import PrefixCacheScorer
 from heimdall_proxy.plugins.scorers.queue import QueueScorer
 from heimdall_proxy.plugins.scorers.running_requests import RunningRequestsSizeScorer
 from heimdall_proxy.plugins.scorers.session_affinity import SessionAffinityScorer
@@ -78,7 +78,7 @@ BUILTIN_PLUGINS: tuple[object, ...] = (
     NoHitLRUScorer,
     OutstandingWorkScorer,
     PrecisePrefixCacheScorer,
-    prefix_cache_scorer,
+    PrefixCacheScorer,
     QueueScorer,
     RunningRequestsSizeScorer,
     SessionAffinityScorer,

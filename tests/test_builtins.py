@@ -9,7 +9,6 @@ from typing import Protocol
 
 from heimdall_proxy.builtins import load_builtin_plugins
 from heimdall_proxy.framework import flowcontrol, inflight, plugins
-from heimdall_proxy.plugins.scorers.prefix_cache import PrefixCacheReader, PrefixCacheScorer
 
 EXPECTED: dict[str, list[str]] = {
     "active-request-scorer": ["Inherits", "Lifecycle", "PreRequest", "ResponseComplete", "Scorer"],
@@ -84,8 +83,7 @@ EXPECTED: dict[str, list[str]] = {
         "ResponseComplete",
         "ResponseStreaming",
     ],
-    "prefix-cache-scorer": ["Inherits", "Lifecycle", "PreRequest", "Producer", "Scorer"],
-    "prefix-cache-scorer (reader)": ["Scorer"],
+    "prefix-cache-scorer": ["Scorer"],
     "queue-scorer": ["Scorer"],
     "random-picker": ["Picker"],
     "response-header-handler": ["ResponseReceived"],
@@ -138,10 +136,6 @@ def test_every_builtin_type_implements_the_pinned_extension_points() -> None:
     points = extension_points()
     got: dict[str, list[str]] = {}
     for spec in load_builtin_plugins():
-        if spec.type_name == "prefix-cache-scorer":  # a factory: one of two classes
-            got["prefix-cache-scorer"] = implemented(PrefixCacheScorer, points)
-            got["prefix-cache-scorer (reader)"] = implemented(PrefixCacheReader, points)
-            continue
         assert inspect.isclass(spec.factory), spec.type_name
         got[spec.type_name] = implemented(spec.factory, points)
     assert got == EXPECTED

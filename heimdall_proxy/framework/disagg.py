@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
-from heimdall_proxy.framework.prefix import PrefixCacheMatchInfo, read_prefix_match
+from heimdall_proxy.framework.prefix import MatchReader, PrefixCacheMatchInfo, prefix_match_reader
 from heimdall_proxy.framework.types import ApiKind, CycleState, Endpoint
 
 #: Upstream request header naming the prefill pod (host:port), for the decode pod.
@@ -37,10 +37,12 @@ DisaggMode = Literal["gateway", "headers"]
 
 #: CycleState key of the DisaggPlan.
 DISAGG_PLAN_KEY = "disagg/plan"
-#: CycleState key where a profile handler names the prefix-cache plugin (type, name) whose
-#: match information its prefill decider should read (pd-profile-handler's
-#: prefixPluginType / prefixPluginName).
+#: CycleState key where a profile handler leaves the MatchReader of the prefix producer whose
+#: match its prefill decider should read (pd-profile-handler's prefixMatchInfoProducerName,
+#: or the seeds' prefixPluginType / prefixPluginName).
 PREFIX_PLUGIN_HINT_KEY = "disagg/prefix-plugin"
+#: Without a hint: the default-named approx-prefix-cache-producer's match.
+_DEFAULT_MATCH = prefix_match_reader()
 
 #: Content-part types that carry an image, audio clip or video (chat and Responses API).
 MULTIMODAL_PART_TYPES = frozenset(
@@ -103,12 +105,15 @@ def read_plan(state: CycleState) -> DisaggPlan | None:
 
 
 def find_prefix_match(state: CycleState) -> PrefixCacheMatchInfo | None:
-    """The prefix-cache match information on `state`: from the plugin a profile handler
-    named under PREFIX_PLUGIN_HINT_KEY when it did, else from the first prefix-cache plugin
-    that published one (a config normally declares one)."""
-    hint = state.get(PREFIX_PLUGIN_HINT_KEY)
-    if isinstance(hint, tuple) and len(hint) == 2:
-        return read_prefix_match(state, str(hint[0]), str(hint[1]))
+    """The prefix-cache match information on `state`: from the producer a profile handler
+    named under PREFIX_PLUGIN_HINT_KEY when it did, else the default approx producer's, else
+    the first prefix producer's that published one (a config normally declares one)."""
+    hint: MatchReader | None = state.get(PREFIX_PLUGIN_HINT_KEY)
+    if hint is not None:
+        return hint(state)
+    info = _DEFAULT_MATCH(state)
+    if info is not None:
+        return info
     for value in state.values():
         if isinstance(value, PrefixCacheMatchInfo):
             return value

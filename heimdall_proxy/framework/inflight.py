@@ -26,16 +26,13 @@ from dataclasses import dataclass
 from itertools import repeat
 from typing import Protocol, runtime_checkable
 
-from heimdall_proxy.framework.prefix import find_match, prefix_match_key
+from heimdall_proxy.framework.prefix import MatchReader, prefix_match_reader
 from heimdall_proxy.framework.queue_price import QueuePrice
 from heimdall_proxy.framework.types import RequestContext
 
 #: Where the match that discounts the prompt is found by default: the default-named
-#: approx-prefix-cache-producer's, else the seeds' default prefix-cache-scorer's.
-DEFAULT_MATCH_KEYS = (
-    prefix_match_key("approx-prefix-cache-producer", "approx-prefix-cache-producer"),
-    prefix_match_key("prefix-cache-scorer", "prefix-cache-scorer"),
-)
+#: approx-prefix-cache-producer's.
+DEFAULT_MATCH = prefix_match_reader()
 
 log = logging.getLogger(__name__)
 
@@ -353,21 +350,21 @@ _OUTPUT_CAPS = ("max_completion_tokens", "max_tokens", "max_output_tokens")
 
 class LoadEstimate:
     """What one attempt adds to its pod's tokens: the prompt tokens the pod must compute
-    (those the first prefix match found at `match_keys` says it holds are not counted; the
+    (those the prefix match `match` finds says it holds are not counted; the
     whole prompt when none ran) and, with `add_output`, an output estimate: the prompt's
     length times `output_ratio`, at most the request's own cap (max_tokens, ...) and
     `max_output`."""
 
-    __slots__ = ("add_output", "match_keys", "max_output", "output_ratio")
+    __slots__ = ("add_output", "match", "max_output", "output_ratio")
 
     def __init__(
         self,
-        match_keys: tuple[str, ...] = DEFAULT_MATCH_KEYS,
+        match: MatchReader = DEFAULT_MATCH,
         add_output: bool = False,
         output_ratio: float = DEFAULT_OUTPUT_RATIO,
         max_output: int | None = None,
     ) -> None:
-        self.match_keys = match_keys
+        self.match = match
         self.add_output = add_output
         self.output_ratio = output_ratio
         self.max_output = max_output
@@ -378,7 +375,7 @@ class LoadEstimate:
         readers scored with), else the request's estimate."""
         request = ctx.request
         tokens = request.estimated_tokens()
-        info = find_match(ctx.state, self.match_keys)
+        info = self.match(ctx.state)
         prompt = tokens if info is None else info.uncached_tokens(ctx.target.name)
         whole = info.prompt_tokens if info is not None and info.prompt_tokens else tokens
         if not self.add_output:

@@ -20,8 +20,8 @@ from heimdall_proxy.framework.defaults import (
     DEFAULT_PICKER,
     MAX_SCORE_PICKER,
     SINGLE_PROFILE_HANDLER,
+    add_prefix_producers,
     default_profiles,
-    link_prefix_producers,
     with_default_plugins,
 )
 from heimdall_proxy.framework.handle import PluginHandle, PluginLookupError
@@ -166,7 +166,7 @@ def build_plugins(
     profile handler (which validates the profiles) -> extension points. `extra` plugins
     (added by command-line flags) are appended unless one of the same type is already
     declared. Raises ConfigError."""
-    epp = link_prefix_producers(with_default_plugins(epp))
+    epp = add_prefix_producers(with_default_plugins(epp))
     plugins, skipped = instantiate_all(epp, registry, handle, extra or [])
     check_peers(plugins)
     profile_cfgs = list(epp.scheduling_profiles) or default_profiles(

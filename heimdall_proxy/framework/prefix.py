@@ -1,15 +1,17 @@
 """Prefix-cache match information shared through the CycleState.
 
-A prefix-cache scorer (prefix-cache-scorer, precise-prefix-cache-scorer) computes, before the
-profiles run, how much of the request's prompt each candidate pod already holds in its KV
-cache, and leaves the result on the CycleState under `prefix_match_key(type, name)`. Other
-plugins read it from there without importing the scorer: no-hit-lru-scorer (is the request
-cold?) and prefill deciders (how many prompt tokens are not cached on the chosen pod?).
+A prefix producer (approx-prefix-cache-producer, precise-prefix-cache-producer, or the seeds'
+precise-prefix-cache-scorer) computes, before the profiles run, how much of the request's
+prompt each candidate pod already holds in its KV cache, and leaves the result on the
+CycleState under `prefix_match_key(type, name)`. Readers find it by the producer's name with
+`prefix_match_reader`, without importing the producer: prefix-cache-scorer, no-hit-lru-scorer
+(is the request cold?), the affinity filter, prefill deciders (how many prompt tokens are not
+cached on the chosen pod?), the latency plugins and the in-flight ledger.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from heimdall_proxy.framework.types import CycleState
@@ -63,42 +65,59 @@ class PrefixCacheMatchInfo:
         return self.prompt_tokens - self.cached_tokens(pod)
 
 
-def read_prefix_match(
-    state: CycleState, plugin_type: str, plugin_name: str
-) -> PrefixCacheMatchInfo | None:
-    """The match information `type`/`name` left on `state`, or None when it has not run (or
-    left something else under that key)."""
-    info = state.get(prefix_match_key(plugin_type, plugin_name))
-    return info if isinstance(info, PrefixCacheMatchInfo) else None
-
-
-def match_at(state: CycleState, key: str) -> PrefixCacheMatchInfo | None:
-    """`read_prefix_match` by a key its caller made once with `prefix_match_key` (plugins
-    read the match several times per request; the key is the same every time)."""
-    info = state.get(key)
-    return info if isinstance(info, PrefixCacheMatchInfo) else None
-
-
 #: The plugin types that publish a prefix match, in the order a name is looked up: llm-d's
-#: producers, then the seeds' scorers that own an index.
+#: producers, then the seeds' precise-prefix-cache-scorer, which still owns its index.
+#: (prefix-cache-scorer publishes nothing: it reads an approx-prefix-cache-producer.)
 PREFIX_PRODUCER_TYPES = (
     "approx-prefix-cache-producer",
     "precise-prefix-cache-producer",
-    "prefix-cache-scorer",
     "precise-prefix-cache-scorer",
 )
+#: The seeds' type of the plugin readers named by default, now a reader itself.
+LEGACY_SCORER_TYPE = "prefix-cache-scorer"
+#: The producer a reader that names none reads (llm-d's default producer name).
+DEFAULT_PREFIX_PRODUCER = "approx-prefix-cache-producer"
+
+#: Finds one request's match on its CycleState (None: the producer did not run or matched
+#: nothing it could publish).
+MatchReader = Callable[[CycleState], "PrefixCacheMatchInfo | None"]
 
 
-def producer_match_keys(producer_name: str) -> tuple[str, ...]:
-    """The keys under which a prefix plugin named `producer_name` may have published its
-    match, whatever its type (a reader that names a producer need not say which kind)."""
-    return tuple(prefix_match_key(t, producer_name) for t in PREFIX_PRODUCER_TYPES)
+def prefix_match_reader(
+    producer_name: str = "", plugin_type: str = "", plugin_name: str = ""
+) -> MatchReader:
+    """How a reader finds the match of the producer it names, made once per reader (the
+    keys are the same for every request).
 
+    `producer_name` (llm-d's `prefixMatchInfoProducerName`) names a prefix producer of any
+    kind: an approx-prefix-cache-producer, a precise-prefix-cache-producer, or the seeds'
+    precise-prefix-cache-scorer. Without it, the seeds' `prefixPluginType` /
+    `prefixPluginName` pair names one (the config loader points a pair that names a
+    prefix-cache-scorer at the producer that scorer reads, framework/defaults.py); with
+    neither, the default-named approx-prefix-cache-producer is read."""
+    if producer_name:
+        name, first = producer_name, ""
+    elif plugin_name:
+        name, first = plugin_name, plugin_type
+    else:
+        name, first = DEFAULT_PREFIX_PRODUCER, ""
+    legacy = first == LEGACY_SCORER_TYPE
+    if legacy:
+        # a prefix-cache-scorer publishes nothing: the pair names a scorer, whose producer the
+        # loader names instead. Built without the loader, the seeds' default pair reads the
+        # default producer (llm-d ignores the pair and reads its default producer).
+        first = ""
+    default = prefix_match_key(DEFAULT_PREFIX_PRODUCER, DEFAULT_PREFIX_PRODUCER)
+    fallback = (default,) if legacy and name == LEGACY_SCORER_TYPE else ()
+    types = ((first,) if first else ()) + tuple(t for t in PREFIX_PRODUCER_TYPES if t != first)
+    keys = tuple(prefix_match_key(t, name) for t in types)
+    keys += tuple(k for k in fallback if k not in keys)
 
-def find_match(state: CycleState, keys: Sequence[str]) -> PrefixCacheMatchInfo | None:
-    """The first match published under `keys` (from `producer_match_keys`)."""
-    for key in keys:
-        info = state.get(key)
-        if isinstance(info, PrefixCacheMatchInfo):
-            return info
-    return None
+    def read(state: CycleState) -> PrefixCacheMatchInfo | None:
+        for key in keys:
+            info = state.get(key)
+            if isinstance(info, PrefixCacheMatchInfo):
+                return info
+        return None
+
+    return read

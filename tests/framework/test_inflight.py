@@ -54,8 +54,8 @@ def test_the_estimate_counts_the_uncached_prompt_and_a_capped_output() -> None:
     r.token_ids = list(range(100))
     c = ctx(r, ep("a"))
     assert LoadEstimate()(c) == (100, 0, 100)  # no prefix match ran: the whole prompt
-    c.state[prefix_match_key("prefix-cache-scorer", "prefix-cache-scorer")] = PrefixCacheMatchInfo(
-        16, 6, 100, {"a": 4.0}
+    c.state[prefix_match_key("approx-prefix-cache-producer", "approx-prefix-cache-producer")] = (
+        PrefixCacheMatchInfo(16, 6, 100, {"a": 4.0})
     )
     assert LoadEstimate()(c) == (100 - 64, 0, 100)
     with_output = LoadEstimate(add_output=True)  # 1.5 x 100, but the request caps it at 30

@@ -21,11 +21,11 @@ from heimdall_proxy.framework.popularity import Popularities
 from heimdall_proxy.framework.registry import register
 from heimdall_proxy.framework.types import CycleState
 from heimdall_proxy.plugins.filters.prefix_affinity import PrefixCacheAffinityFilter
+from heimdall_proxy.plugins.producers.approx_prefix import ApproxPrefixCacheProducer
 from heimdall_proxy.plugins.producers.predicted_latency import PredictedLatencyProducer
 from heimdall_proxy.plugins.scorers.active_request import ActiveRequestScorer
 from heimdall_proxy.plugins.scorers.no_hit_lru import NoHitLRUScorer
 from heimdall_proxy.plugins.scorers.outstanding_work import OutstandingWorkScorer
-from heimdall_proxy.plugins.scorers.prefix_cache import PrefixCacheScorer
 from heimdall_proxy.plugins.store.responses_store import ResponsesStore
 from tests.helpers import ep
 from tests.plugins.helpers import ctx, req, sent
@@ -89,12 +89,17 @@ async def serve_one(pset: PluginSet, target: int = 0) -> Any:
     the context, to complete it later."""
     c = ctx(req(data={"messages": [{"role": "user", "content": PROMPT}]}), PODS[target])
     c.state = CycleState()
-    get(pset, PrefixCacheScorer).score(c.state, c.request, PODS)
+    get(pset, ApproxPrefixCacheProducer).match(c.state, c.request, PODS)
     get(pset, NoHitLRUScorer).score(c.state, c.request, PODS)
     affinity = get(pset, PrefixCacheAffinityFilter)
     affinity.filter(c.state, c.request, PODS)
     sent(LEDGER, c)  # as the relay does, once per attempt
-    for cls in (PrefixCacheScorer, NoHitLRUScorer, ActiveRequestScorer, OutstandingWorkScorer):
+    for cls in (
+        ApproxPrefixCacheProducer,
+        NoHitLRUScorer,
+        ActiveRequestScorer,
+        OutstandingWorkScorer,
+    ):
         await get(pset, cls).pre_request(c)
     await affinity.pre_request(c)
     return c
@@ -108,10 +113,11 @@ async def test_a_reload_keeps_every_plugins_state_and_shares_it_with_the_old_req
     new = build(doc())
     kept = inherit_state(old.plugins, new.plugins, NONE)
 
-    assert sorted(kept) == sorted(STATEFUL)
+    # the index is the producer's the loader made for prefix-cache-scorer
+    assert sorted(kept) == sorted([*STATEFUL[1:], "approx-prefix-cache-producer"])
     # the prompt still matches where it was sent, the LRU remembers the cold request ...
     probe = ctx(req(data={"messages": [{"role": "user", "content": PROMPT}]}), PODS[1])
-    info = get(new, PrefixCacheScorer).match(probe.state, probe.request, PODS)
+    info = get(new, ApproxPrefixCacheProducer).match(probe.state, probe.request, PODS)
     assert set(info.matched_blocks) == {"pod-a"}
     assert get(new, NoHitLRUScorer).last_used() == ["pod-a"]
     # ... the request still running counts against its pod ...
@@ -154,11 +160,15 @@ async def test_a_state_whose_meaning_changed_starts_empty_and_says_why(
     with caplog.at_level(logging.INFO, logger="heimdall_proxy.framework.inherit"):
         kept = inherit_state(old.plugins, new.plugins, NONE)
 
-    assert "prefix-cache-scorer" not in kept and "predicted-latency-producer" not in kept
+    assert "approx-prefix-cache-producer" not in kept and "predicted-latency-producer" not in kept
     assert "blockSizeTokens changed" in caplog.text
     assert "the model starts untrained: streamingMode changed" in caplog.text
     probe = ctx(req(data={"messages": [{"role": "user", "content": PROMPT}]}), PODS[1])
-    assert not get(new, PrefixCacheScorer).match(probe.state, probe.request, PODS).matched_blocks
+    assert (
+        not get(new, ApproxPrefixCacheProducer)
+        .match(probe.state, probe.request, PODS)
+        .matched_blocks
+    )
     old_lat, new_lat = get(old, PredictedLatencyProducer), get(new, PredictedLatencyProducer)
     assert new_lat.predictor is not old_lat.predictor
     assert new_lat.load is old_lat.load  # the gateway's ledger is kept all the same
@@ -166,7 +176,7 @@ async def test_a_state_whose_meaning_changed_starts_empty_and_says_why(
     newer = build(
         doc(**{"prefix-cache-scorer": {"blockSizeTokens": 32, "lruCapacityPerServer": 7}})
     )
-    assert "prefix-cache-scorer" in inherit_state(new.plugins, newer.plugins, NONE)
+    assert "approx-prefix-cache-producer" in inherit_state(new.plugins, newer.plugins, NONE)
 
 
 def test_a_name_taken_by_another_type_inherits_nothing() -> None:
@@ -212,7 +222,7 @@ def test_a_plugin_whose_inherit_raises_is_logged_and_the_others_go_on(
 
     monkeypatch.setattr(get(new, NoHitLRUScorer), "inherit", broken)
     kept = inherit_state(old.plugins, new.plugins, NONE)
-    assert "no-hit-lru-scorer" not in kept and "prefix-cache-scorer" in kept
+    assert "no-hit-lru-scorer" not in kept and "approx-prefix-cache-producer" in kept
     assert "could not take over its predecessor's state" in caplog.text
 
 
@@ -223,7 +233,7 @@ async def test_the_state_of_pods_gone_or_replaced_is_dropped() -> None:
     new = build(doc())
     inherit_state(old.plugins, new.plugins, frozenset({"pod-a"}))
     probe = ctx(req(data={"messages": [{"role": "user", "content": PROMPT}]}), PODS[1])
-    info = get(new, PrefixCacheScorer).match(probe.state, probe.request, PODS)
+    info = get(new, ApproxPrefixCacheProducer).match(probe.state, probe.request, PODS)
     assert set(info.matched_blocks) == {"pod-b"}  # pod-a's cache is another server's now
     assert get(new, NoHitLRUScorer).last_used() == []  # pod-a took the one cold request
     # its requests still in flight count until they end

@@ -16,6 +16,12 @@ from heimdall_proxy.plugins.filters.prefix_affinity import (
     PrefixCacheAffinityFilter,
     PrefixCacheAffinityParams,
 )
+from heimdall_proxy.plugins.producers.approx_prefix import (
+    ApproxPrefixCacheProducer as PrefixCacheScorer,
+)
+from heimdall_proxy.plugins.producers.approx_prefix import (
+    ApproxPrefixProducerParams as PrefixCacheParams,
+)
 from heimdall_proxy.plugins.scorers.active_request import (
     ActiveRequestParams,
     ActiveRequestScorer,
@@ -25,7 +31,7 @@ from heimdall_proxy.plugins.scorers.outstanding_work import (
     OutstandingWorkParams,
     OutstandingWorkScorer,
 )
-from heimdall_proxy.plugins.scorers.prefix_cache import PrefixCacheParams, PrefixCacheScorer
+from heimdall_proxy.plugins.scorers.prefix_cache import prefix_scores
 from heimdall_proxy.replicas.hub import LISTEN_POLL
 from tests.helpers import ep
 from tests.kvcache.redisns import REDIS_URL, redis_namespace
@@ -82,7 +88,8 @@ async def test_the_prefix_index_reaches_a_running_and_a_restarted_replica(ns: st
         request = completion(LONG + " and more")
         c = ctx(request, pod_y)  # type: ignore[arg-type]
         await b.produce(c.state, c.request, [pod_x, pod_y])
-        scores = b.score(c.state, c.request, [pod_x, pod_y])
+        info = b.match(c.state, c.request, [pod_x, pod_y])
+        scores = prefix_scores(info, [pod_x, pod_y], 0.0, 8192)
         assert scores["x"] > 0.9 and scores["y"] == 0.0
     finally:
         await a.stop()

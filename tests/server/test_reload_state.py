@@ -37,13 +37,13 @@ async def test_prompts_stay_on_the_pod_holding_their_prefix_across_a_reload(
     async with aiohttp.ClientSession() as http:
         before = [await sent_to(http, gw, p) for p in prompts]
         await gw.gateway.reload(make_config(pods, PREFIX_EPP))  # a third pod joins
-        assert gw.gateway.routing.inherited == ["prefix-cache-scorer"]
+        assert gw.gateway.routing.inherited == ["approx-prefix-cache-producer"]
         # An empty index would score every pod 0 and pick among the three at random (each
         # prompt kept its pod with chance 1/3: all six about once in 700 runs).
         assert [await sent_to(http, gw, p) for p in prompts] == before
 
         # pod-0 replaced by a fresh server under the same name: what it held is forgotten
-        index = gw.gateway.routing.plugins.plugins["prefix-cache-scorer"].index  # type: ignore[attr-defined]
+        index = gw.gateway.routing.plugins.plugins["approx-prefix-cache-producer"].index  # type: ignore[attr-defined]
         assert (index.size("pod-0") > 0) == ("pod-0" in before)  # (all six on pod-1: 1 in 64)
         fresh = await start_pod(name="pod-0")
         await gw.gateway.reload(make_config([fresh, *pods[1:]], PREFIX_EPP))

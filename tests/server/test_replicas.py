@@ -9,9 +9,9 @@ from typing import Any
 import aiohttp
 import pytest
 
+from heimdall_proxy.plugins.producers.approx_prefix import ApproxPrefixCacheProducer
 from heimdall_proxy.plugins.scorers.active_request import ActiveRequestScorer
 from heimdall_proxy.plugins.scorers.no_hit_lru import NoHitLRUScorer
-from heimdall_proxy.plugins.scorers.prefix_cache import PrefixCacheScorer
 from tests.conftest import GatewayFactory, PodFactory, RunningGateway, eventually, make_config
 from tests.kvcache.redisns import REDIS_URL, redis_namespace
 from tests.server.test_prefix_routing import long_prompt, send
@@ -49,8 +49,8 @@ def shared_view(gw: RunningGateway) -> tuple[list[str], dict[str, int]]:
     """What one replica knows of the routing so far: the no-hit LRU's order and how many
     prefix blocks it holds per pod."""
     lru = gw.gateway.plugins.plugins["no-hit-lru-scorer"]
-    prefix = gw.gateway.plugins.plugins["prefix-cache-scorer"]
-    assert isinstance(lru, NoHitLRUScorer) and isinstance(prefix, PrefixCacheScorer)
+    prefix = gw.gateway.plugins.plugins["approx-prefix-cache-producer"]
+    assert isinstance(lru, NoHitLRUScorer) and isinstance(prefix, ApproxPrefixCacheProducer)
     return lru.last_used(), {pod: prefix.index.size(pod) for pod in lru.last_used()}
 
 

@@ -25,7 +25,7 @@ from heimdall_proxy.framework.handle import PluginHandle
 from heimdall_proxy.framework.inflight import warn_other_expiry
 from heimdall_proxy.framework.inherit import changed
 from heimdall_proxy.framework.params import Duration
-from heimdall_proxy.framework.prefix import PrefixCacheMatchInfo, match_at, prefix_match_key
+from heimdall_proxy.framework.prefix import PrefixCacheMatchInfo, prefix_match_reader
 from heimdall_proxy.framework.queue_price import QueuePrice
 from heimdall_proxy.framework.registry import register
 from heimdall_proxy.framework.types import (
@@ -171,7 +171,9 @@ class PrefixCacheAffinityFilter(SharesState, BasePlugin[PrefixCacheAffinityParam
         # is sent (pre_request), so retries' and the debug route's filtering count nothing
         self._shared_prefix_key = f"{PREFIX_CACHE_AFFINITY_FILTER_TYPE}/{name}#prefix"
         # CycleState key of the prefix plugin's match (made once, not per request)
-        self._match_key = prefix_match_key(params.prefix_plugin_type, params.prefix_plugin_name)
+        self._match_reader = prefix_match_reader(
+            "", params.prefix_plugin_type, params.prefix_plugin_name
+        )
 
     def inherit(self, previous: PrefixCacheAffinityFilter, gone: frozenset[str]) -> str | None:
         """What it reads outlives the reload in its owners (the ledger's queue price, the
@@ -224,7 +226,7 @@ class PrefixCacheAffinityFilter(SharesState, BasePlugin[PrefixCacheAffinityParam
             price.learned(record)
 
     def _match(self, state: CycleState) -> PrefixCacheMatchInfo | None:
-        return match_at(state, self._match_key)
+        return self._match_reader(state)
 
     def _prompt_tokens(self, request: InferenceRequest) -> int:
         if request.token_ids is not None:

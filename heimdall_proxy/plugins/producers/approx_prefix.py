@@ -7,7 +7,6 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any, TypeVar
 
 from pydantic import Field, model_validator
 
@@ -47,18 +46,21 @@ CHARS_PER_TOKEN = 4
 log = logging.getLogger(__name__)
 
 
-class IndexParams(SharedJournalParams):
-    """The index's parameters, as the seeds put them on prefix-cache-scorer (its defaults)."""
+class ApproxPrefixProducerParams(SharedJournalParams):
+    """llm-d's parameters and defaults (its README): the match covers up to 128K tokens.
+
+    A seed config that puts these parameters on prefix-cache-scorer gets a producer made for
+    it (framework/defaults.py) with the seeds' defaults for that scorer where they differ:
+    `maxPrefixBlocksToMatch` 256 and no token cap, so it routes as it did."""
 
     auto_tune: bool = True
     block_size_tokens: int = Field(default=16, gt=0)
     #: Deprecated: block size in characters.
     block_size: int = Field(default=0, ge=0)
-    max_prefix_blocks_to_match: int = Field(default=256, ge=0)
+    max_prefix_blocks_to_match: int = Field(default=2048, ge=0)
     #: llm-d's cap in tokens (maxBlocks = this / the block size), which takes precedence
-    #: over maxPrefixBlocksToMatch when > 0; both 0 match the whole prompt. 0 by default
-    #: here: the seeds' prefix-cache-scorer has only the block cap.
-    max_prefix_tokens_to_match: int = Field(default=0, ge=0)
+    #: over maxPrefixBlocksToMatch when > 0; both 0 match the whole prompt.
+    max_prefix_tokens_to_match: int = Field(default=131072, ge=0)
     lru_capacity_per_server: int = Field(default=31250, gt=0)
 
     def max_blocks(self, block_size: int) -> int | None:
@@ -69,7 +71,7 @@ class IndexParams(SharedJournalParams):
         return self.max_prefix_blocks_to_match or None
 
     @model_validator(mode="after")
-    def _legacy_block_size(self) -> IndexParams:
+    def _legacy_block_size(self) -> ApproxPrefixProducerParams:
         if self.block_size and "block_size_tokens" not in self.model_fields_set:
             raise ValueError(
                 "blockSize (a block size in characters) is deprecated and cannot be used on its "
@@ -77,20 +79,6 @@ class IndexParams(SharedJournalParams):
                 f"about {max(1, self.block_size // CHARS_PER_TOKEN)} tokens)"
             )
         return self
-
-
-#: The parameters that configure an index (the others configure sharing it).
-INDEX_FIELDS = frozenset(
-    {"auto_tune", "block_size_tokens", "block_size", "max_prefix_blocks_to_match",
-     "max_prefix_tokens_to_match", "lru_capacity_per_server"}
-)  # fmt: skip
-
-
-class ApproxPrefixProducerParams(IndexParams):
-    """llm-d's defaults for its producer: the match covers up to 128K tokens."""
-
-    max_prefix_blocks_to_match: int = Field(default=2048, ge=0)
-    max_prefix_tokens_to_match: int = Field(default=131072, ge=0)
 
 
 @dataclass(slots=True)
@@ -122,11 +110,10 @@ def cache_salt(request: InferenceRequest) -> str | None:
     return salt if isinstance(salt, str) and salt else None
 
 
-IndexParamsT = TypeVar("IndexParamsT", bound=IndexParams)
-
-
-class ApproxPrefixIndexOwner(SharesState, BasePlugin[IndexParamsT]):
-    """Approximates which pods hold a request's prompt prefix in their KV cache, from the
+@register(APPROX_PREFIX_PRODUCER_TYPE, ApproxPrefixProducerParams)
+class ApproxPrefixCacheProducer(SharesState, BasePlugin[ApproxPrefixProducerParams]):
+    """llm-d's approx-prefix-cache-producer, the one owner of an approximate prefix index.
+    It approximates which pods hold a request's prompt prefix in their KV cache, from the
     prompts this gateway sent them, with no tokenizer and no KV events.
 
     The prompt is cut into blocks: `blockSizeTokens` tokens when a tokenizer prepare-data
@@ -146,18 +133,22 @@ class ApproxPrefixIndexOwner(SharesState, BasePlugin[IndexParamsT]):
     64; not here: the pods' own block size, which autoTune reads, matches finer.)
 
     Runs as a Producer, so the match is on the CycleState before any scorer runs: under
-    `prefix_match_key(type, name)` as a PrefixCacheMatchInfo, for prefix-cache-scorer,
-    no-hit-lru-scorer, the affinity filter, prefill deciders and the latency plugins.
+    `prefix_match_key(type, name)` as a PrefixCacheMatchInfo, for the readers that name it
+    (framework/prefix.py `prefix_match_reader`): prefix-cache-scorer
+    (`prefixMatchInfoProducerName`), no-hit-lru-scorer, the affinity filter, prefill deciders,
+    the latency plugins and inflight-load-producer. Two producers keep two indexes (e.g. two
+    block sizes); the readers of one producer share its index.
 
     With `redisConfig` / `valkeyConfig` (an extension), replicas share the index: each keeps
     its own copy and reads it locally, and every index update is also journalled to the store
     and applied by the other replicas within about two `syncInterval`s; a replica that starts
     reads the journal's last `historyEntries` entries first (heimdall_proxy.replicas)."""
 
+    type = APPROX_PREFIX_PRODUCER_TYPE
     #: The pods' block size and KV capacity (autoTune).
     metric_families = frozenset({CACHE_CONFIG})
 
-    def __init__(self, name: str, params: IndexParamsT, handle: PluginHandle) -> None:
+    def __init__(self, name: str, params: ApproxPrefixProducerParams, handle: PluginHandle) -> None:
         super().__init__(name, params, handle)
         warn_if_python(log)
         if params.block_size and "block_size_tokens" in params.model_fields_set:
@@ -171,7 +162,7 @@ class ApproxPrefixIndexOwner(SharesState, BasePlugin[IndexParamsT]):
         self._hashes_key = f"{self.state_key}#hashes"
         self.journal = shared_journal(self, params, self._apply)
 
-    def inherit(self, previous: ApproxPrefixIndexOwner[Any], gone: frozenset[str]) -> str | None:
+    def inherit(self, previous: ApproxPrefixCacheProducer, gone: frozenset[str]) -> str | None:
         """A reload keeps the index, less the pods `gone`, while the keys keep their meaning
         (same block size and tuning); a new `lruCapacityPerServer` bounds each pod's keys
         from its next request on."""
@@ -272,13 +263,3 @@ class ApproxPrefixIndexOwner(SharesState, BasePlugin[IndexParamsT]):
                 self.index.add(endpoint.name, hashes.keys, capacity)
                 if self.journal is not None:
                     self.journal.append([endpoint.name, capacity, blob(hashes.keys)])
-
-
-@register(APPROX_PREFIX_PRODUCER_TYPE, ApproxPrefixProducerParams)
-class ApproxPrefixCacheProducer(ApproxPrefixIndexOwner[ApproxPrefixProducerParams]):
-    """The approximate prefix index as its own plugin (llm-d's type): it publishes the match
-    and records where requests went; prefix-cache-scorer (`prefixMatchInfoProducerName`)
-    and the other readers score and filter on it. Two producers keep two indexes (e.g. two
-    block sizes); the readers of one producer share its index."""
-
-    type = APPROX_PREFIX_PRODUCER_TYPE

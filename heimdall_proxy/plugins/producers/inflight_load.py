@@ -12,12 +12,11 @@ from pydantic import Field
 from heimdall_proxy.framework.base import BasePlugin
 from heimdall_proxy.framework.handle import PluginHandle
 from heimdall_proxy.framework.inflight import (
-    DEFAULT_MATCH_KEYS,
     DEFAULT_OUTPUT_RATIO,
     LoadEstimate,
 )
 from heimdall_proxy.framework.params import PluginParams
-from heimdall_proxy.framework.prefix import producer_match_keys
+from heimdall_proxy.framework.prefix import prefix_match_reader
 from heimdall_proxy.framework.registry import register
 from heimdall_proxy.framework.types import RequestContext
 
@@ -28,9 +27,8 @@ class InFlightLoadProducerParams(PluginParams):
     add_estimated_output_tokens: bool = False
     output_ratio: float = Field(default=DEFAULT_OUTPUT_RATIO, ge=0.0)
     max_estimated_output_tokens: int | None = Field(default=None, ge=0)
-    #: The prefix plugin whose match discounts the cached part of a prompt: a prefix
-    #: producer's name (or a seed prefix scorer's), whatever its kind; empty: the default
-    #: approx-prefix-cache-producer's, else the default prefix-cache-scorer's.
+    #: The prefix producer whose match discounts the cached part of a prompt, whatever its
+    #: kind; empty: the default approx-prefix-cache-producer's.
     prefix_match_info_producer_name: str = ""
 
 
@@ -52,12 +50,10 @@ class InFlightLoadProducer(BasePlugin[InFlightLoadProducerParams]):
 
     def __init__(self, name: str, params: InFlightLoadProducerParams, handle: PluginHandle) -> None:
         super().__init__(name, params, handle)
-        named = params.prefix_match_info_producer_name
-        # whichever kind of prefix plugin has that name (and wherever in the plugin list:
+        # whichever kind of prefix producer has that name (and wherever in the plugin list:
         # the match is looked up per request)
-        keys = producer_match_keys(named) if named else DEFAULT_MATCH_KEYS
         self._estimate = LoadEstimate(
-            keys,
+            prefix_match_reader(params.prefix_match_info_producer_name),
             params.add_estimated_output_tokens,
             params.output_ratio,
             params.max_estimated_output_tokens,

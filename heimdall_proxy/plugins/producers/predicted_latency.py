@@ -21,7 +21,7 @@ from heimdall_proxy.framework.handle import PluginHandle
 from heimdall_proxy.framework.inflight import warn_other_expiry
 from heimdall_proxy.framework.inherit import changed
 from heimdall_proxy.framework.params import Duration, PluginParams
-from heimdall_proxy.framework.prefix import read_prefix_match
+from heimdall_proxy.framework.prefix import prefix_match_reader
 from heimdall_proxy.framework.registry import register
 from heimdall_proxy.framework.types import CycleState, Endpoint, InferenceRequest, RequestContext
 from heimdall_proxy.latency.metrics import LatencyMetrics
@@ -61,6 +61,9 @@ class PredictedLatencyProducerParams(PluginParams):
     #: The prefix-cache plugin whose match information feeds the prefix features.
     prefix_plugin_type: str = "prefix-cache-scorer"
     prefix_plugin_name: str = "prefix-cache-scorer"
+    #: llm-d's: the prefix producer whose match is read; when set, prefixPluginType /
+    #: prefixPluginName (the seeds') are not used.
+    prefix_match_info_producer_name: str = ""
     #: Observations before predictions are made (until then readers use their fallback).
     min_samples: int = Field(default=8, ge=1)
     #: Token estimate for requests that were not tokenized (tokens per character).
@@ -160,6 +163,11 @@ class PredictedLatencyProducer(BasePlugin[PredictedLatencyProducerParams]):
         self, name: str, params: PredictedLatencyProducerParams, handle: PluginHandle
     ) -> None:
         super().__init__(name, params, handle)
+        self._match = prefix_match_reader(
+            params.prefix_match_info_producer_name,
+            params.prefix_plugin_type,
+            params.prefix_plugin_name,
+        )
         self.predictor = LatencyPredictor(min_samples=params.min_samples)
         self._features = FeatureMatrix()
         self.remote: RemotePredictor | None = None
@@ -263,7 +271,7 @@ class PredictedLatencyProducer(BasePlugin[PredictedLatencyProducerParams]):
         returned); `record` exports how long they took."""
         t0 = time.perf_counter()
         p = self.params
-        info = read_prefix_match(state, p.prefix_plugin_type, p.prefix_plugin_name)
+        info = self._match(state)
         if info is not None and info.prompt_tokens:
             prompt = info.prompt_tokens
         elif request.token_ids is not None:

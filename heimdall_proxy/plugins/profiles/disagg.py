@@ -24,6 +24,7 @@ from heimdall_proxy.framework.handle import PluginHandle, PluginLookupError
 from heimdall_proxy.framework.log import V4
 from heimdall_proxy.framework.params import PluginParams
 from heimdall_proxy.framework.plugins import Decider, SchedulerProfileView
+from heimdall_proxy.framework.prefix import MatchReader, prefix_match_reader
 from heimdall_proxy.framework.registry import register
 from heimdall_proxy.framework.types import (
     CycleState,
@@ -120,7 +121,7 @@ class _DisaggHandler:
     encode_decider: Decider | None
     settings: DisaggSettings
     primary_port: int = 0
-    prefix_hint: tuple[str, str] | None = None
+    prefix_hint: MatchReader | None = None
 
     def _setup(
         self,
@@ -295,6 +296,9 @@ class PDProfileHandlerParams(PluginParams):
     prefill_profile: str = "prefill"
     prefix_plugin_type: str = "prefix-cache-scorer"
     prefix_plugin_name: str | None = None
+    #: llm-d's: the prefix producer whose match the decider reads; when set,
+    #: prefixPluginType / prefixPluginName (the seeds') are not used.
+    prefix_match_info_producer_name: str = ""
     primary_port: int = 0
     decider_plugin_name: str = "prefix-based-pd-decider"
 
@@ -322,7 +326,8 @@ class PDProfileHandler(_DisaggHandler, BasePlugin[PDProfileHandlerParams]):
         self.prefill_profile = params.prefill_profile
         self.encode_profile = ""
         self.primary_port = params.primary_port
-        self.prefix_hint = (
+        self.prefix_hint = prefix_match_reader(
+            params.prefix_match_info_producer_name,
             params.prefix_plugin_type,
             params.prefix_plugin_name or params.prefix_plugin_type,
         )

@@ -10,8 +10,9 @@ from typing import Literal
 from pydantic import Field
 
 from heimdall_proxy.framework.base import BasePlugin
+from heimdall_proxy.framework.handle import PluginHandle
 from heimdall_proxy.framework.params import PluginParams
-from heimdall_proxy.framework.prefix import read_prefix_match
+from heimdall_proxy.framework.prefix import prefix_match_reader
 from heimdall_proxy.framework.registry import register
 from heimdall_proxy.framework.types import CycleState, Endpoint, InferenceRequest
 from heimdall_proxy.latency.selection import composite_scores, latency_scores
@@ -34,6 +35,9 @@ class LatencyScorerParams(PluginParams):
     #: Where the fallback reads the prefix match when no producer ran.
     prefix_plugin_type: str = "prefix-cache-scorer"
     prefix_plugin_name: str = "prefix-cache-scorer"
+    #: llm-d's: the prefix producer whose match is read; when set, prefixPluginType /
+    #: prefixPluginName (the seeds') are not used.
+    prefix_match_info_producer_name: str = ""
 
 
 @register(LATENCY_SCORER_TYPE, LatencyScorerParams)
@@ -41,6 +45,14 @@ class LatencyScorer(BasePlugin[LatencyScorerParams]):
     """Scorer. Reads the LatencyPredictions on the CycleState; returns scores in [0, 1]."""
 
     type = LATENCY_SCORER_TYPE
+
+    def __init__(self, name: str, params: LatencyScorerParams, handle: PluginHandle) -> None:
+        super().__init__(name, params, handle)
+        self._match = prefix_match_reader(
+            params.prefix_match_info_producer_name,
+            params.prefix_plugin_type,
+            params.prefix_plugin_name,
+        )
 
     def score(
         self, state: CycleState, request: InferenceRequest, endpoints: list[Endpoint]
@@ -61,7 +73,7 @@ class LatencyScorer(BasePlugin[LatencyScorerParams]):
         if preds is not None:
             prefix = preds.prefix
         else:
-            info = read_prefix_match(state, p.prefix_plugin_type, p.prefix_plugin_name)
+            info = self._match(state)
             prefix = {e.name: info.ratio(e.name) for e in endpoints} if info is not None else {}
         return composite_scores(
             endpoints,

@@ -9,7 +9,11 @@ from pydantic import Field
 
 from heimdall_proxy.framework.base import BasePlugin
 from heimdall_proxy.framework.handle import PluginHandle
-from heimdall_proxy.framework.prefix import match_at, prefix_match_key
+from heimdall_proxy.framework.prefix import (
+    PREFIX_PRODUCER_TYPES,
+    prefix_match_key,
+    prefix_match_reader,
+)
 from heimdall_proxy.framework.registry import register
 from heimdall_proxy.framework.types import (
     CycleState,
@@ -24,21 +28,22 @@ from heimdall_proxy.plugins.scorers.shared_state import (
 )
 
 NO_HIT_LRU_SCORER_TYPE = "no-hit-lru-scorer"
-#: The plugin types that publish a PrefixCacheMatchInfo this scorer can read.
-PREFIX_PLUGIN_TYPES = ("prefix-cache-scorer", "precise-prefix-cache-scorer")
 
 
 class NoHitLRUParams(SharedJournalParams):
     prefix_plugin_type: str = "prefix-cache-scorer"
     prefix_plugin_name: str = "prefix-cache-scorer"
+    #: llm-d's: the prefix producer whose match is read; when set, prefixPluginType /
+    #: prefixPluginName (the seeds') are not used.
+    prefix_match_info_producer_name: str = ""
     lru_size: int = Field(default=1024, gt=0)
 
 
 @register(NO_HIT_LRU_SCORER_TYPE, NoHitLRUParams)
 class NoHitLRUScorer(SharesState, BasePlugin[NoHitLRUParams]):
-    """Reads the PrefixCacheMatchInfo the prefix-cache plugin `prefixPluginType` /
-    `prefixPluginName` left on the CycleState. A request is cold when no candidate holds even
-    its first block (or when that plugin left nothing, e.g. it is not declared).
+    """Reads the PrefixCacheMatchInfo the prefix producer `prefixMatchInfoProducerName` (else
+    the seeds' `prefixPluginType` / `prefixPluginName`) left on the CycleState. A request is
+    cold when no candidate holds even its first block (or when that producer left nothing).
 
     Cold: candidates are ranked by when they last received a cold request: pods that never
     did first (in candidate order), then the least recently used; rank r of n scores
@@ -48,8 +53,8 @@ class NoHitLRUScorer(SharesState, BasePlugin[NoHitLRUParams]):
     cold prompts is spread evenly. Ranks are taken among the candidates of the request.
 
     With `redisConfig` / `valkeyConfig` (an extension), replicas share the LRU the way
-    prefix-cache-scorer shares its index: each move is journalled and replayed by the others
-    (heimdall_proxy.replicas)."""
+    approx-prefix-cache-producer shares its index: each move is journalled and replayed by
+    the others (heimdall_proxy.replicas)."""
 
     type = NO_HIT_LRU_SCORER_TYPE
 
@@ -57,7 +62,11 @@ class NoHitLRUScorer(SharesState, BasePlugin[NoHitLRUParams]):
         super().__init__(name, params, handle)
         self._lru: OrderedDict[str, None] = OrderedDict()
         self._cold_key = f"{prefix_match_key(self.type, name)}#cold"
-        self._match_key = prefix_match_key(params.prefix_plugin_type, params.prefix_plugin_name)
+        self._match = prefix_match_reader(
+            params.prefix_match_info_producer_name,
+            params.prefix_plugin_type,
+            params.prefix_plugin_name,
+        )
         self.journal = shared_journal(self, params, self._apply)
 
     def inherit(self, previous: NoHitLRUScorer, gone: frozenset[str]) -> str | None:
@@ -81,33 +90,38 @@ class NoHitLRUScorer(SharesState, BasePlugin[NoHitLRUParams]):
             self._touch(record[0])
 
     def check_peers(self, plugins: Mapping[str, object]) -> None:
-        """The prefix plugin named by prefixPluginType / prefixPluginName must be declared:
-        otherwise every request would look cold, silently (as with precise-prefix-cache-scorer
-        and the default names)."""
+        """The prefix producer named by prefixMatchInfoProducerName (else prefixPluginType /
+        prefixPluginName) must be declared: otherwise every request would look cold,
+        silently."""
         p = self.params
-        named = plugins.get(p.prefix_plugin_name)
-        if named is not None and getattr(named, "type", None) == p.prefix_plugin_type:
-            return
-        prefix = [
-            (n, t) for n, q in plugins.items()
-            if (t := str(getattr(q, "type", ""))) in PREFIX_PLUGIN_TYPES
-        ]  # fmt: skip
+        if p.prefix_match_info_producer_name:
+            named = plugins.get(p.prefix_match_info_producer_name)
+            if named is not None and getattr(named, "type", None) in PREFIX_PRODUCER_TYPES:
+                return
+            what = f"prefixMatchInfoProducerName {p.prefix_match_info_producer_name!r} names"
+        else:
+            named = plugins.get(p.prefix_plugin_name)
+            if named is not None and getattr(named, "type", None) == p.prefix_plugin_type:
+                return
+            what = (
+                f"prefixPluginType {p.prefix_plugin_type!r} / prefixPluginName "
+                f"{p.prefix_plugin_name!r} name"
+            )
+        prefix = [n for n, q in plugins.items() if getattr(q, "type", "") in PREFIX_PRODUCER_TYPES]
         hint = (
-            " set prefixPluginType: {1} and prefixPluginName: {0}".format(*prefix[0])
+            f" set prefixMatchInfoProducerName: {prefix[0]}"
             if len(prefix) == 1
-            else " declare prefix-cache-scorer or precise-prefix-cache-scorer and name it"
+            else " declare a prefix producer (approx-prefix-cache-producer, ...) and name it"
         )
         raise ValueError(
-            f"prefixPluginType {p.prefix_plugin_type!r} / prefixPluginName "
-            f"{p.prefix_plugin_name!r} name no declared plugin, so every request would count "
-            f"as cold;{hint}"
+            f"{what} no declared prefix producer, so every request would count as cold;{hint}"
         )
 
     def _is_cold(self, state: CycleState) -> bool:
         cold = state.get(self._cold_key)
         if isinstance(cold, bool):
             return cold
-        info = match_at(state, self._match_key)
+        info = self._match(state)
         cold = info is None or not info.has_hit()
         state[self._cold_key] = cold
         return cold

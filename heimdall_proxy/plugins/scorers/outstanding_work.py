@@ -14,7 +14,7 @@ from heimdall_proxy.framework.base import BasePlugin
 from heimdall_proxy.framework.handle import PluginHandle
 from heimdall_proxy.framework.inflight import warn_other_expiry
 from heimdall_proxy.framework.params import Duration
-from heimdall_proxy.framework.prefix import match_at, prefix_match_key
+from heimdall_proxy.framework.prefix import prefix_match_reader
 from heimdall_proxy.framework.registry import register
 from heimdall_proxy.framework.types import (
     CandidateNames,
@@ -50,6 +50,9 @@ class OutstandingWorkParams(SharedCountsParams):
     #: plugin in the profile), every prompt token counts.
     prefix_plugin_type: str = "prefix-cache-scorer"
     prefix_plugin_name: str = "prefix-cache-scorer"
+    #: llm-d's: the prefix producer whose match is read; when set, prefixPluginType /
+    #: prefixPluginName (the seeds') are not used.
+    prefix_match_info_producer_name: str = ""
 
 
 def output_limit(data: Mapping[str, Any], default: int) -> int:
@@ -123,7 +126,11 @@ class OutstandingWorkScorer(SharesState, BasePlugin[OutstandingWorkParams]):
         # Progress of each attempt; dropped at response_complete, which the server calls once
         # per attempt whatever happens, so it never outgrows the requests in flight.
         self._work: dict[str, _Work] = {}
-        self._match_key = prefix_match_key(params.prefix_plugin_type, params.prefix_plugin_name)
+        self._match = prefix_match_reader(
+            params.prefix_match_info_producer_name,
+            params.prefix_plugin_type,
+            params.prefix_plugin_name,
+        )
         #: The non-streamed attempts among them, counted down by time (_decay).
         self._unstreamed: dict[str, _Work] = {}
         self._pace: dict[str, Pace] = {}
@@ -164,7 +171,7 @@ class OutstandingWorkScorer(SharesState, BasePlugin[OutstandingWorkParams]):
         """Share of the prompt the target pod holds, by the prefix plugin's match (0 when it
         did not run): a cached prefix costs the pod no prefill, and counting it made pods
         serving a hot prefix look several times busier than they were."""
-        info = match_at(ctx.state, self._match_key)
+        info = self._match(ctx.state)
         if info is None or info.prompt_tokens <= 0:
             return 0.0
         share = info.cached_tokens(ctx.target.name) / info.prompt_tokens

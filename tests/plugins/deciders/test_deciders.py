@@ -10,7 +10,11 @@ from heimdall_proxy.framework.disagg import PREFIX_PLUGIN_HINT_KEY
 from heimdall_proxy.framework.handle import PluginHandle
 from heimdall_proxy.framework.params import NoParams
 from heimdall_proxy.framework.plugins import Decider
-from heimdall_proxy.framework.prefix import PrefixCacheMatchInfo, prefix_match_key
+from heimdall_proxy.framework.prefix import (
+    PrefixCacheMatchInfo,
+    prefix_match_key,
+    prefix_match_reader,
+)
 from heimdall_proxy.framework.types import CycleState
 from heimdall_proxy.plugins.deciders.always import (
     AlwaysDisaggMultimodalDecider,
@@ -81,9 +85,9 @@ def test_the_handler_hint_names_the_prefix_plugin() -> None:
     state = CycleState()
     other = PrefixCacheMatchInfo(16, 4, 64, {"d0": 4})
     mine = PrefixCacheMatchInfo(16, 4, 64, {})
-    state[prefix_match_key("prefix-cache-scorer", "other")] = other
-    state[prefix_match_key("prefix-cache-scorer", "mine")] = mine
-    state[PREFIX_PLUGIN_HINT_KEY] = ("prefix-cache-scorer", "mine")
+    state[prefix_match_key("approx-prefix-cache-producer", "other")] = other
+    state[prefix_match_key("approx-prefix-cache-producer", "mine")] = mine
+    state[PREFIX_PLUGIN_HINT_KEY] = prefix_match_reader("mine")
     assert prefix_decider(64).decide(state, prompt(256), DECODE)
 
 

@@ -22,7 +22,7 @@ from tests.helpers import ep
 from tests.plugins.helpers import ctx, ledger, req, sent
 
 PODS = [ep("a"), ep("b"), ep("c")]
-KEY = "prefix-cache-scorer/prefix-cache-scorer"
+KEY = "approx-prefix-cache-producer/approx-prefix-cache-producer"
 
 
 def make(**params: Any) -> PrefixCacheAffinityFilter:

@@ -17,10 +17,9 @@ from heimdall_proxy.config import ConfigError, parse_config
 from heimdall_proxy.datalayer.pool import EndpointPool
 from heimdall_proxy.framework.handle import PluginHandle
 from heimdall_proxy.framework.loader import build_plugins
-from heimdall_proxy.framework.prefix import read_prefix_match
 from heimdall_proxy.framework.types import CycleState
 from heimdall_proxy.plugins.prepare.tokenizer import TokenizerParams, TokenizerPlugin
-from heimdall_proxy.plugins.scorers.prefix_cache import PrefixCacheScorer
+from heimdall_proxy.plugins.producers.approx_prefix import ApproxPrefixCacheProducer
 from heimdall_proxy.tokenization.local import LocalTokenizer
 from heimdall_proxy.tokenization.uds_server import TokenizerServer
 from tests.conftest import GatewayFactory, PodFactory, make_config
@@ -149,8 +148,8 @@ async def test_prefix_scorer_uses_the_token_ids_through_the_gateway(
 ) -> None:
     pods = [await start_pod() for _ in range(3)]
     gw = await start_gateway(make_config(pods, epp(str(model_dir))))
-    scorer = gw.gateway.plugins.plugins["prefix-cache-scorer"]
-    assert isinstance(scorer, PrefixCacheScorer)
+    scorer = gw.gateway.plugins.plugins["approx-prefix-cache-producer"]
+    assert isinstance(scorer, ApproxPrefixCacheProducer)
     words = "the gateway routes every request to a pod with the same prefix " * 8
     async with aiohttp.ClientSession() as http:
         served = []
@@ -164,8 +163,7 @@ async def test_prefix_scorer_uses_the_token_ids_through_the_gateway(
     tokenized.token_ids = LocalTokenizer(model_dir / "tokenizer.json").encode(words)
     state = CycleState()
     endpoints = gw.gateway.pool.endpoints()
-    scorer.score(state, tokenized, endpoints)
-    info = read_prefix_match(state, "prefix-cache-scorer", "prefix-cache-scorer")
+    info = scorer.match(state, tokenized, endpoints)
     assert info is not None
     assert info.prompt_tokens == len(tokenized.token_ids)
     assert info.matched_blocks == {served[0]: float(len(tokenized.token_ids) // 4)}

@@ -8,7 +8,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from heimdall_proxy.framework.prefix import PrefixCacheMatchInfo, read_prefix_match
+from heimdall_proxy.framework.prefix import PrefixCacheMatchInfo, prefix_match_reader
 from heimdall_proxy.framework.types import CycleState, Endpoint, InferenceRequest
 from heimdall_proxy.plugins.producers.approx_prefix import (
     ApproxPrefixCacheProducer,
@@ -17,9 +17,7 @@ from heimdall_proxy.plugins.producers.approx_prefix import (
 from heimdall_proxy.plugins.scorers.no_hit_lru import NoHitLRUScorer
 from heimdall_proxy.plugins.scorers.prefix_cache import (
     PrefixCacheParams,
-    PrefixCacheReader,
     PrefixCacheScorer,
-    prefix_cache_scorer,
 )
 from tests.conftest import GatewayFactory, PodFactory, make_config
 from tests.framework.test_loader import ENDPOINTS, build
@@ -35,11 +33,9 @@ def producer(name: str = PRODUCER, **params: object) -> ApproxPrefixCacheProduce
     return ApproxPrefixCacheProducer(name, p, None)  # type: ignore[arg-type]
 
 
-def reader(producer_name: str, **params: object) -> PrefixCacheReader:
+def reader(producer_name: str, **params: object) -> PrefixCacheScorer:
     p = PrefixCacheParams.model_validate({"prefixMatchInfoProducerName": producer_name, **params})
-    plugin = prefix_cache_scorer("prefix-cache-scorer", p, None)  # type: ignore[arg-type]
-    assert isinstance(plugin, PrefixCacheReader)
-    return plugin
+    return PrefixCacheScorer("prefix-cache-scorer", p, None)  # type: ignore[arg-type]
 
 
 async def route(
@@ -72,7 +68,7 @@ async def test_the_scorer_reads_the_producers_match() -> None:
     state = CycleState()
     request = req("completions", {"prompt": LONG})
     await owner.produce(state, request, [a, b])
-    info = read_prefix_match(state, PRODUCER, PRODUCER)
+    info = prefix_match_reader(PRODUCER)(state)
     assert isinstance(info, PrefixCacheMatchInfo) and info.total_blocks == len(LONG) // 64
     assert scorer.score(state, request, [a, b]) == {"a": 1.0, "b": 0.0}
     # no match published (the producer did not run): 0 everywhere, nothing kept
@@ -108,8 +104,8 @@ async def test_two_producers_keep_two_indexes() -> None:
     state = CycleState()
     for owner in (gpu, cpu):
         await owner.produce(state, request, [a])
-    g = read_prefix_match(state, PRODUCER, "gpu")
-    c = read_prefix_match(state, PRODUCER, "cpu")
+    g = prefix_match_reader("gpu")(state)
+    c = prefix_match_reader("cpu")(state)
     assert g is not None and c is not None
     assert (g.block_size, c.block_size) == (16, 64)
     assert g.total_blocks == 4 * c.total_blocks
@@ -150,7 +146,7 @@ def test_a_config_with_a_producer_links_its_readers() -> None:
     plugins = pset.plugins
     assert isinstance(plugins[PRODUCER], ApproxPrefixCacheProducer)
     scorer = plugins["prefix-cache-scorer"]
-    assert isinstance(scorer, PrefixCacheReader)  # one index: the producer's
+    assert isinstance(scorer, PrefixCacheScorer)  # one index: the producer's
     assert scorer.params.prefix_match_info_producer_name == PRODUCER
     lru = plugins["no-hit-lru-scorer"]
     assert isinstance(lru, NoHitLRUScorer)
@@ -158,7 +154,7 @@ def test_a_config_with_a_producer_links_its_readers() -> None:
     assert plugins[PRODUCER] in pset.producers and scorer not in pset.producers
 
 
-def test_the_seeds_shape_keeps_the_scorers_own_index() -> None:
+def test_the_seeds_shape_gets_a_producer_made_with_the_scorers_parameters() -> None:
     seed = {
         "plugins": [
             {"type": "prefix-cache-scorer", "parameters": {"blockSizeTokens": 32}},
@@ -168,16 +164,57 @@ def test_the_seeds_shape_keeps_the_scorers_own_index() -> None:
         "endpoints": ENDPOINTS,
     }
     _, pset = build(seed)
+    made = pset.plugins[PRODUCER]
+    assert isinstance(made, ApproxPrefixCacheProducer) and made in pset.producers
+    # the seeds' defaults for the scorer's index, not llm-d's for the producer
+    assert (made.params.block_size_tokens, made.params.max_prefix_blocks_to_match) == (32, 256)
+    assert made.params.max_prefix_tokens_to_match == 0
     scorer = pset.plugins["prefix-cache-scorer"]
-    assert isinstance(scorer, PrefixCacheScorer) and scorer in pset.producers
+    assert isinstance(scorer, PrefixCacheScorer) and scorer not in pset.producers
+    assert scorer.params.prefix_match_info_producer_name == PRODUCER
+    assert "blockSizeTokens" not in (scorer.params.model_extra or {})
     lru = pset.plugins["no-hit-lru-scorer"]
-    assert lru.params.prefix_plugin_type == "prefix-cache-scorer"  # type: ignore[attr-defined]
-    # a producer declared beside a seed scorer with its own index leaves both alone
+    assert (lru.params.prefix_plugin_type, lru.params.prefix_plugin_name) == (PRODUCER, PRODUCER)  # type: ignore[attr-defined]
+    # beside a declared producer, the seed scorer still gets its own (another name), and the
+    # readers that named the scorer read it
     both = {**seed, "plugins": [{"type": PRODUCER}, *seed["plugins"]]}
     _, pset = build(both)
-    assert isinstance(pset.plugins["prefix-cache-scorer"], PrefixCacheScorer)
+    own = f"{PRODUCER}-2"
+    assert pset.plugins["prefix-cache-scorer"].params.prefix_match_info_producer_name == own  # type: ignore[attr-defined]
+    assert pset.plugins[own].params.block_size_tokens == 32  # type: ignore[attr-defined]
     lru = pset.plugins["no-hit-lru-scorer"]
-    assert lru.params.prefix_plugin_type == "prefix-cache-scorer"  # type: ignore[attr-defined]
+    assert lru.params.prefix_plugin_name == own  # type: ignore[attr-defined]
+
+
+def test_a_consumer_without_a_producer_gets_the_default_one() -> None:
+    for consumer in ("no-hit-lru-scorer", "prefix-cache-affinity-filter"):
+        doc = {
+            "plugins": [{"type": consumer}, {"type": "max-score-picker"}],
+            "endpoints": ENDPOINTS,
+        }
+        _, pset = build(doc)
+        made = pset.plugins[PRODUCER]
+        assert isinstance(made, ApproxPrefixCacheProducer)
+        assert made.params.max_prefix_tokens_to_match == 131072  # llm-d's defaults
+    # no producer is made where nothing reads a match
+    _, pset = build({"plugins": [{"type": "queue-scorer"}], "endpoints": ENDPOINTS})
+    assert PRODUCER not in pset.plugins
+
+
+def test_two_scorers_reading_one_producer_share_its_index() -> None:
+    doc = {
+        "plugins": [
+            {"name": "a", "type": "prefix-cache-scorer"},
+            {"name": "b", "type": "prefix-cache-scorer", "parameters": {"matchLengthWeight": 0.5}},
+            {"type": "max-score-picker"},
+        ],
+        "endpoints": ENDPOINTS,
+    }
+    _, pset = build(doc)
+    producers = [p for p in pset.plugins.values() if isinstance(p, ApproxPrefixCacheProducer)]
+    assert len(producers) == 1
+    for name in ("a", "b"):
+        assert pset.plugins[name].params.prefix_match_info_producer_name == PRODUCER  # type: ignore[attr-defined]
 
 
 async def test_the_llm_d_shape_routes_a_repeated_prefix_to_its_pod(

@@ -11,14 +11,14 @@ import aiohttp
 import pytest
 from pydantic import ValidationError
 
-from heimdall_proxy.framework.prefix import PrefixCacheMatchInfo, read_prefix_match
+from heimdall_proxy.framework.prefix import PrefixCacheMatchInfo, prefix_match_reader
 from heimdall_proxy.plugins.producers.precise_prefix import PrecisePrefixCacheProducer
 from heimdall_proxy.plugins.scorers.precise_prefix_cache import PrecisePrefixCacheScorer
 from heimdall_proxy.plugins.scorers.precise_prefix_params import (
     PrecisePrefixCacheParams,
     PrecisePrefixProducerParams,
 )
-from heimdall_proxy.plugins.scorers.prefix_cache import PrefixCacheReader
+from heimdall_proxy.plugins.scorers.prefix_cache import PrefixCacheScorer
 from tests.conftest import GatewayFactory, PodFactory, eventually
 from tests.server.test_precise_routing import config, model_dir, served_by, warm  # noqa: F401
 
@@ -66,7 +66,7 @@ async def test_the_pods_own_events_bring_a_prompt_back_through_the_producer(
     plugins = gw.gateway.plugins.plugins
     producer = plugins[PRODUCER]
     assert isinstance(producer, PrecisePrefixCacheProducer)
-    assert isinstance(plugins["prefix-cache-scorer"], PrefixCacheReader)
+    assert isinstance(plugins["prefix-cache-scorer"], PrefixCacheScorer)
     assert producer.ingest is not None
     ingest = producer.ingest
     await eventually(lambda: len(ingest.subscriber.subscriptions()) == 3)
@@ -125,8 +125,8 @@ async def test_the_producer_matches_what_the_seeds_scorer_matches(
 
     async def spy(state: Any, request: Any, endpoints: Any) -> None:
         await original(state, request, endpoints)  # runs after the producer (declared later)
-        seen.append((read_prefix_match(state, PRODUCER, PRODUCER),
-                     read_prefix_match(state, SCORER, SCORER)))  # fmt: skip
+        seen.append((prefix_match_reader(PRODUCER)(state),
+                     prefix_match_reader(SCORER)(state)))  # fmt: skip
 
     scorer.produce = spy  # type: ignore[method-assign]
     for plugin in (producer, scorer):

@@ -10,7 +10,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from heimdall_proxy.framework.prefix import read_prefix_match
+from heimdall_proxy.framework.prefix import prefix_match_reader
 from heimdall_proxy.framework.registry import Registry
 from heimdall_proxy.plugins.producers.token import TokenProducer, TokenProducerParams
 from heimdall_proxy.tokenization.estimate import estimate_bytes, pack_bytes
@@ -140,9 +140,7 @@ async def test_llm_d_shape_token_then_prefix_producer_serves(
     async def spy(state: Any, request: Any, endpoints: Any) -> None:
         await original(state, request, endpoints)
         seen["ids"] = request.token_ids
-        seen["info"] = read_prefix_match(
-            state, "approx-prefix-cache-producer", "approx-prefix-cache-producer"
-        )
+        seen["info"] = prefix_match_reader("approx-prefix-cache-producer")(state)
 
     producer.produce = spy
     body = {"model": "sim-model", **CHAT, "max_tokens": 1}
@@ -176,9 +174,7 @@ async def test_estimate_feeds_the_approximate_index_through_the_gateway(
 
     async def spy(state: Any, request: Any, endpoints: Any) -> None:
         await original(state, request, endpoints)
-        info = read_prefix_match(
-            state, "approx-prefix-cache-producer", "approx-prefix-cache-producer"
-        )
+        info = prefix_match_reader("approx-prefix-cache-producer")(state)
         seen.append((request.token_ids, request.token_ids_estimated, info))
 
     producer.produce = spy

@@ -10,6 +10,7 @@ import pytest
 from heimdall_proxy.framework.disagg import read_plan
 from heimdall_proxy.framework.handle import PluginHandle
 from heimdall_proxy.framework.params import NoParams
+from heimdall_proxy.framework.prefix import PrefixCacheMatchInfo, prefix_match_key
 from heimdall_proxy.framework.types import (
     CycleState,
     Endpoint,
@@ -175,7 +176,13 @@ def test_pd_profile_handler_defaults_hint_and_primary_port() -> None:
     params = PDProfileHandlerParams.model_validate({"primaryPort": 8200, "deciderPluginName": "pd"})
     assert params.prefix_plugin_type == "prefix-cache-scorer"
     handler = PDProfileHandler("pdh", params, handle())
-    assert handler.prefix_hint == ("prefix-cache-scorer", "prefix-cache-scorer")
+    # the seeds' default pair names the default prefix-cache-scorer, whose producer is the
+    # default approx-prefix-cache-producer
+    assert handler.prefix_hint is not None
+    hinted = CycleState()
+    info = PrefixCacheMatchInfo(16, 1, 16, {"d0": 1.0})
+    hinted[prefix_match_key("approx-prefix-cache-producer", "approx-prefix-cache-producer")] = info
+    assert handler.prefix_hint(hinted) is info
     order, result, state = run(handler, MM)
     assert order == ["decode", "prefill"]
     [target] = result.primary.targets

@@ -18,7 +18,8 @@ def make(**params: object) -> NoHitLRUScorer:
 
 
 def state_with(
-    matched: dict[str, float], key: str = "prefix-cache-scorer/prefix-cache-scorer"
+    matched: dict[str, float],
+    key: str = "approx-prefix-cache-producer/approx-prefix-cache-producer",
 ) -> CycleState:
     state = CycleState()
     state[key] = PrefixCacheMatchInfo(16, 10, 160, matched)
@@ -86,7 +87,7 @@ async def test_single_candidate_prefill_and_lru_size() -> None:
     assert got == pytest.approx({"a": 1.0, "b": 0.5, "c": 0.0})
 
 
-def _build(plugins: list[dict[str, object]]) -> None:
+def _build(plugins: list[dict[str, object]]) -> dict[str, object]:
     from heimdall_proxy.builtins import load_builtin_plugins
     from heimdall_proxy.config import parse_config
     from heimdall_proxy.datalayer.pool import EndpointPool
@@ -94,19 +95,33 @@ def _build(plugins: list[dict[str, object]]) -> None:
     from heimdall_proxy.framework.loader import build_plugins
 
     cfg = parse_config({"plugins": plugins})
-    build_plugins(cfg.epp, load_builtin_plugins(), PluginHandle(EndpointPool([])))
+    return build_plugins(cfg.epp, load_builtin_plugins(), PluginHandle(EndpointPool([]))).plugins
 
 
 def test_a_prefix_plugin_it_cannot_read_fails_the_config_saying_what_to_set() -> None:
     from heimdall_proxy.config import ConfigError
 
-    with pytest.raises(ConfigError, match="declare prefix-cache-scorer or precise"):
-        _build([{"type": "no-hit-lru-scorer"}, {"type": "queue-scorer"}])
-    renamed = [{"type": "no-hit-lru-scorer"}, {"type": "prefix-cache-scorer", "name": "pc"}]
+    # named explicitly, but nothing by that name publishes a match
+    with pytest.raises(ConfigError, match="name no declared prefix producer"):
+        _build([
+            {"type": "no-hit-lru-scorer", "parameters": {"prefixPluginType": "x", "prefixPluginName": "y"}},
+            {"type": "queue-scorer"},
+        ])  # fmt: skip
     with pytest.raises(
-        ConfigError, match="set prefixPluginType: prefix-cache-scorer and prefixPluginName: pc"
+        ConfigError, match="set prefixMatchInfoProducerName: approx-prefix-cache-producer"
     ):
-        _build(renamed)
+        _build([
+            {"type": "no-hit-lru-scorer", "parameters": {"prefixMatchInfoProducerName": "nope"}},
+            {"type": "prefix-cache-scorer", "name": "pc"},
+        ])  # fmt: skip
+    # named by default: it reads the default producer, made for it when none is declared
+    alone = _build([{"type": "no-hit-lru-scorer"}, {"type": "queue-scorer"}])
+    assert (
+        getattr(alone["approx-prefix-cache-producer"], "type", "") == "approx-prefix-cache-producer"
+    )
+    renamed = _build([{"type": "no-hit-lru-scorer"}, {"type": "prefix-cache-scorer", "name": "pc"}])
+    lru = renamed["no-hit-lru-scorer"]
+    assert lru.params.prefix_plugin_name == "approx-prefix-cache-producer"  # type: ignore[attr-defined]
     # named correctly, declared after it: fine
     _build([
         {"type": "no-hit-lru-scorer", "parameters": {"prefixPluginName": "pc"}},

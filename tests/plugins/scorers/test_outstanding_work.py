@@ -57,10 +57,10 @@ async def test_progress_prefill_then_streamed_tokens_then_complete() -> None:
 
 
 async def test_a_prompt_the_pod_holds_costs_no_prefill() -> None:
-    # prefix-cache-scorer's match on the cycle: pod "warm" holds 75 of 100 prompt tokens.
+    # the default approx producer's match on the cycle: pod "warm" holds 75 of 100 prompt tokens.
     scorer = make()
     warm, cold = ep("warm"), ep("cold")
-    key = prefix_match_key("prefix-cache-scorer", "prefix-cache-scorer")
+    key = prefix_match_key("approx-prefix-cache-producer", "approx-prefix-cache-producer")
     info = PrefixCacheMatchInfo(25, 4, 100, {"warm": 3.0})
     for pod in (warm, cold):
         c = ctx(completion(100, 10), pod)  # type: ignore[arg-type]

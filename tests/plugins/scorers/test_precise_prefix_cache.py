@@ -15,7 +15,7 @@ from heimdall_proxy.config import ConfigError, parse_config
 from heimdall_proxy.datalayer.pool import EndpointPool
 from heimdall_proxy.framework.handle import PluginHandle
 from heimdall_proxy.framework.loader import build_plugins
-from heimdall_proxy.framework.prefix import read_prefix_match
+from heimdall_proxy.framework.prefix import prefix_match_reader
 from heimdall_proxy.framework.types import CycleState
 from heimdall_proxy.kvcache.events import decode_batch
 from heimdall_proxy.kvcache.index import CostAwareMemoryIndex, InMemoryIndex, parse_bytes
@@ -193,7 +193,7 @@ async def test_produce_looks_up_and_publishes_the_match(model_dir: Path) -> None
     state = CycleState()
     await scorer.produce(state, r, [a, b, c])
     assert r.token_ids == tokens  # left on the request for later plugins
-    info = read_prefix_match(state, TYPE, TYPE)
+    info = prefix_match_reader("", TYPE, TYPE)(state)
     assert info is not None and (info.block_size, info.total_blocks, info.prompt_tokens) == (
         4,
         n,

@@ -1,45 +1,90 @@
-"""prefix-cache-scorer: parameters, block keys, match info on the CycleState, index updates."""
+"""prefix-cache-scorer reading an approx-prefix-cache-producer made with the seeds' defaults for
+the scorer (as the loader makes one for a seed config): block keys, match info on the
+CycleState, index updates, scores."""
 
 from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
 
 import pytest
 from pydantic import ValidationError
 
-from heimdall_proxy.framework.prefix import PrefixCacheMatchInfo, read_prefix_match
-from heimdall_proxy.framework.types import CycleState, Endpoint, RequestContext
-from heimdall_proxy.plugins.producers.approx_prefix import request_text
+from heimdall_proxy.framework.defaults import SEED_INDEX_DEFAULTS
+from heimdall_proxy.framework.prefix import PrefixCacheMatchInfo, prefix_match_reader
+from heimdall_proxy.framework.types import CycleState, Endpoint, InferenceRequest, RequestContext
+from heimdall_proxy.plugins.producers.approx_prefix import (
+    ApproxPrefixCacheProducer,
+    ApproxPrefixProducerParams,
+    request_text,
+)
 from heimdall_proxy.plugins.scorers.prefix_cache import PrefixCacheParams, PrefixCacheScorer
 from tests.helpers import ep
 from tests.plugins.helpers import ctx, req
 
-TYPE = "prefix-cache-scorer"
+PRODUCER = "approx-prefix-cache-producer"
+SCORER_PARAMS = {"matchLengthWeight", "matchLengthScaleTokens"}
+
+
+def read_prefix_match(state: CycleState) -> PrefixCacheMatchInfo | None:
+    return prefix_match_reader()(state)
+
+
+class Scored(ApproxPrefixCacheProducer):
+    """The producer and a scorer that reads it, as one object for these tests: score() runs
+    the producer first when it has not run for the request, as the director does."""
+
+    def __init__(self, params: dict[str, Any]) -> None:
+        index = {k: v for k, v in params.items() if k not in SCORER_PARAMS}
+        own = {k: v for k, v in params.items() if k in SCORER_PARAMS}
+        p = ApproxPrefixProducerParams.model_validate({**SEED_INDEX_DEFAULTS, **index})
+        super().__init__(PRODUCER, p, None)  # type: ignore[arg-type]
+        self.scorer = PrefixCacheScorer(
+            "prefix-cache-scorer",
+            PrefixCacheParams.model_validate(own),
+            None,  # type: ignore[arg-type]
+        )
+
+    def score(
+        self, state: CycleState, request: InferenceRequest, endpoints: list[Endpoint]
+    ) -> Mapping[str, float]:
+        self.match(state, request, endpoints)
+        return self.scorer.score(state, request, endpoints)
+
+
 LONG = "The quick brown fox jumps over the lazy dog. " * 20  # 900 chars: 14 blocks of 64
 
 
-def make(**params: object) -> PrefixCacheScorer:
-    return PrefixCacheScorer(TYPE, PrefixCacheParams.model_validate(params), None)  # type: ignore[arg-type]
+def make(**params: object) -> Scored:
+    return Scored(params)
 
 
 def completion(prompt: str, model: str = "m", **extra: object) -> object:
     return req("completions", {"prompt": prompt, **extra}, model=model)
 
 
-async def route(scorer: PrefixCacheScorer, request: object, target: Endpoint) -> None:
+async def route(scorer: Scored, request: object, target: Endpoint) -> None:
     c: RequestContext = ctx(request, target)  # type: ignore[arg-type]
     await scorer.produce(c.state, c.request, [target])
     await scorer.pre_request(c)
 
 
 def test_defaults_and_validation() -> None:
-    p = PrefixCacheParams()
+    p = ApproxPrefixProducerParams()  # llm-d's
     assert (p.auto_tune, p.block_size_tokens, p.block_size) == (True, 16, 0)
-    assert (p.max_prefix_blocks_to_match, p.lru_capacity_per_server) == (256, 31250)
+    assert (p.max_prefix_blocks_to_match, p.lru_capacity_per_server) == (2048, 31250)
+    assert p.max_prefix_tokens_to_match == 131072
+    seed = ApproxPrefixProducerParams.model_validate(SEED_INDEX_DEFAULTS)
+    assert (seed.max_prefix_blocks_to_match, seed.max_blocks(16)) == (256, 256)
     with pytest.raises(ValidationError, match=r"blockSize .* deprecated"):
-        PrefixCacheParams.model_validate({"blockSize": 64})
-    both = PrefixCacheParams.model_validate({"blockSize": 64, "blockSizeTokens": 8})
+        ApproxPrefixProducerParams.model_validate({"blockSize": 64})
+    both = ApproxPrefixProducerParams.model_validate({"blockSize": 64, "blockSizeTokens": 8})
     assert both.block_size_tokens == 8
     with pytest.raises(ValidationError):
-        PrefixCacheParams.model_validate({"blockSizeTokens": 0})
+        ApproxPrefixProducerParams.model_validate({"blockSizeTokens": 0})
+    s = PrefixCacheParams()
+    assert (s.match_length_weight, s.match_length_scale_tokens) == (0.0, 8192)
+    assert s.prefix_match_info_producer_name == ""
 
 
 async def test_a_routed_prompt_matches_its_pod_only() -> None:
@@ -50,7 +95,7 @@ async def test_a_routed_prompt_matches_its_pod_only() -> None:
     r = completion(LONG)
     scores = scorer.score(state, r, [a, b])
     assert scores == {"a": 1.0, "b": 0.0}
-    info = read_prefix_match(state, TYPE, TYPE)
+    info = read_prefix_match(state)
     assert isinstance(info, PrefixCacheMatchInfo)
     assert (info.block_size, info.total_blocks) == (16, len(LONG) // 64)
     assert info.has_hit() and info.cached_tokens("a") == 14 * 16 and info.cached_tokens("b") == 0
@@ -86,7 +131,7 @@ async def test_short_prompts_are_ignored() -> None:
     await route(scorer, completion("hi"), a)
     state = CycleState()
     assert scorer.score(state, completion("hi"), [a]) == {"a": 0.0}
-    info = read_prefix_match(state, TYPE, TYPE)
+    info = read_prefix_match(state)
     assert info is not None and info.total_blocks == 0 and not info.has_hit()
 
 
@@ -96,7 +141,7 @@ async def test_a_prompt_shorter_than_one_block_records_nothing_and_one_block_doe
     short = completion("x" * 15)
     c = ctx(short, a)
     await scorer.produce(c.state, c.request, [a])
-    assert read_prefix_match(c.state, TYPE, TYPE) == PrefixCacheMatchInfo(4, 0, 3, {}, [])
+    assert read_prefix_match(c.state) == PrefixCacheMatchInfo(4, 0, 3, {}, [])
     await scorer.pre_request(c)
     assert scorer.index.size("a") == 0
     tokens = completion("ignored")
@@ -130,7 +175,7 @@ async def test_max_prefix_blocks_and_token_ids() -> None:
     again.token_ids = list(range(20))  # type: ignore[attr-defined]
     state = CycleState()
     assert scorer.score(state, again, [a]) == {"a": 1.0}
-    info = read_prefix_match(state, TYPE, TYPE)
+    info = read_prefix_match(state)
     assert info is not None and (info.total_blocks, info.block_size, info.prompt_tokens) == (
         4,
         2,
@@ -150,7 +195,7 @@ async def test_lru_capacity_per_server_and_auto_tune() -> None:
     await route(tuned, completion(LONG), small)
     state = CycleState()
     assert tuned.score(state, completion(LONG), [small]) == {"s": 1.0}
-    info = read_prefix_match(state, TYPE, TYPE)
+    info = read_prefix_match(state)
     assert info is not None and info.block_size == 32 and info.total_blocks == len(LONG) // 128
     tiny = ep("t", block_size=32, num_gpu_blocks=2)
     await route(tuned, completion(LONG), tiny)
@@ -204,7 +249,7 @@ async def test_scores_equal_the_match_ratio_for_every_pod_in_order() -> None:
     candidates = pods[:30]
     state = CycleState()
     scores = scorer.score(state, completion(LONG + "tail" * 50), candidates)
-    info = read_prefix_match(state, TYPE, TYPE)
+    info = read_prefix_match(state)
     assert isinstance(info, PrefixCacheMatchInfo)
     assert list(scores.items()) == [(e.name, info.ratio(e.name)) for e in candidates]
     assert 0.0 < scores["p17"] < scores["p3"] < 1.0
