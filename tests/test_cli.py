@@ -134,6 +134,7 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+@pytest.mark.slow
 async def test_demo_answers_the_openai_sdk() -> None:
     """The README's first command: simulated pods in-process plus the gateway."""
     port = _free_port()

@@ -48,6 +48,7 @@ async def pod_and_gateway(tmp_path: Path, *flags: str) -> AsyncIterator[tuple[Pr
                 await proc.wait()
 
 
+@pytest.mark.slow
 async def test_sigterm_turns_unready_then_drains(tmp_path: Path) -> None:
     async with pod_and_gateway(tmp_path, "--drain-delay", "3s") as (gw, base):
         async with aiohttp.ClientSession() as http:
@@ -69,6 +70,7 @@ async def test_sigterm_turns_unready_then_drains(tmp_path: Path) -> None:
         assert await asyncio.wait_for(gw.wait(), 20) == 0
 
 
+@pytest.mark.slow
 async def test_sigterm_exits_within_the_drain_timeout_with_a_request_still_running(
     tmp_path: Path,
 ) -> None:
@@ -122,6 +124,7 @@ WORKER_SCRIPT = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads /proc")
 async def test_kv_event_workers_die_with_a_sigkilled_gateway() -> None:
     parent = await asyncio.create_subprocess_exec(

@@ -189,6 +189,7 @@ def test_results_section_is_replaced_in_place(tmp_path: Path) -> None:
     assert text.index("routing:wl-x:begin") < text.index("routing:other:begin")
 
 
+@pytest.mark.slow
 def test_plot_writes_a_png(tmp_path: Path) -> None:
     pytest.importorskip("matplotlib")
     from bench.plots import plot_queues

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import statistics
 
+import pytest
+
 from bench.pooled import cluster_interval, pool, pooled_hit_rate, pooled_p95, table
 from bench.runner import percentile
 
@@ -50,6 +52,7 @@ def test_seeds_are_resampled_together_for_every_variant() -> None:
     assert abs(p.p95_interval[0] - 1.1) < 1e-9 and abs(p.p95_interval[1] - 1.1) < 1e-9
 
 
+@pytest.mark.slow
 def test_the_interval_is_the_central_95_percent_of_the_resampled_statistic() -> None:
     # The mean of 400 draws from 0..0.9975: sd of the mean 0.2887 / 20, so the 95% interval
     # is 0.49875 +- 1.96 * 0.01443 = [0.4705, 0.5270]; min/max or a 68% interval would miss.

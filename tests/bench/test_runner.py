@@ -223,6 +223,7 @@ async def test_run_measures_ttft_e2e_errors_and_polls_pods(aiohttp_server: Any) 
     assert doc["pods"][0]["name"] == "pod-a" and "waiting" in doc["pods"][0]
 
 
+@pytest.mark.slow
 async def test_open_loop_sends_on_schedule_while_earlier_requests_hang(
     aiohttp_server: Any,
 ) -> None:

@@ -30,6 +30,7 @@ def reference() -> wl.Workload:
     return wl.seed001()
 
 
+@pytest.mark.slow
 def test_every_generator_is_deterministic() -> None:
     for name in wl.PRESETS:
         a = wl.build(name, seed=7).to_json()

@@ -20,6 +20,7 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+@pytest.mark.slow
 async def test_the_subcommand_serves_with_its_config_and_seed(tmp_path: Path) -> None:
     cfg = tmp_path / "conductor.yaml"
     cfg.write_text(

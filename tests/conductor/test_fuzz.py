@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 import msgpack
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -36,6 +37,7 @@ event_fields = st.sampled_from(
 values = json_values | st.sampled_from(["stored", "removed", "cleared", "vLLM", "Standard"])
 
 
+@pytest.mark.slow
 @FUZZ
 @given(st.dictionaries(api_fields | st.text(max_size=6), values, max_size=10), st.booleans())
 def test_any_body_is_parsed_or_refused_with_a_4xx(body: dict[str, Any], by_hash: bool) -> None:
@@ -52,6 +54,7 @@ def test_any_body_is_parsed_or_refused_with_a_4xx(body: dict[str, Any], by_hash:
         assert refused is None or (400 <= refused.status < 500 and refused.message)
 
 
+@pytest.mark.slow
 @FUZZ
 @given(st.dictionaries(event_fields, values, max_size=12))
 def test_any_event_map_is_an_event_or_a_value_error(raw: dict[str, Any]) -> None:
@@ -62,6 +65,7 @@ def test_any_event_map_is_an_event_or_a_value_error(raw: dict[str, Any]) -> None
     assert event.stream.backend_id == "i" and order.namespace == event.stream.namespace
 
 
+@pytest.mark.slow
 @FUZZ
 @given(st.binary(max_size=64) | values.map(lambda v: msgpack.packb(v, use_bin_type=True)))
 def test_any_message_is_a_batch_or_a_decode_error(payload: bytes) -> None:
@@ -82,6 +86,7 @@ def test_any_message_is_a_batch_or_a_decode_error(payload: bytes) -> None:
         max_size=6,
     )
 )
+@pytest.mark.slow
 def test_any_mooncake_events_normalise_without_raising(raw: list[list[Any]]) -> None:
     events, invalid = from_mooncake(REG, raw, MooncakeState())
     assert invalid >= 0 and all(e.stream.backend_id == "i" for e in events)

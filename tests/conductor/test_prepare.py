@@ -196,6 +196,7 @@ async def test_a_batch_prepared_before_a_drop_is_prepared_again() -> None:
         await conductor.stop()
 
 
+@pytest.mark.slow
 async def test_a_killed_worker_drops_its_publishers_then_they_are_served_inline_and_again(
     aiohttp_client: Any, ctx: zmq.asyncio.Context, monkeypatch: pytest.MonkeyPatch
 ) -> None:

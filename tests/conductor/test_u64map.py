@@ -98,12 +98,14 @@ op = st.one_of(
 )
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(st.lists(op, max_size=60))
 def test_random_operations_answer_like_a_dict(ops: list[tuple[Any, ...]]) -> None:
     run(ops)
 
 
+@pytest.mark.slow
 def test_large_maps_grow_delete_evict_and_shrink_like_a_dict() -> None:
     """Tens of thousands of keys: rehashes, long probe runs, deletions that shift runs back
     over the table's end, order queues filtered after deletions and after evictions."""

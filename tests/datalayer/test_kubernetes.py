@@ -139,6 +139,7 @@ async def test_list_watch_readiness_and_410_resync(api: tuple[RecordedApiServer,
     assert watches[:3] == ["100", "107", "200"]  # resumed from the last event, then re-listed
 
 
+@pytest.mark.slow
 async def test_the_gateway_and_the_precise_scorer_follow_discovered_pods(
     api: tuple[RecordedApiServer, Path],
     aiohttp_server: Any,

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 
 import aiohttp
+import pytest
 
 from heimdall_proxy.datalayer.vllm_metrics import CACHE_CONFIG, CORE_FAMILIES, LORA_INFO
 from tests.conftest import GatewayFactory, PodFactory, eventually, make_config
@@ -14,6 +15,7 @@ from tests.conftest import GatewayFactory, PodFactory, eventually, make_config
 CHAT = {"model": "sim-model", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
 
 
+@pytest.mark.slow
 async def test_quiet_pods_are_scraped_less_often(
     start_pod: PodFactory, start_gateway: GatewayFactory
 ) -> None:
@@ -33,6 +35,7 @@ async def test_quiet_pods_are_scraped_less_often(
     assert gw.gateway.pool.get(quiet.name).metrics.age() < 0.1  # type: ignore[union-attr]
 
 
+@pytest.mark.slow
 async def test_a_request_wakes_a_quiet_pod(
     start_pod: PodFactory, start_gateway: GatewayFactory
 ) -> None:

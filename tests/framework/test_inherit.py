@@ -105,6 +105,7 @@ async def serve_one(pset: PluginSet, target: int = 0) -> Any:
     return c
 
 
+@pytest.mark.slow
 async def test_a_reload_keeps_every_plugins_state_and_shares_it_with_the_old_requests() -> None:
     old = build(doc())
     running = await serve_one(old)

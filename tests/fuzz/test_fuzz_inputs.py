@@ -10,6 +10,7 @@ from typing import Any
 
 import msgpack
 import orjson
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from multidict import CIMultiDict, CIMultiDictProxy
@@ -65,6 +66,7 @@ def test_any_bytes_parse_or_fail_with_a_request_error(api: Any, raw: bytes) -> N
     assert exc is None or (400 <= exc.status < 500 and exc.message)
 
 
+@pytest.mark.slow
 @FUZZ
 @given(api=apis, body=bodies, trusted=st.booleans())
 def test_any_json_body_parses_or_fails_cleanly_and_never_keeps_what_clients_must_not_set(
@@ -105,6 +107,7 @@ def test_headers_the_gateway_owns_or_hops_drop_never_cross(pairs: list[tuple[str
 segments = st.sampled_from(["v1", "..", ".", "%2e%2e", "%2E%2e", "chat", "%2f", "a%5c..", ""])
 
 
+@pytest.mark.slow
 @FUZZ
 @given(st.lists(segments | st.text(max_size=6), max_size=6), st.booleans())
 def test_a_target_either_is_rejected_or_has_no_dot_dot_segment(
@@ -130,6 +133,7 @@ events = st.recursive(
 )  # fmt: skip
 
 
+@pytest.mark.slow
 @FUZZ
 @given(st.one_of(st.binary(max_size=128), events.map(lambda e: msgpack.packb(e))))
 def test_kv_event_payloads_decode_or_fail_with_a_decode_error(payload: bytes) -> None:
@@ -137,6 +141,7 @@ def test_kv_event_payloads_decode_or_fail_with_a_decode_error(payload: bytes) ->
         decode_batch(payload)
 
 
+@pytest.mark.slow
 @FUZZ
 @given(st.lists(events, max_size=6), st.floats(allow_nan=False, allow_infinity=False))
 def test_well_framed_batches_of_garbage_events_never_crash_the_decoder(

@@ -119,6 +119,7 @@ async def test_engine_blocks_larger_than_ours(index: KVBlockIndex) -> None:
     assert index.stats.block_size_mismatch == 1
 
 
+@pytest.mark.slow
 async def test_speculative_entries_expire(index: KVBlockIndex) -> None:
     await index.add_speculative("s", KEYS[:3], ttl=0.3)
     assert await index.lookup(KEYS, ["s"]) == {"s": 3.0}

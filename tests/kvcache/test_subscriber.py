@@ -309,6 +309,7 @@ async def test_stop_ends_a_worker_whose_apply_absorbed_the_cancellation(
         await pub.close()
 
 
+@pytest.mark.slow
 async def test_a_thousand_and_more_pods_are_all_followed(ctx: zmq.asyncio.Context) -> None:
     # libzmq's default of 1,023 sockets per context used to fail every subscription past it.
     # A socket takes two descriptors or more: raise the soft limit as the CLI does.
@@ -361,6 +362,7 @@ async def test_a_long_burst_lets_the_loop_run_between_slices() -> None:
         await sub.stop()
 
 
+@pytest.mark.slow
 async def test_a_failing_subscription_backs_off_and_logs_its_recovery_once(
     ctx: zmq.asyncio.Context, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -117,6 +117,7 @@ def vllm_event(draw: Any) -> Any:
     shape=st.sampled_from(["array", "map", "short"]),
     cut=st.integers(0, 3),
 )
+@pytest.mark.slow
 def test_random_batches_decode_alike(evs: list[Any], shape: str, cut: int) -> None:
     if shape == "array":
         payload = msgpack.packb([1.5, evs, 0])
@@ -181,6 +182,7 @@ OVERLONG = [b"\xdd\x00\x00\xff\xff", b"\xdb\x00\x00\xff\xff", b"\xc6\x00\x01\x00
     last=st.sampled_from([b"", *OVERLONG]),
     junk=st.binary(max_size=3),
 )
+@pytest.mark.slow
 def test_any_encoding_cut_or_mutated_decodes_alike(
     evs: list[Any], batch_map: bool, seed: int, last: bytes, junk: bytes
 ) -> None:

@@ -137,6 +137,7 @@ EPP: dict[str, Any] = {
 STREAM = {"model": "sim-model", "prompt": "hello there " * 20, "max_tokens": 6, "stream": True}
 
 
+@pytest.mark.slow
 async def test_gateway_uses_the_remote_predictor_and_falls_back_when_it_is_down(
     aiohttp_server: Any, start_pod: PodFactory, start_gateway: GatewayFactory
 ) -> None:

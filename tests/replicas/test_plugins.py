@@ -73,6 +73,7 @@ def test_not_shared_by_default() -> None:
     assert scorer.journal is None
 
 
+@pytest.mark.slow
 async def test_the_prefix_index_reaches_a_running_and_a_restarted_replica(ns: str) -> None:
     params = PrefixCacheParams.model_validate(shared(ns, autoTune=False))
     a = PrefixCacheScorer("p", params, None)  # type: ignore[arg-type]
@@ -103,6 +104,7 @@ async def test_the_prefix_index_reaches_a_running_and_a_restarted_replica(ns: st
         await late.stop()
 
 
+@pytest.mark.slow
 async def test_the_no_hit_lru_is_shared(ns: str) -> None:
     params = NoHitLRUParams.model_validate(shared(ns))
     a = NoHitLRUScorer("lru", params, None)  # type: ignore[arg-type]
@@ -121,6 +123,7 @@ async def test_the_no_hit_lru_is_shared(ns: str) -> None:
         await b.stop()
 
 
+@pytest.mark.slow
 async def test_outstanding_work_sums_the_replicas(ns: str) -> None:
     params = OutstandingWorkParams.model_validate(shared(ns))
     a = OutstandingWorkScorer("w", params, ledger())
@@ -140,6 +143,7 @@ async def test_outstanding_work_sums_the_replicas(ns: str) -> None:
         await b.stop()
 
 
+@pytest.mark.slow
 async def test_the_affinity_filter_counts_the_other_replicas_prompt_tokens(ns: str) -> None:
     params = PrefixCacheAffinityParams.model_validate(shared(ns))
     a = PrefixCacheAffinityFilter("f", params, ledger())
@@ -159,6 +163,7 @@ async def test_the_affinity_filter_counts_the_other_replicas_prompt_tokens(ns: s
         await b.stop()
 
 
+@pytest.mark.slow
 async def test_the_affinity_filter_learns_the_queue_price_from_every_replica(ns: str) -> None:
     params = PrefixCacheAffinityParams.model_validate(shared(ns))
     a = PrefixCacheAffinityFilter("f", params, ledger())
@@ -196,6 +201,7 @@ async def test_the_affinity_filter_learns_the_queue_price_from_every_replica(ns:
         await b.stop()
 
 
+@pytest.mark.slow
 async def test_a_price_sample_counts_the_other_replicas_prompts_ahead(ns: str) -> None:
     """What was ahead of an attempt on a pod is every replica's prompt tokens in flight there,
     as the filter's estimate multiplies the price by."""
@@ -230,6 +236,7 @@ def ledger_handle(load: InFlightLoad) -> PluginHandle:
     return PluginHandle(EndpointPool([]), load=load)
 
 
+@pytest.mark.slow
 async def test_a_reloaded_replica_counts_its_requests_once_on_every_side(ns: str) -> None:
     # old and new: one gateway's plugin before and after a config reload; other: a replica
     params = ActiveRequestParams.model_validate(shared(ns))
@@ -253,6 +260,7 @@ async def test_a_reloaded_replica_counts_its_requests_once_on_every_side(ns: str
             await scorer.stop()
 
 
+@pytest.mark.slow
 async def test_the_affinity_filters_popularity_counts_every_replicas_requests(ns: str) -> None:
     """The filters' hub ticks only when poked (60 s interval): a's requests reach b's count
     in the pushes a's counters send anyway."""

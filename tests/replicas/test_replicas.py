@@ -249,6 +249,7 @@ asyncio.run(main())
 """
 
 
+@pytest.mark.slow
 async def test_a_killed_replica_process_stops_counting(ns: str) -> None:
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-c", _REPLICA, REDIS_URL, ns, stdout=asyncio.subprocess.PIPE
@@ -271,6 +272,7 @@ async def test_a_killed_replica_process_stops_counting(ns: str) -> None:
         assert live.others() == {}
 
 
+@pytest.mark.slow
 async def test_new_journal_records_make_the_others_tick(ns: str) -> None:
     """Both hubs tick only every 60 s on their own: b gets a's record only because a's tick
     announced it and b's listener ticked."""
@@ -283,6 +285,7 @@ async def test_new_journal_records_make_the_others_tick(ns: str) -> None:
                 await asyncio.sleep(0.01)
 
 
+@pytest.mark.slow
 async def test_counts_are_pushed_to_the_others_without_a_tick_of_theirs(ns: str) -> None:
     """b's hub is kept from ticking (its lock held, its interval 60 s): a's new count still
     reaches b, carried by the notification itself."""
@@ -337,6 +340,7 @@ class Events:
         self.got.append(payload)
 
 
+@pytest.mark.slow
 async def test_a_riders_events_go_with_the_push(ns: str) -> None:
     """b's hub never ticks (lock held, 60 s interval): a's events reach b's rider in the
     push that carries a's totals."""

@@ -651,6 +651,7 @@ async def _until_scraped(gw: RunningGateway, pod: str, waiting: int) -> None:
     await eventually(lambda: endpoint.metrics.waiting == waiting)
 
 
+@pytest.mark.slow
 async def test_a_prefill_hop_counts_on_its_pod_in_the_ledger_while_it_runs(
     start_pod: PodFactory, start_gateway: GatewayFactory
 ) -> None:

@@ -10,6 +10,7 @@ from collections import Counter
 from typing import Any
 
 import aiohttp
+import pytest
 
 from tests.conftest import GatewayFactory, PodFactory, eventually, make_config
 
@@ -38,6 +39,7 @@ BODY = {"model": "sim-model", "prompt": "hello there " * 20, "max_tokens": 8}
 STREAM = {**BODY, "stream": True}
 
 
+@pytest.mark.slow
 async def test_slow_pod_learned_and_avoided(
     start_pod: PodFactory, start_gateway: GatewayFactory
 ) -> None:

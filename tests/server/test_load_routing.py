@@ -178,6 +178,7 @@ async def test_context_length_overflow_prefers_larger_max(
         assert r.headers["x-sim-pod"] == "B"
 
 
+@pytest.mark.slow
 async def test_thousand_requests_with_random_aborts_leave_no_count(
     start_pod: PodFactory, start_gateway: GatewayFactory
 ) -> None:

@@ -37,6 +37,7 @@ def scorer_of(gw: RunningGateway) -> OutstandingWorkScorer:
     return scorer
 
 
+@pytest.mark.slow
 async def test_a_streams_prefill_stops_counting_at_its_headers(
     start_pod: PodFactory, start_gateway: GatewayFactory
 ) -> None:
@@ -59,6 +60,7 @@ async def test_a_streams_prefill_stops_counting_at_its_headers(
     await eventually(lambda: scorer.work(pod.name) == 0.0)
 
 
+@pytest.mark.slow
 async def test_a_non_streamed_requests_work_counts_until_it_completes(
     start_pod: PodFactory, start_gateway: GatewayFactory
 ) -> None:
@@ -76,6 +78,7 @@ async def test_a_non_streamed_requests_work_counts_until_it_completes(
     assert scorer.work(pod.name) == 0.0  # removed before the answer was sent
 
 
+@pytest.mark.slow
 async def test_no_work_is_left_behind_by_failures_retries_or_disconnects(
     start_pod: PodFactory, start_gateway: GatewayFactory
 ) -> None:
@@ -141,6 +144,7 @@ async def test_a_client_gone_during_pre_request_leaves_no_work(
     assert pod.pod.received == []
 
 
+@pytest.mark.slow
 async def test_a_non_streamed_request_counts_down_once_a_stream_showed_the_pace(
     start_pod: PodFactory, start_gateway: GatewayFactory
 ) -> None:

@@ -120,6 +120,7 @@ async def warm(
     raise AssertionError("the simulated pod's KV events never arrived")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("shape", ["map", "array"])
 async def test_kv_events_move_the_routing(
     start_pod: PodFactory, start_gateway: GatewayFactory, model_dir: Path,
@@ -191,6 +192,7 @@ async def test_speculative_indexing_routes_a_repeat_before_its_events(
         assert scorer_of(gw).stats.speculative_blocks > 0
 
 
+@pytest.mark.slow
 async def test_replicas_sharing_a_redis_index_route_alike(
     start_pod: PodFactory, start_gateway: GatewayFactory, model_dir: Path,
     ctx: zmq.asyncio.Context, redis_prefix: str,
@@ -230,6 +232,7 @@ async def test_replicas_sharing_a_redis_index_route_alike(
             await pub.close()
 
 
+@pytest.mark.slow
 async def test_the_simulated_pods_own_events_bring_a_prompt_back(
     start_pod: PodFactory, start_gateway: GatewayFactory, model_dir: Path
 ) -> None:
@@ -248,6 +251,7 @@ async def test_the_simulated_pods_own_events_bring_a_prompt_back(
         assert await served_by(http, gw, list(range(1, 129))) == pods[0].name  # cold: a tie
 
 
+@pytest.mark.slow
 async def test_a_cache_salt_is_scored_only_against_blocks_of_the_same_salt(
     start_pod: PodFactory, start_gateway: GatewayFactory, model_dir: Path
 ) -> None:
@@ -295,6 +299,7 @@ def scraped(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("enabled", [True, False])
 async def test_enable_metrics_exports_the_index_families(
     start_pod: PodFactory, start_gateway: GatewayFactory, model_dir: Path,

@@ -95,6 +95,7 @@ async def _stream(
         return status, pod, chunks, done
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(90)
 async def test_sighup_swaps_endpoints_and_plugins_without_dropping_streams(
     tmp_path: Path, pods: list[RunningPod]
@@ -146,6 +147,7 @@ async def test_sighup_swaps_endpoints_and_plugins_without_dropping_streams(
             assert not gw.logged("Traceback"), gw.log.read_text()[-3000:]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 async def test_watch_config_reloads_on_file_change(tmp_path: Path, pods: list[RunningPod]) -> None:
     a, b = pods

@@ -61,6 +61,7 @@ async def settle(a: RunningGateway, b: RunningGateway) -> None:
     await eventually(lambda: shared_view(a) == shared_view(b), within=5.0)
 
 
+@pytest.mark.slow
 async def test_a_prompt_routed_by_one_replica_returns_to_its_pod_through_the_other(
     start_pod: PodFactory, start_gateway: GatewayFactory, ns: str
 ) -> None:
@@ -83,6 +84,7 @@ async def test_a_prompt_routed_by_one_replica_returns_to_its_pod_through_the_oth
             assert again == first[i]
 
 
+@pytest.mark.slow
 async def test_requests_in_flight_through_one_replica_count_on_the_other(
     start_pod: PodFactory, start_gateway: GatewayFactory, ns: str
 ) -> None:

@@ -122,6 +122,7 @@ async def redis_prefix() -> AsyncIterator[str]:
         yield prefix
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("index", ["memory", "redis"])
 async def test_a_restarted_gateway_routes_to_what_the_pods_cached(

@@ -252,6 +252,7 @@ async def test_malformed_requests_get_openai_shaped_json(start_pod: PodFactory) 
     assert status == 400 and doc["error"]["code"] == "bad_request"
 
 
+@pytest.mark.slow
 async def test_idle_and_slowloris_connections_are_closed(start_pod: PodFactory) -> None:
     async with listening(make_config([await start_pod()]), keepalive_timeout=0.5) as url:
         host, port = url.removeprefix("http://").split(":")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import socket
 
 import aiohttp
+import pytest
 import zmq.asyncio
 from aiohttp import web
 
@@ -82,6 +83,7 @@ def _free_pair_base() -> int:
     raise AssertionError("no free ports")
 
 
+@pytest.mark.slow
 async def test_demo_pods_each_publish_kv_events_on_their_own_port() -> None:
     base = _free_pair_base()
     args = build_parser().parse_args(

@@ -170,6 +170,7 @@ async def test_shutdown_ends_requests_in_flight(sim: SimFactory) -> None:
     assert status == 503 and doc["error"]["message"] == "the engine stopped"
 
 
+@pytest.mark.slow
 async def test_a_pod_the_host_held_up_catches_up_with_its_cost_model(sim: SimFactory) -> None:
     # 60 decode steps of 10 ms: 0.6 s by the cost model. The event loop is then blocked three
     # times for 90 ms (a shared CPU giving the pod no time). Without catching up the request

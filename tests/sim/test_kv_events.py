@@ -33,6 +33,7 @@ def _removed(e: Any, fmt: str) -> dict[str, Any] | None:
     return {"type": e[0], "block_hashes": e[1], "medium": e[2]}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fmt", ["map", "array"])
 async def test_stored_and_evicted_blocks_in_vllms_format(
     sim: SimFactory, zmq_ctx: zmq.asyncio.Context, fmt: str
@@ -82,6 +83,7 @@ async def test_stored_and_evicted_blocks_in_vllms_format(
         sub.close()
 
 
+@pytest.mark.slow
 async def test_replay_answers_from_a_start_sequence(
     sim: SimFactory, zmq_ctx: zmq.asyncio.Context
 ) -> None:
@@ -115,6 +117,7 @@ async def test_replay_answers_from_a_start_sequence(
         dealer.close()
 
 
+@pytest.mark.slow
 async def test_cpu_offload_tier(sim: SimFactory, zmq_ctx: zmq.asyncio.Context) -> None:
     s = await sim(num_gpu_blocks=40, cpu_offload_blocks=64, kv_events_port=-1, time_scale=1.0)
     sub = await subscribe(zmq_ctx, s.pod.kv_events_endpoint or "")
@@ -161,6 +164,7 @@ async def test_cpu_offload_tier(sim: SimFactory, zmq_ctx: zmq.asyncio.Context) -
         sub.close()
 
 
+@pytest.mark.slow
 async def test_reset_prefix_cache_clears_all_blocks(
     sim: SimFactory, zmq_ctx: zmq.asyncio.Context
 ) -> None:
@@ -181,6 +185,7 @@ async def test_reset_prefix_cache_clears_all_blocks(
         sub.close()
 
 
+@pytest.mark.slow
 async def test_lora_blocks_carry_the_adapter(sim: SimFactory, zmq_ctx: zmq.asyncio.Context) -> None:
     s = await sim(lora_modules=["a", "b"], max_loras=2, kv_events_port=-1)
     sub = await subscribe(zmq_ctx, s.pod.kv_events_endpoint or "")

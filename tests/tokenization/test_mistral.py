@@ -40,6 +40,7 @@ def tekken() -> MistralRequestTokenizer:
     return MistralRequestTokenizer(TEKKEN)
 
 
+@pytest.mark.slow
 def test_completions_and_chat_are_encoded_as_vllms_mistral_mode(
     tekken: MistralRequestTokenizer,
 ) -> None:
@@ -108,6 +109,7 @@ def scorer_from_hub_cache(
     return scorer
 
 
+@pytest.mark.slow
 async def test_the_precise_scorer_reads_a_mistral_model_from_a_prepared_hub_cache(
     tmp_path: Path, tekken: MistralRequestTokenizer
 ) -> None:
@@ -160,6 +162,7 @@ def sock(tmp_path: Path) -> Iterator[str]:
     path.unlink(missing_ok=True)
 
 
+@pytest.mark.slow
 async def test_the_tokenizer_server_serves_a_mistral_model(
     tmp_path: Path, sock: str, tekken: MistralRequestTokenizer
 ) -> None:

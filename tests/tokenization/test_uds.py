@@ -159,6 +159,7 @@ class _Recorder(pb_grpc.TokenizationServiceServicer):  # type: ignore[misc]
         return pb.TokenizeResponse(success=True)
 
 
+@pytest.mark.slow
 async def test_the_wire_messages_are_the_llm_d_clients(sock: str) -> None:
     recorder = _Recorder()
     server = grpc.aio.server()
@@ -389,6 +390,7 @@ def test_model_names_resolve_as_llm_d_resolves_them() -> None:
         uds_model_name("x", mapping)
 
 
+@pytest.mark.slow
 async def test_tokenizer_server_command(model_dir: Path, tok: LocalTokenizer, sock: str) -> None:
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "heimdall_proxy", "tokenizer-server", "--socket", sock,
@@ -412,6 +414,7 @@ async def test_tokenizer_server_command(model_dir: Path, tok: LocalTokenizer, so
     assert bad.returncode == 1 and b"no tokenizer for model" in err
 
 
+@pytest.mark.slow
 async def test_load_on_demand_serves_the_models_clients_name(model_dir: Path, sock: str) -> None:
     """`--load-on-demand` with no model, as the llm-d sidecar starts: InitializeTokenizer with
     a directory (what llm-d sends for a modelTokenizerMap entry) loads it."""
@@ -431,6 +434,7 @@ async def test_load_on_demand_serves_the_models_clients_name(model_dir: Path, so
         await proc.wait()
 
 
+@pytest.mark.slow
 async def test_sim_model_tokenizes_as_the_simulated_pods(sock: str) -> None:
     """`--sim-model NAME`: the simulator's own tokenization, so a gateway's prompt ids (and
     block keys) are those of the `heimdall-proxy sim` pods' KV events."""

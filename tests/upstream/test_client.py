@@ -939,6 +939,7 @@ async def test_credentials_in_the_origin_are_sent_as_basic_auth(
     assert b"Basic" not in heads[1] and b"\r\nAuthorization: Bearer t\r\n" in heads[1]
 
 
+@pytest.mark.slow
 async def test_a_stream_longer_than_the_read_limit_is_cut_only_by_silence(
     client: UpstreamClient, raw_server: RawFactory
 ) -> None:

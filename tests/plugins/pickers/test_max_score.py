@@ -152,6 +152,7 @@ def test_fallback_ranking_orders_the_rest_of_a_tie_uniformly() -> None:
     assert all(60 < n < 190 for n in orders.values()), orders
 
 
+@pytest.mark.slow
 def test_many_pods_tie_uniformly() -> None:
     """1,024 pods, 256 of them tied at the top: each of those is picked about equally often
     (10,240 draws, 40 expected per pod; 10..80 is > 4.7 standard deviations each side, over

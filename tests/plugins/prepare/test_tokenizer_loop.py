@@ -137,6 +137,7 @@ async def scenario(plugin: str, model_dir: Path, prompt: str) -> tuple[int, list
     ("plugin", "loop"),
     [("tokenizer", "asyncio"), ("tokenizer", "uvloop"), ("precise-prefix-cache-scorer", "uvloop")],
 )
+@pytest.mark.slow
 def test_health_is_answered_while_a_long_prompt_is_tokenized(
     plugin: str, loop: str, tmp_path: Path
 ) -> None:

@@ -36,6 +36,7 @@ def test_check_config_accepts_them(path: Path, capsys: pytest.CaptureFixture[str
         assert "tokenProcessorConfig.hashSeed" in err  # accepted, warned about
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", CONFIGS, ids=[p.stem for p in CONFIGS])
 async def test_they_serve_requests(
     path: Path, start_pod: PodFactory, start_gateway: GatewayFactory

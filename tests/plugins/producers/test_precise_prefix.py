@@ -57,6 +57,7 @@ def test_parameters_need_no_tokenizer_pool_unlike_the_scorer() -> None:
         PrecisePrefixCacheParams.model_validate({"indexerConfig": {}})
 
 
+@pytest.mark.slow
 async def test_the_pods_own_events_bring_a_prompt_back_through_the_producer(
     start_pod: PodFactory, start_gateway: GatewayFactory
 ) -> None:
@@ -82,6 +83,7 @@ async def test_the_pods_own_events_bring_a_prompt_back_through_the_producer(
 @pytest.mark.parametrize(
     "token_producer", [None, {"type": "token-producer"}], ids=["none", "estimate"]
 )
+@pytest.mark.slow
 async def test_without_real_token_ids_the_producer_publishes_nothing(
     start_pod: PodFactory, start_gateway: GatewayFactory, token_producer: dict[str, Any] | None
 ) -> None:
@@ -97,6 +99,7 @@ async def test_without_real_token_ids_the_producer_publishes_nothing(
     assert producer.stats.lookups == 0  # type: ignore[attr-defined]
 
 
+@pytest.mark.slow
 async def test_the_producer_matches_what_the_seeds_scorer_matches(
     start_pod: PodFactory,
     start_gateway: GatewayFactory,

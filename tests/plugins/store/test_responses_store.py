@@ -432,6 +432,7 @@ async def test_continuing_renews_the_ancestors() -> None:
     assert len(req.data["input"]) == 7
 
 
+@pytest.mark.slow
 async def test_a_long_walk_lets_the_event_loop_run() -> None:
     store = plugin(backend=InMemoryBackend(0, 100_000, 10_000))
     await chain(store, 3000)

@@ -443,6 +443,7 @@ async def test_chain_falls_back_to_mongo_for_a_turn_redis_lost(redis: Any, ns: s
         await backend.stop()
 
 
+@pytest.mark.slow
 async def test_a_conversation_through_the_plugin_on_redis(redis: Any, ns: str) -> None:
     from tests.plugins.store.test_responses_store import chain, plugin
 
