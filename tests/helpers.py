@@ -137,3 +137,13 @@ async def wait_http(url: str, within: float = 20.0) -> None:
                 pass
             assert time.monotonic() < deadline, f"{url} never answered"
             await asyncio.sleep(0.1)
+
+
+def builtins_with(**extra: Any) -> Any:
+    """A registry of every built-in plugin plus test plugins, type name -> class."""
+    from heimdall_proxy.builtins import load_builtin_plugins
+
+    reg = load_builtin_plugins()
+    for type_name, cls in extra.items():
+        reg.register(type_name)(cls)
+    return reg

@@ -287,7 +287,9 @@ class SimPod:
             return web.Response(status=500, text="broken")
         return web.Response(text=self.metrics_text(), content_type="text/plain")
 
-    async def _tokenize(self, request: web.Request) -> web.Response:
+    async def _prompt_body(self, request: web.Request) -> dict[str, Any] | web.Response:
+        """The JSON object body of a tokenize or render request, or the error answering it
+        (not JSON, not an object, a model this pod does not serve)."""
         try:
             data = orjson.loads(await request.read())
         except orjson.JSONDecodeError:
@@ -297,6 +299,12 @@ class SimPod:
         model = data.get("model")
         if model is not None and model not in self.served_models:
             return _error(404, f"The model `{model}` does not exist.", "NotFoundError", "model")
+        return data
+
+    async def _tokenize(self, request: web.Request) -> web.Response:
+        data = await self._prompt_body(request)
+        if isinstance(data, web.Response):
+            return data
         try:
             if "messages" in data:
                 prompt = self.tokenizer.chat(
@@ -320,15 +328,9 @@ class SimPod:
         """The prompt's token ids as vLLM's render endpoints give them: for a chat request one
         GenerateRequest-shaped object, for a completion a list of them (one per prompt; the
         simulator takes one prompt per request)."""
-        try:
-            data = orjson.loads(await request.read())
-        except orjson.JSONDecodeError:
-            return _error(400, "invalid JSON")
-        if not isinstance(data, dict):
-            return _error(400, "the body must be a JSON object")
-        model = data.get("model")
-        if model is not None and model not in self.served_models:
-            return _error(404, f"The model `{model}` does not exist.", "NotFoundError", "model")
+        data = await self._prompt_body(request)
+        if isinstance(data, web.Response):
+            return data
         chat = request.path.startswith("/v1/chat/")
         try:
             if chat:
@@ -337,7 +339,7 @@ class SimPod:
                 prompt = self.tokenizer.completion(data)
         except PromptError as exc:
             return _error(400, str(exc))
-        rendered = {"model": model, "token_ids": prompt.ids}
+        rendered = {"model": data.get("model"), "token_ids": prompt.ids}
         return web.json_response(rendered if chat else [rendered])
 
     async def _reset_prefix_cache(self, request: web.Request) -> web.Response:

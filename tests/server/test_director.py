@@ -11,7 +11,6 @@ from typing import Any
 import aiohttp
 
 import heimdall_proxy
-from heimdall_proxy.builtins import load_builtin_plugins
 from heimdall_proxy.framework.base import BasePlugin
 from heimdall_proxy.framework.params import NoParams
 from heimdall_proxy.framework.registry import Registry
@@ -20,6 +19,7 @@ from heimdall_proxy.server.app import create_app
 from heimdall_proxy.server.gateway import GATEWAY
 from heimdall_proxy.server.options import ServerOptions
 from tests.conftest import PodFactory, make_config
+from tests.helpers import builtins_with
 
 CALLS: list[str] = []
 
@@ -49,11 +49,8 @@ class Witness(BasePlugin[NoParams]):
 
 
 def registry() -> Registry:
-    reg = Registry()
-    for spec in load_builtin_plugins():
-        reg.register(spec.type_name, spec.params, feature_gate=spec.feature_gate)(spec.factory)
-    reg.register("test-witness")(Witness)
-    return reg
+    registry: Registry = builtins_with(**{"test-witness": Witness})
+    return registry
 
 
 async def test_a_request_lives_in_the_directors_order(

@@ -7,7 +7,6 @@ from typing import Any
 
 import aiohttp
 
-from heimdall_proxy.builtins import load_builtin_plugins
 from heimdall_proxy.framework.base import BasePlugin
 from heimdall_proxy.framework.errors import RequestError
 from heimdall_proxy.framework.params import NoParams
@@ -16,6 +15,7 @@ from heimdall_proxy.framework.types import Endpoint, InferenceRequest
 from heimdall_proxy.server.app import create_app
 from heimdall_proxy.server.options import ServerOptions
 from tests.conftest import PodFactory, make_config
+from tests.helpers import builtins_with
 
 
 class Refuser(BasePlugin[NoParams]):
@@ -31,11 +31,8 @@ class Refuser(BasePlugin[NoParams]):
 
 
 def registry() -> Registry:
-    reg = Registry()
-    for spec in load_builtin_plugins():
-        reg.register(spec.type_name, spec.params, feature_gate=spec.feature_gate)(spec.factory)
-    reg.register("test-refuser")(Refuser)
-    return reg
+    registry: Registry = builtins_with(**{"test-refuser": Refuser})
+    return registry
 
 
 async def test_request_error_is_the_answer_other_errors_fail_open(
