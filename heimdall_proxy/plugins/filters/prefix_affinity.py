@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Mapping
 from typing import Any
 
 from pydantic import Field
@@ -42,9 +41,10 @@ from heimdall_proxy.plugins.scorers.shared_state import (
     SharedCountsParams,
     SharedJournalParams,
     SharesState,
-    shared_counters,
+    ledger_store,
     shared_journal,
 )
+from heimdall_proxy.replicas.ledger import share_of
 
 PREFIX_CACHE_AFFINITY_FILTER_TYPE = "prefix-cache-affinity-filter"
 
@@ -144,7 +144,8 @@ class PrefixCacheAffinityFilter(SharesState, BasePlugin[PrefixCacheAffinityParam
         self._rng = random.Random()
         self._seconds_per_token = 1.0 / params.peak_prefill_throughput
         self._penalty = params.max_ttft_penalty_ms / 1000.0
-        self.shared = shared_counters(self, params, self._published)
+        #: Its store shares the gateway's ledger too (replicas/ledger.py)
+        self.ledger_store = ledger_store(self, params)
         self.queue_price = QueuePrice(self._seconds_per_token)
         if params.learn_queue_delay:
             self.journal = shared_journal(self, params, self._learned)
@@ -153,9 +154,9 @@ class PrefixCacheAffinityFilter(SharesState, BasePlugin[PrefixCacheAffinityParam
         #: With sharing, the popularity counts every replica's requests (the others' ride
         #: on the counters' pushes, shared_popularity.py), as one gateway's would.
         self._shared_popularity: SharedPopularity | None = None
-        if self.shared is not None and params.shared_prefix_discount:
+        if self.ledger_store is not None and params.shared_prefix_discount:
             self._shared_popularity = SharedPopularity(self.popularity)
-            self.shared.rider = self._shared_popularity
+            self.ledger_rider = self._shared_popularity
         # CycleState key of the shared prefix the filter priced, counted when the request
         # is sent (pre_request), so retries' and the debug route's filtering count nothing
         self._shared_prefix_key = f"{PREFIX_CACHE_AFFINITY_FILTER_TYPE}/{name}#prefix"
@@ -186,10 +187,6 @@ class PrefixCacheAffinityFilter(SharesState, BasePlugin[PrefixCacheAffinityParam
         self.hand_over(previous)
         return "; ".join(not_kept) or None
 
-    def _published(self) -> Mapping[str, float]:
-        """The prompt tokens in flight, or nothing once handed over (as active-request's)."""
-        return {} if self.handed_over else {p: float(n) for p, n in self.load.prompts.items()}
-
     def _learned(self, record: list[Any]) -> None:
         """Another replica's queue-price sample, applied by the successor once handed over."""
         if not self.handed_over:
@@ -213,10 +210,7 @@ class PrefixCacheAffinityFilter(SharesState, BasePlugin[PrefixCacheAffinityParam
 
     def _busy(self, pod: str) -> float:
         """Prompt tokens in flight on `pod` (every replica's, when shared)."""
-        busy: float = self.load.prompts.get(pod, 0)
-        if self.shared is not None:
-            busy += self.shared.others().get(pod, 0.0)
-        return busy
+        return float(self.load.prompts.get(pod, 0))
 
     def _queue_price(self, pod: str) -> float:
         """Seconds of delay per prompt token in flight on `pod`."""
@@ -274,7 +268,8 @@ class PrefixCacheAffinityFilter(SharesState, BasePlugin[PrefixCacheAffinityParam
         return sticky
 
     def _replica(self) -> str:
-        return self.shared.replica if self.shared is not None else ""
+        counters = share_of(self.load).counters
+        return counters.replica if counters is not None else ""
 
     def _trace_filter(
         self,
@@ -288,8 +283,8 @@ class PrefixCacheAffinityFilter(SharesState, BasePlugin[PrefixCacheAffinityParam
     ) -> None:
         pods = [e.name for e in endpoints]
         est = {p: self.estimated_ttft(p, info, prompt) for p in pods}
-        others = dict(self.shared.others()) if self.shared is not None else {}
-        local = {p: float(self.load.prompts.get(p, 0)) for p in pods}
+        local = {p: float(self.load.own_prompts.get(p, 0)) for p in pods}
+        others = {p: self.load.prompts.get(p, 0) - local[p] for p in pods}
         price = {p: self._queue_price(p) for p in pods}
         affinity_trace.emit(
             "filter",
@@ -323,8 +318,6 @@ class PrefixCacheAffinityFilter(SharesState, BasePlugin[PrefixCacheAffinityParam
             # what was in flight before it: the ledger already counts this attempt
             ahead = self._busy(pod) - self.load.whole_of(key)
             self.queue_price.sent(key, pod, ahead, own)
-        if self.shared is not None:
-            self.shared.changed()
         if self.params.shared_prefix_discount:
             prefix = ctx.state.get(self._shared_prefix_key)
             shared_key = prefix if isinstance(prefix, int) else None
@@ -348,7 +341,5 @@ class PrefixCacheAffinityFilter(SharesState, BasePlugin[PrefixCacheAffinityParam
     async def response_complete(self, ctx: RequestContext) -> None:
         key = ctx.key
         self.queue_price.forget(key)
-        if self.shared is not None:
-            self.shared.changed()
         if affinity_trace.enabled():
             affinity_trace.emit("end", key, self._replica(), pod=ctx.target.name)
