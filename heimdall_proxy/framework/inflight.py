@@ -316,9 +316,13 @@ class InFlightLoad:
         if not others and not self._split:
             return
         self._split = bool(others)
-        self.requests = _sum(self.own_requests, others.get("r"))
-        self.tokens = _sum(self.own_tokens, others.get("t"))
-        self.prompts = _sum(self.own_prompts, others.get("p"))
+        if others:
+            self.requests = _sum(self.own_requests, others.get("r"))
+            self.tokens = _sum(self.own_tokens, others.get("t"))
+            self.prompts = _sum(self.own_prompts, others.get("p"))
+        else:  # the sums are this replica's counts again, the very dicts it writes
+            self.requests, self.tokens = self.own_requests, self.own_tokens
+            self.prompts = self.own_prompts
         for name, measure in self._measures.items():
             measure._others = others.get("m:" + name, {})
 
