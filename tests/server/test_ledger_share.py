@@ -79,7 +79,7 @@ async def test_a_request_in_flight_through_one_replica_is_seen_by_the_others_sco
         async with http.post(f"{a.url}/v1/completions", json=BODY) as r:
             # counted with its prompt until a's first chunk, then with its output estimate
             await eventually(lambda: readers(b, pod.name)[1] == 200)
-            requests, tokens, active, score = readers(b, pod.name)
+            requests, _, active, score = readers(b, pod.name)
             assert requests == 1 and active == 1 and score < 1.0
             # it is a's own, not b's: b's own count (and metrics) stay at zero
             assert b.gateway.load.own_requests.get(pod.name, 0) == 0
