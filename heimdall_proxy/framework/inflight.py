@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from itertools import repeat
 from typing import Protocol, runtime_checkable
@@ -57,12 +57,16 @@ class Measure:
     summed per pod. It lives in the ledger, so an attempt's value goes when the attempt
     does (release, expiry, its pod leaving) and a reload finds it under the same name."""
 
-    __slots__ = ("_counts", "_totals", "_values")
+    __slots__ = ("_counts", "_ledger", "_others", "_totals", "_values")
 
-    def __init__(self) -> None:
+    def __init__(self, ledger: InFlightLoad | None = None) -> None:
+        #: The ledger it lives in (told of each change, to publish it when shared).
+        self._ledger = ledger
         self._values: dict[str, tuple[str, float]] = {}
         self._totals: dict[str, float] = {}
         self._counts: dict[str, int] = {}
+        #: pod -> the other gateway replicas' totals, when the ledger is shared
+        self._others: dict[str, float] = {}
 
     def put(self, key: str, pod: str, value: float) -> None:
         """Attempt `key`'s value on `pod` (added, or changed)."""
@@ -75,6 +79,8 @@ class Measure:
             delta = value - old[1]
         left = self._totals.get(pod, 0.0) + delta
         self._totals[pod] = left if left > 0.0 else 0.0
+        if self._ledger is not None and self._ledger.poke is not None:
+            self._ledger.poke()
 
     def drop(self, key: str) -> None:
         item = self._values.pop(key, None)
@@ -89,16 +95,23 @@ class Measure:
         else:  # exact zero, never float residue
             self._counts.pop(pod, None)
             self._totals.pop(pod, None)
+        if self._ledger is not None and self._ledger.poke is not None:
+            self._ledger.poke()
 
     def total(self, pod: str) -> float:
+        """The values on `pod`, summed over every gateway replica when the ledger is shared."""
+        if self._others:
+            return self._totals.get(pod, 0.0) + self._others.get(pod, 0.0)
         return self._totals.get(pod, 0.0)
 
     def totals_of(self, pods: Iterable[str]) -> list[float]:
         """`total(pod)` of each of `pods`, in order, without a call per pod."""
+        if self._others:
+            return list(map(self.total, pods))
         return list(map(self._totals.get, pods, repeat(0.0)))
 
     def totals(self) -> dict[str, float]:
-        """pod -> sum of the values (what a replica publishes to the others)."""
+        """pod -> sum of this replica's values (what it publishes to the others)."""
         return {pod: total for pod, total in self._totals.items() if total}
 
     def forget(self, pods: Iterable[str]) -> None:
@@ -108,6 +121,7 @@ class Measure:
         for pod in gone:
             self._totals.pop(pod, None)
             self._counts.pop(pod, None)
+            self._others.pop(pod, None)
 
 
 class InFlightLoad:
@@ -116,19 +130,32 @@ class InFlightLoad:
     read them through `requests`, `tokens` (what the pod must still compute of the prompts,
     and estimated output) and `prompts` (whole prompts of the requests in flight, until
     each ends: how much a pod is serving, as the affinity filter and the latency producer
-    weigh it); pod -> count, absent: 0."""
+    weigh it); pod -> count, absent: 0.
+
+    When the ledger is shared between gateway replicas (`share_others`, fed by
+    replicas/ledger.py), those three and every Measure's totals are the sums over every
+    live replica, so a reader never asks where a count comes from; `own_requests`,
+    `own_tokens` and `own_prompts` are this replica's alone (what it publishes, and its
+    metrics). Unshared, each `own_*` is the same dict as its sum."""
 
     __slots__ = (
         "_attempts",
         "_by_pod",
         "_earliest",
         "_measures",
+        "_others",
         "_prices",
+        "_split",
         "count_tokens",
+        "own_prompts",
+        "own_requests",
+        "own_tokens",
         "pending",
+        "poke",
         "prompts",
         "requests",
         "sent",
+        "share",
         "timeout",
         "tokens",
     )
@@ -137,6 +164,18 @@ class InFlightLoad:
         self.requests: dict[str, int] = {}
         self.tokens: dict[str, int] = {}
         self.prompts: dict[str, int] = {}
+        self.own_requests = self.requests
+        self.own_tokens = self.tokens
+        self.own_prompts = self.prompts
+        #: Whether the sums are dicts of their own (the others' counts are in them).
+        self._split = False
+        #: series ("r", "t", "p", "m:<measure>") -> pod -> the other replicas' sum
+        self._others: dict[str, dict[str, float]] = {}
+        #: The replica sharing of this ledger (replicas/ledger.py `share_of`; the framework
+        #: does not know the store), made on first use.
+        self.share: object | None = None
+        #: Called when a count changed while shared (the others hear of it soon; no I/O).
+        self.poke: Callable[[], None] | None = None
         self.timeout = timeout
         #: Whether anything reads `tokens`. Until then the relay does not estimate a request's
         #: prompt tokens for the ledger: that walks the messages, and with the EPP's default
@@ -179,7 +218,8 @@ class InFlightLoad:
         if mine is None:
             mine = self._by_pod[pod] = {}
         mine[key] = attempt
-        self.requests[pod] = self.requests.get(pod, 0) + 1
+        own = self.own_requests
+        own[pod] = own.get(pod, 0) + 1
         self.sent[pod] = self.sent.get(pod, 0) + 1
         if self._prices:  # before this attempt counts: what was ahead of it
             ahead = float(self.prompts.get(pod, 0))
@@ -189,9 +229,15 @@ class InFlightLoad:
                 )
                 price.sent(key, pod, there, prompt, start)
         if prompt or output:
-            self.tokens[pod] = self.tokens.get(pod, 0) + prompt + output
+            self.own_tokens[pod] = self.own_tokens.get(pod, 0) + prompt + output
         if whole:
-            self.prompts[pod] = self.prompts.get(pod, 0) + whole
+            self.own_prompts[pod] = self.own_prompts.get(pod, 0) + whole
+        if self._split:
+            _put(self.requests, pod, 1)
+            _put(self.tokens, pod, prompt + output)
+            _put(self.prompts, pod, whole)
+        if self.poke is not None:
+            self.poke()
         if start < self._earliest:
             self._earliest = start
         elif self.timeout > 0 and start - self.timeout >= self._earliest:
@@ -208,6 +254,8 @@ class InFlightLoad:
         if attempt is not None and attempt.prompt:
             self._take_tokens(attempt.pod, attempt.prompt)
             attempt.prompt = 0
+            if self.poke is not None:
+                self.poke()
 
     def release(self, key: str) -> None:
         """Attempt `key` is over (completed, failed, retried elsewhere or cancelled)."""
@@ -239,9 +287,11 @@ class InFlightLoad:
         for pod in pods:
             for key in self._by_pod.pop(pod, {}):
                 self._attempts.pop(key, None)
-            self.requests.pop(pod, None)
-            self.tokens.pop(pod, None)
-            self.prompts.pop(pod, None)
+            for counts in (self.own_requests, self.own_tokens, self.own_prompts,
+                           self.requests, self.tokens, self.prompts):  # fmt: skip
+                counts.pop(pod, None)
+            for others in self._others.values():
+                others.pop(pod, None)
         for measure in self._measures.values():
             measure.forget(pods)
         for price in self._prices.values():
@@ -252,7 +302,8 @@ class InFlightLoad:
         every plugin instance that asks, across reloads)."""
         found = self._measures.get(name)
         if found is None:
-            found = self._measures[name] = Measure()
+            found = self._measures[name] = Measure(self)
+            found._others = self._others.get("m:" + name, {})
         return found
 
     def queue_price(self, seconds_per_token: float) -> QueuePrice:
@@ -271,19 +322,61 @@ class InFlightLoad:
         """Every queue price this ledger feeds."""
         return list(self._prices.values())
 
+    # ---- replica sharing ----------------------------------------------------------------
+
+    def published(self) -> dict[str, float]:
+        """What this replica publishes to the others: its own per-pod totals of each series,
+        as `<series>\x1f<pod>` -> value (requests "r", tokens "t", whole prompts "p", and
+        each Measure as "m:<name>")."""
+        out: dict[str, float] = {}
+        for series, counts in (("r", self.own_requests), ("t", self.own_tokens),
+                               ("p", self.own_prompts)):  # fmt: skip
+            for pod, n in counts.items():
+                if n:
+                    out[f"{series}{SEP}{pod}"] = float(n)
+        for name, measure in self._measures.items():
+            for pod, value in measure.totals().items():
+                out[f"m:{name}{SEP}{pod}"] = value
+        return out
+
+    def share_others(self, flat: Mapping[str, float]) -> None:
+        """The other live replicas' sums (`published`'s shape, summed): from now on every
+        reader's counts include them. Empty: this replica counts alone again."""
+        others: dict[str, dict[str, float]] = {}
+        for key, value in flat.items():
+            series, sep, pod = key.partition(SEP)
+            if sep and value > 0:
+                others.setdefault(series, {})[pod] = value
+        self._others = others
+        if not others and not self._split:
+            return
+        self._split = bool(others)
+        if others:
+            self.requests = _sum(self.own_requests, others.get("r"))
+            self.tokens = _sum(self.own_tokens, others.get("t"))
+            self.prompts = _sum(self.own_prompts, others.get("p"))
+        else:  # the sums are this replica's counts again, the very dicts it writes
+            self.requests, self.tokens = self.own_requests, self.own_tokens
+            self.prompts = self.own_prompts
+        for name, measure in self._measures.items():
+            measure._others = others.get("m:" + name, {})
+
     # ---- readers ------------------------------------------------------------------------
 
     def requests_since(self, pod: str, cutoff: float) -> int:
-        """Requests in flight on `pod` that started after `cutoff` (monotonic seconds)."""
+        """Requests in flight on `pod` that started after `cutoff` (monotonic seconds): this
+        replica's by their start, plus (shared) the other replicas' in flight there, whose
+        starts are not published (their own ledgers expire them)."""
         mine = self._by_pod.get(pod)
+        others = round(self._others["r"].get(pod, 0.0)) if "r" in self._others else 0
         if not mine:
-            return 0
+            return others
         old = 0
         for attempt in mine.values():  # start order: the old ones come first
             if attempt.start > cutoff:
                 break
             old += 1
-        return len(mine) - old
+        return len(mine) - old + others
 
     def whole_of(self, key: str) -> int:
         """The prompt tokens attempt `key` counts in `prompts` (0 when not in flight)."""
@@ -307,27 +400,52 @@ class InFlightLoad:
             mine.pop(key, None)
             if not mine:
                 del self._by_pod[pod]
-        left = self.requests.get(pod, 0) - 1
-        if left > 0:
-            self.requests[pod] = left
-        else:
-            self.requests.pop(pod, None)
+        _take(self.own_requests, pod, 1)
         held = attempt.prompt + attempt.output
         if held:
-            self._take_tokens(pod, held)
+            _take(self.own_tokens, pod, held)
         if attempt.whole:
+            _take(self.own_prompts, pod, attempt.whole)
+        if self._split:
+            _take(self.requests, pod, 1)
+            _take(self.tokens, pod, held)
             _take(self.prompts, pod, attempt.whole)
+        if self.poke is not None:
+            self.poke()
 
     def _take_tokens(self, pod: str, n: int) -> None:
-        _take(self.tokens, pod, n)
+        _take(self.own_tokens, pod, n)
+        if self._split:
+            _take(self.tokens, pod, n)
+
+
+#: Between a series' name and a pod's in a published key (no pod name holds it).
+SEP = "\x1f"
 
 
 def _take(totals: dict[str, int], pod: str, n: int) -> None:
+    if not n:
+        return
     left = totals.get(pod, 0) - n
     if left > 0:
         totals[pod] = left
     else:
         totals.pop(pod, None)
+
+
+def _put(totals: dict[str, int], pod: str, n: int) -> None:
+    if n:
+        totals[pod] = totals.get(pod, 0) + n
+
+
+def _sum(own: Mapping[str, int], others: Mapping[str, float] | None) -> dict[str, int]:
+    """This replica's counts plus the others' (rounded: they were published as floats)."""
+    out = dict(own)
+    for pod, value in (others or {}).items():
+        n = round(value)
+        if n > 0:
+            out[pod] = out.get(pod, 0) + n
+    return out
 
 
 def warn_other_expiry(plugin: str, param: str, value: float, load: InFlightLoad) -> None:

@@ -84,3 +84,27 @@ def test_a_measure_goes_with_its_attempt() -> None:
     load.release("s:0")
     load.forget({"b"})
     assert work.totals() == {} and work.total("a") == 0.0
+
+
+def test_the_other_replicas_sums_are_in_every_read_and_only_its_own_are_published() -> None:
+    load = InFlightLoad()
+    work = load.measure("w")
+    load.acquire("k", "p0", prompt=10, output=5, whole=40, now=0.0)
+    work.put("k", "p0", 7.0)
+    mine = load.published()
+    assert mine == {"r\x1fp0": 1.0, "t\x1fp0": 15.0, "p\x1fp0": 40.0, "m:w\x1fp0": 7.0}
+    # another replica published the same shape: every reader sums it
+    load.share_others({"r\x1fp0": 2.0, "t\x1fp1": 30.0, "p\x1fp0": 100.0, "m:w\x1fp1": 3.0})
+    assert load.requests == {"p0": 3} and load.tokens == {"p0": 15, "p1": 30}
+    assert load.prompts == {"p0": 140}
+    assert work.total("p1") == 3.0 and work.totals_of(["p0", "p1"]) == [7.0, 3.0]
+    assert load.requests_since("p0", 1.0) == 2  # the others' have no published start
+    assert load.published() == mine  # never the others' back to them
+    load.prompt_done("k")
+    load.release("k")
+    assert load.requests == {"p0": 2} and load.tokens == {"p1": 30}
+    assert load.own_requests == {} and load.published() == {}
+    load.forget({"p1"})
+    assert load.tokens == {} and work.total("p1") == 0.0
+    load.share_others({})  # the others gone (or stale): the ledger counts alone again
+    assert load.requests == {} and load.requests is load.own_requests

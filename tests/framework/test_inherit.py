@@ -40,7 +40,6 @@ STATEFUL = [
     "prefix-cache-scorer",
     "prefix-cache-affinity-filter",
     "no-hit-lru-scorer",
-    "active-request-scorer",
     "outstanding-work-scorer",
     "predicted-latency-producer",
     "responses-store",
@@ -49,7 +48,8 @@ STATEFUL = [
 
 def doc(**overrides: dict[str, Any]) -> dict[str, Any]:
     """Every plugin that keeps state, and a picker, with `overrides` as parameters by type."""
-    types = [*STATEFUL, "max-score-picker"]
+    # active-request-scorer keeps nothing: its counts are the gateway's ledger's
+    types = [*STATEFUL, "active-request-scorer", "max-score-picker"]
     return {
         "featureGates": ["prepareDataPlugins"],
         "plugins": [{"type": t, "parameters": overrides.get(t, {})} for t in types],
@@ -94,12 +94,7 @@ async def serve_one(pset: PluginSet, target: int = 0) -> Any:
     affinity = get(pset, PrefixCacheAffinityFilter)
     affinity.filter(c.state, c.request, PODS)
     sent(LEDGER, c)  # as the relay does, once per attempt
-    for cls in (
-        ApproxPrefixCacheProducer,
-        NoHitLRUScorer,
-        ActiveRequestScorer,
-        OutstandingWorkScorer,
-    ):
+    for cls in (ApproxPrefixCacheProducer, NoHitLRUScorer, OutstandingWorkScorer):
         await get(pset, cls).pre_request(c)
     await affinity.pre_request(c)
     return c
@@ -131,16 +126,15 @@ async def test_a_reload_keeps_every_plugins_state_and_shares_it_with_the_old_req
         get(new, PredictedLatencyProducer).predictor is get(old, PredictedLatencyProducer).predictor
     )
 
-    # to other replicas the ledger is published once, by the new plugins only
-    for cls in (ActiveRequestScorer, OutstandingWorkScorer, PrefixCacheAffinityFilter):
-        assert get(old, cls)._published() == {}
-        assert set(get(new, cls)._published()) == {"pod-a"}
+    # to other replicas the ledger is published once, whichever plugins read it
+    published = LEDGER.published()
+    assert {key.split("\x1f")[1] for key in published} == {"pod-a"}
+    assert published["r\x1fpod-a"] == 1.0
 
     # the old request ends on the old plugins (and leaves the gateway's ledger, as the relay
     # reports): the new ones see it gone
     LEDGER.release(running.key)
-    for cls in (ActiveRequestScorer, OutstandingWorkScorer):
-        await get(old, cls).response_complete(running)
+    await get(old, OutstandingWorkScorer).response_complete(running)
     assert get(new, ActiveRequestScorer).count("pod-a") == 0
     assert get(new, OutstandingWorkScorer).work("pod-a") == 0
 
@@ -183,11 +177,11 @@ async def test_a_state_whose_meaning_changed_starts_empty_and_says_why(
 def test_a_name_taken_by_another_type_inherits_nothing() -> None:
     old = build(doc())
     d = doc()
-    d["plugins"][STATEFUL.index("active-request-scorer")] = {
+    d["plugins"][STATEFUL.index("outstanding-work-scorer")] = {
         "type": "queue-scorer",
-        "name": "active-request-scorer",
+        "name": "outstanding-work-scorer",
     }
-    assert "active-request-scorer" not in inherit_state(old.plugins, build(d).plugins, NONE)
+    assert "outstanding-work-scorer" not in inherit_state(old.plugins, build(d).plugins, NONE)
 
 
 async def test_the_store_keeps_its_entries_under_the_new_limits() -> None:

@@ -33,6 +33,7 @@ from heimdall_proxy.plugins.scorers.outstanding_work import (
 )
 from heimdall_proxy.plugins.scorers.prefix_cache import prefix_scores
 from heimdall_proxy.replicas.hub import LISTEN_POLL
+from heimdall_proxy.replicas.ledger import share_of
 from tests.helpers import ep
 from tests.kvcache.redisns import REDIS_URL, redis_namespace
 from tests.plugins.filters.test_prefix_affinity import SYSTEM, keyed
@@ -44,6 +45,14 @@ from tests.plugins.scorers.test_prefix_cache import LONG, completion, route
 async def ns() -> AsyncIterator[str]:
     async with redis_namespace() as prefix:
         yield prefix
+
+
+async def sync(*plugins: object) -> None:
+    """One tick of each plugin's gateway ledger's sharing, in order."""
+    for plugin in plugins:
+        counters = share_of(plugin.load).counters  # type: ignore[attr-defined]
+        assert counters is not None
+        await counters.sync()
 
 
 def shared(ns: str, **extra: object) -> dict[str, object]:
@@ -132,9 +141,7 @@ async def test_outstanding_work_sums_the_replicas(ns: str) -> None:
     await b.start()
     try:
         await a.pre_request(ctx(req(data={"max_tokens": 100}), ep("p0")))
-        assert a.shared is not None and b.shared is not None
-        await a.shared.sync()
-        await b.shared.sync()
+        await sync(a, b)
         assert b.work("p0") == a.work("p0") >= 100
         scores = b.score(None, req(), [ep("p0"), ep("p1")])  # type: ignore[arg-type]
         assert scores == {"p0": 0.0, "p1": 1.0}
@@ -153,9 +160,7 @@ async def test_the_affinity_filter_counts_the_other_replicas_prompt_tokens(ns: s
     try:
         before = b.estimated_ttft("p0", None, 100)
         await a.pre_request(sent(a.load, ctx(completion("word " * 4000), ep("p0"))))
-        assert a.shared is not None and b.shared is not None
-        await a.shared.sync()
-        await b.shared.sync()
+        await sync(a, b)
         # 20000 characters: 5000 prompt tokens in flight through a, at 16000 tokens/s
         assert b.estimated_ttft("p0", None, 100) - before == pytest.approx(5000 / 16000)
     finally:
@@ -212,9 +217,10 @@ async def test_a_price_sample_counts_the_other_replicas_prompts_ahead(ns: str) -
     await b.start()
     try:
         await a.pre_request(sent(a.load, ctx(completion("word " * 4000), ep("p0"))))
-        assert a.shared is not None and b.shared is not None
-        await a.shared.sync()
-        await b.shared.sync()
+        mine, theirs = share_of(a.load).counters, share_of(b.load).counters
+        assert mine is not None and theirs is not None  # each filter's store shares the ledger
+        await mine.sync()
+        await theirs.sync()
         c = ctx(completion("word " * 400, stream=True), ep("p0"))
         await b.pre_request(sent(b.load, c))
         assert b.queue_price is not None
@@ -229,7 +235,7 @@ async def test_a_price_sample_counts_the_other_replicas_prompts_ahead(ns: str) -
 def test_the_affinity_filter_shares_no_samples_when_it_learns_none(ns: str) -> None:
     params = PrefixCacheAffinityParams.model_validate(shared(ns, learnQueueDelay=False))
     f = PrefixCacheAffinityFilter("f", params, ledger())
-    assert f.shared is not None and f.journal is None
+    assert f.ledger_store is not None and f.journal is None
 
 
 def ledger_handle(load: InFlightLoad) -> PluginHandle:
@@ -249,14 +255,13 @@ async def test_a_reloaded_replica_counts_its_requests_once_on_every_side(ns: str
         for i in range(3):
             c = ctx(req(), ep("p0"), attempt=i)
             mine.acquire(c.key, "p0")  # as the relay does
-            await old.pre_request(c)
-        await old.shared.sync()  # type: ignore[union-attr]
-        assert new.inherit(old, frozenset()) is None
-        for scorer in (old, new, other, old, new, other):  # everyone has read everyone
-            await scorer.shared.sync()  # type: ignore[union-attr]
-        assert old.count("p0") == new.count("p0") == other.count("p0") == 3
+        await sync(old)
+        await old.stop()  # the reload's old plugin leaves: the new one holds the sharing
+        await sync(new, other, new, other)  # everyone has read everyone
+        assert new.count("p0") == other.count("p0") == 3
+        assert share_of(mine).counters is not None  # still shared, as the same replica
     finally:
-        for scorer in (old, new, other):
+        for scorer in (new, other):
             await scorer.stop()
 
 
@@ -289,22 +294,30 @@ def test_the_popularity_rides_on_no_push_without_the_discount(ns: str) -> None:
     f = PrefixCacheAffinityFilter(
         "f", PrefixCacheAffinityParams.model_validate(shared(ns)), ledger()
     )
-    assert f.shared is not None and f.shared.rider is None
+    assert f.ledger_store is not None and f.ledger_rider is None
 
 
-def test_another_replicas_pushed_requests_are_counted_once_across_a_reload(ns: str) -> None:
-    # old and new: one gateway's filter before and after a reload, both still in the hub
-    # while the old requests drain; every replica's push reaches both their counters
+async def test_another_replicas_pushed_requests_are_counted_once_across_a_reload(
+    ns: str,
+) -> None:
+    # old and new: one gateway's filter before and after a reload, both running while the
+    # old requests drain; their gateway's one ledger takes every replica's push once
     params = PrefixCacheAffinityParams.model_validate(shared(ns, sharedPrefixDiscount=0.75))
-    gateway = ledger()  # old and new read one gateway's popularity
+    mine, theirs = InFlightLoad(), InFlightLoad()
+    gateway = ledger_handle(mine)  # old and new read one gateway's ledger and popularity
     old, new = (PrefixCacheAffinityFilter("f", params, gateway) for _ in range(2))
-    other = PrefixCacheAffinityFilter("f", params, ledger())
+    other = PrefixCacheAffinityFilter("f", params, ledger_handle(theirs))
     assert new.popularity is old.popularity
-    assert new.inherit(old, frozenset()) is None
-    assert other.shared is not None
-    other.popularity.observe(42)
-    other.shared.script_args()
-    push = other.shared.push_message()
-    for filt in (old, new):
-        assert filt.shared is not None and filt.shared.pushed(push)
-    assert new.popularity.count(42) == pytest.approx(1.0)  # not 1 + 1 decayed by a step
+    for filt in (old, new, other):
+        await filt.start()
+    try:
+        assert new.inherit(old, frozenset()) is None
+        their_counters, my_counters = share_of(theirs).counters, share_of(mine).counters
+        assert their_counters is not None and my_counters is not None
+        other.popularity.observe(42)
+        their_counters.script_args()
+        assert my_counters.pushed(their_counters.push_message())
+        assert new.popularity.count(42) == pytest.approx(1.0)  # not 1 + 1 decayed by a step
+    finally:
+        for filt in (old, new, other):
+            await filt.stop()

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Callable, Mapping
 from typing import Any
 
 from pydantic import Field
@@ -40,9 +39,10 @@ from heimdall_proxy.plugins.scorers.shared_state import (
     SharedCountsParams,
     SharedJournalParams,
     SharesState,
-    shared_counters,
+    ledger_store,
     shared_journal,
 )
+from heimdall_proxy.replicas.ledger import share_of
 
 PREFIX_CACHE_AFFINITY_FILTER_TYPE = "prefix-cache-affinity-filter"
 
@@ -151,7 +151,9 @@ class PrefixCacheAffinityFilter(SharesState, BasePlugin[PrefixCacheAffinityParam
         self._rng = random.Random()
         self._seconds_per_token = 1.0 / params.peak_prefill_throughput
         self._penalty = params.max_ttft_penalty_ms / 1000.0
-        self.shared = shared_counters(self, params, self._published)
+        #: Its store shares the gateway's ledger too (replicas/ledger.py): the prompts in
+        #: flight it reads are then every replica's.
+        self.ledger_store = ledger_store(self, params)
         #: The ledger's queue price (read only: the ledger learns it); None: the queue is
         #: priced at `peakPrefillThroughput`.
         self.queue_price: QueuePrice | None = None
@@ -162,9 +164,9 @@ class PrefixCacheAffinityFilter(SharesState, BasePlugin[PrefixCacheAffinityParam
         #: priced). With sharing, it counts every replica's requests (the others' ride on the
         #: counters' pushes), as one gateway's would.
         self.popularity = handle.popularity.of(params.popularity_half_life)
-        if self.shared is not None and params.shared_prefix_discount:
+        if self.ledger_store is not None and params.shared_prefix_discount:
             self.popularity.riding = True
-            self.shared.rider = self.popularity
+            self.ledger_rider = self.popularity
         # the attempt whose first-token sample was traced last (trace output only)
         self._traced: str | None = None
         # CycleState key of the shared prefix the filter priced, counted when the request
@@ -186,7 +188,7 @@ class PrefixCacheAffinityFilter(SharesState, BasePlugin[PrefixCacheAffinityParam
             if previous.queue_price is not self.queue_price:
                 reason = changed(previous.params, self.params, "peak_prefill_throughput")
                 not_kept.append(f"the queue price is learned anew: {reason or 'learnQueueDelay'}")
-            self.queue_price.share(self.journal, self._elsewhere())
+            self.queue_price.share(self.journal)
         if previous.popularity is not self.popularity:
             reason = changed(previous.params, self.params, "popularity_half_life")
             not_kept.append(f"the prefix popularity is counted anew: {reason}")
@@ -200,7 +202,7 @@ class PrefixCacheAffinityFilter(SharesState, BasePlugin[PrefixCacheAffinityParam
         # the price already has).
         price = self.queue_price
         if price is not None and self.journal is not None and price.journal is None:
-            price.share(self.journal, self._elsewhere())
+            price.share(self.journal)
         await super().start()
 
     async def stop(self) -> None:
@@ -208,15 +210,6 @@ class PrefixCacheAffinityFilter(SharesState, BasePlugin[PrefixCacheAffinityParam
         if price is not None and self.journal is not None and price.journal is self.journal:
             price.share(None)
         await super().stop()
-
-    def _published(self) -> Mapping[str, float]:
-        """The prompt tokens in flight, or nothing once handed over (as active-request's)."""
-        return {} if self.handed_over else {p: float(n) for p, n in self.load.prompts.items()}
-
-    def _elsewhere(self) -> Callable[[], Mapping[str, float]] | None:
-        """The other replicas' prompt tokens in flight (what this filter's counters read),
-        for the price's samples."""
-        return self.shared.others if self.shared is not None else None
 
     def _learned(self, record: list[Any]) -> None:
         """Another replica's queue-price sample, applied to the ledger's price by the journal
@@ -243,10 +236,7 @@ class PrefixCacheAffinityFilter(SharesState, BasePlugin[PrefixCacheAffinityParam
 
     def _busy(self, pod: str) -> float:
         """Prompt tokens in flight on `pod` (every replica's, when shared)."""
-        busy: float = self.load.prompts.get(pod, 0)
-        if self.shared is not None:
-            busy += self.shared.others().get(pod, 0.0)
-        return busy
+        return float(self.load.prompts.get(pod, 0))
 
     def _queue_price(self, pod: str) -> float:
         """Seconds of delay per prompt token in flight on `pod`."""
@@ -304,7 +294,8 @@ class PrefixCacheAffinityFilter(SharesState, BasePlugin[PrefixCacheAffinityParam
         return sticky
 
     def _replica(self) -> str:
-        return self.shared.replica if self.shared is not None else ""
+        counters = share_of(self.load).counters
+        return counters.replica if counters is not None else ""
 
     def _trace_filter(
         self,
@@ -318,8 +309,8 @@ class PrefixCacheAffinityFilter(SharesState, BasePlugin[PrefixCacheAffinityParam
     ) -> None:
         pods = [e.name for e in endpoints]
         est = {p: self.estimated_ttft(p, info, prompt) for p in pods}
-        others = dict(self.shared.others()) if self.shared is not None else {}
-        local = {p: float(self.load.prompts.get(p, 0)) for p in pods}
+        local = {p: float(self.load.own_prompts.get(p, 0)) for p in pods}
+        others = {p: self.load.prompts.get(p, 0) - local[p] for p in pods}
         price = {p: self._queue_price(p) for p in pods}
         affinity_trace.emit(
             "filter",
@@ -348,8 +339,6 @@ class PrefixCacheAffinityFilter(SharesState, BasePlugin[PrefixCacheAffinityParam
         tokens = info.prompt_tokens if info is not None and info.prompt_tokens else 0
         tokens = tokens or self._prompt_tokens(ctx.request)
         pod, key = ctx.target.name, ctx.key
-        if self.shared is not None:
-            self.shared.changed()
         if self.params.shared_prefix_discount:
             prefix = ctx.state.get(self._shared_prefix_key)
             self.popularity.observe(prefix if isinstance(prefix, int) else None, key)
@@ -369,7 +358,5 @@ class PrefixCacheAffinityFilter(SharesState, BasePlugin[PrefixCacheAffinityParam
 
     async def response_complete(self, ctx: RequestContext) -> None:
         key = ctx.key
-        if self.shared is not None:
-            self.shared.changed()
         if affinity_trace.enabled():
             affinity_trace.emit("end", key, self._replica(), pod=ctx.target.name)

@@ -16,12 +16,12 @@ from heimdall_proxy.framework.types import (
     CycleState,
     Endpoint,
     InferenceRequest,
-    RequestContext,
 )
 from heimdall_proxy.plugins.scorers.shared_state import (
     SharedCountsParams,
     SharesState,
-    shared_counters,
+    ledger_store,
+    warn_ledger_alias,
 )
 
 ACTIVE_REQUEST_SCORER_TYPE = "active-request-scorer"
@@ -44,9 +44,12 @@ class ActiveRequestScorer(SharesState, BasePlugin[ActiveRequestParams]):
     scores `maxBusyScore * (max - count) / max`, where max is the largest count among the
     candidates (so the busiest scores 0).
 
-    With `redisConfig` / `valkeyConfig` (an extension), the counts are those of every live
-    gateway replica sharing the store: each publishes its own every `syncInterval`, and a
-    replica silent for `replicaTTL` (dead) no longer counts (heimdall_proxy.replicas)."""
+    The counts are every live gateway replica's when the ledger is shared (inflight-load-
+    producer's `redisConfig`, replicas/ledger.py); then `requestTimeout` applies to this
+    replica's requests, the others' counting until their own ledgers expire them. This
+    scorer's own `redisConfig` / `valkeyConfig` (and `syncInterval`, `replicaTTL`), from
+    before the ledger was one, still share the ledger through that store (deprecated:
+    a warning says to move them to inflight-load-producer)."""
 
     type = ACTIVE_REQUEST_SCORER_TYPE
 
@@ -56,52 +59,25 @@ class ActiveRequestScorer(SharesState, BasePlugin[ActiveRequestParams]):
         self._timeout = params.request_timeout
         self._idle = params.idle_threshold
         self._busy = params.max_busy_score
-        self.shared = shared_counters(self, params, self._published)
-
-    def inherit(self, previous: ActiveRequestScorer, gone: frozenset[str]) -> str | None:
-        """A reload hands the replica sharing over; the counts are the ledger's, which the
-        gateway keeps across reloads."""
-        self.hand_over(previous)
-        return None
+        self.ledger_store = ledger_store(self, params)
+        if self.ledger_store is not None:
+            warn_ledger_alias(self)
 
     def _cutoff(self) -> float:
         return time.monotonic() - self._timeout if self._timeout > 0 else -math.inf
 
-    def _published(self) -> Mapping[str, float]:
-        """What this replica publishes to the others: its ledger's counts, unless a reload
-        handed the sharing over (both instances publishing, under their own ids, would count
-        them twice)."""
-        if self.handed_over:
-            return {}
-        cutoff = self._cutoff()
-        since = self.load.requests_since
-        return {pod: float(n) for pod in self.load.requests if (n := since(pod, cutoff))}
-
     def count(self, pod: str) -> int:
         """Requests in flight to `pod`, through this replica and (shared) the others."""
-        others = self.shared.others().get(pod, 0.0) if self.shared is not None else 0.0
-        return self.load.requests_since(pod, self._cutoff()) + int(others)
+        return self.load.requests_since(pod, self._cutoff())
 
     def score(
         self, state: CycleState, request: InferenceRequest, endpoints: list[Endpoint]
     ) -> Mapping[str, float]:
         cutoff = self._cutoff()
         since = self.load.requests_since
-        if self.shared is None:
-            counts = [since(e.name, cutoff) for e in endpoints]
-        else:
-            others = self.shared.others()
-            counts = [since(e.name, cutoff) + int(others.get(e.name, 0.0)) for e in endpoints]
+        counts = [since(e.name, cutoff) for e in endpoints]
         top = max(counts) if counts else 0
         out = {}
         for e, n in zip(endpoints, counts, strict=True):
             out[e.name] = 1.0 if n <= self._idle else self._busy * (top - n) / top
         return out
-
-    async def pre_request(self, ctx: RequestContext) -> None:
-        if self.shared is not None:  # the ledger counted it: the others hear of it
-            self.shared.changed()
-
-    async def response_complete(self, ctx: RequestContext) -> None:
-        if self.shared is not None:
-            self.shared.changed()

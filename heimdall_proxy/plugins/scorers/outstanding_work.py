@@ -28,7 +28,8 @@ from heimdall_proxy.plugins.scorers.pace import Pace
 from heimdall_proxy.plugins.scorers.shared_state import (
     SharedCountsParams,
     SharesState,
-    shared_counters,
+    ledger_store,
+    warn_ledger_alias,
 )
 
 OUTSTANDING_WORK_SCORER_TYPE = "outstanding-work-scorer"
@@ -110,9 +111,11 @@ class OutstandingWorkScorer(SharesState, BasePlugin[OutstandingWorkParams]):
     Score: `1 - work / max work` over the candidates (all idle -> 1.0), so the pod with the
     least outstanding work scores highest and the scale stays proportional.
 
-    Without `redisConfig` / `valkeyConfig`, work sent by other gateway replicas is invisible
-    to it; with one (an extension), every live replica's outstanding work is summed, as
-    active-request-scorer does with its counts (heimdall_proxy.replicas)."""
+    The work is a Measure in the gateway's ledger, so when the ledger is shared between
+    gateway replicas (inflight-load-producer's `redisConfig`, replicas/ledger.py) every live
+    replica's work on a pod is summed. This scorer's own `redisConfig` / `valkeyConfig`,
+    from before the ledger was one, still share the ledger through that store (deprecated,
+    as on active-request-scorer)."""
 
     type = OUTSTANDING_WORK_SCORER_TYPE
 
@@ -138,7 +141,9 @@ class OutstandingWorkScorer(SharesState, BasePlugin[OutstandingWorkParams]):
         #: The clock of sends, chunks and count-downs (a test sets its own).
         self.clock = time.monotonic
         self._p = params
-        self.shared = shared_counters(self, params, self._published)
+        self.ledger_store = ledger_store(self, params)
+        if self.ledger_store is not None:
+            warn_ledger_alias(self)
 
     def inherit(self, previous: OutstandingWorkScorer, gone: frozenset[str]) -> str | None:
         """A reload keeps the work in flight and the pods' pace (less the pods `gone`): the
@@ -150,12 +155,7 @@ class OutstandingWorkScorer(SharesState, BasePlugin[OutstandingWorkParams]):
         self._work = previous._work
         self._unstreamed = previous._unstreamed
         self._pace = previous._pace
-        self.hand_over(previous)
         return None
-
-    def _published(self) -> Mapping[str, float]:
-        """The ledger's totals, or nothing once handed over (as active-request-scorer's)."""
-        return {} if self.handed_over else self.inflight.totals()
 
     def estimate(self, request: InferenceRequest, cached_share: float = 0.0) -> tuple[float, float]:
         """(prefill work, decode work) of a request, in decode-token units, on a pod that
@@ -180,19 +180,13 @@ class OutstandingWorkScorer(SharesState, BasePlugin[OutstandingWorkParams]):
     def work(self, pod: str) -> float:
         """Outstanding work on `pod`, in decode-token units (all replicas' when shared)."""
         self._decay()
-        others = self.shared.others().get(pod, 0.0) if self.shared is not None else 0.0
-        return self.inflight.total(pod) + others
+        return self.inflight.total(pod)
 
     def score(
         self, state: CycleState, request: InferenceRequest, endpoints: list[Endpoint]
     ) -> Mapping[str, float]:
         self._decay()
-        total = self.inflight.total
-        if self.shared is None:
-            loads = self.inflight.totals_of(CandidateNames.of(endpoints).names)
-        else:
-            others = self.shared.others()
-            loads = [total(e.name) + others.get(e.name, 0.0) for e in endpoints]
+        loads = self.inflight.totals_of(CandidateNames.of(endpoints).names)
         top = max(loads) if loads else 0.0  # no keyword: a builtin's costs more than max
         if top <= 0.0:
             return DefaultScores(endpoints, 1.0, {})
@@ -210,8 +204,6 @@ class OutstandingWorkScorer(SharesState, BasePlugin[OutstandingWorkParams]):
         if not ctx.request.stream:
             self._unstreamed[key] = work
         self.inflight.put(key, ctx.target.name, prefill + decode)
-        if self.shared is not None:
-            self.shared.changed()
 
     async def response_received(self, ctx: RequestContext) -> None:
         # The pod's response headers. vLLM sends a stream's at once, before prefill, so this
@@ -249,8 +241,6 @@ class OutstandingWorkScorer(SharesState, BasePlugin[OutstandingWorkParams]):
             tpot = (work.last_at - work.first_at) / (work.events - 1) if work.events > 1 else None
             self._pace.setdefault(work.pod, Pace()).observe(work.first_at - work.sent_at, tpot)
         self.inflight.drop(key)
-        if self.shared is not None:
-            self.shared.changed()
 
     def _decay(self) -> None:
         """Count down the non-streamed attempts' work by the time each has been out, at its
@@ -261,7 +251,6 @@ class OutstandingWorkScorer(SharesState, BasePlugin[OutstandingWorkParams]):
         if now < self._next_decay:
             return
         self._next_decay = now + DECAY_INTERVAL
-        changed = False
         for key, work in self._unstreamed.items():
             pace = self._pace.get(work.pod)
             done = None if pace is None else pace.tokens_done(now - work.sent_at)
@@ -273,6 +262,3 @@ class OutstandingWorkScorer(SharesState, BasePlugin[OutstandingWorkParams]):
             work.decode_left = max(min(1.0, work.decode), work.decode - done)
             if work.total != before:
                 self.inflight.put(key, work.pod, work.total)
-                changed = True
-        if changed and self.shared is not None:
-            self.shared.changed()

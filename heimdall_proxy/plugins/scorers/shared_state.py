@@ -7,15 +7,17 @@ in memory, as before."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
+from heimdall_proxy.framework.inflight import InFlightLoad
 from heimdall_proxy.framework.params import Duration, PluginParams
 from heimdall_proxy.replicas import hub
-from heimdall_proxy.replicas.counters import ReplicaCounters
+from heimdall_proxy.replicas.counters import Rider
 from heimdall_proxy.replicas.journal import Journal
+from heimdall_proxy.replicas.ledger import Store, share_of
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +53,8 @@ class SharedStoreParams(PluginParams):
 
 
 class SharedCountsParams(SharedStoreParams):
+    """Where the gateway's in-flight ledger is shared (replicas/ledger.py)."""
+
     #: Extension: a replica that has not synced for this long is taken for dead and its
     #: in-flight counts are dropped everywhere.
     replica_ttl: Duration = Field(default=2.0, gt=0, alias="replicaTTL")
@@ -77,16 +81,14 @@ def store(plugin: Any, params: SharedStoreParams) -> tuple[str, str] | None:
     return rc.address, f"{rc.key_prefix}state:{plugin.type}:{plugin.name}:"
 
 
-def shared_counters(
-    plugin: Any, params: SharedCountsParams, local: Callable[[], Mapping[str, float]]
-) -> ReplicaCounters | None:
-    """The replica counters a plugin publishes its per-pod totals (`local`) through, or None
-    when sharing is not configured."""
+def ledger_store(plugin: Any, params: SharedCountsParams) -> Store | None:
+    """Where `params` would share the gateway's in-flight ledger (replicas/ledger.py), or
+    None when they name no store."""
     where = store(plugin, params)
-    if where is None:
+    rc = params.store()
+    if where is None or rc is None:
         return None
-    address, prefix = where
-    return ReplicaCounters(address, prefix, local, params.sync_interval, params.replica_ttl)
+    return Store(where[0], rc.key_prefix, params.sync_interval, params.replica_ttl)
 
 
 def shared_journal(
@@ -101,36 +103,66 @@ def shared_journal(
     return Journal(address, prefix + "journal", apply, params.sync_interval, params.history_entries)
 
 
-class SharesState:
-    """Mixin for a plugin whose state may be shared between replicas: set `shared` (counters)
-    and/or `journal` from shared_counters / shared_journal in __init__, and the plugin's
-    start and stop join and leave the process's sync hub for the store (one loop and one
-    round trip per tick for every plugin sharing state through that store)."""
+def warn_ledger_alias(plugin: Any) -> None:
+    """A load scorer's own store parameters, from before the gateway had one ledger: they
+    still share it (what a replica upgraded with its old config expects), and say where
+    they now belong."""
+    log.warning(
+        "plugin %r (type %r): redisConfig/valkeyConfig here is deprecated: the in-flight "
+        "ledger it reads is shared once per gateway; put redisConfig (and syncInterval, "
+        "replicaTTL) on inflight-load-producer instead. Honoured meanwhile: the ledger is "
+        "shared through this store",
+        plugin.name,
+        plugin.type,
+    )
 
-    shared: ReplicaCounters | None = None
+
+class SharesState:
+    """Mixin for a plugin whose state may be shared between replicas: set `journal` from
+    shared_journal, and/or `ledger_store` (the gateway's in-flight ledger is then shared
+    through that store while the plugin runs, replicas/ledger.py) and `ledger_rider` (events
+    sent with the ledger's pushes), in __init__; the plugin's start and stop join and leave
+    the process's sync hub for the store (one loop and one round trip per tick for every
+    plugin sharing state through that store)."""
+
     journal: Journal | None = None
+    ledger_store: Store | None = None
+    ledger_rider: Rider | None = None
+    #: 0 for inflight-load-producer, whose store wins; 1 for the others'
+    ledger_rank: int = 1
     #: Set when a config reload handed this plugin's state to its successor (`hand_over`).
     handed_over: bool = False
 
     def hand_over(self, previous: SharesState) -> None:
         """A config reload gave `previous`'s state to this instance: from now on only this one
-        publishes it and applies the other replicas' records and pushed events to it, and
-        each instance's counters leave the other's id out (both are this replica; counting
-        the other's publication too would count its requests twice)."""
+        applies the other replicas' records to it."""
         previous.handed_over = True
-        if previous.shared is not None:
-            # the events riding on pushes are applied by the successor's counters alone
-            previous.shared.rider = None
-        if self.shared is not None and previous.shared is not None:
-            self.shared.ignore(previous.shared.replica)
-            previous.shared.ignore(self.shared.replica)
+
+    def _ledger(self) -> InFlightLoad | None:
+        """The gateway's ledger, when this plugin has a say in its sharing."""
+        if self.ledger_store is None and self.ledger_rank != 0:
+            return None
+        load: InFlightLoad = getattr(self, "load")  # noqa: B009 - the plugin's, set in __init__
+        return load
 
     async def start(self) -> None:
-        for part in (self.shared, self.journal):
-            if part is not None:
-                await hub.join(part)
+        load = self._ledger()
+        if load is not None:
+            share = share_of(load)
+            name = str(getattr(self, "name", ""))
+            if self.ledger_rider is not None:
+                share.ride(f"{getattr(self, 'type', '')}/{name}", self.ledger_rider)
+            await share.hold(self, name, self.ledger_store, self.ledger_rank)
+        if self.journal is not None:
+            await hub.join(self.journal)
 
     async def stop(self) -> None:
-        for part in (self.journal, self.shared):
-            if part is not None:
-                await hub.leave(part)
+        if self.journal is not None:
+            await hub.leave(self.journal)
+        load = self._ledger()
+        if load is not None:
+            share = share_of(load)
+            key = f"{getattr(self, 'type', '')}/{getattr(self, 'name', '')}"
+            if self.ledger_rider is not None and share.rider(key) is self.ledger_rider:
+                share.ride(key, None)
+            await share.release(self)
