@@ -53,8 +53,7 @@ from heimdall_proxy.plugins.scorers.session_affinity import SessionAffinityScore
 from heimdall_proxy.plugins.scorers.token_load import TokenLoadScorer
 from heimdall_proxy.plugins.store.responses_store import ResponsesStore
 
-#: Plugin classes, and the factories of types built by more than one class (prefix-cache-scorer).
-BUILTIN_PLUGINS: tuple[object, ...] = (
+BUILTIN_PLUGINS: tuple[type, ...] = (
     # profile handlers and deciders
     SingleProfileHandler,
     DisaggProfileHandler,

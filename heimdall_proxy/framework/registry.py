@@ -37,13 +37,12 @@ class Registry:
     def __init__(self) -> None:
         self._specs: dict[str, PluginSpec] = {}
 
-    def add(self, *classes: object) -> Registry:
-        """Add declared plugin classes, or factory functions declared the same way (each with
-        its aliases). Returns self."""
+    def add(self, *classes: type) -> Registry:
+        """Add declared plugin classes (each with its aliases). Returns self."""
         for cls in classes:
-            specs: tuple[PluginSpec, ...] | None = getattr(cls, "__dict__", {}).get(_SPECS)
+            specs: tuple[PluginSpec, ...] | None = cls.__dict__.get(_SPECS)
             if specs is None:
-                raise ValueError(f"{cls!r} is not declared with @register")
+                raise ValueError(f"{cls.__qualname__} is not declared with @register")
             for spec in specs:
                 self._put(spec)
         return self

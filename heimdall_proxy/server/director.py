@@ -85,10 +85,6 @@ class Director:
         self.relay: Relay | None = None
         self._has_prepare = bool(plugins.prepare_data or plugins.producers)
 
-    @property
-    def flow(self) -> FlowController | None:
-        return self.admission.flow
-
     # -- the whole life ----------------------------------------------------------------
 
     async def serve(

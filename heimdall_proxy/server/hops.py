@@ -180,9 +180,9 @@ class Hops:
         doc: dict[str, Any],
         headers: CIMultiDict[str],
         limit: float,
-        stage: str = "",
-        spans: RequestTrace | None = None,
-        key: str = "",
+        stage: str,
+        spans: RequestTrace | None,
+        key: str,
         tokens: int = 0,
     ) -> dict[str, Any]:
         """POST `doc` to the pod, counted in the in-flight ledger as attempt `key` with
@@ -190,30 +190,18 @@ class Hops:
         serves: the load scorers and detectors must see it); with `spans`, inside a
         `hop <stage>` span whose traceparent the pod receives."""
         load = self.load
-        load.acquire(key or f"hop:{id(doc)}", endpoint.name, tokens, 0, tokens)
+        load.acquire(key, endpoint.name, tokens, 0, tokens)
         try:
-            return await self._traced_send(endpoint, path, doc, headers, limit, stage, spans)
+            if spans is None:
+                return await self._send(endpoint, path, doc, headers, limit)
+            attributes = {"heimdall.pod": endpoint.name, "server.address": endpoint.host,
+                          "server.port": endpoint.port}  # fmt: skip
+            with spans.client(f"hop {stage}", **attributes) as span:
+                traced = headers.copy()
+                spans.inject(span, traced)
+                return await self._send(endpoint, path, doc, traced, limit)
         finally:
-            load.release(key or f"hop:{id(doc)}")
-
-    async def _traced_send(
-        self,
-        endpoint: Endpoint,
-        path: str,
-        doc: dict[str, Any],
-        headers: CIMultiDict[str],
-        limit: float,
-        stage: str,
-        spans: RequestTrace | None,
-    ) -> dict[str, Any]:
-        if spans is None:
-            return await self._send(endpoint, path, doc, headers, limit)
-        attributes = {"heimdall.pod": endpoint.name, "server.address": endpoint.host,
-                      "server.port": endpoint.port}  # fmt: skip
-        with spans.client(f"hop {stage}", **attributes) as span:
-            traced = headers.copy()
-            spans.inject(span, traced)
-            return await self._send(endpoint, path, doc, traced, limit)
+            load.release(key)
 
     async def _send(
         self,

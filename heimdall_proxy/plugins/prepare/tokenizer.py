@@ -41,6 +41,21 @@ class TokenizerParams(PluginParams):
     max_prompt_chars: int = Field(default=DEFAULT_MAX_PROMPT_CHARS, gt=0)
 
 
+def uds_tokenizer(socket_file: str, model: str, max_prompt_chars: int) -> RequestTokenizer:
+    """The tokenizer service on `socket_file` (llm-d's sidecar protocol), for `model`."""
+    return UDSTokenizerClient(socket_file, model, timeout=1.0, max_prompt_chars=max_prompt_chars)
+
+
+def local_tokenizer(model: str, max_prompt_chars: int, hint: str = "") -> RequestTokenizer:
+    """`model`'s own tokenizer, in-process on a worker thread. Raises ValueError (a config
+    error, followed by `hint`) when no tokenizer file can be found for it."""
+    try:
+        path = find_tokenizer(model)
+    except TokenizerNotFoundError as exc:
+        raise ValueError(f"{exc}{hint}") from exc
+    return InProcessTokenizer(LocalTokenizer(path), max_prompt_chars=max_prompt_chars)
+
+
 class Tokenizing:
     """The request path of a plugin that sets `InferenceRequest.token_ids` with a
     RequestTokenizer (`tokenizer`, `token-producer`): once per request, before scheduling,
@@ -127,17 +142,8 @@ class TokenizerPlugin(Tokenizing, BasePlugin[TokenizerParams]):
         self.skipped = 0
         self.breaker = CircuitBreaker(f"{name}: tokenizer")
         if params.uds_tokenizer_config is not None:
-            self.tokenizer = UDSTokenizerClient(
-                params.uds_tokenizer_config.socket_file,
-                params.model_name,
-                timeout=1.0,
-                max_prompt_chars=params.max_prompt_chars,
+            self.tokenizer = uds_tokenizer(
+                params.uds_tokenizer_config.socket_file, params.model_name, params.max_prompt_chars
             )
         else:
-            try:
-                path = find_tokenizer(params.model_name)
-            except TokenizerNotFoundError as exc:
-                raise ValueError(str(exc)) from exc
-            self.tokenizer = InProcessTokenizer(
-                LocalTokenizer(path), max_prompt_chars=params.max_prompt_chars
-            )
+            self.tokenizer = local_tokenizer(params.model_name, params.max_prompt_chars)

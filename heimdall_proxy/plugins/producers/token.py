@@ -35,12 +35,15 @@ from heimdall_proxy.framework.handle import PluginHandle
 from heimdall_proxy.framework.params import Duration, PluginParams
 from heimdall_proxy.framework.registry import register
 from heimdall_proxy.framework.types import Endpoint, InferenceRequest
-from heimdall_proxy.plugins.prepare.tokenizer import Tokenizing, UDSTokenizerConfig
-from heimdall_proxy.tokenization import DEFAULT_MAX_PROMPT_CHARS, InProcessTokenizer, LocalTokenizer
+from heimdall_proxy.plugins.prepare.tokenizer import (
+    Tokenizing,
+    UDSTokenizerConfig,
+    local_tokenizer,
+    uds_tokenizer,
+)
+from heimdall_proxy.tokenization import DEFAULT_MAX_PROMPT_CHARS
 from heimdall_proxy.tokenization.estimate import EstimateTokenizer, given_ids
 from heimdall_proxy.tokenization.render import VLLMRenderTokenizer
-from heimdall_proxy.tokenization.resolve import TokenizerNotFoundError, find_tokenizer
-from heimdall_proxy.tokenization.uds import UDSTokenizerClient
 
 TOKEN_PRODUCER_TYPE = "token-producer"
 DEFAULT_RENDER_URL = "http://localhost:8000"
@@ -98,22 +101,15 @@ class TokenProducer(Tokenizing, BasePlugin[TokenProducerParams]):
             if not params.model_name:
                 raise ValueError("udsTokenizerConfig needs modelName")
             self.backend = "uds"
-            self.tokenizer = UDSTokenizerClient(
-                params.uds_tokenizer_config.socket_file,
-                params.model_name,
-                timeout=1.0,
-                max_prompt_chars=params.max_prompt_chars,
+            self.tokenizer = uds_tokenizer(
+                params.uds_tokenizer_config.socket_file, params.model_name, params.max_prompt_chars
             )
         elif params.model_name:
-            try:
-                path = find_tokenizer(params.model_name)
-            except TokenizerNotFoundError as exc:
-                raise ValueError(
-                    f"{exc} (or give `vllm.url`, a vLLM that renders prompts for this model)"
-                ) from exc
             self.backend = "local"
-            self.tokenizer = InProcessTokenizer(
-                LocalTokenizer(path), max_prompt_chars=params.max_prompt_chars
+            self.tokenizer = local_tokenizer(
+                params.model_name,
+                params.max_prompt_chars,
+                " (or give `vllm.url`, a vLLM that renders prompts for this model)",
             )
         else:
             self.backend = "estimate"
