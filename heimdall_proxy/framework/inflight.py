@@ -243,11 +243,12 @@ class InFlightLoad:
         elif self.timeout > 0 and start - self.timeout >= self._earliest:
             self.expire(start)  # one comparison per attempt until something is that old
 
-    def prompt_done(self, key: str) -> None:
-        """A stream's first chunk: the pod has prefilled the prompt; its tokens leave (and the
-        queue prices learn how long the attempt waited)."""
+    def prompt_done(self, key: str, now: float | None = None) -> None:
+        """A stream's first chunk (arrived at `now`): the pod has prefilled the prompt; its
+        tokens leave (and the queue prices learn how long the attempt waited)."""
         if self._prices:
-            now = time.monotonic()
+            if now is None:
+                now = time.monotonic()
             for price in self._prices.values():
                 price.first_token(key, now)
         attempt = self._attempts.get(key)

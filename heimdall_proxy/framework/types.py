@@ -457,12 +457,34 @@ class RequestContext:
     #: holds back come out with a later call), and calls it with b"" at the end for the rest.
     chunk_filter: Callable[[bytes], Awaitable[bytes]] | None = None
     attempt: int = 0
+    # The answer as the relay reads it, once, for every hook that asks: no plugin keeps its
+    # own clock or scans a chunk again (monotonic seconds; 0.0 until it happened).
+    #: When this attempt started (the ledger counted it, before the pre_request hooks).
+    started_at: float = 0.0
+    #: When the answer's first chunk arrived (a whole answer: when all of it had).
+    first_chunk_at: float = 0.0
+    #: When its latest chunk arrived.
+    last_chunk_at: float = 0.0
     #: SSE data events in the chunk the response_streaming hooks are given ([DONE] not
-    #: counted): the relay counts them once, so no hook scans the chunk for them again.
+    #: counted).
     events: int = 0
+    #: SSE data events so far in the whole stream, this chunk's included.
+    events_seen: int = 0
+    #: The answer's usage (prompt and output tokens), set before response_complete when the
+    #: pod reported it (the gateway asks streams for it); None where it did not.
+    prompt_tokens: int | None = None
+    output_tokens: int | None = None
     #: "<request id>:<attempt>", which hooks key per-attempt state by: made once, when the
     #: context is (several plugins read it in several hooks, and a call per read added up).
     key: str = field(init=False, default="")
 
     def __post_init__(self) -> None:
         self.key = f"{self.request.request_id}:{self.attempt}"
+
+    def chunk_arrived(self, events: int, now: float) -> None:
+        """The relay read a chunk of the answer, holding `events` SSE data events, at `now`."""
+        self.last_chunk_at = now
+        if not self.first_chunk_at:
+            self.first_chunk_at = now
+        self.events = events
+        self.events_seen += events

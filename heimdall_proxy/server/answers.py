@@ -17,9 +17,9 @@ from heimdall_proxy.server.hooks import Hooks
 from heimdall_proxy.server.outliers import OutlierDetector
 from heimdall_proxy.server.usage import (
     USAGE_ASKED_KEY,
-    StreamUsage,
     body_usage,
     sse_events,
+    stream_usage,
     strip_usage_events,
 )
 from heimdall_proxy.upstream import UpstreamError, UpstreamResponse
@@ -55,27 +55,30 @@ class Answers:
 
     def whole(self, ctx: RequestContext, payload: bytes) -> None:
         """A whole answer: counted as served and, when it is a success, its arrival is its
-        time to first token and its usage counts."""
+        time to first token and its usage counts (left on `ctx` for the hooks)."""
+        ctx.first_chunk_at = ctx.last_chunk_at = now = time.monotonic()
         series = self._series(ctx)
         self._served(series, ctx)
         if ctx.status is None or not 200 <= ctx.status < 300:
             return
-        (series.ttft or series.histogram("ttft")).observe(
-            time.monotonic() - ctx.request.received_at
-        )
-        prompt, output = body_usage(payload)
+        (series.ttft or series.histogram("ttft")).observe(now - ctx.request.received_at)
+        ctx.prompt_tokens, ctx.output_tokens = prompt, output = body_usage(payload)
         if prompt is not None:
             (series.input_tokens or series.histogram("input_tokens")).observe(prompt)
         if output is not None:
             (series.output_tokens or series.histogram("output_tokens")).observe(output)
 
-    def _observe_stream(self, series: ModelSeries, usage: StreamUsage, first_at: float) -> None:
-        if usage.prompt is not None:
-            (series.input_tokens or series.histogram("input_tokens")).observe(usage.prompt)
-        output = usage.output_tokens
+    @staticmethod
+    def _observe_stream(series: ModelSeries, ctx: RequestContext) -> None:
+        """A stream's usage: the pod's when it sent one, else one token per data event."""
+        if ctx.output_tokens is None:
+            ctx.output_tokens = ctx.events_seen
+        if ctx.prompt_tokens is not None:
+            (series.input_tokens or series.histogram("input_tokens")).observe(ctx.prompt_tokens)
+        output = ctx.output_tokens
         (series.output_tokens or series.histogram("output_tokens")).observe(output)
-        if output > 1 and first_at:
-            tpot = (time.monotonic() - first_at) / (output - 1)
+        if output > 1 and ctx.first_chunk_at:
+            tpot = (ctx.last_chunk_at - ctx.first_chunk_at) / (output - 1)
             (series.tpot or series.histogram("tpot")).observe(tpot)
 
     def _series(self, ctx: RequestContext) -> ModelSeries:
@@ -100,9 +103,8 @@ class Answers:
         read = upstream.readany
         streaming = self.streaming
         first = True
-        first_at = 0.0
         series = self._series(ctx)
-        usage = StreamUsage() if 200 <= upstream.status < 300 else None
+        ok = 200 <= upstream.status < 300
         strip = ctx.state.get(USAGE_ASKED_KEY, False)
         chunk_filter = ctx.chunk_filter
         while True:
@@ -125,10 +127,10 @@ class Answers:
                 return response
             if not chunk:
                 break
-            # counted once here for every reader: the usage and the streaming hooks
-            ctx.events = events = sse_events(chunk)
-            if usage is not None:
-                usage.feed(chunk, events)
+            # read once here for every reader: the metrics, the ledger and the hooks
+            ctx.chunk_arrived(sse_events(chunk), time.monotonic())
+            if ok and (usage := stream_usage(chunk)) is not None:
+                ctx.prompt_tokens, ctx.output_tokens = usage
             if strip:
                 chunk = strip_usage_events(chunk)
             out = chunk if chunk_filter is None else await chunk_filter(chunk)
@@ -141,12 +143,11 @@ class Answers:
             except ConnectionError:
                 ctx.error = "client disconnected"
                 return response
-            if first:
+            if first:  # the client's first token (a chunk filter may hold the pod's back)
                 first = False
-                first_at = time.monotonic()
-                self.load.prompt_done(ctx.key)
+                self.load.prompt_done(ctx.key, ctx.first_chunk_at)
                 (series.ttft or series.histogram("ttft")).observe(
-                    first_at - ctx.request.received_at
+                    time.monotonic() - ctx.request.received_at
                 )
             if streaming is not None:
                 await streaming.run(ctx, chunk)
@@ -157,8 +158,8 @@ class Answers:
             ctx.error = "client disconnected"
             return response
         self._served(series, ctx)
-        if usage is not None:
-            self._observe_stream(series, usage, first_at)
+        if ok:
+            self._observe_stream(series, ctx)
         try:
             await response.write_eof()
         except ConnectionError:

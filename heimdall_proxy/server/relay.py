@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable, Mapping
 
 import orjson
@@ -128,10 +129,11 @@ class Relay:
         complete = False
         finished = False  # response_complete ran (a whole answer runs it before sending)
         load = self.load
+        ctx.started_at = now = time.monotonic()
         if load.count_tokens:
-            load.acquire(ctx.key, target.name, *self.estimate(ctx))
+            load.acquire(ctx.key, target.name, *self.estimate(ctx), now=now)
         else:  # nothing reads tokens: no estimate (it walks the prompt)
-            load.acquire(ctx.key, target.name)
+            load.acquire(ctx.key, target.name, now=now)
         try:
             # Inside the try: a client that disconnects while a pre_request hook awaits (a
             # Redis write, say) still gets response_complete, which undoes what the hooks

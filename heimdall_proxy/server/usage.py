@@ -133,29 +133,15 @@ def sse_events(chunk: bytes) -> int:
     return n
 
 
-class StreamUsage:
-    """Follows a relayed SSE stream chunk by chunk: counts its data events and keeps the last
-    `usage` it carried. Only chunks that mention `"usage"` are parsed."""
-
-    __slots__ = ("events", "output", "prompt")
-
-    def __init__(self) -> None:
-        self.events = 0
-        self.prompt: int | None = None
-        self.output: int | None = None
-
-    def feed(self, chunk: bytes, events: int | None = None) -> None:
-        """Follow one more chunk; `events`: its data events, when the caller counted them."""
-        self.events += sse_events(chunk) if events is None else events
-        if b'"usage"' not in chunk:
-            return
-        for line in chunk.split(b"\n"):
-            if line.startswith(b"data:") and b'"usage"' in line:
-                prompt, output = body_usage(line[5:].strip())
-                if output is not None:
-                    self.prompt, self.output = prompt, output
-
-    @property
-    def output_tokens(self) -> int:
-        """Output tokens: the stream's usage when it had one, else its data events."""
-        return self.output if self.output is not None else max(0, self.events)
+def stream_usage(chunk: bytes) -> tuple[int | None, int | None] | None:
+    """The last `usage` a chunk of an SSE stream carries as (prompt tokens, output tokens),
+    None when it carries none. Only chunks that mention `"usage"` are parsed."""
+    if b'"usage"' not in chunk:
+        return None
+    found = None
+    for line in chunk.split(b"\n"):
+        if line.startswith(b"data:") and b'"usage"' in line:
+            prompt, output = body_usage(line[5:].strip())
+            if output is not None:
+                found = prompt, output
+    return found

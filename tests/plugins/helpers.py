@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from heimdall_proxy.datalayer.pool import EndpointPool
@@ -48,8 +49,9 @@ def sent(load: InFlightLoad, c: RequestContext) -> RequestContext:
     return c
 
 
-async def streamed(plugin: Any, c: RequestContext, chunk: bytes) -> None:
-    """What the relay does with a chunk of a stream: counts its events once, on the context,
-    then runs the plugin's response_streaming hook."""
-    c.events = sse_events(chunk)
+async def streamed(plugin: Any, c: RequestContext, chunk: bytes, now: float = 0.0) -> None:
+    """What the relay does with a chunk of a stream: notes its arrival (at `now`, else the
+    present) and its events once, on the context, then runs the plugin's response_streaming
+    hook."""
+    c.chunk_arrived(sse_events(chunk), now or time.monotonic())
     await plugin.response_streaming(c, chunk)

@@ -8,7 +8,7 @@ import aiohttp
 import orjson
 import pytest
 
-from heimdall_proxy.server.usage import StreamUsage, body_usage, usage_counts
+from heimdall_proxy.server.usage import body_usage, stream_usage, usage_counts
 from tests.conftest import GatewayFactory, PodFactory, make_config
 
 LABELS = {"model_name": "sim-model", "target_model_name": "sim-model"}
@@ -87,12 +87,10 @@ def test_usage_is_read_from_every_api_shape() -> None:
                       b'"output_tokens": 7}}') == (2, 7)  # fmt: skip
     assert body_usage(b'{"choices": []}') == (None, None)
     assert body_usage(b"not json") == (None, None)
-    s = StreamUsage()
-    s.feed(b'data: {"choices": [{"text": "a"}]}\n\ndata: {"choices": [{"text": "b"}]}\n\n')
-    assert s.output_tokens == 2  # no usage: counted in events
-    s.feed(b'data: {"choices": [], "usage": {"prompt_tokens": 4, "completion_tokens": 3}}\n\n')
-    s.feed(b"data: [DONE]\n\n")
-    assert (s.prompt, s.output_tokens) == (4, 3)
+    assert stream_usage(b'data: {"choices": [{"text": "a"}]}\n\n') is None
+    usage = b'data: {"choices": [], "usage": {"prompt_tokens": 4, "completion_tokens": 3}}\n\n'
+    assert stream_usage(usage + b"data: [DONE]\n\n") == (4, 3)
+    assert stream_usage(b'data: {"usage": null}\n\n') is None
 
 
 def test_responses_names_are_read_only_where_the_chat_names_are_absent() -> None:

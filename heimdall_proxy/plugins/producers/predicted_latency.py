@@ -97,7 +97,8 @@ class PredictedLatencyProducerParams(PluginParams):
 class _Attempt:
     pod: str
     row: list[float] | None
-    start: float
+    #: the attempt's context: the relay times its answer there
+    ctx: RequestContext
     ttft_slo: float | None
     tpot_slo: float | None
     predicted_ttft: float | None = None
@@ -106,9 +107,6 @@ class _Attempt:
     base_ttft: float | None = None
     #: the remote predictor's view of the pod when it was chosen (with a training server)
     remote_request: dict[str, Any] | None = None
-    first_at: float | None = None
-    last_at: float = 0.0
-    later_events: int = 0
     #: streaming mode: TPOT samples taken so far, and the token index of the next one
     tpot_samples: int = 0
     next_sample: int = FIRST_SAMPLED_TOKEN
@@ -355,8 +353,8 @@ class PredictedLatencyProducer(BasePlugin[PredictedLatencyProducerParams]):
             if not pending:
                 continue
             oldest = next(iter(pending.values()))
-            if oldest.base_ttft is not None and oldest.first_at is None:
-                model.raise_factor(pod, now - oldest.start, oldest.base_ttft)
+            if oldest.base_ttft is not None and not oldest.ctx.first_chunk_at:
+                model.raise_factor(pod, now - oldest.ctx.started_at, oldest.base_ttft)
 
     async def pre_request(self, ctx: RequestContext) -> None:
         preds = read_predictions(ctx.state)
@@ -367,7 +365,7 @@ class PredictedLatencyProducer(BasePlugin[PredictedLatencyProducerParams]):
         att = _Attempt(
             pod,
             row,
-            time.monotonic(),
+            ctx,
             preds.ttft_slo if preds is not None else None,
             preds.tpot_slo if preds is not None else None,
         )
@@ -397,28 +395,25 @@ class PredictedLatencyProducer(BasePlugin[PredictedLatencyProducerParams]):
                 m.predicted_tpot_gauge.labels(*labels).set(pred.tpot)
 
     async def response_streaming(self, ctx: RequestContext, chunk: bytes) -> None:
-        att = self._attempts.get(ctx.key)
-        if att is None:
+        # Streaming mode samples TPOT during the stream, at token counts the sampler draws
+        # (one SSE event per token, unless the server coalesced several into a chunk).
+        if not self.params.streaming_mode:
             return
-        now = time.monotonic()
-        if att.first_at is None:
-            att.first_at = now
-        else:
-            # one SSE event per token, unless the server coalesced several into a chunk
-            att.later_events += max(1, ctx.events)
-            token = att.later_events + 1  # the first chunk carried token 1
-            if (
-                self.params.streaming_mode
-                and token >= att.next_sample
-                and att.tpot_samples < self._max_tpot_samples - 1
-                and att.row is not None
-            ):
-                att.tpot_samples += 1
-                att.next_sample = self._sampler.after(token)
-                tpot = (now - att.first_at) / att.later_events
-                self.predictor.tpot.observe(att.pod, att.row, tpot)
-                self._train_remote(att, 0.0, tpot, token)
-        att.last_at = now
+        att = self._attempts.get(ctx.key)
+        token = ctx.events_seen
+        if (
+            att is None
+            or att.row is None
+            or ctx.last_chunk_at == ctx.first_chunk_at  # the first chunk: no interval yet
+            or token < att.next_sample
+            or att.tpot_samples >= self._max_tpot_samples - 1
+        ):
+            return
+        att.tpot_samples += 1
+        att.next_sample = self._sampler.after(token)
+        tpot = (ctx.last_chunk_at - ctx.first_chunk_at) / (token - 1)
+        self.predictor.tpot.observe(att.pod, att.row, tpot)
+        self._train_remote(att, 0.0, tpot, token)
 
     async def response_complete(self, ctx: RequestContext) -> None:
         key = ctx.key
@@ -428,17 +423,19 @@ class PredictedLatencyProducer(BasePlugin[PredictedLatencyProducerParams]):
             pending.pop(key, None)
         if att is None or ctx.error is not None or not (ctx.status or 0) < 300:
             return
-        now = time.monotonic()
         labels = (ctx.request.model, ctx.request.model)
         m = self.metrics
+        # the relay timed the answer and read its usage (tokens, else its SSE events)
+        generated = ctx.output_tokens or ctx.events_seen
         if not self.params.streaming_mode:
-            ttft: float | None = now - att.start
+            ttft: float | None = (ctx.last_chunk_at or time.monotonic()) - ctx.started_at
             tpot: float | None = None
-        elif att.first_at is None:
+        elif ctx.response_body is not None or not ctx.first_chunk_at:
             return  # not streamed: neither TTFT nor TPOT can be told apart
         else:
-            ttft = att.first_at - att.start
-            tpot = (att.last_at - att.first_at) / att.later_events if att.later_events else None
+            ttft = ctx.first_chunk_at - ctx.started_at
+            span = ctx.last_chunk_at - ctx.first_chunk_at
+            tpot = span / (generated - 1) if generated > 1 else None
         if ttft is not None:
             _record(
                 ttft,
@@ -460,7 +457,7 @@ class PredictedLatencyProducer(BasePlugin[PredictedLatencyProducerParams]):
             )
             if att.row is not None:
                 self.predictor.tpot.observe(att.pod, att.row, tpot)
-                self._train_remote(att, 0.0, tpot, att.later_events + 1)
+                self._train_remote(att, 0.0, tpot, generated)
 
     def _train_remote(self, att: _Attempt, ttft: float, tpot: float, generated: int) -> None:
         if self.remote is not None and att.remote_request is not None:

@@ -70,8 +70,7 @@ DECAY_INTERVAL = 0.05
 
 
 class _Work:
-    __slots__ = ("decode", "decode_left", "events", "first_at", "last_at", "pod", "prefill",
-                 "sent_at")  # fmt: skip
+    __slots__ = ("decode", "decode_left", "pod", "prefill", "sent_at")
 
     def __init__(self, pod: str, prefill: float, decode: float, sent_at: float) -> None:
         self.pod = pod
@@ -79,11 +78,6 @@ class _Work:
         self.decode = decode
         self.decode_left = decode
         self.sent_at = sent_at
-        #: When the first streamed chunk and the latest SSE event arrived (0: not yet), and
-        #: how many events came: the pod's pace, observed.
-        self.first_at = 0.0
-        self.last_at = 0.0
-        self.events = 0
 
     @property
     def total(self) -> float:
@@ -138,7 +132,7 @@ class OutstandingWorkScorer(SharesState, BasePlugin[OutstandingWorkParams]):
         self._unstreamed: dict[str, _Work] = {}
         self._pace: dict[str, Pace] = {}
         self._next_decay = 0.0
-        #: The clock of sends, chunks and count-downs (a test sets its own).
+        #: The clock of count-downs, the relay's (a test sets its own).
         self.clock = time.monotonic
         self._p = params
         self.ledger_store = ledger_store(self, params)
@@ -200,7 +194,7 @@ class OutstandingWorkScorer(SharesState, BasePlugin[OutstandingWorkParams]):
     async def pre_request(self, ctx: RequestContext) -> None:
         prefill, decode = self.estimate(ctx.request, self._cached_share(ctx))
         key = ctx.key
-        work = self._work[key] = _Work(ctx.target.name, prefill, decode, self.clock())
+        work = self._work[key] = _Work(ctx.target.name, prefill, decode, ctx.started_at)
         if not ctx.request.stream:
             self._unstreamed[key] = work
         self.inflight.put(key, ctx.target.name, prefill + decode)
@@ -218,28 +212,21 @@ class OutstandingWorkScorer(SharesState, BasePlugin[OutstandingWorkParams]):
 
     async def response_streaming(self, ctx: RequestContext, chunk: bytes) -> None:
         # Prefill went with the headers (response_received, which the relay runs first).
-        key = ctx.key
-        work = self._work.get(key)
+        work = self._work.get(ctx.key)
         events = ctx.events  # the relay counted them
-        if work is None or not events:
-            return
-        now = self.clock()
-        if not work.first_at:
-            work.first_at = now
-        work.last_at = now
-        work.events += events
-        if work.decode_left > 0.0:
+        if work is not None and events and work.decode_left > 0.0:
             work.decode_left = max(0.0, work.decode_left - events)
-            self.inflight.put(key, ctx.target.name, work.total)
+            self.inflight.put(ctx.key, ctx.target.name, work.total)
 
     async def response_complete(self, ctx: RequestContext) -> None:
         key = ctx.key
         work = self._work.pop(key, None)
         self._unstreamed.pop(key, None)
-        if work is not None and work.first_at and ctx.error is None:
-            # A stream that ran to its end: its pace is the pod's, now.
-            tpot = (work.last_at - work.first_at) / (work.events - 1) if work.events > 1 else None
-            self._pace.setdefault(work.pod, Pace()).observe(work.first_at - work.sent_at, tpot)
+        if work is not None and ctx.events_seen and ctx.error is None:
+            # A stream that ran to its end: its pace is the pod's, now (timed by the relay).
+            first, n = ctx.first_chunk_at, ctx.events_seen
+            tpot = (ctx.last_chunk_at - first) / (n - 1) if n > 1 else None
+            self._pace.setdefault(work.pod, Pace()).observe(first - ctx.started_at, tpot)
         self.inflight.drop(key)
 
     def _decay(self) -> None:

@@ -107,10 +107,11 @@ async def run_stream(scorer: OutstandingWorkScorer, clock: Clock, pod: object, *
     r = completion(100, 10)
     r.stream = True  # type: ignore[attr-defined]
     c = ctx(r, pod, **kw)  # type: ignore[arg-type]
+    c.started_at = clock.now
     await scorer.pre_request(c)
     for dt in (0.5, 0.1, 0.1, 0.1):
         clock.now += dt
-        await streamed(scorer, c, b"data: {}\n\n")
+        await streamed(scorer, c, b"data: {}\n\n", clock.now)
     await scorer.response_complete(c)
 
 
@@ -118,6 +119,7 @@ async def test_a_non_streamed_request_counts_down_at_the_pods_observed_pace() ->
     scorer, clock, pod = make(), Clock(), ep("p")
     scorer.clock = clock
     plain = ctx(completion(100, 10), pod)  # type: ignore[arg-type]
+    plain.started_at = clock.now
     await scorer.pre_request(plain)
     clock.now += 60.0
     assert scorer.work("p") == pytest.approx(20 + 10)  # no stream seen yet: no pace, in full
@@ -125,6 +127,7 @@ async def test_a_non_streamed_request_counts_down_at_the_pods_observed_pace() ->
 
     await run_stream(scorer, clock, pod)  # time to first chunk 0.5 s, 0.1 s per token
     c = ctx(completion(100, 10), pod, attempt=1)  # type: ignore[arg-type]
+    c.started_at = clock.now
     await scorer.pre_request(c)
     clock.now += 0.4  # still prefilling by that pace
     assert scorer.work("p") == pytest.approx(20 + 10)
@@ -142,12 +145,14 @@ async def test_only_streams_that_ran_to_their_end_set_the_pace() -> None:
     r = completion(100, 10)
     r.stream = True  # type: ignore[attr-defined]
     broken = ctx(r, pod)  # type: ignore[arg-type]
+    broken.started_at = clock.now
     await scorer.pre_request(broken)
     clock.now += 0.5
-    await streamed(scorer, broken, b"data: {}\n\n")
+    await streamed(scorer, broken, b"data: {}\n\n", clock.now)
     broken.error = "read failed"
     await scorer.response_complete(broken)
     c = ctx(completion(100, 10), pod, attempt=1)  # type: ignore[arg-type]
+    c.started_at = clock.now
     await scorer.pre_request(c)
     clock.now += 60.0
     assert scorer.work("p") == pytest.approx(20 + 10)
