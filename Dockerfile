@@ -9,7 +9,7 @@ WORKDIR /app
 COPY pyproject.toml setup.py README.md ./
 COPY heimdall_proxy ./heimdall_proxy
 COPY config ./config
-# a C compiler only while installing the C extensions (setup.py); kvcache/_chain.c links the
+# a C compiler only while installing the C extensions (setup.py); native/_chain.c links the
 # image's own libxxhash
 RUN apt-get update \
     && apt-get install -y --no-install-recommends gcc libc6-dev \

@@ -26,10 +26,10 @@ the engine-hash maps and what the allocator kept of the garbage). Each ingest st
 the memory earlier rows freed given back to the system (glibc's malloc_trim): otherwise a
 row runs faster or slower depending on the pages an earlier one left behind.
 
-`--without maps` runs the conductor on DictMap (dicts, as without conductor/_u64map.c),
-`--without tokens` decodes token ids as lists of ints (as without kvcache/_tokens.c),
+`--without maps` runs the conductor on DictMap (dicts, as without native/_u64map.c),
+`--without tokens` decodes token ids as lists of ints (as without native/_tokens.c),
 `--without native` decodes and applies every vLLM batch in Python (as without
-conductor/_vllm_ingest.c): with and without, run one after the other, give each
+native/_vllm_ingest.c): with and without, run one after the other, give each
 extension's share on the same machine.
 
 Run: python bench/conductor.py [--instances 64] [--blocks 100000] [--workers 0,1,2]
@@ -399,8 +399,8 @@ def main() -> int:
         action="append",
         choices=["maps", "tokens", "native"],
         default=[],
-        help="run without a C extension: maps (conductor/_u64map.c: dicts instead), tokens "
-        "(kvcache/_tokens.c: token ids as lists of ints), native (conductor/_vllm_ingest.c: "
+        help="run without a C extension: maps (native/_u64map.c: dicts instead), tokens "
+        "(native/_tokens.c: token ids as lists of ints), native (native/_vllm_ingest.c: "
         "every batch decoded and applied in Python); repeatable",
     )
     ap.add_argument("--client", metavar="URL", help=argparse.SUPPRESS)

@@ -3,7 +3,7 @@
 Decode-step traffic sends vLLM events of one block each, so the per-event work dominates.
 This times, in one process and on the same payloads (batches of eight one-block events,
 `bench.conductor.vllm_payloads`), the real path (`bench.conductor.ingest_vllm`: each batch
-prepared as the event loop prepares it and applied: in C where conductor/_vllm_ingest.c is
+prepared as the event loop prepares it and applied: in C where native/_vllm_ingest.c is
 built, else decoded, checked, normalised and applied in Python) against a floor that keeps
 only what no Python implementation can skip: msgpack decode, the C block-key chain, one
 engine-map insert and one index update per event, with no validation and no objects. Where

@@ -33,12 +33,12 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from bench.machine import cpu_model, git_head  # noqa: E402
-from heimdall_proxy.builtins import load_builtin_plugins  # noqa: E402
-from heimdall_proxy.config import parse_config  # noqa: E402
+from heimdall_proxy.config.gateway import parse_config  # noqa: E402
+from heimdall_proxy.config.options import ServerOptions  # noqa: E402
 from heimdall_proxy.framework.inflight import LoadEstimate  # noqa: E402
 from heimdall_proxy.framework.types import Metrics, RequestContext  # noqa: E402
+from heimdall_proxy.plugins.builtins import load_builtin_plugins  # noqa: E402
 from heimdall_proxy.server.gateway import Gateway  # noqa: E402
-from heimdall_proxy.server.options import ServerOptions  # noqa: E402
 
 MODEL = "bench-model"
 IN_FLIGHT = 64

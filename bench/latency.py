@@ -203,7 +203,7 @@ def cost(args: argparse.Namespace) -> list[str]:
     observations (the cost does not depend on what was learned)."""
     from heimdall_proxy.framework.handle import PluginHandle
     from heimdall_proxy.framework.types import CycleState, Endpoint, InferenceRequest, Metrics
-    from heimdall_proxy.plugins.producers.predicted_latency import (
+    from heimdall_proxy.plugins.predicted_latency.producer import (
         PredictedLatencyProducer,
         PredictedLatencyProducerParams,
     )
@@ -265,7 +265,7 @@ def remote(args: argparse.Namespace) -> list[str]:
 
     from heimdall_proxy.framework.handle import PluginHandle
     from heimdall_proxy.framework.types import CycleState, Endpoint, InferenceRequest, Metrics
-    from heimdall_proxy.plugins.producers.predicted_latency import (
+    from heimdall_proxy.plugins.predicted_latency.producer import (
         PredictedLatencyProducer,
         PredictedLatencyProducerParams,
     )

@@ -54,7 +54,7 @@ import yaml
 if __package__ in (None, ""):  # run as `python bench/overhead.py`
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.machine import cpu_model, git_dirty, git_head
-from heimdall_proxy.framework.defaults import DEFAULT_EPP
+from heimdall_proxy.config.defaults import DEFAULT_EPP
 
 BENCH_DIR = Path(__file__).resolve().parent
 REPO_ROOT = BENCH_DIR.parent

@@ -164,10 +164,10 @@ def popularity_rider(part: ReplicaCounters | Journal) -> Any:
         from heimdall_proxy.framework.popularity import PrefixPopularity, SharedPopularity
     except ImportError:  # code from before the popularity moved out of the filter
         try:
-            from heimdall_proxy.plugins.filters.prefix_popularity import (  # type: ignore[no-redef]
+            from heimdall_proxy.plugins.scheduling.filters.prefix_popularity import (  # type: ignore[no-redef]
                 PrefixPopularity,
             )
-            from heimdall_proxy.plugins.filters.shared_popularity import (  # type: ignore[no-redef]
+            from heimdall_proxy.plugins.scheduling.filters.shared_popularity import (  # type: ignore[no-redef]
                 SharedPopularity,
             )
         except ImportError:

@@ -1,7 +1,7 @@
 """Decision by decision: what a replica of a shared pair saw against the fleet's true state.
 
 Reads the gateways' logs of a `bench/replicas.py --trace` run (prefix-cache-affinity-filter's
-trace lines, heimdall_proxy/plugins/filters/affinity_trace.py). For every decision of the
+trace lines, heimdall_proxy/plugins/prefix_affinity/trace.py). For every decision of the
 filter (keep the prefix's pods, or release), on one host whose wall clocks agree:
 
 - **in-flight lag**: the prompt tokens in flight per pod as the deciding replica saw them

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 from heimdall_proxy import __version__
-from heimdall_proxy.config import (
+from heimdall_proxy.config.gateway import (
     ConfigError,
     EndpointConfig,
     GatewayConfig,
@@ -24,12 +24,12 @@ from heimdall_proxy.config import (
     load_config,
     require_endpoints,
 )
+from heimdall_proxy.config.options import ServerOptions
 from heimdall_proxy.framework.params import parse_duration
-from heimdall_proxy.observability import setup_logging
-from heimdall_proxy.server.options import ServerOptions
+from heimdall_proxy.observability.logs import setup_logging
 
 if TYPE_CHECKING:
-    from heimdall_proxy.framework.loader import PluginSet
+    from heimdall_proxy.config.build import PluginSet
     from heimdall_proxy.sim import SimOptions
 
 log = logging.getLogger(__name__)
@@ -482,7 +482,7 @@ def _load(path: str | None) -> GatewayConfig:
         return load_config(path)
     import yaml
 
-    from heimdall_proxy.config import parse_config
+    from heimdall_proxy.config.gateway import parse_config
 
     return parse_config(yaml.safe_load(_demo_config_text()), "<embedded recommended.yaml>")
 
@@ -662,10 +662,10 @@ def tokenizer_server(args: argparse.Namespace) -> int:
 def validate(config: GatewayConfig, options: ServerOptions) -> PluginSet:
     """Build the config's plugins exactly as `serve` does, without a gateway around them.
     Raises ConfigError."""
-    from heimdall_proxy.builtins import load_builtin_plugins
+    from heimdall_proxy.config.build import build_plugins
     from heimdall_proxy.datalayer.pool import EndpointPool
     from heimdall_proxy.framework.handle import PluginHandle
-    from heimdall_proxy.framework.loader import build_plugins
+    from heimdall_proxy.plugins.builtins import load_builtin_plugins
 
     handle = PluginHandle(
         pool=EndpointPool(config.endpoints), feature_gates=frozenset(config.epp.feature_gates)

@@ -21,10 +21,10 @@ import zmq.asyncio
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from heimdall_proxy.config import GatewayConfig, parse_config
+from heimdall_proxy.config.gateway import GatewayConfig, parse_config
+from heimdall_proxy.config.options import ServerOptions
 from heimdall_proxy.server.app import GATEWAY, create_app
 from heimdall_proxy.server.gateway import Gateway
-from heimdall_proxy.server.options import ServerOptions
 from heimdall_proxy.sim import SimOptions, SimPod
 
 

@@ -141,7 +141,7 @@ async def wait_http(url: str, within: float = 20.0) -> None:
 
 def builtins_with(**extra: Any) -> Any:
     """A registry of every built-in plugin plus test plugins, type name -> class."""
-    from heimdall_proxy.builtins import load_builtin_plugins
+    from heimdall_proxy.plugins.builtins import load_builtin_plugins
 
     reg = load_builtin_plugins()
     for type_name, cls in extra.items():

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from heimdall_proxy.breaker import CircuitBreaker
-from heimdall_proxy.plugins.prepare.tokenizer import TokenizerParams, TokenizerPlugin
+from heimdall_proxy.plugins.requestcontrol.producers.tokenizer import (
+    TokenizerParams,
+    TokenizerPlugin,
+)
+from heimdall_proxy.resilience.breaker import CircuitBreaker
 from tests.plugins.helpers import req
 
 

@@ -1,4 +1,4 @@
-"""The one list of built-in plugins (heimdall_proxy/builtins.py) and, per registered type, the
+"""The one list of built-in plugins (heimdall_proxy/plugins/builtins.py) and, per registered type, the
 extension points it implements: a plugin that gains or loses a hook (and so starts or stops
 running on every request) changes this table on purpose, never by accident."""
 
@@ -7,8 +7,8 @@ from __future__ import annotations
 import inspect
 from typing import Protocol
 
-from heimdall_proxy.builtins import load_builtin_plugins
 from heimdall_proxy.framework import flowcontrol, inflight, plugins
+from heimdall_proxy.plugins.builtins import load_builtin_plugins
 
 EXPECTED: dict[str, list[str]] = {
     "active-request-scorer": ["Lifecycle", "Scorer"],  # its counts are the ledger's

@@ -9,7 +9,7 @@ import aiohttp
 import orjson
 import pytest
 
-from heimdall_proxy.observability import setup_logging
+from heimdall_proxy.observability.logs import setup_logging
 from tests.conftest import GatewayFactory, PodFactory, make_config
 
 

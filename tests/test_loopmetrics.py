@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from heimdall_proxy.loopmetrics import (
+from heimdall_proxy.observability.loop import (
     CounterFamily,
     FamiliesCollector,
     GaugeFamily,

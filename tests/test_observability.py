@@ -11,11 +11,12 @@ import pytest
 from prometheus_client import Metric, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from heimdall_proxy.config import EndpointConfig
+from heimdall_proxy.config.gateway import EndpointConfig
 from heimdall_proxy.datalayer.pool import EndpointPool
 from heimdall_proxy.framework.log import V4, V5, V
 from heimdall_proxy.framework.types import Metrics
-from heimdall_proxy.observability import GatewayMetrics, JsonFormatter, TextFormatter, setup_logging
+from heimdall_proxy.observability.logs import JsonFormatter, TextFormatter, setup_logging
+from heimdall_proxy.observability.metrics import GatewayMetrics
 
 
 @pytest.fixture
@@ -215,8 +216,8 @@ def test_plugin_metrics_are_exposed_and_same_name_samples_summed() -> None:
 
 
 def test_breaker_states_and_opens_are_exported() -> None:
-    from heimdall_proxy.breaker import CircuitBreaker
-    from heimdall_proxy.plugins.prepare.tokenizer import TokenizerPlugin
+    from heimdall_proxy.plugins.requestcontrol.producers.tokenizer import TokenizerPlugin
+    from heimdall_proxy.resilience.breaker import CircuitBreaker
 
     now = [0.0]
     breaker = CircuitBreaker("tok: tokenizer", failures=2, cooldown=5.0, clock=lambda: now[0])

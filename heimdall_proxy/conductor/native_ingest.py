@@ -1,4 +1,4 @@
-"""vLLM's plain KV-event batches, applied without Python per event (conductor/_vllm_ingest.c).
+"""vLLM's plain KV-event batches, applied without Python per event (native/_vllm_ingest.c).
 
 A decode step's events are one block each, and in Python each costs ~5.5 us: decoding and
 checking it, building its standardized event, resolving it in the engine-hash map, setting
@@ -20,8 +20,8 @@ from heimdall_proxy.conductor import tables
 from heimdall_proxy.kvcache.events import EventBatch, decode_payload
 
 _vllm_ingest: ModuleType | None
-try:  # conductor/_vllm_ingest.c, built where the machine can
-    from heimdall_proxy.conductor import _vllm_ingest
+try:  # native/_vllm_ingest.c, built where the machine can
+    from heimdall_proxy.native import _vllm_ingest
 except ImportError:  # pragma: no cover - the extension is built wherever CI runs
     _vllm_ingest = None
 

@@ -1,7 +1,7 @@
 """The conductor's block maps: the index's (key -> bitmask of sources, per namespace and
 medium) and each publisher's engine-hash map (engine hash -> our key).
 
-Both hold one entry per block, millions of them. `U64Map` (conductor/_u64map.c, built where
+Both hold one entry per block, millions of them. `U64Map` (native/_u64map.c, built where
 the machine can) keeps an entry in ~40 bytes with no Python object, where a dict of ints
 costs ~130 bytes and two long-lived ints per block; writing them was most of a vLLM block's
 ingest at the issue's scale. `DictMap` is the same map over a dict, for what a U64Map cannot
@@ -101,8 +101,8 @@ class DictMap(dict[int, Any]):
 
 
 _U64Map: Callable[[], BlockMap] | None
-try:  # conductor/_u64map.c, built where the machine can
-    from heimdall_proxy.conductor._u64map import U64Map as _U64Map
+try:  # native/_u64map.c, built where the machine can
+    from heimdall_proxy.native._u64map import U64Map as _U64Map
 except ImportError:  # pragma: no cover - the extension is built wherever CI runs
     _U64Map = None
 
@@ -138,6 +138,6 @@ def warn_if_dict(log: logging.Logger) -> None:
     built: it needs a C compiler at install time)."""
     if not NATIVE:
         log.warning(
-            "the conductor's block maps are dicts here (conductor/_u64map.c was not built: it "
+            "the conductor's block maps are dicts here (native/_u64map.c was not built: it "
             "needs gcc at install time): ~3x the memory per block and slower ingest"
         )

@@ -17,8 +17,8 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from heimdall_proxy.config import EndpointConfig
-from heimdall_proxy.discoveryconfig import KubernetesDiscoveryConfig
+from heimdall_proxy.config.discovery import KubernetesDiscoveryConfig
+from heimdall_proxy.config.gateway import EndpointConfig
 
 log = logging.getLogger(__name__)
 

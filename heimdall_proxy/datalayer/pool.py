@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from heimdall_proxy.config import EndpointConfig
+from heimdall_proxy.config.gateway import EndpointConfig
 from heimdall_proxy.framework.types import Endpoint
 
 #: Models whose candidates are cached at once (client-chosen names must not grow it unbounded;

@@ -17,13 +17,23 @@ from heimdall_proxy.datalayer.cadence import ScrapeCadence
 from heimdall_proxy.datalayer.pool import EndpointPool
 from heimdall_proxy.datalayer.vllm_metrics import ALL_FAMILIES, parse_vllm_metrics
 from heimdall_proxy.framework.inflight import InFlightLoad
-from heimdall_proxy.framework.loader import WiredSource
+from heimdall_proxy.framework.plugins import DataExtractor, DataSource
 from heimdall_proxy.framework.types import Endpoint, parse_model_list, publish_models
 
 log = logging.getLogger(__name__)
 
 #: Consecutive failed scrapes after which a pod is taken out of rotation.
 UNHEALTHY_AFTER = 3
+
+
+@dataclass(slots=True)
+class WiredSource:
+    """One `data.sources` entry, validated: the source plugin and the extractors that read
+    what it collects, in declaration order."""
+
+    name: str
+    source: DataSource
+    extractors: list[tuple[str, DataExtractor]]
 
 
 @dataclass(slots=True)

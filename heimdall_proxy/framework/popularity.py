@@ -8,7 +8,7 @@ wanted by one request at a time: moving it buys this request a shorter wait and 
 follows it to the new pod, so holding it costs little and keeps its hits. A system prompt
 that many requests share is wanted by all of them: a pod it moves to is warm for every later
 one, and holding it on busy pods queues all of them. So the filter divides the margin by a
-power of how many recent requests shared the prefix (see plugins/filters/prefix_affinity.py);
+power of how many recent requests shared the prefix (see plugins/prefix_affinity/filter.py);
 this module keeps that count, decayed per request seen.
 
 Who owns it: the prefix data's owner. Today that is this module's `Popularities`, one per

@@ -93,7 +93,7 @@ def prefix_match_reader(
     kind: an approx-prefix-cache-producer, a precise-prefix-cache-producer, or the seeds'
     precise-prefix-cache-scorer. Without it, the seeds' `prefixPluginType` /
     `prefixPluginName` pair names one (the config loader points a pair that names a
-    prefix-cache-scorer at the producer that scorer reads, framework/defaults.py); with
+    prefix-cache-scorer at the producer that scorer reads, config/defaults.py); with
     neither, the default-named approx-prefix-cache-producer is read."""
     if producer_name:
         name, first = producer_name, ""

@@ -31,8 +31,8 @@ class PluginSpec:
 
 class Registry:
     """Type name -> PluginSpec. A plugin class declares its type with `@register(TYPE,
-    Params)`; the composition root (`heimdall_proxy.builtins`, or a test) adds the classes it
-    wants with `add`. The framework itself knows no plugin."""
+    Params)`; the composition root (`heimdall_proxy.plugins.builtins`, or a test) adds the
+    classes it wants with `add`. The framework itself knows no plugin."""
 
     def __init__(self) -> None:
         self._specs: dict[str, PluginSpec] = {}

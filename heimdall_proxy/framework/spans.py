@@ -1,5 +1,5 @@
 """The contract between the request path and OpenTelemetry tracing, for the parts that live
-in framework/ (the scheduler's profile loop). The tracing itself is in server/tracing.py and
+in framework/ (the scheduler's profile loop). The tracing itself is in observability/tracing.py and
 is optional: when it is off no RequestSpans is on the CycleState, and the scheduler pays one
 dict lookup per cycle."""
 

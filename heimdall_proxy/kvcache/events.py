@@ -30,7 +30,7 @@ no integer) is counted in its batch's `invalid` and skipped; the batch's others 
 Block hashes are integers or bytes (vLLM's sha256 hashes); bytes are read as the big-endian
 integer of their last 8 bytes, as vLLM itself converts them, so every engine hash is an int.
 
-Token ids are read without an int object each where kvcache/_tokens.c is built: it rewrites
+Token ids are read without an int object each where native/_tokens.c is built: it rewrites
 the ids of BlockStored events (either form) as u32 bytes before msgpack decodes the batch,
 and they arrive here as array('I') (kvcache.hashing reads that as it is); elsewhere, a list.
 """
@@ -47,13 +47,13 @@ from typing import Any
 import msgpack
 
 _pack_token_ids: Callable[[bytes], bytes | None] | None
-try:  # kvcache/_tokens.c, built where the machine can
-    from heimdall_proxy.kvcache._tokens import pack_token_ids as _pack_token_ids
+try:  # native/_tokens.c, built where the machine can
+    from heimdall_proxy.native._tokens import pack_token_ids as _pack_token_ids
 except ImportError:  # pragma: no cover - an install without a C compiler
     _pack_token_ids = None
 if sys.byteorder != "little" or array("I").itemsize != 4:  # pragma: no cover
     _pack_token_ids = None  # it packs little-endian u32s
-#: Whether token ids are read as u32 arrays (kvcache/_tokens.c built) or as lists of ints.
+#: Whether token ids are read as u32 arrays (native/_tokens.c built) or as lists of ints.
 PACKS_TOKENS = _pack_token_ids is not None
 
 log = logging.getLogger(__name__)
@@ -82,7 +82,7 @@ class EventDecodeError(ValueError):
 class BlockStored:
     block_hashes: list[int]
     parent_block_hash: int | None
-    #: a list, or array('I') when kvcache/_tokens.c packed them (see the module docstring)
+    #: a list, or array('I') when native/_tokens.c packed them (see the module docstring)
     token_ids: Sequence[int]
     block_size: int
     lora_name: str | None

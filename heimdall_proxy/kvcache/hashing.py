@@ -45,9 +45,9 @@ _U32 = "I" if array("I").itemsize == 4 else "L"
 
 _native: Callable[[Sequence[int], int, int, int | None, int], list[int]] | None
 _native_text: Callable[[str, int, int, int | None, int], list[int]] | None
-try:  # the chain in C (kvcache/_chain.c), built where the machine can; else the loops below
-    from heimdall_proxy.kvcache._chain import ascii_block_keys as _native_text
-    from heimdall_proxy.kvcache._chain import block_keys as _native
+try:  # the chain in C (native/_chain.c), built where the machine can; else the loops below
+    from heimdall_proxy.native._chain import ascii_block_keys as _native_text
+    from heimdall_proxy.native._chain import block_keys as _native
 except ImportError:  # pragma: no cover - an install without a C compiler or libxxhash
     _native = _native_text = None
 
@@ -297,7 +297,7 @@ def warn_if_python(log: logging.Logger) -> None:
     if not NATIVE and not _said_python:
         _said_python = True
         log.warning(
-            "block keys are hashed in Python here (kvcache/_chain.c was not built or "
+            "block keys are hashed in Python here (native/_chain.c was not built or "
             "disagrees with the xxhash package: it needs gcc and libxxhash >= 0.8 at install "
             "time): ~0.3 us more CPU per block"
         )

@@ -1,2 +1,2 @@
 """Built-in plugins, one module each, grouped by the extension point they serve.
-heimdall_proxy/builtins.py is the one list of them (it registers them)."""
+heimdall_proxy/plugins/builtins.py is the one list of them (it registers them)."""

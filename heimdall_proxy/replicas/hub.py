@@ -323,7 +323,7 @@ async def join(part: Part) -> None:
 async def leave(part: Part) -> None:
     """Remove `part` from its hub; the last part out stops the hub and closes its client."""
     hub = part.hub
-    if hub is None:
+    if not isinstance(hub, SyncHub):  # not in one (the only kind a part joins)
         return
     try:
         await hub.remove(part)

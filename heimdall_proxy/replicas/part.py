@@ -4,10 +4,19 @@ tick that is this plugin's, and the plugin's handle on the hub."""
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-if TYPE_CHECKING:
-    from heimdall_proxy.replicas.hub import SyncHub
+
+class Hub(Protocol):
+    """What a part asks of the hub it is in (hub.py's SyncHub; declared here so that the
+    parts and the hub do not import each other)."""
+
+    @property
+    def reachable(self) -> bool: ...
+
+    def poke(self) -> None: ...
+
+    async def sync(self) -> None: ...
 
 
 class Part(ABC):
@@ -21,7 +30,7 @@ class Part(ABC):
         #: The part wants a tick at least this often (the hub ticks at its parts' shortest).
         self.interval = interval
         #: Set while the part is in a hub (between SyncHub.add and SyncHub.remove).
-        self.hub: SyncHub | None = None
+        self.hub: Hub | None = None
 
     @property
     @abstractmethod

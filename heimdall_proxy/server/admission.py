@@ -20,10 +20,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from heimdall_proxy.flowcontrol.controller import Admission, FlowController
 from heimdall_proxy.framework.errors import RequestError
 from heimdall_proxy.framework.plugins import Admitter
 from heimdall_proxy.framework.types import CycleState, Endpoint, InferenceRequest
-from heimdall_proxy.server.flow.controller import Admission, FlowController
 
 
 class AdmissionControl:

@@ -11,17 +11,17 @@ from multidict import CIMultiDict
 
 from heimdall_proxy.framework.inflight import InFlightLoad
 from heimdall_proxy.framework.types import RequestContext
-from heimdall_proxy.observability import GatewayMetrics
-from heimdall_proxy.series import ModelSeries
-from heimdall_proxy.server.hooks import Hooks
-from heimdall_proxy.server.outliers import OutlierDetector
-from heimdall_proxy.server.usage import (
+from heimdall_proxy.observability.metrics import GatewayMetrics
+from heimdall_proxy.observability.series import ModelSeries
+from heimdall_proxy.requesthandling.usage import (
     USAGE_ASKED_KEY,
     body_usage,
     sse_events,
     stream_usage,
     strip_usage_events,
 )
+from heimdall_proxy.resilience.outliers import OutlierDetector
+from heimdall_proxy.server.hooks import Hooks
 from heimdall_proxy.upstream import UpstreamError, UpstreamResponse
 
 log = logging.getLogger(__name__)

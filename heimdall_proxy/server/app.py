@@ -14,18 +14,18 @@ import orjson
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from heimdall_proxy.builtins import load_builtin_plugins
-from heimdall_proxy.config import GatewayConfig
+from heimdall_proxy.config.gateway import GatewayConfig
+from heimdall_proxy.config.options import ServerOptions
 from heimdall_proxy.framework.errors import RequestError
 from heimdall_proxy.framework.registry import Registry
 from heimdall_proxy.framework.types import ApiKind
+from heimdall_proxy.plugins.builtins import load_builtin_plugins
 from heimdall_proxy.server.auth import Auth
 from heimdall_proxy.server.collector import settle
 from heimdall_proxy.server.connections import protocol_factory
 from heimdall_proxy.server.debug import DEBUG_PREFIX, DEBUG_ROUTES, debug_handler
 from heimdall_proxy.server.errors import error_response, render
 from heimdall_proxy.server.gateway import GATEWAY, Gateway
-from heimdall_proxy.server.options import ServerOptions
 from heimdall_proxy.server.stored import delete_response, get_response, list_input_items
 
 log = logging.getLogger(__name__)

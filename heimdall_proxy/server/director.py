@@ -19,9 +19,10 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
+from heimdall_proxy.config.build import PluginSet
 from heimdall_proxy.datalayer.pool import EndpointPool, ModelNotFoundError, NoEndpointsError
+from heimdall_proxy.flowcontrol.controller import Admission, FlowController
 from heimdall_proxy.framework.errors import RequestError
-from heimdall_proxy.framework.loader import PluginSet
 from heimdall_proxy.framework.spans import SPANS_KEY
 from heimdall_proxy.framework.trace import TRACE_KEY, ScheduleTrace
 from heimdall_proxy.framework.types import (
@@ -33,18 +34,17 @@ from heimdall_proxy.framework.types import (
     SchedulingError,
     SchedulingResult,
 )
-from heimdall_proxy.observability import GatewayMetrics
+from heimdall_proxy.observability.metrics import GatewayMetrics
+from heimdall_proxy.observability.tracing import RequestTrace
+from heimdall_proxy.requesthandling.parse import parse_body
+from heimdall_proxy.requesthandling.untrusted import untrusted_fields
+from heimdall_proxy.requesthandling.usage import USAGE_ASKED_KEY, ask_for_usage
+from heimdall_proxy.resilience.outliers import OutlierDetector, Verdicts
+from heimdall_proxy.resilience.retry import RetryBudget, backoff, failure_reason
 from heimdall_proxy.server.admission import AdmissionControl
 from heimdall_proxy.server.answers import UNKNOWN_MODEL
 from heimdall_proxy.server.errors import render
-from heimdall_proxy.server.flow.controller import Admission, FlowController
-from heimdall_proxy.server.outliers import OutlierDetector, Verdicts
-from heimdall_proxy.server.parse import parse_body
 from heimdall_proxy.server.relay import Relay
-from heimdall_proxy.server.retry import RetryBudget, backoff, failure_reason
-from heimdall_proxy.server.tracing import RequestTrace
-from heimdall_proxy.server.untrusted import untrusted_fields
-from heimdall_proxy.server.usage import USAGE_ASKED_KEY, ask_for_usage
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +79,7 @@ class Director:
         self.metrics = metrics
         self.trust_transfer_params = trust_transfer_params
         self.max_attempts = max(1, max_attempts)
-        #: Retries in flight are bounded by the requests in flight (server/retry.py).
+        #: Retries in flight are bounded by the requests in flight (resilience/retry.py).
         self.budget = RetryBudget()
         #: Sends to the pods; set when the routing starts (it needs the upstream client).
         self.relay: Relay | None = None
@@ -268,7 +268,7 @@ class Director:
     async def _forward(self, request: web.Request, decision: Decision) -> web.StreamResponse:
         """Serve `decision` from its pod, falling back to the next-best pods: a pod that
         fails before sending a response, or answers a retryable status while another pod
-        may be tried, is replaced (server/retry.py says when, the retry budget how often).
+        may be tried, is replaced (resilience/retry.py says when, the retry budget how often).
         Once a response has started nothing is retried. Raises RequestError(502) when no pod
         could serve it."""
         relay = self.relay

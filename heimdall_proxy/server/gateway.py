@@ -16,26 +16,26 @@ import aiohttp
 from aiohttp import web
 from aiohttp.web_protocol import RequestPayloadError
 
-from heimdall_proxy.config import GatewayConfig
+from heimdall_proxy.config.build import PluginSet
+from heimdall_proxy.config.gateway import GatewayConfig
+from heimdall_proxy.config.options import ServerOptions
 from heimdall_proxy.datalayer.pool import EndpointPool
 from heimdall_proxy.datalayer.refresher import PoolRefresher
+from heimdall_proxy.flowcontrol.controller import FlowController
+from heimdall_proxy.flowcontrol.metrics import FlowMetrics
 from heimdall_proxy.framework.errors import RequestError
 from heimdall_proxy.framework.inflight import InFlightLoad
-from heimdall_proxy.framework.loader import PluginSet
 from heimdall_proxy.framework.registry import Registry
 from heimdall_proxy.framework.types import ApiKind
-from heimdall_proxy.observability import GatewayMetrics
+from heimdall_proxy.observability.metrics import GatewayMetrics
+from heimdall_proxy.observability.tracing import RequestTrace, Tracing, configure
+from heimdall_proxy.resilience.outliers import OutlierDetector
 from heimdall_proxy.server.answers import UNKNOWN_MODEL
 from heimdall_proxy.server.director import Director
 from heimdall_proxy.server.errors import render
-from heimdall_proxy.server.flow.controller import FlowController
-from heimdall_proxy.server.flow.metrics import FlowMetrics
 from heimdall_proxy.server.hooks import Hooks
-from heimdall_proxy.server.options import ServerOptions
-from heimdall_proxy.server.outliers import OutlierDetector
 from heimdall_proxy.server.relay import Relay
 from heimdall_proxy.server.routing import Routing
-from heimdall_proxy.server.tracing import RequestTrace, Tracing, configure
 from heimdall_proxy.upstream import KEEPALIVE, UpstreamClient, UpstreamTimeouts
 
 log = logging.getLogger(__name__)
@@ -83,7 +83,7 @@ class Gateway:
 
     @property
     def tracing(self) -> Tracing | None:
-        """OpenTelemetry spans per request (server/tracing.py); None, the default, is off."""
+        """OpenTelemetry spans per request (observability/tracing.py); None, the default, is off."""
         return self._tracing
 
     @tracing.setter

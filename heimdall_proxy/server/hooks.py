@@ -8,7 +8,7 @@ import logging
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
-from heimdall_proxy.framework.loader import PluginSet
+from heimdall_proxy.config.build import PluginSet
 
 log = logging.getLogger(__name__)
 

@@ -37,8 +37,8 @@ from heimdall_proxy.framework.disagg import DisaggPlan, multimodal_parts, read_p
 from heimdall_proxy.framework.inflight import InFlightLoad
 from heimdall_proxy.framework.spans import SPANS_KEY
 from heimdall_proxy.framework.types import CycleState, Endpoint, InferenceRequest
-from heimdall_proxy.observability import GatewayMetrics
-from heimdall_proxy.server.tracing import RequestTrace
+from heimdall_proxy.observability.metrics import GatewayMetrics
+from heimdall_proxy.observability.tracing import RequestTrace
 from heimdall_proxy.upstream import UpstreamClient, UpstreamError, UpstreamTimeouts
 
 log = logging.getLogger(__name__)

@@ -18,11 +18,14 @@ import orjson
 from aiohttp import web
 from multidict import CIMultiDict
 
-from heimdall_proxy.config import OutlierDetectionConfig
+from heimdall_proxy.config.gateway import OutlierDetectionConfig
 from heimdall_proxy.framework.disagg import DISAGG_PLAN_KEY, read_plan
 from heimdall_proxy.framework.inflight import InFlightLoad, LoadEstimate
 from heimdall_proxy.framework.types import CycleState, Endpoint, InferenceRequest, RequestContext
-from heimdall_proxy.observability import GatewayMetrics
+from heimdall_proxy.observability.metrics import GatewayMetrics
+from heimdall_proxy.observability.tracing import RequestTrace
+from heimdall_proxy.resilience.outliers import OutlierDetector, Verdicts
+from heimdall_proxy.resilience.retry import RETRY_STATUSES
 from heimdall_proxy.server.answers import RETRYABLE, Answers, is_stream
 from heimdall_proxy.server.headers import (
     FORWARD_CLIENT_CREDENTIALS,
@@ -32,9 +35,6 @@ from heimdall_proxy.server.headers import (
 )
 from heimdall_proxy.server.hooks import Hooks
 from heimdall_proxy.server.hops import Hops
-from heimdall_proxy.server.outliers import OutlierDetector, Verdicts
-from heimdall_proxy.server.retry import RETRY_STATUSES
-from heimdall_proxy.server.tracing import RequestTrace
 from heimdall_proxy.upstream import NO_LIMITS, UpstreamClient, UpstreamResponse, UpstreamTimeouts
 
 log = logging.getLogger(__name__)

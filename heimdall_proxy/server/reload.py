@@ -18,7 +18,7 @@ from collections.abc import AsyncIterator
 
 from aiohttp import web
 
-from heimdall_proxy.config import ConfigError, load_config, require_endpoints
+from heimdall_proxy.config.gateway import ConfigError, load_config, require_endpoints
 from heimdall_proxy.server.gateway import GATEWAY, Gateway
 
 log = logging.getLogger(__name__)

@@ -14,7 +14,10 @@ from collections.abc import Mapping
 import aiohttp
 from prometheus_client.registry import Collector
 
-from heimdall_proxy.config import ConfigError, EndpointConfig, GatewayConfig, PluginConfig
+from heimdall_proxy.config.build import PluginSet, build_plugins
+from heimdall_proxy.config.flow_build import build_flow
+from heimdall_proxy.config.gateway import ConfigError, EndpointConfig, GatewayConfig, PluginConfig
+from heimdall_proxy.config.options import ServerOptions
 from heimdall_proxy.datalayer.kubernetes import (
     DiscoveryUnavailableError,
     KubernetesPods,
@@ -23,22 +26,19 @@ from heimdall_proxy.datalayer.kubernetes import (
 from heimdall_proxy.datalayer.pool import EndpointPool
 from heimdall_proxy.datalayer.refresher import PoolRefresher, RefreshOptions
 from heimdall_proxy.datalayer.vllm_metrics import needed_families
+from heimdall_proxy.flowcontrol.controller import FlowController
+from heimdall_proxy.flowcontrol.metrics import FlowMetrics
 from heimdall_proxy.framework.handle import PluginHandle
 from heimdall_proxy.framework.inflight import InFlightLoad, LoadEstimator
 from heimdall_proxy.framework.inherit import inherit_state
-from heimdall_proxy.framework.loader import PluginSet, build_plugins
 from heimdall_proxy.framework.popularity import Popularities
 from heimdall_proxy.framework.registry import Registry
-from heimdall_proxy.observability import GatewayMetrics
+from heimdall_proxy.observability.metrics import GatewayMetrics
+from heimdall_proxy.resilience.outliers import OutlierDetector
 from heimdall_proxy.server.director import Director
-from heimdall_proxy.server.flow.controller import FlowController
-from heimdall_proxy.server.flow.metrics import FlowMetrics
-from heimdall_proxy.server.flow.wiring import build_flow
 from heimdall_proxy.server.headers import UpstreamCredentials
 from heimdall_proxy.server.hooks import Hooks
 from heimdall_proxy.server.hops import Hops
-from heimdall_proxy.server.options import ServerOptions
-from heimdall_proxy.server.outliers import OutlierDetector
 from heimdall_proxy.server.relay import Relay
 from heimdall_proxy.upstream import UpstreamClient, UpstreamTimeouts
 

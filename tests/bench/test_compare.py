@@ -10,7 +10,7 @@ import yaml
 from bench import compare, runner
 from bench.compare import FleetSpec, Pod, Target
 from bench.workloads import TimedRequest, Workload
-from heimdall_proxy.config import parse_config
+from heimdall_proxy.config.gateway import parse_config
 
 REPO = Path(__file__).resolve().parents[2]
 PODS = [Pod("pod-0", 9001), Pod("pod-1", 9002, kv_events_port=9102), Pod("pod-2", 9003)]

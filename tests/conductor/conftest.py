@@ -16,7 +16,7 @@ from heimdall_proxy.conductor.app import create_app
 def map_kind(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     """The index and the engine maps on U64Map, then on DictMap (as without the extension)."""
     if request.param == "native":
-        assert tables.NATIVE, "conductor/_u64map.c is not built: pip install -e . builds it"
+        assert tables.NATIVE, "native/_u64map.c is not built: pip install -e . builds it"
     else:
         monkeypatch.setattr(tables, "_U64Map", None)
     kind: str = request.param

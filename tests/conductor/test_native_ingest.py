@@ -1,4 +1,4 @@
-"""conductor/_vllm_ingest.c: vLLM batches applied in C leave the index, the engine-hash maps
+"""native/_vllm_ingest.c: vLLM batches applied in C leave the index, the engine-hash maps
 and every counter exactly as the Python path does.
 
 Two conductors get the same random batches from several publishers: one through the loop's
@@ -26,7 +26,7 @@ from heimdall_proxy.kvcache.events import decode_batch
 BLOCK = 4
 
 if not native_ingest.enabled():  # pragma: no cover - pip install -e . builds it
-    pytest.fail("conductor/_vllm_ingest.c is not built", pytrace=False)
+    pytest.fail("native/_vllm_ingest.c is not built", pytrace=False)
 
 
 def registrations(conductor: Conductor, n: int) -> list[Registration]:

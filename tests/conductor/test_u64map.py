@@ -1,4 +1,4 @@
-"""U64Map (conductor/_u64map.c) and DictMap answer like a plain dict of ints.
+"""U64Map (native/_u64map.c) and DictMap answer like a plain dict of ints.
 
 The reference is deliberately plain: a dict, one Python step per key, its insertion order
 the order eviction follows. Random operations on small key spaces (so that keys collide,
@@ -21,9 +21,9 @@ from heimdall_proxy.conductor import tables
 from heimdall_proxy.conductor.tables import DictMap, as_dict_map, new_map
 
 if not tables.NATIVE:  # pragma: no cover - pip install -e . builds it
-    pytest.fail("conductor/_u64map.c is not built", pytrace=False)
+    pytest.fail("native/_u64map.c is not built", pytrace=False)
 
-from heimdall_proxy.conductor._u64map import U64Map
+from heimdall_proxy.native._u64map import U64Map
 
 U64 = (1 << 64) - 1
 

@@ -17,10 +17,10 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from heimdall_proxy.config import EndpointConfig, parse_config
+from heimdall_proxy.config.discovery import KubernetesDiscoveryConfig
+from heimdall_proxy.config.gateway import EndpointConfig, parse_config
 from heimdall_proxy.datalayer.kubernetes import KubernetesPods
-from heimdall_proxy.discoveryconfig import KubernetesDiscoveryConfig
-from heimdall_proxy.plugins.scorers.precise_prefix_cache import PrecisePrefixCacheScorer
+from heimdall_proxy.plugins.precise_prefix.scorer import PrecisePrefixCacheScorer
 from heimdall_proxy.sim import SimOptions, SimPod
 from tests.conftest import GatewayFactory, eventually
 from tests.helpers import free_port

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from heimdall_proxy.config import EndpointConfig, parse_config
+from heimdall_proxy.config.gateway import EndpointConfig, parse_config
 from heimdall_proxy.datalayer.pool import EndpointPool, ModelNotFoundError, NoEndpointsError
 
 

@@ -24,8 +24,8 @@ import pytest
 import zmq
 from prometheus_client.parser import text_string_to_metric_families
 
-from heimdall_proxy.config import parse_config
-from heimdall_proxy.framework.defaults import DEFAULT_EPP
+from heimdall_proxy.config.defaults import DEFAULT_EPP
+from heimdall_proxy.config.gateway import parse_config
 from tests.conftest import GatewayFactory
 from tests.e2e.conftest import (
     BLOCK_SIZE,

@@ -10,22 +10,22 @@ from typing import Any
 
 import pytest
 
-from heimdall_proxy.builtins import load_builtin_plugins
-from heimdall_proxy.config import parse_config
+from heimdall_proxy.config.build import PluginSet, build_plugins
+from heimdall_proxy.config.gateway import parse_config
 from heimdall_proxy.datalayer.pool import EndpointPool
 from heimdall_proxy.framework.handle import PluginHandle
 from heimdall_proxy.framework.inflight import InFlightLoad
 from heimdall_proxy.framework.inherit import inherit_state
-from heimdall_proxy.framework.loader import PluginSet, build_plugins
 from heimdall_proxy.framework.popularity import Popularities
 from heimdall_proxy.framework.registry import register
 from heimdall_proxy.framework.types import CycleState
-from heimdall_proxy.plugins.filters.prefix_affinity import PrefixCacheAffinityFilter
-from heimdall_proxy.plugins.producers.approx_prefix import ApproxPrefixCacheProducer
-from heimdall_proxy.plugins.producers.predicted_latency import PredictedLatencyProducer
-from heimdall_proxy.plugins.scorers.active_request import ActiveRequestScorer
-from heimdall_proxy.plugins.scorers.no_hit_lru import NoHitLRUScorer
-from heimdall_proxy.plugins.scorers.outstanding_work import OutstandingWorkScorer
+from heimdall_proxy.plugins.builtins import load_builtin_plugins
+from heimdall_proxy.plugins.predicted_latency.producer import PredictedLatencyProducer
+from heimdall_proxy.plugins.prefix_affinity.filter import PrefixCacheAffinityFilter
+from heimdall_proxy.plugins.requestcontrol.producers.approx_prefix import ApproxPrefixCacheProducer
+from heimdall_proxy.plugins.scheduling.scorers.active_request import ActiveRequestScorer
+from heimdall_proxy.plugins.scheduling.scorers.no_hit_lru import NoHitLRUScorer
+from heimdall_proxy.plugins.scheduling.scorers.outstanding_work import OutstandingWorkScorer
 from heimdall_proxy.plugins.store.responses_store import ResponsesStore
 from tests.helpers import ep
 from tests.plugins.helpers import ctx, req, sent

@@ -1,4 +1,4 @@
-"""Config parsing (heimdall_proxy.config) and plugin assembly (framework.loader.build_plugins)."""
+"""Config parsing (heimdall_proxy.config.gateway) and plugin assembly (framework.loader.build_plugins)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from heimdall_proxy.builtins import load_builtin_plugins
-from heimdall_proxy.config import (
+from heimdall_proxy.config.build import PluginSet, build_plugins
+from heimdall_proxy.config.gateway import (
     ConfigError,
     GatewayConfig,
     PluginConfig,
@@ -20,7 +20,6 @@ from heimdall_proxy.config import (
 from heimdall_proxy.datalayer.pool import EndpointPool
 from heimdall_proxy.framework.base import BasePlugin
 from heimdall_proxy.framework.handle import PluginHandle
-from heimdall_proxy.framework.loader import PluginSet, build_plugins
 from heimdall_proxy.framework.params import NoParams, PluginParams
 from heimdall_proxy.framework.plugins import SchedulerProfileView
 from heimdall_proxy.framework.registry import Registry
@@ -32,12 +31,13 @@ from heimdall_proxy.framework.types import (
     ProfileResult,
     SchedulingResult,
 )
-from heimdall_proxy.plugins.filters.by_label import ByLabelFilter
-from heimdall_proxy.plugins.pickers.common import PickerParams
-from heimdall_proxy.plugins.pickers.max_score import MaxScorePicker
-from heimdall_proxy.plugins.profiles.single import SingleProfileHandler
+from heimdall_proxy.plugins.builtins import load_builtin_plugins
 from heimdall_proxy.plugins.requestcontrol.response_header import ResponseHeaderHandler
-from heimdall_proxy.plugins.scorers.queue import QueueScorer
+from heimdall_proxy.plugins.scheduling.filters.by_label import ByLabelFilter
+from heimdall_proxy.plugins.scheduling.pickers.common import PickerParams
+from heimdall_proxy.plugins.scheduling.pickers.max_score import MaxScorePicker
+from heimdall_proxy.plugins.scheduling.profiles.single import SingleProfileHandler
+from heimdall_proxy.plugins.scheduling.scorers.queue import QueueScorer
 
 BUILTIN = load_builtin_plugins()
 
@@ -126,7 +126,7 @@ def test_epp_config_under_config_key_with_helm_keys_ignored(
         "config": EPP,
         "endpoints": ENDPOINTS,
     }
-    with caplog.at_level(logging.INFO, logger="heimdall_proxy.config"):
+    with caplog.at_level(logging.INFO, logger="heimdall_proxy.config.gateway"):
         cfg, pset = build(doc)
     check_epp(pset)
     assert len(cfg.endpoints) == 2
@@ -536,7 +536,7 @@ def test_negative_weight() -> None:
 def test_weight_on_a_non_scorer_is_ignored_with_a_warning(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    with caplog.at_level(logging.WARNING, logger="heimdall_proxy.config"):
+    with caplog.at_level(logging.WARNING, logger="heimdall_proxy.config.gateway"):
         _, pset = build(
             {
                 "plugins": [{"type": "queue-scorer"}, {"type": "random-picker"}],
@@ -621,7 +621,7 @@ def gated_registry() -> Registry:
 
 
 def test_gated_plugin_without_gate_is_skipped(caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level(logging.WARNING, logger="heimdall_proxy.config"):
+    with caplog.at_level(logging.WARNING, logger="heimdall_proxy.config.gateway"):
         _, pset = build(
             {"plugins": [{"type": "gated-scorer", "name": "g"}, {"type": "queue-scorer"}]},
             gated_registry(),
@@ -670,7 +670,7 @@ def test_skipped_name_still_counts_for_duplicates() -> None:
 
 
 def test_unknown_parameters_are_accepted_with_a_warning(caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level(logging.WARNING, logger="heimdall_proxy.config"):
+    with caplog.at_level(logging.WARNING, logger="heimdall_proxy.config.gateway"):
         _, pset = build(
             {
                 "plugins": [

@@ -24,7 +24,7 @@ from heimdall_proxy.framework.types import (
     SchedulingResult,
     ScoredEndpoint,
 )
-from heimdall_proxy.plugins.profiles.single import SingleProfileHandler
+from heimdall_proxy.plugins.scheduling.profiles.single import SingleProfileHandler
 from tests.helpers import ep
 
 

@@ -17,10 +17,10 @@ from multidict import CIMultiDict, CIMultiDictProxy
 
 from heimdall_proxy.framework.errors import RequestError
 from heimdall_proxy.kvcache.events import EventDecodeError, decode_batch
+from heimdall_proxy.requesthandling.parse import parse_body
+from heimdall_proxy.requesthandling.untrusted import TRANSFER_FIELDS, untrusted_fields
 from heimdall_proxy.server.app import check_target
 from heimdall_proxy.server.headers import OWNED, upstream_request_headers
-from heimdall_proxy.server.parse import parse_body
-from heimdall_proxy.server.untrusted import TRANSFER_FIELDS, untrusted_fields
 
 
 def attempt(fn: Any, *args: Any) -> tuple[Any, RequestError | None]:

@@ -22,7 +22,7 @@ from tests.kvcache.vllm_wire import batch, cleared, removed, stored
 
 
 def listed(events: list[KVEvent]) -> list[KVEvent]:
-    """`events` with token ids as lists (kvcache/_tokens.c delivers them as array('I'))."""
+    """`events` with token ids as lists (native/_tokens.c delivers them as array('I'))."""
     for ev in events:
         if isinstance(ev, BlockStored):
             ev.token_ids = list(ev.token_ids)

@@ -1,4 +1,4 @@
-"""kvcache/_tokens.c: a batch decoded with its token ids packed as u32 gives what the plain
+"""native/_tokens.c: a batch decoded with its token ids packed as u32 gives what the plain
 msgpack decode gives, event for event, on every shape and on garbage.
 
 The reference is the decoder with the packing turned off (as where the extension is not
@@ -22,9 +22,9 @@ from heimdall_proxy.kvcache.events import BlockStored, EventBatch, EventDecodeEr
 from tests.kvcache.vllm_wire import batch, cleared, removed, stored
 
 if not events.PACKS_TOKENS:  # pragma: no cover - pip install -e . builds it
-    pytest.fail("kvcache/_tokens.c is not built", pytrace=False)
+    pytest.fail("native/_tokens.c is not built", pytrace=False)
 
-from heimdall_proxy.kvcache._tokens import pack_token_ids
+from heimdall_proxy.native._tokens import pack_token_ids
 
 
 def plain(payload: bytes) -> EventBatch | str:

@@ -7,7 +7,7 @@ import random
 
 import numpy as np
 
-from heimdall_proxy.latency.model import OnlineLatencyModel
+from heimdall_proxy.plugins.predicted_latency.model import OnlineLatencyModel
 
 
 def _truth(x: list[float], slow: bool) -> float:

@@ -10,7 +10,11 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from heimdall_proxy.latency.predictor import FeatureMatrix, LatencyPredictor, features
+from heimdall_proxy.plugins.predicted_latency.predictor import (
+    FeatureMatrix,
+    LatencyPredictor,
+    features,
+)
 from tests.helpers import ep
 
 

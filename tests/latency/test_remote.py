@@ -13,11 +13,15 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from heimdall_proxy.builtins import load_builtin_plugins
-from heimdall_proxy.config import PluginConfig
+from heimdall_proxy.config.build import instantiate
+from heimdall_proxy.config.gateway import PluginConfig
 from heimdall_proxy.framework.handle import PluginHandle
-from heimdall_proxy.framework.loader import instantiate
-from heimdall_proxy.latency.remote import PredictorUnavailable, RemotePredictor, prediction_request
+from heimdall_proxy.plugins.builtins import load_builtin_plugins
+from heimdall_proxy.plugins.predicted_latency.remote import (
+    PredictorUnavailable,
+    RemotePredictor,
+    prediction_request,
+)
 from tests.conftest import GatewayFactory, PodFactory, eventually, make_config
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from heimdall_proxy.latency.sampling import TokenSampler
+from heimdall_proxy.plugins.predicted_latency.sampling import TokenSampler
 
 
 def test_intervals_have_the_configured_mean() -> None:

@@ -17,7 +17,7 @@ from heimdall_proxy.framework.types import (
     RequestContext,
     SchedulingResult,
 )
-from heimdall_proxy.server.usage import sse_events
+from heimdall_proxy.requesthandling.usage import sse_events
 
 
 def req(

@@ -12,26 +12,26 @@ from pydantic import ValidationError
 from heimdall_proxy.datalayer.pool import EndpointPool
 from heimdall_proxy.framework.handle import PluginHandle
 from heimdall_proxy.framework.inflight import InFlightLoad
-from heimdall_proxy.plugins.filters.prefix_affinity import (
+from heimdall_proxy.plugins.prefix_affinity.filter import (
     PrefixCacheAffinityFilter,
     PrefixCacheAffinityParams,
 )
-from heimdall_proxy.plugins.producers.approx_prefix import (
+from heimdall_proxy.plugins.requestcontrol.producers.approx_prefix import (
     ApproxPrefixCacheProducer as PrefixCacheScorer,
 )
-from heimdall_proxy.plugins.producers.approx_prefix import (
+from heimdall_proxy.plugins.requestcontrol.producers.approx_prefix import (
     ApproxPrefixProducerParams as PrefixCacheParams,
 )
-from heimdall_proxy.plugins.scorers.active_request import (
+from heimdall_proxy.plugins.scheduling.scorers.active_request import (
     ActiveRequestParams,
     ActiveRequestScorer,
 )
-from heimdall_proxy.plugins.scorers.no_hit_lru import NoHitLRUParams, NoHitLRUScorer
-from heimdall_proxy.plugins.scorers.outstanding_work import (
+from heimdall_proxy.plugins.scheduling.scorers.no_hit_lru import NoHitLRUParams, NoHitLRUScorer
+from heimdall_proxy.plugins.scheduling.scorers.outstanding_work import (
     OutstandingWorkParams,
     OutstandingWorkScorer,
 )
-from heimdall_proxy.plugins.scorers.prefix_cache import prefix_scores
+from heimdall_proxy.plugins.scheduling.scorers.prefix_cache import prefix_scores
 from heimdall_proxy.replicas.hub import LISTEN_POLL
 from heimdall_proxy.replicas.ledger import share_of
 from tests.helpers import ep

@@ -11,11 +11,11 @@ from typing import Any
 import aiohttp
 
 import heimdall_proxy
+from heimdall_proxy.config.options import ServerOptions
 from heimdall_proxy.framework.base import BasePlugin
 from heimdall_proxy.framework.params import NoParams
 from heimdall_proxy.framework.types import RequestContext
 from heimdall_proxy.server.app import create_app
-from heimdall_proxy.server.options import ServerOptions
 from tests.conftest import PodFactory, make_config
 from tests.helpers import builtins_with
 

@@ -14,10 +14,10 @@ import orjson
 import pytest
 import yaml
 
-from heimdall_proxy.builtins import load_builtin_plugins
-from heimdall_proxy.config import ConfigError, parse_config
+from heimdall_proxy.config.gateway import ConfigError, parse_config
+from heimdall_proxy.config.options import ServerOptions
+from heimdall_proxy.plugins.builtins import load_builtin_plugins
 from heimdall_proxy.server.gateway import Gateway
-from heimdall_proxy.server.options import ServerOptions
 from tests.conftest import (
     GatewayFactory,
     PodFactory,

@@ -15,8 +15,8 @@ import aiohttp
 import pytest
 import yaml
 
-from heimdall_proxy.plugins.scorers.active_request import ActiveRequestScorer
-from heimdall_proxy.plugins.scorers.token_load import TokenLoadScorer
+from heimdall_proxy.plugins.scheduling.scorers.active_request import ActiveRequestScorer
+from heimdall_proxy.plugins.scheduling.scorers.token_load import TokenLoadScorer
 from heimdall_proxy.replicas.ledger import share_of
 from tests.conftest import GatewayFactory, PodFactory, RunningGateway, eventually, make_config
 from tests.helpers import ep

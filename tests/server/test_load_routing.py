@@ -11,9 +11,9 @@ from typing import Any
 import aiohttp
 import pytest
 
-from heimdall_proxy.plugins.scorers.active_request import ActiveRequestScorer
-from heimdall_proxy.plugins.scorers.outstanding_work import OutstandingWorkScorer
-from heimdall_proxy.plugins.scorers.session_affinity import encode_token
+from heimdall_proxy.plugins.scheduling.scorers.active_request import ActiveRequestScorer
+from heimdall_proxy.plugins.scheduling.scorers.outstanding_work import OutstandingWorkScorer
+from heimdall_proxy.plugins.scheduling.scorers.session_affinity import encode_token
 from tests.conftest import GatewayFactory, PodFactory, RunningGateway, eventually, make_config
 
 CTX = "mif.moreh.io/context-length-range"

@@ -6,8 +6,8 @@ from __future__ import annotations
 import aiohttp
 import pytest
 
-from heimdall_proxy.config import OutlierDetectionConfig
-from heimdall_proxy.server.outliers import OutlierDetector, Verdicts
+from heimdall_proxy.config.gateway import OutlierDetectionConfig
+from heimdall_proxy.resilience.outliers import OutlierDetector, Verdicts
 from tests.conftest import GatewayFactory, PodFactory, eventually, make_config
 from tests.helpers import ep
 

@@ -10,13 +10,13 @@ import aiohttp
 import pytest
 from aiohttp.test_utils import TestServer
 
-from heimdall_proxy.builtins import load_builtin_plugins
+from heimdall_proxy.config.options import ServerOptions
 from heimdall_proxy.framework.base import BasePlugin
 from heimdall_proxy.framework.params import NoParams
 from heimdall_proxy.framework.types import RequestContext
-from heimdall_proxy.plugins.scorers.outstanding_work import OutstandingWorkScorer
+from heimdall_proxy.plugins.builtins import load_builtin_plugins
+from heimdall_proxy.plugins.scheduling.scorers.outstanding_work import OutstandingWorkScorer
 from heimdall_proxy.server.app import GATEWAY, create_app
-from heimdall_proxy.server.options import ServerOptions
 from tests.conftest import GatewayFactory, PodFactory, RunningGateway, eventually, make_config
 
 WORK_EPP: dict[str, Any] = {

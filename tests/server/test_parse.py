@@ -12,7 +12,7 @@ from pydantic import ValidationError
 
 from heimdall_proxy.framework.errors import RequestError
 from heimdall_proxy.framework.types import ApiKind
-from heimdall_proxy.server.parse import _MODELS, _plainly_valid, parse_body
+from heimdall_proxy.requesthandling.parse import _MODELS, _plainly_valid, parse_body
 
 #: Values of every JSON shape, including the ones pydantic's lax mode coerces.
 VALUES: list[Any] = [None, "", "m", "true", 0, 5, -1, 5.0, 5.5, True, False, [], [1], {}, {"a": 1}]

@@ -16,9 +16,9 @@ import zmq
 import zmq.asyncio
 from prometheus_client.parser import text_string_to_metric_families
 
-from heimdall_proxy.config import GatewayConfig, parse_config
-from heimdall_proxy.plugins.scorers.precise_prefix_cache import PrecisePrefixCacheScorer
-from heimdall_proxy.plugins.scorers.session_affinity import encode_token
+from heimdall_proxy.config.gateway import GatewayConfig, parse_config
+from heimdall_proxy.plugins.precise_prefix.scorer import PrecisePrefixCacheScorer
+from heimdall_proxy.plugins.scheduling.scorers.session_affinity import encode_token
 from heimdall_proxy.tokenization.local import LocalTokenizer
 from tests.conftest import GatewayFactory, PodFactory, RunningGateway, RunningPod, eventually
 from tests.kvcache.redisns import REDIS_URL, redis_namespace

@@ -247,7 +247,7 @@ async def test_other_statuses_and_the_last_pods_answer_pass_through(
 
 
 def test_the_retry_budget_and_backoff() -> None:
-    from heimdall_proxy.server.retry import MAX_BACKOFF, MAX_RETRY_AFTER, RetryBudget, backoff
+    from heimdall_proxy.resilience.retry import MAX_BACKOFF, MAX_RETRY_AFTER, RetryBudget, backoff
 
     b = RetryBudget(ratio=0.2, min_concurrency=3)
     b.in_flight, b.retries = 100, 19

@@ -9,9 +9,9 @@ from typing import Any
 import aiohttp
 import pytest
 
-from heimdall_proxy.plugins.producers.approx_prefix import ApproxPrefixCacheProducer
-from heimdall_proxy.plugins.scorers.active_request import ActiveRequestScorer
-from heimdall_proxy.plugins.scorers.no_hit_lru import NoHitLRUScorer
+from heimdall_proxy.plugins.requestcontrol.producers.approx_prefix import ApproxPrefixCacheProducer
+from heimdall_proxy.plugins.scheduling.scorers.active_request import ActiveRequestScorer
+from heimdall_proxy.plugins.scheduling.scorers.no_hit_lru import NoHitLRUScorer
 from tests.conftest import GatewayFactory, PodFactory, RunningGateway, eventually, make_config
 from tests.kvcache.redisns import REDIS_URL, redis_namespace
 from tests.server.test_prefix_routing import long_prompt, send

@@ -7,13 +7,13 @@ from typing import Any
 
 import aiohttp
 
+from heimdall_proxy.config.options import ServerOptions
 from heimdall_proxy.framework.base import BasePlugin
 from heimdall_proxy.framework.errors import RequestError
 from heimdall_proxy.framework.params import NoParams
 from heimdall_proxy.framework.registry import Registry
 from heimdall_proxy.framework.types import Endpoint, InferenceRequest
 from heimdall_proxy.server.app import create_app
-from heimdall_proxy.server.options import ServerOptions
 from tests.conftest import PodFactory, make_config
 from tests.helpers import builtins_with
 

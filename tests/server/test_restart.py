@@ -19,7 +19,7 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from heimdall_proxy.plugins.scorers.session_affinity import encode_token
+from heimdall_proxy.plugins.scheduling.scorers.session_affinity import encode_token
 from tests.conftest import PodFactory, RunningPod
 from tests.helpers import free_port, wait_http
 from tests.kvcache.redisns import REDIS_URL, redis_namespace

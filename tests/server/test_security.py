@@ -16,9 +16,9 @@ import aiohttp
 import orjson
 import pytest
 
-from heimdall_proxy.config import GatewayConfig
+from heimdall_proxy.config.gateway import GatewayConfig
+from heimdall_proxy.config.options import ServerOptions
 from heimdall_proxy.server.app import create_app, serve
-from heimdall_proxy.server.options import ServerOptions
 from tests.conftest import GatewayFactory, PodFactory, RunningGateway, eventually, make_config
 
 STORE = {

@@ -1,4 +1,4 @@
-"""OpenTelemetry tracing (server/tracing.py) on simulated pods over real sockets. The spans go
+"""OpenTelemetry tracing (observability/tracing.py) on simulated pods over real sockets. The spans go
 to the SDK's in-memory exporter instead of an OTLP collector (none runs here); everything
 else is real: the pods record the traceparent they received, which must name the span of
 that exact hop or attempt."""
@@ -14,7 +14,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import StatusCode
 
-from heimdall_proxy.server.tracing import Tracing, TracingUnavailable, configure, wanted
+from heimdall_proxy.observability.tracing import Tracing, TracingUnavailable, configure, wanted
 from tests.conftest import (
     GatewayFactory,
     PodFactory,

@@ -8,7 +8,7 @@ import aiohttp
 import orjson
 import pytest
 
-from heimdall_proxy.server.usage import body_usage, stream_usage, usage_counts
+from heimdall_proxy.requesthandling.usage import body_usage, stream_usage, usage_counts
 from tests.conftest import GatewayFactory, PodFactory, make_config
 
 LABELS = {"model_name": "sim-model", "target_model_name": "sim-model"}
@@ -146,7 +146,7 @@ async def test_continuous_usage_stats_alone_gets_no_usage_as_from_vllm_alone(
 
 
 def test_only_usage_only_events_are_stripped() -> None:
-    from heimdall_proxy.server.usage import strip_usage_events
+    from heimdall_proxy.requesthandling.usage import strip_usage_events
 
     chunk = (
         b'data: {"choices": [{"text": "a"}], "usage": null}\n\n'
@@ -163,7 +163,7 @@ def test_only_usage_only_events_are_stripped() -> None:
 
 def test_a_chunks_events_are_counted_once_without_done() -> None:
     """What the relay leaves on ctx.events for every streaming hook (they do not scan)."""
-    from heimdall_proxy.server.usage import sse_events
+    from heimdall_proxy.requesthandling.usage import sse_events
 
     assert sse_events(b'data: {"a": 1}\n\ndata: {"b": 2}\n\n') == 2
     assert sse_events(b'data: {"a": 1}\n\ndata: [DONE]\n\n') == 1

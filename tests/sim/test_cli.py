@@ -10,7 +10,7 @@ import zmq.asyncio
 from aiohttp import web
 
 from heimdall_proxy.cli import _start_sims, build_parser, sim_options
-from heimdall_proxy.config import parse_config
+from heimdall_proxy.config.gateway import parse_config
 from heimdall_proxy.sim import SimOptions
 from tests.sim.conftest import prompt_of, recv_batches, subscribe
 

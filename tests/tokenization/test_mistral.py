@@ -16,12 +16,12 @@ from typing import Any
 import mistral_common
 import pytest
 
-from heimdall_proxy.builtins import load_builtin_plugins
-from heimdall_proxy.config import ConfigError, parse_config
+from heimdall_proxy.config.build import build_plugins
+from heimdall_proxy.config.gateway import ConfigError, parse_config
 from heimdall_proxy.datalayer.pool import EndpointPool
 from heimdall_proxy.framework.handle import PluginHandle
-from heimdall_proxy.framework.loader import build_plugins
-from heimdall_proxy.plugins.scorers.precise_prefix_cache import PrecisePrefixCacheScorer
+from heimdall_proxy.plugins.builtins import load_builtin_plugins
+from heimdall_proxy.plugins.precise_prefix.scorer import PrecisePrefixCacheScorer
 from heimdall_proxy.tokenization.mistral import MistralRequestTokenizer, mistral_file
 from heimdall_proxy.tokenization.uds import UDSTokenizerClient
 from heimdall_proxy.tokenization.uds_wire import TokenizerServiceError

@@ -481,8 +481,8 @@ async def test_the_prefix_cache_pool_config_against_the_server(model_dir: Path, 
     """precise-prefix-cache-scorer's tokenizersPoolConfig.uds, as llm-d configures it: the
     modelTokenizerMap entry (a tokenizer.json path) names the model to the service by its
     directory, which a server loading on demand serves."""
-    from heimdall_proxy.plugins.scorers.precise_prefix_build import build_tokenizer
-    from heimdall_proxy.plugins.scorers.precise_prefix_params import TokenizersPoolConfig
+    from heimdall_proxy.plugins.precise_prefix.build import build_tokenizer
+    from heimdall_proxy.plugins.precise_prefix.params import TokenizersPoolConfig
 
     cfg = TokenizersPoolConfig.model_validate(
         {

@@ -1,3 +1,3 @@
 """Request-control hooks: headers and bookkeeping around each attempt.
 
-One module per plugin; heimdall_proxy/builtins.py is the one list of built-in types."""
+One module per plugin; heimdall_proxy/plugins/builtins.py is the one list of built-in types."""

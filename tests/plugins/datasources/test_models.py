@@ -11,17 +11,17 @@ import orjson
 import pytest
 from aiohttp import web
 
-from heimdall_proxy.builtins import load_builtin_plugins
-from heimdall_proxy.config import ConfigError, parse_config
+from heimdall_proxy.config.build import PluginSet, build_plugins
+from heimdall_proxy.config.gateway import ConfigError, parse_config
 from heimdall_proxy.datalayer.pool import EndpointPool
 from heimdall_proxy.framework.base import BasePlugin
 from heimdall_proxy.framework.handle import PluginHandle
-from heimdall_proxy.framework.loader import PluginSet, build_plugins
 from heimdall_proxy.framework.params import NoParams
 from heimdall_proxy.framework.plugins import DataExtractor, DataSource
 from heimdall_proxy.framework.registry import Registry
 from heimdall_proxy.framework.types import Endpoint
-from heimdall_proxy.plugins.datasources.models import (
+from heimdall_proxy.plugins.builtins import load_builtin_plugins
+from heimdall_proxy.plugins.datalayer.models import (
     ModelsDataSource,
     ModelsDataSourceParams,
     ModelServerProtocolModels,

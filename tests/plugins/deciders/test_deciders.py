@@ -16,11 +16,11 @@ from heimdall_proxy.framework.prefix import (
     prefix_match_reader,
 )
 from heimdall_proxy.framework.types import CycleState
-from heimdall_proxy.plugins.deciders.always import (
+from heimdall_proxy.plugins.scheduling.deciders.always import (
     AlwaysDisaggMultimodalDecider,
     AlwaysDisaggPDDecider,
 )
-from heimdall_proxy.plugins.deciders.prefix_based import (
+from heimdall_proxy.plugins.scheduling.deciders.prefix_based import (
     PrefixBasedPDDecider,
     PrefixBasedPDDeciderParams,
 )

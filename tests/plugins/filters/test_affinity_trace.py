@@ -8,7 +8,7 @@ import logging
 
 import pytest
 
-from heimdall_proxy.plugins.filters import affinity_trace
+from heimdall_proxy.plugins.prefix_affinity import trace as affinity_trace
 from tests.plugins.filters.test_prefix_affinity import PODS, make, occupy, state
 from tests.plugins.helpers import ctx, req, sent, streamed
 

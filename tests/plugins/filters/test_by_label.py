@@ -9,7 +9,11 @@ from pydantic import ValidationError
 
 from heimdall_proxy.framework.handle import PluginHandle
 from heimdall_proxy.framework.types import CycleState, Endpoint, InferenceRequest
-from heimdall_proxy.plugins.filters.by_label import BY_LABEL_TYPE, ByLabelFilter, ByLabelParams
+from heimdall_proxy.plugins.scheduling.filters.by_label import (
+    BY_LABEL_TYPE,
+    ByLabelFilter,
+    ByLabelParams,
+)
 from tests.helpers import ep
 
 

@@ -9,7 +9,7 @@ from pydantic import ValidationError
 
 from heimdall_proxy.framework.handle import PluginHandle
 from heimdall_proxy.framework.types import CycleState, Endpoint, InferenceRequest
-from heimdall_proxy.plugins.filters.by_label_selector import (
+from heimdall_proxy.plugins.scheduling.filters.by_label_selector import (
     BY_LABEL_SELECTOR_TYPE,
     ByLabelSelectorFilter,
     ByLabelSelectorParams,

@@ -7,14 +7,14 @@ from typing import Any
 import pytest
 import yaml
 
-from heimdall_proxy.builtins import load_builtin_plugins
-from heimdall_proxy.config import parse_config
+from heimdall_proxy.config.build import build_plugins
+from heimdall_proxy.config.gateway import parse_config
 from heimdall_proxy.datalayer.pool import EndpointPool
 from heimdall_proxy.framework.handle import PluginHandle
-from heimdall_proxy.framework.loader import build_plugins
 from heimdall_proxy.framework.prefix import PrefixCacheMatchInfo
 from heimdall_proxy.framework.types import CycleState
-from heimdall_proxy.plugins.filters.prefix_affinity import (
+from heimdall_proxy.plugins.builtins import load_builtin_plugins
+from heimdall_proxy.plugins.prefix_affinity.filter import (
     PrefixCacheAffinityFilter,
     PrefixCacheAffinityParams,
 )

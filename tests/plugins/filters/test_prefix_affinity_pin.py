@@ -18,14 +18,14 @@ from typing import Any
 import pytest
 import yaml
 
-from heimdall_proxy.builtins import load_builtin_plugins
-from heimdall_proxy.config import parse_config
+from heimdall_proxy.config.build import build_plugins
+from heimdall_proxy.config.gateway import parse_config
 from heimdall_proxy.datalayer.pool import EndpointPool
 from heimdall_proxy.framework.handle import PluginHandle
 from heimdall_proxy.framework.inflight import InFlightLoad
-from heimdall_proxy.framework.loader import build_plugins
 from heimdall_proxy.framework.types import CycleState, InferenceRequest, RequestContext
-from heimdall_proxy.server.usage import sse_events
+from heimdall_proxy.plugins.builtins import load_builtin_plugins
+from heimdall_proxy.requesthandling.usage import sse_events
 from tests.helpers import ep
 from tests.plugins.helpers import req, sent
 

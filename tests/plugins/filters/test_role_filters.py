@@ -5,7 +5,7 @@ from __future__ import annotations
 from heimdall_proxy.framework.handle import PluginHandle
 from heimdall_proxy.framework.params import NoParams
 from heimdall_proxy.framework.types import CycleState
-from heimdall_proxy.plugins.filters.role import DecodeFilter, EncodeFilter, PrefillFilter
+from heimdall_proxy.plugins.scheduling.filters.role import DecodeFilter, EncodeFilter, PrefillFilter
 from tests.helpers import ep
 from tests.plugins.helpers import req
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from heimdall_proxy.framework.types import CycleState
-from heimdall_proxy.latency.state import PREDICTIONS_KEY
+from heimdall_proxy.plugins.predicted_latency.state import PREDICTIONS_KEY
 from tests.helpers import ep
 from tests.plugins.helpers import req
 from tests.plugins.scorers.test_latency import build, preds

@@ -9,8 +9,11 @@ import pytest
 from pydantic import ValidationError
 
 from heimdall_proxy.framework.types import CycleState, Endpoint, InferenceRequest, ScoredEndpoint
-from heimdall_proxy.plugins.pickers.common import PickerParams
-from heimdall_proxy.plugins.pickers.max_score import MAX_SCORE_PICKER_TYPE, MaxScorePicker
+from heimdall_proxy.plugins.scheduling.pickers.common import PickerParams
+from heimdall_proxy.plugins.scheduling.pickers.max_score import (
+    MAX_SCORE_PICKER_TYPE,
+    MaxScorePicker,
+)
 from tests.helpers import ep
 
 REQ = InferenceRequest(api="chat", path="/", model="m", body=b"{}", data={}, headers={})

@@ -6,8 +6,8 @@ import random
 from collections import Counter
 
 from heimdall_proxy.framework.types import CycleState, Endpoint, InferenceRequest, ScoredEndpoint
-from heimdall_proxy.plugins.pickers.common import PickerParams
-from heimdall_proxy.plugins.pickers.random_picker import RANDOM_PICKER_TYPE, RandomPicker
+from heimdall_proxy.plugins.scheduling.pickers.common import PickerParams
+from heimdall_proxy.plugins.scheduling.pickers.random_picker import RANDOM_PICKER_TYPE, RandomPicker
 
 REQ = InferenceRequest(api="chat", path="/", model="m", body=b"{}", data={}, headers={})
 

@@ -9,8 +9,8 @@ from collections import Counter
 import pytest
 
 from heimdall_proxy.framework.types import CycleState, Endpoint, InferenceRequest, ScoredEndpoint
-from heimdall_proxy.plugins.pickers.common import PickerParams
-from heimdall_proxy.plugins.pickers.weighted_random import (
+from heimdall_proxy.plugins.scheduling.pickers.common import PickerParams
+from heimdall_proxy.plugins.scheduling.pickers.weighted_random import (
     WEIGHTED_RANDOM_PICKER_TYPE,
     WeightedRandomPicker,
 )

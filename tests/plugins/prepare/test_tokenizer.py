@@ -12,14 +12,17 @@ from typing import Any
 import aiohttp
 import pytest
 
-from heimdall_proxy.builtins import load_builtin_plugins
-from heimdall_proxy.config import ConfigError, parse_config
+from heimdall_proxy.config.build import build_plugins
+from heimdall_proxy.config.gateway import ConfigError, parse_config
 from heimdall_proxy.datalayer.pool import EndpointPool
 from heimdall_proxy.framework.handle import PluginHandle
-from heimdall_proxy.framework.loader import build_plugins
 from heimdall_proxy.framework.types import CycleState
-from heimdall_proxy.plugins.prepare.tokenizer import TokenizerParams, TokenizerPlugin
-from heimdall_proxy.plugins.producers.approx_prefix import ApproxPrefixCacheProducer
+from heimdall_proxy.plugins.builtins import load_builtin_plugins
+from heimdall_proxy.plugins.requestcontrol.producers.approx_prefix import ApproxPrefixCacheProducer
+from heimdall_proxy.plugins.requestcontrol.producers.tokenizer import (
+    TokenizerParams,
+    TokenizerPlugin,
+)
 from heimdall_proxy.tokenization.local import LocalTokenizer
 from heimdall_proxy.tokenization.uds_server import TokenizerServer
 from tests.conftest import GatewayFactory, PodFactory, make_config

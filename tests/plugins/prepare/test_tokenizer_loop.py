@@ -19,9 +19,9 @@ import pytest
 import uvloop
 from aiohttp.test_utils import TestServer
 
-from heimdall_proxy.config import parse_config
+from heimdall_proxy.config.gateway import parse_config
+from heimdall_proxy.config.options import ServerOptions
 from heimdall_proxy.server.app import create_app
-from heimdall_proxy.server.options import ServerOptions
 from heimdall_proxy.sim import SimOptions, SimPod
 from tests.tokenization.model import WORDS, make_model_dir
 

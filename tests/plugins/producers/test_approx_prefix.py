@@ -10,12 +10,12 @@ import pytest
 
 from heimdall_proxy.framework.prefix import PrefixCacheMatchInfo, prefix_match_reader
 from heimdall_proxy.framework.types import CycleState, Endpoint, InferenceRequest
-from heimdall_proxy.plugins.producers.approx_prefix import (
+from heimdall_proxy.plugins.requestcontrol.producers.approx_prefix import (
     ApproxPrefixCacheProducer,
     ApproxPrefixProducerParams,
 )
-from heimdall_proxy.plugins.scorers.no_hit_lru import NoHitLRUScorer
-from heimdall_proxy.plugins.scorers.prefix_cache import (
+from heimdall_proxy.plugins.scheduling.scorers.no_hit_lru import NoHitLRUScorer
+from heimdall_proxy.plugins.scheduling.scorers.prefix_cache import (
     PrefixCacheParams,
     PrefixCacheScorer,
 )

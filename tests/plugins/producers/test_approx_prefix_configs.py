@@ -12,9 +12,9 @@ import pytest
 
 from heimdall_proxy.cli import main
 from heimdall_proxy.framework.types import CycleState
-from heimdall_proxy.plugins.filters.prefix_affinity import PrefixCacheAffinityFilter
-from heimdall_proxy.plugins.producers.approx_prefix import ApproxPrefixCacheProducer
-from heimdall_proxy.plugins.scorers.prefix_cache import PrefixCacheScorer
+from heimdall_proxy.plugins.prefix_affinity.filter import PrefixCacheAffinityFilter
+from heimdall_proxy.plugins.requestcontrol.producers.approx_prefix import ApproxPrefixCacheProducer
+from heimdall_proxy.plugins.scheduling.scorers.prefix_cache import PrefixCacheScorer
 from tests.conftest import GatewayFactory, PodFactory, make_config
 from tests.framework.test_loader import ENDPOINTS, build
 from tests.helpers import ep

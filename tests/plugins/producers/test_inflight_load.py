@@ -11,11 +11,11 @@ import pytest
 import yaml
 
 from heimdall_proxy.cli import main
-from heimdall_proxy.config import ConfigError
+from heimdall_proxy.config.gateway import ConfigError
 from heimdall_proxy.datalayer.pool import EndpointPool
 from heimdall_proxy.framework.handle import PluginHandle
 from heimdall_proxy.framework.types import CycleState
-from heimdall_proxy.plugins.scorers.token_load import TokenLoadParams, TokenLoadScorer
+from heimdall_proxy.plugins.scheduling.scorers.token_load import TokenLoadParams, TokenLoadScorer
 from heimdall_proxy.server.app import create_app
 from tests.conftest import GatewayFactory, PodFactory, eventually, make_config
 from tests.helpers import ep

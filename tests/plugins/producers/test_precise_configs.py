@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from heimdall_proxy.cli import main
-from heimdall_proxy.config import parse_config
+from heimdall_proxy.config.gateway import parse_config
 from tests.conftest import GatewayFactory, PodFactory
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "llm_d"

@@ -12,13 +12,13 @@ import pytest
 from pydantic import ValidationError
 
 from heimdall_proxy.framework.prefix import PrefixCacheMatchInfo, prefix_match_reader
-from heimdall_proxy.plugins.producers.precise_prefix import PrecisePrefixCacheProducer
-from heimdall_proxy.plugins.scorers.precise_prefix_cache import PrecisePrefixCacheScorer
-from heimdall_proxy.plugins.scorers.precise_prefix_params import (
+from heimdall_proxy.plugins.precise_prefix.params import (
     PrecisePrefixCacheParams,
     PrecisePrefixProducerParams,
 )
-from heimdall_proxy.plugins.scorers.prefix_cache import PrefixCacheScorer
+from heimdall_proxy.plugins.precise_prefix.producer import PrecisePrefixCacheProducer
+from heimdall_proxy.plugins.precise_prefix.scorer import PrecisePrefixCacheScorer
+from heimdall_proxy.plugins.scheduling.scorers.prefix_cache import PrefixCacheScorer
 from tests.conftest import GatewayFactory, PodFactory, eventually
 from tests.server.test_precise_routing import config, model_dir, served_by, warm  # noqa: F401
 

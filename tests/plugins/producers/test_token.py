@@ -12,7 +12,7 @@ import pytest
 
 from heimdall_proxy.framework.prefix import prefix_match_reader
 from heimdall_proxy.framework.registry import Registry
-from heimdall_proxy.plugins.producers.token import TokenProducer, TokenProducerParams
+from heimdall_proxy.plugins.requestcontrol.producers.token import TokenProducer, TokenProducerParams
 from heimdall_proxy.tokenization.estimate import estimate_bytes, pack_bytes
 from tests.conftest import GatewayFactory, PodFactory, make_config
 from tests.helpers import free_port
@@ -192,7 +192,7 @@ async def test_estimate_feeds_the_approximate_index_through_the_gateway(
 
 
 def test_registered() -> None:
-    from heimdall_proxy.builtins import load_builtin_plugins
+    from heimdall_proxy.plugins.builtins import load_builtin_plugins
 
     registry: Registry = load_builtin_plugins()
     assert "token-producer" in registry

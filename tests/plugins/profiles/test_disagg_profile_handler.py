@@ -18,19 +18,19 @@ from heimdall_proxy.framework.types import (
     ProfileResult,
     SchedulingError,
 )
-from heimdall_proxy.plugins.deciders.always import (
+from heimdall_proxy.plugins.requestcontrol.disagg_headers import (
+    DisaggHeadersHandler,
+    DisaggHeadersParams,
+)
+from heimdall_proxy.plugins.scheduling.deciders.always import (
     AlwaysDisaggMultimodalDecider,
     AlwaysDisaggPDDecider,
 )
-from heimdall_proxy.plugins.profiles.disagg import (
+from heimdall_proxy.plugins.scheduling.profiles.disagg import (
     DisaggProfileHandler,
     DisaggProfileHandlerParams,
     PDProfileHandler,
     PDProfileHandlerParams,
-)
-from heimdall_proxy.plugins.requestcontrol.disagg_headers import (
-    DisaggHeadersHandler,
-    DisaggHeadersParams,
 )
 from tests.helpers import ep
 from tests.plugins.helpers import req

@@ -14,7 +14,7 @@ from heimdall_proxy.framework.types import (
     SchedulingError,
     ScoredEndpoint,
 )
-from heimdall_proxy.plugins.profiles.single import (
+from heimdall_proxy.plugins.scheduling.profiles.single import (
     SINGLE_PROFILE_HANDLER_TYPE,
     SingleProfileHandler,
 )

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from heimdall_proxy.builtins import load_builtin_plugins
 from heimdall_proxy.framework.disagg import DISAGG_PLAN_KEY, DisaggPlan
 from heimdall_proxy.framework.handle import PluginHandle
 from heimdall_proxy.framework.types import (
@@ -11,6 +10,7 @@ from heimdall_proxy.framework.types import (
     RequestContext,
     SchedulingResult,
 )
+from heimdall_proxy.plugins.builtins import load_builtin_plugins
 from heimdall_proxy.plugins.requestcontrol.disagg_headers import (
     DisaggHeadersHandler,
     DisaggHeadersParams,

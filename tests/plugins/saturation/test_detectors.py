@@ -8,11 +8,11 @@ import time
 from heimdall_proxy.datalayer.pool import EndpointPool
 from heimdall_proxy.framework.handle import PluginHandle
 from heimdall_proxy.framework.types import CycleState, InferenceRequest
-from heimdall_proxy.plugins.saturation.concurrency import (
+from heimdall_proxy.plugins.flowcontrol.saturation.concurrency import (
     ConcurrencyDetector,
     ConcurrencyDetectorParams,
 )
-from heimdall_proxy.plugins.saturation.utilization import (
+from heimdall_proxy.plugins.flowcontrol.saturation.utilization import (
     UtilizationDetector,
     UtilizationDetectorParams,
 )

@@ -10,7 +10,10 @@ from heimdall_proxy.datalayer.pool import EndpointPool
 from heimdall_proxy.framework.handle import PluginHandle
 from heimdall_proxy.framework.inflight import InFlightLoad
 from heimdall_proxy.framework.types import CycleState
-from heimdall_proxy.plugins.scorers.active_request import ActiveRequestParams, ActiveRequestScorer
+from heimdall_proxy.plugins.scheduling.scorers.active_request import (
+    ActiveRequestParams,
+    ActiveRequestScorer,
+)
 from tests.helpers import ep
 from tests.plugins.helpers import req
 

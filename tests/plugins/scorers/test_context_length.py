@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from heimdall_proxy.framework.types import CycleState
-from heimdall_proxy.plugins.scorers.context_length import (
+from heimdall_proxy.plugins.scheduling.scorers.context_length import (
     CONTEXT_LENGTH_LABEL,
     ContextLengthAware,
     ContextLengthParams,

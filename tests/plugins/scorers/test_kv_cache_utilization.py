@@ -6,7 +6,7 @@ import pytest
 
 from heimdall_proxy.framework.params import NoParams
 from heimdall_proxy.framework.types import CycleState, Endpoint, InferenceRequest
-from heimdall_proxy.plugins.scorers.kv_cache_utilization import (
+from heimdall_proxy.plugins.scheduling.scorers.kv_cache_utilization import (
     KV_CACHE_UTILIZATION_SCORER_TYPE,
     KVCacheUtilizationScorer,
 )

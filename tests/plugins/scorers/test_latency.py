@@ -7,13 +7,17 @@ import logging
 
 import pytest
 
-from heimdall_proxy.builtins import load_builtin_plugins
-from heimdall_proxy.config import PluginConfig
+from heimdall_proxy.config.build import instantiate
+from heimdall_proxy.config.gateway import PluginConfig
 from heimdall_proxy.framework.handle import PluginHandle
-from heimdall_proxy.framework.loader import instantiate
 from heimdall_proxy.framework.plugins import extension_points
 from heimdall_proxy.framework.types import CycleState
-from heimdall_proxy.latency.state import PREDICTIONS_KEY, LatencyPredictions, PodPrediction
+from heimdall_proxy.plugins.builtins import load_builtin_plugins
+from heimdall_proxy.plugins.predicted_latency.state import (
+    PREDICTIONS_KEY,
+    LatencyPredictions,
+    PodPrediction,
+)
 from tests.helpers import ep
 from tests.plugins.helpers import req
 

@@ -6,7 +6,7 @@ import pytest
 from pydantic import ValidationError
 
 from heimdall_proxy.framework.types import CycleState
-from heimdall_proxy.plugins.scorers.load_aware import LoadAwareParams, LoadAwareScorer
+from heimdall_proxy.plugins.scheduling.scorers.load_aware import LoadAwareParams, LoadAwareScorer
 from tests.helpers import ep
 from tests.plugins.helpers import req
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from heimdall_proxy.framework.params import NoParams
 from heimdall_proxy.framework.types import CycleState, DefaultScores
-from heimdall_proxy.plugins.scorers.lora_affinity import LoraAffinityScorer
+from heimdall_proxy.plugins.scheduling.scorers.lora_affinity import LoraAffinityScorer
 from tests.helpers import ep
 from tests.plugins.helpers import req
 

@@ -6,7 +6,7 @@ import pytest
 
 from heimdall_proxy.framework.prefix import PrefixCacheMatchInfo, prefix_match_key
 from heimdall_proxy.framework.types import CycleState
-from heimdall_proxy.plugins.scorers.no_hit_lru import NoHitLRUParams, NoHitLRUScorer
+from heimdall_proxy.plugins.scheduling.scorers.no_hit_lru import NoHitLRUParams, NoHitLRUScorer
 from tests.helpers import ep
 from tests.plugins.helpers import ctx, req
 
@@ -88,18 +88,18 @@ async def test_single_candidate_prefill_and_lru_size() -> None:
 
 
 def _build(plugins: list[dict[str, object]]) -> dict[str, object]:
-    from heimdall_proxy.builtins import load_builtin_plugins
-    from heimdall_proxy.config import parse_config
+    from heimdall_proxy.config.build import build_plugins
+    from heimdall_proxy.config.gateway import parse_config
     from heimdall_proxy.datalayer.pool import EndpointPool
     from heimdall_proxy.framework.handle import PluginHandle
-    from heimdall_proxy.framework.loader import build_plugins
+    from heimdall_proxy.plugins.builtins import load_builtin_plugins
 
     cfg = parse_config({"plugins": plugins})
     return build_plugins(cfg.epp, load_builtin_plugins(), PluginHandle(EndpointPool([]))).plugins
 
 
 def test_a_prefix_plugin_it_cannot_read_fails_the_config_saying_what_to_set() -> None:
-    from heimdall_proxy.config import ConfigError
+    from heimdall_proxy.config.gateway import ConfigError
 
     # named explicitly, but nothing by that name publishes a match
     with pytest.raises(ConfigError, match="name no declared prefix producer"):

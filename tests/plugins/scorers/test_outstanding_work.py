@@ -8,7 +8,7 @@ import pytest
 
 from heimdall_proxy.framework.prefix import PrefixCacheMatchInfo, prefix_match_key
 from heimdall_proxy.framework.types import CycleState
-from heimdall_proxy.plugins.scorers.outstanding_work import (
+from heimdall_proxy.plugins.scheduling.scorers.outstanding_work import (
     OutstandingWorkParams,
     OutstandingWorkScorer,
     output_limit,

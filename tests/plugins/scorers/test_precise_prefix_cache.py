@@ -10,18 +10,18 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from heimdall_proxy.builtins import load_builtin_plugins
-from heimdall_proxy.config import ConfigError, parse_config
+from heimdall_proxy.config.build import build_plugins
+from heimdall_proxy.config.gateway import ConfigError, parse_config
 from heimdall_proxy.datalayer.pool import EndpointPool
 from heimdall_proxy.framework.handle import PluginHandle
-from heimdall_proxy.framework.loader import build_plugins
 from heimdall_proxy.framework.prefix import prefix_match_reader
 from heimdall_proxy.framework.types import CycleState
 from heimdall_proxy.kvcache.events import decode_batch
 from heimdall_proxy.kvcache.index import CostAwareMemoryIndex, InMemoryIndex, parse_bytes
 from heimdall_proxy.kvcache.index.redis import RedisIndex
-from heimdall_proxy.plugins.scorers.precise_prefix_cache import PrecisePrefixCacheScorer
-from heimdall_proxy.plugins.scorers.precise_prefix_params import PrecisePrefixCacheParams
+from heimdall_proxy.plugins.builtins import load_builtin_plugins
+from heimdall_proxy.plugins.precise_prefix.params import PrecisePrefixCacheParams
+from heimdall_proxy.plugins.precise_prefix.scorer import PrecisePrefixCacheScorer
 from heimdall_proxy.tokenization import InProcessTokenizer
 from heimdall_proxy.tokenization.local import LocalTokenizer
 from heimdall_proxy.tokenization.uds import UDSTokenizerClient
@@ -256,7 +256,7 @@ async def test_metrics_are_logged_and_an_unreachable_index_fails_open(
         indexer={"kvBlockIndexConfig": {"enableMetrics": True, "metricsLoggingInterval": "50ms"}},
         kvEventsConfig={"discoverPods": False},
     )
-    with caplog.at_level(logging.INFO, logger="heimdall_proxy.plugins.producers.precise_prefix"):
+    with caplog.at_level(logging.INFO, logger="heimdall_proxy.plugins.precise_prefix.producer"):
         await scorer.start()
         try:
             assert scorer.ready

@@ -10,15 +10,18 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from heimdall_proxy.framework.defaults import SEED_INDEX_DEFAULTS
+from heimdall_proxy.config.defaults import SEED_INDEX_DEFAULTS
 from heimdall_proxy.framework.prefix import PrefixCacheMatchInfo, prefix_match_reader
 from heimdall_proxy.framework.types import CycleState, Endpoint, InferenceRequest, RequestContext
-from heimdall_proxy.plugins.producers.approx_prefix import (
+from heimdall_proxy.plugins.requestcontrol.producers.approx_prefix import (
     ApproxPrefixCacheProducer,
     ApproxPrefixProducerParams,
     request_text,
 )
-from heimdall_proxy.plugins.scorers.prefix_cache import PrefixCacheParams, PrefixCacheScorer
+from heimdall_proxy.plugins.scheduling.scorers.prefix_cache import (
+    PrefixCacheParams,
+    PrefixCacheScorer,
+)
 from tests.helpers import ep
 from tests.plugins.helpers import ctx, req
 

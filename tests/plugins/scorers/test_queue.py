@@ -6,7 +6,7 @@ import pytest
 
 from heimdall_proxy.framework.params import NoParams
 from heimdall_proxy.framework.types import CycleState, Endpoint, InferenceRequest
-from heimdall_proxy.plugins.scorers.queue import QUEUE_SCORER_TYPE, QueueScorer
+from heimdall_proxy.plugins.scheduling.scorers.queue import QUEUE_SCORER_TYPE, QueueScorer
 from tests.helpers import ep
 
 

@@ -6,7 +6,7 @@ import pytest
 
 from heimdall_proxy.framework.params import NoParams
 from heimdall_proxy.framework.types import CycleState, Endpoint, InferenceRequest
-from heimdall_proxy.plugins.scorers.running_requests import (
+from heimdall_proxy.plugins.scheduling.scorers.running_requests import (
     RUNNING_REQUESTS_SIZE_SCORER_TYPE,
     RunningRequestsSizeScorer,
 )

@@ -6,7 +6,7 @@ import base64
 
 from heimdall_proxy.framework.params import NoParams
 from heimdall_proxy.framework.types import CycleState
-from heimdall_proxy.plugins.scorers.session_affinity import (
+from heimdall_proxy.plugins.scheduling.scorers.session_affinity import (
     SessionAffinityScorer,
     decode_token,
     encode_token,

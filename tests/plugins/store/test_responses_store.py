@@ -10,12 +10,11 @@ from typing import Any
 import orjson
 import pytest
 
-from heimdall_proxy.builtins import load_builtin_plugins
-from heimdall_proxy.config import ConfigError, parse_config
+from heimdall_proxy.config.build import build_plugins
+from heimdall_proxy.config.gateway import ConfigError, parse_config
 from heimdall_proxy.datalayer.pool import EndpointPool
 from heimdall_proxy.framework.errors import RequestError
 from heimdall_proxy.framework.handle import PluginHandle
-from heimdall_proxy.framework.loader import build_plugins
 from heimdall_proxy.framework.plugins import (
     Lifecycle,
     PrepareData,
@@ -24,6 +23,7 @@ from heimdall_proxy.framework.plugins import (
     ResponseStreaming,
 )
 from heimdall_proxy.framework.types import InferenceRequest
+from heimdall_proxy.plugins.builtins import load_builtin_plugins
 from heimdall_proxy.plugins.store.backends import InMemoryBackend
 from heimdall_proxy.plugins.store.params import ResponsesStoreParams
 from heimdall_proxy.plugins.store.responses_store import ResponsesStore, make_backend

@@ -10,8 +10,11 @@ from typing import Any
 
 import pytest
 
+from heimdall_proxy.config.flow import FlowControlConfig, ObjectiveConfig, PriorityBandConfig
 from heimdall_proxy.datalayer.pool import EndpointPool
-from heimdall_proxy.flowconfig import FlowControlConfig, ObjectiveConfig, PriorityBandConfig
+from heimdall_proxy.flowcontrol.controller import Admission, FlowController
+from heimdall_proxy.flowcontrol.metrics import FlowMetrics
+from heimdall_proxy.flowcontrol.objectives import Objectives
 from heimdall_proxy.framework.errors import RequestError
 from heimdall_proxy.framework.flowcontrol import FairnessPolicy, OrderingPolicy
 from heimdall_proxy.framework.handle import PluginHandle
@@ -20,13 +23,10 @@ from heimdall_proxy.framework.types import Endpoint, InferenceRequest
 from heimdall_proxy.plugins.flowcontrol.fcfs import FCFSOrdering
 from heimdall_proxy.plugins.flowcontrol.global_strict import GlobalStrictFairness
 from heimdall_proxy.plugins.flowcontrol.round_robin import RoundRobinFairness
-from heimdall_proxy.plugins.saturation.concurrency import (
+from heimdall_proxy.plugins.flowcontrol.saturation.concurrency import (
     ConcurrencyDetector,
     ConcurrencyDetectorParams,
 )
-from heimdall_proxy.server.flow.controller import Admission, FlowController
-from heimdall_proxy.server.flow.metrics import FlowMetrics
-from heimdall_proxy.server.flow.objectives import Objectives
 from tests.helpers import ep
 
 POD = ep("pod-a")

@@ -11,10 +11,10 @@ from typing import Any
 import aiohttp
 import pytest
 
-from heimdall_proxy.builtins import load_builtin_plugins
-from heimdall_proxy.config import ConfigError
+from heimdall_proxy.config.gateway import ConfigError
+from heimdall_proxy.config.options import ServerOptions
+from heimdall_proxy.plugins.builtins import load_builtin_plugins
 from heimdall_proxy.server.gateway import Gateway
-from heimdall_proxy.server.options import ServerOptions
 from tests.conftest import GatewayFactory, PodFactory, eventually, make_config
 
 FLOW: dict[str, Any] = {

@@ -1,0 +1,42 @@
+"""Which objective, priority and fairness flow a request belongs to, from its headers."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping
+
+from heimdall_proxy.config.flow import ObjectiveConfig
+from heimdall_proxy.framework.types import InferenceRequest
+
+log = logging.getLogger(__name__)
+
+OBJECTIVE_HEADER = "x-gateway-inference-objective"
+FAIRNESS_HEADER = "x-gateway-inference-fairness-id"
+#: The flow of requests that name no fairness id.
+DEFAULT_FLOW = "default"
+#: Fairness ids are client-chosen: at most this many distinct ones get their own metric
+#: label; the rest are reported as "other" (their queues stay separate).
+MAX_FLOW_LABELS = 100
+
+
+class Objectives:
+    """The configured objectives by name. An unknown or absent objective gets priority 0,
+    as a request without an InferenceObjective does in GIE."""
+
+    def __init__(self, objectives: Iterable[ObjectiveConfig]) -> None:
+        self.priority: Mapping[str, int] = {o.name: o.priority for o in objectives}
+        self._warned: set[str] = set()
+
+    def classify(self, ireq: InferenceRequest) -> None:
+        headers = ireq.headers
+        name = headers.get(OBJECTIVE_HEADER, "")
+        ireq.objective = name
+        priority = self.priority.get(name)
+        if priority is None:
+            priority = 0
+            # once per name, and for a bounded number of names: clients choose them
+            if name and name not in self._warned and len(self._warned) < MAX_FLOW_LABELS:
+                self._warned.add(name)
+                log.warning("unknown objective %r in %s: priority 0", name, OBJECTIVE_HEADER)
+        ireq.priority = priority
+        ireq.fairness_id = headers.get(FAIRNESS_HEADER, "") or DEFAULT_FLOW

@@ -1,1 +1,0 @@
-"""Admitters: plugins that may refuse a request after the producers ran, before scheduling."""

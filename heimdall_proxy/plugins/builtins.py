@@ -1,0 +1,117 @@
+"""The composition root's list of built-in plugins: the one place that names them all.
+
+The framework knows no plugin (an import-linter contract keeps it so); the CLI and the app
+factory build their registry here."""
+
+from __future__ import annotations
+
+from heimdall_proxy.framework.registry import Registry
+from heimdall_proxy.plugins.datalayer.models import ModelsDataSource, ModelServerProtocolModels
+from heimdall_proxy.plugins.flowcontrol.fcfs import FCFSOrdering
+from heimdall_proxy.plugins.flowcontrol.global_strict import GlobalStrictFairness
+from heimdall_proxy.plugins.flowcontrol.round_robin import RoundRobinFairness
+from heimdall_proxy.plugins.flowcontrol.saturation.concurrency import ConcurrencyDetector
+from heimdall_proxy.plugins.flowcontrol.saturation.utilization import UtilizationDetector
+from heimdall_proxy.plugins.precise_prefix.producer import PrecisePrefixCacheProducer
+from heimdall_proxy.plugins.precise_prefix.scorer import PrecisePrefixCacheScorer
+from heimdall_proxy.plugins.predicted_latency.latency_scorer import LatencyScorer
+from heimdall_proxy.plugins.predicted_latency.producer import PredictedLatencyProducer
+from heimdall_proxy.plugins.predicted_latency.scorer import PredictedLatencyScorer
+from heimdall_proxy.plugins.predicted_latency.slo_admitter import LatencySLOAdmitter
+from heimdall_proxy.plugins.predicted_latency.slo_headroom_tier import SLOHeadroomTierFilter
+from heimdall_proxy.plugins.prefix_affinity.filter import PrefixCacheAffinityFilter
+from heimdall_proxy.plugins.requestcontrol.disagg_headers import DisaggHeadersHandler
+from heimdall_proxy.plugins.requestcontrol.producers.approx_prefix import ApproxPrefixCacheProducer
+from heimdall_proxy.plugins.requestcontrol.producers.inflight_load import InFlightLoadProducer
+from heimdall_proxy.plugins.requestcontrol.producers.token import TokenProducer
+from heimdall_proxy.plugins.requestcontrol.producers.tokenizer import TokenizerPlugin
+from heimdall_proxy.plugins.requestcontrol.response_header import ResponseHeaderHandler
+from heimdall_proxy.plugins.scheduling.deciders.always import (
+    AlwaysDisaggMultimodalDecider,
+    AlwaysDisaggPDDecider,
+)
+from heimdall_proxy.plugins.scheduling.deciders.prefix_based import PrefixBasedPDDecider
+from heimdall_proxy.plugins.scheduling.filters.by_label import ByLabelFilter
+from heimdall_proxy.plugins.scheduling.filters.by_label_selector import ByLabelSelectorFilter
+from heimdall_proxy.plugins.scheduling.filters.role import DecodeFilter, EncodeFilter, PrefillFilter
+from heimdall_proxy.plugins.scheduling.pickers.max_score import MaxScorePicker
+from heimdall_proxy.plugins.scheduling.pickers.random_picker import RandomPicker
+from heimdall_proxy.plugins.scheduling.pickers.weighted_random import WeightedRandomPicker
+from heimdall_proxy.plugins.scheduling.profiles.disagg import DisaggProfileHandler, PDProfileHandler
+from heimdall_proxy.plugins.scheduling.profiles.single import SingleProfileHandler
+from heimdall_proxy.plugins.scheduling.scorers.active_request import ActiveRequestScorer
+from heimdall_proxy.plugins.scheduling.scorers.context_length import ContextLengthAware
+from heimdall_proxy.plugins.scheduling.scorers.kv_cache_utilization import KVCacheUtilizationScorer
+from heimdall_proxy.plugins.scheduling.scorers.load_aware import LoadAwareScorer
+from heimdall_proxy.plugins.scheduling.scorers.lora_affinity import LoraAffinityScorer
+from heimdall_proxy.plugins.scheduling.scorers.no_hit_lru import NoHitLRUScorer
+from heimdall_proxy.plugins.scheduling.scorers.outstanding_work import OutstandingWorkScorer
+from heimdall_proxy.plugins.scheduling.scorers.prefix_cache import PrefixCacheScorer
+from heimdall_proxy.plugins.scheduling.scorers.queue import QueueScorer
+from heimdall_proxy.plugins.scheduling.scorers.running_requests import RunningRequestsSizeScorer
+from heimdall_proxy.plugins.scheduling.scorers.session_affinity import SessionAffinityScorer
+from heimdall_proxy.plugins.scheduling.scorers.token_load import TokenLoadScorer
+from heimdall_proxy.plugins.store.responses_store import ResponsesStore
+
+BUILTIN_PLUGINS: tuple[type, ...] = (
+    # profile handlers and deciders
+    SingleProfileHandler,
+    DisaggProfileHandler,
+    PDProfileHandler,
+    AlwaysDisaggPDDecider,
+    AlwaysDisaggMultimodalDecider,
+    PrefixBasedPDDecider,
+    # filters
+    ByLabelFilter,
+    ByLabelSelectorFilter,
+    PrefixCacheAffinityFilter,
+    PrefillFilter,
+    DecodeFilter,
+    EncodeFilter,
+    # scorers
+    ActiveRequestScorer,
+    ContextLengthAware,
+    KVCacheUtilizationScorer,
+    LoadAwareScorer,
+    LoraAffinityScorer,
+    NoHitLRUScorer,
+    OutstandingWorkScorer,
+    PrecisePrefixCacheScorer,
+    PrefixCacheScorer,
+    QueueScorer,
+    RunningRequestsSizeScorer,
+    SessionAffinityScorer,
+    TokenLoadScorer,
+    # pickers
+    MaxScorePicker,
+    RandomPicker,
+    WeightedRandomPicker,
+    # prepare-data, producers, request control, data layer, store
+    TokenizerPlugin,
+    TokenProducer,
+    InFlightLoadProducer,
+    ApproxPrefixCacheProducer,
+    PrecisePrefixCacheProducer,
+    DisaggHeadersHandler,
+    ResponseHeaderHandler,
+    ModelsDataSource,
+    ModelServerProtocolModels,
+    ResponsesStore,
+    # saturation detectors (also filters) and flow-control policies
+    UtilizationDetector,
+    ConcurrencyDetector,
+    GlobalStrictFairness,
+    RoundRobinFairness,
+    FCFSOrdering,
+    # latency-predicted scheduling and SLO admission
+    PredictedLatencyProducer,
+    LatencyScorer,
+    PredictedLatencyScorer,
+    SLOHeadroomTierFilter,
+    LatencySLOAdmitter,
+)
+
+
+def load_builtin_plugins() -> Registry:
+    """A new registry holding every built-in plugin type."""
+    return Registry().add(*BUILTIN_PLUGINS)

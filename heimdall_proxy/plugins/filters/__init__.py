@@ -1,3 +1,0 @@
-"""Scheduling filters: which candidate pods a profile keeps.
-
-One module per plugin; heimdall_proxy/builtins.py is the one list of built-in types."""

@@ -1,0 +1,1 @@
+"""Saturation detectors: when the pool is full, for flow control."""

@@ -1,3 +1,0 @@
-"""Pickers: the pod(s) a profile chooses from the scores.
-
-One module per plugin; heimdall_proxy/builtins.py is the one list of built-in types."""

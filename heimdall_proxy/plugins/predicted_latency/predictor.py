@@ -1,0 +1,172 @@
+"""The TTFT and TPOT models of one gateway and the features they read.
+
+Features are what the gateway knows of a pod when it schedules, cheaply: the last scrape
+(waiting and running requests, KV-cache use), the request (prompt tokens, how many of them
+the pod holds in its prefix cache, expected output) and the gateway's own in-flight ledger,
+which is fresher than any scrape. They are scaled by fixed constants to magnitudes near 1,
+which is what plain SGD needs to converge without a scaler in front.
+
+Prediction runs once per request over every candidate, so it is built for that: the feature
+matrix is filled column by column (the scraped columns of a pod are computed once per
+scrape, the request's columns are one broadcast each), and both models are applied with
+one matrix product."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from heimdall_proxy.framework.types import Endpoint, Metrics
+from heimdall_proxy.plugins.predicted_latency.model import MIN_PREDICTION, OnlineLatencyModel
+
+FEATURES = (
+    "waiting/8",
+    "running/32",
+    "kv_cache_usage",
+    "prompt_tokens/1000",
+    "uncached_prompt_tokens/1000",
+    "inflight_requests/8",
+    "inflight_prompt_tokens/4000",
+    "output_tokens/100",
+)
+#: Column scales, in FEATURES order.
+_SCALE = (8.0, 32.0, 1.0, 1000.0, 1000.0, 8.0, 4000.0, 100.0)
+
+
+def features(
+    endpoint: Endpoint,
+    prompt_tokens: int,
+    uncached_tokens: int,
+    inflight: int,
+    inflight_tokens: float,
+    output_tokens: int,
+) -> list[float]:
+    """One feature row (see FEATURES); FeatureMatrix builds the same rows for many pods."""
+    m = endpoint.metrics
+    return [
+        m.waiting / 8.0,
+        m.running / 32.0,
+        m.kv_cache_usage,
+        prompt_tokens / 1000.0,
+        uncached_tokens / 1000.0,
+        inflight / 8.0,
+        inflight_tokens / 4000.0,
+        output_tokens / 100.0,
+    ]
+
+
+class FeatureMatrix:
+    """Builds the feature rows of all candidates at once. The scraped columns change only
+    when a pod's Metrics object is replaced (every scrape replaces it whole), so those of
+    the last candidate list are kept with the Metrics objects they came from and reused
+    until one of them changes."""
+
+    __slots__ = ("_metrics", "_scraped")
+
+    def __init__(self) -> None:
+        self._metrics: list[Metrics] = []
+        self._scraped = np.empty((0, 3))
+
+    def build(
+        self,
+        endpoints: Sequence[Endpoint],
+        prompt_tokens: int,
+        uncached_tokens: Sequence[float] | None,
+        inflight: Sequence[int],
+        inflight_tokens: Sequence[float],
+        output_tokens: int,
+    ) -> np.ndarray:
+        """Rows in `endpoints` order; `uncached_tokens` None means no pod holds any of the
+        prompt."""
+        metrics = [e.metrics for e in endpoints]
+        # list equality tests identity first: the same snapshots compare in C, no __eq__
+        if metrics != self._metrics:
+            self._scraped = np.array(
+                [(m.waiting, m.running, m.kv_cache_usage) for m in metrics], dtype=float
+            ).reshape(-1, 3)
+            self._scraped /= _SCALE[:3]
+            self._metrics = metrics
+        x = np.empty((len(endpoints), len(FEATURES)))
+        x[:, 0:3] = self._scraped
+        x[:, 3] = prompt_tokens / _SCALE[3]
+        if uncached_tokens is None:
+            x[:, 4] = prompt_tokens / _SCALE[4]
+        else:
+            x[:, 4] = uncached_tokens
+            x[:, 4] /= _SCALE[4]
+        x[:, 5] = inflight
+        x[:, 5] /= _SCALE[5]
+        x[:, 6] = inflight_tokens
+        x[:, 6] /= _SCALE[6]
+        x[:, 7] = output_tokens / _SCALE[7]
+        return x
+
+
+class LatencyPredictor:
+    """A TTFT model and a TPOT model over the same features. TTFT means end-to-end latency
+    when the owner trains it so (non-streaming mode); the TPOT model then stays untrained
+    and `predict` returns no TPOT."""
+
+    __slots__ = ("_factors", "_factors_at", "_stacked", "_stacked_at", "tpot", "ttft")
+
+    def __init__(self, *, min_samples: int = 8, batch_size: int = 8) -> None:
+        n = len(FEATURES)
+        self.ttft = OnlineLatencyModel(n, min_samples=min_samples, batch_size=batch_size)
+        self.tpot = OnlineLatencyModel(n, min_samples=min_samples, batch_size=batch_size)
+        self._stacked = np.zeros((n + 1, 2))
+        self._stacked_at = (-1, -1)
+        self._factors = np.empty((0, 2))
+        self._factors_at: tuple[Sequence[str], int, int] = ((), -1, -1)
+
+    def forget(self, pod: str) -> None:
+        """Drop what was learned of `pod` alone (its speed factors): a config reload took it
+        out, or put a new server under its name."""
+        self.ttft.forget(pod)
+        self.tpot.forget(pod)
+
+    def set_min_samples(self, min_samples: int) -> None:
+        """Observations each model needs before it predicts (a reload's new `minSamples`)."""
+        self.ttft.min_samples = min_samples
+        self.tpot.min_samples = min_samples
+
+    def _weights(self) -> np.ndarray:
+        """Both models' coefficients as one (features + 1) x 2 matrix, the last row the
+        intercepts; rebuilt only after a training step changed either model."""
+        at = (self.ttft.version, self.tpot.version)
+        if at != self._stacked_at:
+            w = self._stacked
+            w[:-1, 0], w[-1, 0] = self.ttft.coef, self.ttft.intercept
+            w[:-1, 1], w[-1, 1] = self.tpot.coef, self.tpot.intercept
+            self._stacked_at = at
+        return self._stacked
+
+    def _pod_factors(self, pods: Sequence[str]) -> np.ndarray:
+        """Both models' speed factors of `pods`, one row each; kept until the candidates or
+        a factor change."""
+        seen, ttft_at, tpot_at = self._factors_at
+        if (
+            ttft_at != self.ttft.factors_version
+            or tpot_at != self.tpot.factors_version
+            or (seen != pods)
+        ):
+            tf, pf = self.ttft.factors, self.tpot.factors
+            self._factors = np.array(
+                [(tf.get(p, 1.0), pf.get(p, 1.0)) for p in pods], dtype=float
+            ).reshape(-1, 2)
+            self._factors_at = (list(pods), self.ttft.factors_version, self.tpot.factors_version)
+        return self._factors
+
+    def predict(
+        self, pods: Sequence[str], x: np.ndarray
+    ) -> tuple[np.ndarray | None, np.ndarray | None]:
+        """(TTFT seconds per pod or None while untrained, TPOT seconds or None), from the
+        rows of `x` (one per pod, FEATURES order)."""
+        if not self.ttft.ready:
+            return None, None
+        w = self._weights()
+        base = x @ w[:-1]
+        base += w[-1]
+        np.maximum(base, MIN_PREDICTION, out=base)
+        base *= self._pod_factors(pods)
+        return base[:, 0], base[:, 1] if self.tpot.ready else None

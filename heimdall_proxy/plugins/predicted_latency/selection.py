@@ -1,0 +1,94 @@
+"""Scores from predictions, shared by latency-scorer and predicted-latency-scorer.
+
+Without SLOs a pod scores (best latency / its latency) squared, in (0, 1]: the fastest pod 1,
+a pod predicted twice as slow 0.25, four times as slow 1/16. Squared, because a
+weighted-random picker that sent a pod predicted four times slower a quarter of the share
+would put the tail of every request mix on it; load still spreads over pods predicted alike,
+and as the fast pods fill up their predictions rise and the share evens out. With SLOs,
+pods predicted to meet them score in [0.5, 1] and the others in [0, 0.5), so any pod that
+meets the SLO outranks every one that does not."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Literal
+
+from heimdall_proxy.framework.types import Endpoint
+from heimdall_proxy.plugins.predicted_latency.state import LatencyPredictions, PodPrediction
+
+Strategy = Literal["least", "most"]
+
+
+def _blend(
+    p: PodPrediction, preds: LatencyPredictions, ttft_weight: float, tpot_weight: float, sign: int
+) -> float:
+    """Weighted mean of the headrooms (sign=1) or deficits (sign=-1) relative to each SLO,
+    each clamped to [0, 1]."""
+    total = weight = 0.0
+    for headroom, slo, w in (
+        (p.ttft_headroom, preds.ttft_slo, ttft_weight),
+        (p.tpot_headroom, preds.tpot_slo, tpot_weight),
+    ):
+        if headroom is None or slo is None or w <= 0.0:
+            continue
+        total += w * min(max(sign * headroom / slo, 0.0), 1.0)
+        weight += w
+    return total / weight if weight > 0.0 else 0.0
+
+
+def latency_scores(
+    preds: LatencyPredictions,
+    endpoints: Sequence[Endpoint],
+    strategy: Strategy = "least",
+    ttft_weight: float = 0.8,
+    tpot_weight: float = 0.2,
+) -> dict[str, float]:
+    """Scores in [0, 1] by name for the endpoints that have a prediction (see module doc).
+    `least` prefers the smallest positive headroom (bin-packing), `most` the largest; among
+    pods missing the SLO the smallest deficit is preferred with either strategy."""
+    out: dict[str, float] = {}
+    if not preds.has_slo:
+        lat = {e.name: preds.latency(e.name) for e in endpoints}
+        known = [v for v in lat.values() if v is not None and v > 0.0]
+        if not known:
+            return out
+        best = min(known)
+        return {n: (best / v) ** 2 for n, v in lat.items() if v is not None and v > 0.0}
+    for e in endpoints:
+        p = preds.pods.get(e.name)
+        if p is None:
+            continue
+        if p.meets_slo:
+            h = _blend(p, preds, ttft_weight, tpot_weight, 1)
+            out[e.name] = 0.5 + 0.5 * (1.0 - h if strategy == "least" else h)
+        else:
+            d = _blend(p, preds, ttft_weight, tpot_weight, -1)
+            out[e.name] = 0.49 * (1.0 - d)
+    return out
+
+
+def composite_scores(
+    endpoints: Sequence[Endpoint],
+    prefix_ratio: dict[str, float],
+    kv_weight: float = 1.0,
+    queue_weight: float = 1.0,
+    prefix_weight: float = 1.0,
+    inflight: dict[str, int] | None = None,
+) -> dict[str, float]:
+    """The fallback without predictions: a weighted mean of free KV cache, a short queue
+    (relative to the longest among the candidates) and the prefix-cache match. The queue is
+    the scraped one plus what this gateway has in flight there (`inflight`), which a scrape
+    shows late and which grows on a slow pod before its queue does."""
+    total = kv_weight + queue_weight + prefix_weight
+    if total <= 0.0:
+        return {e.name: 0.0 for e in endpoints}
+    inflight = inflight or {}
+    queues = {e.name: e.metrics.waiting + inflight.get(e.name, 0) for e in endpoints}
+    longest = max(queues.values(), default=0)
+    out: dict[str, float] = {}
+    for e in endpoints:
+        queue = 1.0 - queues[e.name] / longest if longest > 0 else 1.0
+        kv = 1.0 - min(max(e.metrics.kv_cache_usage, 0.0), 1.0)
+        prefix = prefix_ratio.get(e.name, 0.0)
+        out[e.name] = (kv_weight * kv + queue_weight * queue + prefix_weight * prefix) / total
+    return out

@@ -1,0 +1,1 @@
+"""The prefix-cache affinity filter and its decision trace."""

@@ -1,1 +1,0 @@
-"""Producers: plugins whose work runs once per request before the profiles (predictions)."""

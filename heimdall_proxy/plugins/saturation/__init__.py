@@ -1,1 +1,0 @@
-"""Saturation detectors: judge a pool for the flow controller, and filter overfull pods."""

@@ -1,0 +1,2 @@
+"""Scheduling plugins: filters, scorers, pickers, profile handlers and the disaggregation
+deciders."""

@@ -1,3 +1,0 @@
-"""Scorers: a score in [0, 1] per candidate pod, weighted per profile.
-
-One module per plugin; heimdall_proxy/builtins.py is the one list of built-in types."""

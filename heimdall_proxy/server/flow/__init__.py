@@ -1,1 +1,0 @@
-"""Admission and flow control: objectives, the gateway's queues, and their dispatcher."""
