@@ -1,4 +1,4 @@
-from heimdall_proxy.cli import main
+from heimdall_proxy.cli.main import main
 
 # Guarded: worker processes (spawned) import the main module again.
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ from pathlib import Path
 import openai
 import pytest
 
-from heimdall_proxy.cli import main
+from heimdall_proxy.cli.main import main
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIGS = sorted((ROOT / "config").glob("*.yaml"))
@@ -173,9 +173,9 @@ async def test_demo_answers_the_openai_sdk() -> None:
 
 
 def test_the_demo_runs_the_recommended_config() -> None:
-    from heimdall_proxy.cli import _demo_config_text
+    from heimdall_proxy.cli.args import embedded_config_text
 
-    assert (ROOT / "config" / "recommended.yaml").read_text() == _demo_config_text()
+    assert (ROOT / "config" / "recommended.yaml").read_text() == embedded_config_text()
 
 
 def test_the_open_files_limit_is_raised_to_the_hard_limit() -> None:
@@ -187,7 +187,7 @@ def test_the_open_files_limit_is_raised_to_the_hard_limit() -> None:
     if hard != resource.RLIM_INFINITY and hard <= 256:
         pytest.skip("the hard limit leaves nothing to raise")
     code = (
-        "import resource; from heimdall_proxy.cli import raise_open_files_limit; "
+        "import resource; from heimdall_proxy.cli.args import raise_open_files_limit; "
         "raise_open_files_limit(); print(*resource.getrlimit(resource.RLIMIT_NOFILE))"
     )
     out = subprocess.run(

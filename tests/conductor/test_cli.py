@@ -11,7 +11,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from heimdall_proxy.cli import main
+from heimdall_proxy.cli.main import main
 
 
 def _free_port() -> int:

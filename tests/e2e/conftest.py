@@ -142,7 +142,7 @@ def gateway_process(config: Mapping[str, Any], work: Path) -> Iterator[GatewayPr
             [
                 sys.executable,
                 "-m",
-                "heimdall_proxy.cli",
+                "heimdall_proxy",
                 "serve",
                 "--config",
                 str(path),

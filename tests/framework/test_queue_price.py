@@ -11,8 +11,8 @@ import pytest
 
 from heimdall_proxy.framework.inflight import InFlightLoad
 from heimdall_proxy.framework.queue_price import QueuePrice
-from tests.plugins.filters.test_prefix_affinity import PODS, make, names, occupy, state
 from tests.plugins.helpers import ctx, req, sent
+from tests.plugins.prefix_affinity.test_prefix_affinity import PODS, make, names, occupy, state
 
 NOMINAL = 1.0 / 16000
 

@@ -16,7 +16,7 @@ import pytest
 import zmq
 import zmq.asyncio
 
-from heimdall_proxy.cli import raise_open_files_limit
+from heimdall_proxy.cli.args import raise_open_files_limit
 from heimdall_proxy.framework.types import Endpoint
 from heimdall_proxy.kvcache.events import AllBlocksCleared, BlockStored, EventBatch
 from heimdall_proxy.kvcache.hashing import local_hashes, namespace_seed

@@ -36,9 +36,9 @@ from heimdall_proxy.replicas.hub import LISTEN_POLL
 from heimdall_proxy.replicas.ledger import share_of
 from tests.helpers import ep
 from tests.kvcache.redisns import REDIS_URL, redis_namespace
-from tests.plugins.filters.test_prefix_affinity import SYSTEM, keyed
 from tests.plugins.helpers import ctx, ledger, req, sent, streamed
-from tests.plugins.scorers.test_prefix_cache import LONG, completion, route
+from tests.plugins.prefix_affinity.test_prefix_affinity import SYSTEM, keyed
+from tests.plugins.scheduling.scorers.test_prefix_cache import LONG, completion, route
 
 
 @pytest.fixture

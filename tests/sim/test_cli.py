@@ -9,7 +9,9 @@ import pytest
 import zmq.asyncio
 from aiohttp import web
 
-from heimdall_proxy.cli import _start_sims, build_parser, sim_options
+from heimdall_proxy.cli.demo import start_sims
+from heimdall_proxy.cli.main import build_parser
+from heimdall_proxy.cli.sim import sim_options
 from heimdall_proxy.config.gateway import parse_config
 from heimdall_proxy.sim import SimOptions
 from tests.sim.conftest import prompt_of, recv_batches, subscribe
@@ -92,7 +94,7 @@ async def test_demo_pods_each_publish_kv_events_on_their_own_port() -> None:
     runners: list[web.AppRunner] = []
     config = parse_config({}, "<test>")
     try:
-        config = await _start_sims(config, 2, "sim-model", runners, args)
+        config = await start_sims(config, 2, "sim-model", runners, args)
         eps = config.endpoints
         assert [e.name for e in eps] == ["sim-0", "sim-1"]
         assert [e.kv_events for e in eps] == [
