@@ -222,7 +222,7 @@ class GatewayConfig(_Model):
         default_factory=OutlierDetectionConfig, alias="outlierDetection"
     )
     objectives: list[ObjectiveConfig] = Field(default_factory=list)
-    #: Pods found at run time, beside `endpoints` (discoveryconfig.py).
+    #: Pods found at run time, beside `endpoints` (discovery.py).
     discovery: DiscoveryConfig = Field(default_factory=DiscoveryConfig)
     source: str = "<memory>"
 

@@ -169,7 +169,7 @@ class _BreakersCollector(Collector):
 
 class GatewayMetrics:
     """All of the gateway's own metrics, in a registry of their own (one per app). The
-    request-path families are loop-local (see loopmetrics); the pod gauges are read from the
+    request-path families are loop-local (see loop.py); the pod gauges are read from the
     pool at scrape time."""
 
     def __init__(self, pool: EndpointPool, pool_name: str = "heimdall") -> None:
