@@ -124,7 +124,7 @@ async def measure(path: Path, pods: int, requests: int, profile: bool) -> dict[s
                 prof.enable()
             t0 = time.thread_time_ns()
             async with asyncio.timeout(5):  # a queued request is a harness error, not a figure
-                decision = await gw.director.decide("chat", "/v1/chat/completions", body, headers)
+                decision = await gw.director.decide("/v1/chat/completions", body, headers)
             t1 = time.thread_time_ns()
             if prof is not None:
                 prof.disable()

@@ -11,6 +11,11 @@ from heimdall_proxy.framework import flowcontrol, inflight, plugins
 from heimdall_proxy.plugins.builtins import load_builtin_plugins
 
 EXPECTED: dict[str, list[str]] = {
+    "anthropic-parser": ["Parser"],
+    "openai-parser": ["Parser"],
+    "passthrough-parser": ["Parser"],
+    "sglanghttp-parser": ["Parser"],
+    "vllmhttp-parser": ["Parser"],
     "active-request-scorer": ["Lifecycle", "Scorer"],  # its counts are the ledger's
     "always-disagg-multimodal-decider": ["Decider"],
     "always-disagg-pd-decider": ["Decider"],

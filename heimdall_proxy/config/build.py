@@ -10,6 +10,7 @@ from pydantic import BaseModel, ValidationError
 
 from heimdall_proxy.config.defaults import (
     DEFAULT_HANDLER,
+    DEFAULT_PARSERS,
     DEFAULT_PICKER,
     MAX_SCORE_PICKER,
     SINGLE_PROFILE_HANDLER,
@@ -22,6 +23,7 @@ from heimdall_proxy.config.gateway import (
     DataConfig,
     EndpointPickerConfig,
     PluginConfig,
+    RequestHandlerConfig,
     SchedulingProfileConfig,
 )
 from heimdall_proxy.datalayer.refresher import WiredSource
@@ -33,6 +35,7 @@ from heimdall_proxy.framework.plugins import (
     DataSource,
     Filter,
     Lifecycle,
+    Parser,
     Picker,
     PrepareData,
     PreRequest,
@@ -53,6 +56,7 @@ from heimdall_proxy.framework.scheduler import (
     WeightedScorer,
     no_timers,
 )
+from heimdall_proxy.requesthandling.parsers import ParserTable
 
 log = logging.getLogger(__name__)
 
@@ -88,6 +92,8 @@ class PluginSet:
     responses_store: ResponsesStoreAPI | None = None
     #: Data-layer sources wired by the config's `data` field (each with >= 1 extractor).
     data_sources: list[WiredSource] = field(default_factory=list)
+    #: The parsers of `requestHandler.parsers` (llm-d's defaults when it lists none).
+    parsers: ParserTable = field(default_factory=lambda: ParserTable([]))
 
 
 def _params_error(plugin: PluginConfig, exc: ValidationError) -> ConfigError:
@@ -174,6 +180,7 @@ def build_plugins(
         skipped=skipped,
         responses_store=_one_store(plugins),
         data_sources=wire_data_layer(epp.data, plugins, skipped),
+        parsers=wire_parsers(epp.request_handler, plugins, registry, handle),
     )
     _sort_extension_points(pset)
     return pset
@@ -379,6 +386,48 @@ def _sort_extension_points(pset: PluginSet) -> None:
             pset.response_complete.append(plugin)
         if isinstance(plugin, Lifecycle):
             pset.lifecycle.append(plugin)
+
+
+def wire_parsers(
+    handler: RequestHandlerConfig | None,
+    plugins: dict[str, object],
+    registry: Registry,
+    handle: PluginHandle,
+) -> ParserTable:
+    """The `requestHandler.parsers` list resolved against the declared plugins, in order;
+    without a list, llm-d's defaults (DEFAULT_PARSERS: a declared plugin of a default type
+    serves, the others are made here). Raises ConfigError for a reference to no plugin or to
+    one that is not a parser; a parser declared but not in force is warned about."""
+    listed: list[tuple[str, Parser]] = []
+    if handler is None or handler.parsers is None:
+        by_type = {getattr(p, "type", None): (n, p) for n, p in reversed(plugins.items())}
+        for type_name in DEFAULT_PARSERS:
+            if type_name in by_type:
+                name, parser = by_type[type_name]
+            elif registry.get(type_name) is not None:  # a registry of tests' may lack it
+                name = type_name
+                parser = instantiate(registry, PluginConfig(type=type_name), handle)
+            else:
+                continue
+            assert isinstance(parser, Parser)
+            listed.append((name, parser))
+    else:
+        for i, ref in enumerate(handler.parsers):
+            where = f"requestHandler.parsers[{i}]: pluginRef {ref.plugin_ref!r}"
+            parser = plugins.get(ref.plugin_ref)
+            if parser is None:
+                raise ConfigError(f"{where} names no declared plugin")
+            if not isinstance(parser, Parser):
+                raise ConfigError(f"{where}: {_not_a(parser, 'parser')}")
+            listed.append((ref.plugin_ref, parser))
+    in_force = {name for name, _ in listed}
+    for name, plugin in plugins.items():
+        if name not in in_force and isinstance(plugin, Parser):
+            log.warning(
+                "parser %r is declared but not listed in requestHandler.parsers; it reads nothing",
+                name,
+            )
+    return ParserTable(listed)
 
 
 def wire_data_layer(

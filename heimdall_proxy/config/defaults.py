@@ -213,3 +213,9 @@ def default_profiles(in_profiles: list[str]) -> list[SchedulingProfileConfig]:
     plugins that can sit in a profile (filters, scorers, pickers)."""
     refs = [ProfilePluginRef(plugin_ref=name) for name in in_profiles]
     return [SchedulingProfileConfig(name=DEFAULT_PROFILE, plugins=refs)]
+
+
+#: llm-d's parsers when a config lists none (`requestHandler.parsers`): the three APIs, then
+#: passthrough-parser as the fallback for any other path the gateway forwards. A declared
+#: plugin of one of these types serves as it; the others are made for the table alone.
+DEFAULT_PARSERS = ("openai-parser", "anthropic-parser", "vllmhttp-parser", "passthrough-parser")

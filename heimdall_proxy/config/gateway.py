@@ -120,6 +120,11 @@ class DataConfig(_Model):
     sources: list[DataSourceConfig] = Field(default_factory=list)
 
 
+class RequestHandlerConfig(_Model):
+    #: The parsers in force, in order; absent: llm-d's default list (config/defaults.py).
+    parsers: list[ProfilePluginRef] | None = None
+
+
 class EndpointPickerConfig(_Model):
     api_version: str | None = Field(default=None, alias="apiVersion")
     kind: str | None = None
@@ -129,6 +134,7 @@ class EndpointPickerConfig(_Model):
         default_factory=list, alias="schedulingProfiles"
     )
     data: DataConfig | None = None
+    request_handler: RequestHandlerConfig | None = Field(default=None, alias="requestHandler")
     flow_control: FlowControlConfig | None = Field(default=None, alias="flowControl")
     #: Deprecated in llm-d in favour of flowControl.saturationDetector; GIE's older EPP held
     #: the utilization parameters here directly. Both shapes are read.
@@ -188,16 +194,9 @@ class EndpointConfig(_Model):
         return parts.port or (443 if parts.scheme == "https" else 80)
 
 
-_EPP_KEYS = {
-    "apiVersion",
-    "kind",
-    "featureGates",
-    "plugins",
-    "schedulingProfiles",
-    "data",
-    "flowControl",
-    "saturationDetector",
-}
+#: The EndpointPickerConfig's keys, as its model spells them (one list: a key added to the
+#: model is read, never warned about as unknown).
+_EPP_KEYS = {f.alias or name for name, f in EndpointPickerConfig.model_fields.items()}
 #: The gateway's own keys, read at the top level or beside the EPP config.
 _GATEWAY_KEYS = ("config", "endpoints", "outlierDetection", "objectives", "discovery")
 

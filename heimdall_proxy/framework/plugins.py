@@ -23,6 +23,7 @@ from heimdall_proxy.framework.types import (
     RequestContext,
     SchedulingResult,
     ScoredEndpoint,
+    Usage,
 )
 
 if TYPE_CHECKING:
@@ -36,6 +37,27 @@ class Plugin(Protocol):
 
     type: str
     name: str
+
+
+@runtime_checkable
+class Parser(Protocol):
+    """Reads one API's requests and answers (llm-d's RequestParsing and ResponseParsing).
+    `claims` are the path suffixes it serves ("chat/completions"); a parser that claims none
+    is the fallback for any path the others do not. The request path resolves to the parser
+    with the longest claimed suffix (requesthandling/parsers.py)."""
+
+    claims: tuple[str, ...]
+    #: What a claim is served under as a route of this gateway: "/v1/" for the OpenAI and
+    #: Anthropic APIs, "/" for the engines' own routes (/inference/v1/generate, /generate).
+    route_prefix: str
+
+    def parse_request(self, path: str, body: bytes, headers: Mapping[str, str]) -> InferenceRequest:
+        """The request, parsed; raises RequestError (400) for a body it cannot route."""
+        ...
+
+    def body_usage(self, body: bytes) -> Usage | None: ...
+
+    def chunk_usage(self, chunk: bytes) -> Usage | None: ...
 
 
 @runtime_checkable
@@ -288,6 +310,7 @@ class DataExtractor(Protocol):
 
 #: Extension points, as named in logs, metrics and `check-config` output.
 EXTENSION_POINTS: dict[str, type] = {
+    "Parser": Parser,
     "ProfileHandler": ProfileHandler,
     "Decider": Decider,
     "Filter": Filter,

@@ -6,9 +6,24 @@ import random
 import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal, overload
+from typing import Any, ClassVar, Literal, NamedTuple, Protocol, overload
 
-ApiKind = Literal["completions", "chat", "responses", "other"]
+import orjson
+
+#: What a parser made of a request: an OpenAI route (completions, chat, responses; "other"
+#: for the rest it claims, e.g. embeddings), Anthropic's Messages API ("messages",
+#: "count_tokens"), a pre-tokenized generate route ("generate": vLLM's /inference/v1/generate,
+#: SGLang's /generate), or a body passed through uninterpreted ("passthrough").
+ApiKind = Literal[
+    "completions",
+    "chat",
+    "responses",
+    "messages",
+    "count_tokens",
+    "generate",
+    "other",
+    "passthrough",
+]
 
 #: Label that carries a pod's disaggregation role.
 ROLE_LABEL = "mif.moreh.io/role"
@@ -119,6 +134,29 @@ def _new_request_id() -> str:
     return random.getrandbits(64).to_bytes(8).hex()
 
 
+class Usage(NamedTuple):
+    """Token counts an answer reported: prompt, output, and the prompt tokens the server
+    found cached (None where it did not say)."""
+
+    prompt: int | None
+    output: int | None
+    cached: int | None = None
+
+
+class AnswerParser(Protocol):
+    """How the answers of a request's API carry their usage: the parser that read the request
+    reads its answer too (llm-d's ParseResponse), once, in the relay."""
+
+    def body_usage(self, body: bytes) -> Usage | None:
+        """The usage of a whole (non-streamed) answer."""
+        ...
+
+    def chunk_usage(self, chunk: bytes) -> Usage | None:
+        """The usage one chunk of a streamed answer carries, None when none. Fields left
+        None do not overwrite what an earlier chunk said."""
+        ...
+
+
 @dataclass(slots=True)
 class InferenceRequest:
     """One client request, parsed once. `body` holds the exact bytes to forward; plugins that
@@ -148,6 +186,9 @@ class InferenceRequest:
     objective: str = ""
     priority: int = 0
     fairness_id: str = ""
+    #: The parser that read the request, which reads its answer's usage; None when the
+    #: answer is not read (a passthrough).
+    parser: AnswerParser | None = None
     _prompt_text: str | None = None
 
     @property
@@ -198,6 +239,33 @@ def content_text(content: Any, out: list[str], *, mark_media: bool = False) -> N
                     out.append(f"\x1d{part.get('type', '')}\x1d")
 
 
+def anthropic_content_text(content: Any, out: list[str]) -> None:
+    """Append the text of an Anthropic Messages `content` (or `system`): a string, or a list
+    of blocks. Text blocks give their text; a tool result its content (text or blocks); a
+    tool call its name and input as JSON: in an agent's conversation these are most of the
+    prompt, and the next turn repeats them, so they must count for prefix routing."""
+    if isinstance(content, str):
+        out.append(content)
+        return
+    if not isinstance(content, list):
+        return
+    for block in content:
+        if not isinstance(block, DICT_OR_MAPPING):
+            continue
+        kind = block.get("type")
+        if kind == "text":
+            text = block.get("text")
+            if isinstance(text, str):
+                out.append(text)
+        elif kind == "tool_result":
+            anthropic_content_text(block.get("content"), out)
+        elif kind == "tool_use":
+            out.append(f"\x1d{block.get('name', '')}\x1d")
+            out.append(orjson.dumps(block.get("input")).decode())
+        elif kind is not None:
+            out.append(f"\x1d{kind}\x1d")  # an image or document: marked, not read
+
+
 def extract_prompt_text(api: ApiKind, data: Mapping[str, Any]) -> str:
     """Concatenated prompt text of a request body (see InferenceRequest.prompt_text)."""
     out: list[str] = []
@@ -213,6 +281,15 @@ def extract_prompt_text(api: ApiKind, data: Mapping[str, Any]) -> str:
             out.append(prompt)
         elif isinstance(prompt, list):
             out.extend(p for p in prompt if isinstance(p, str))
+    elif api == "messages":
+        system = data.get("system")
+        if system is not None:
+            anthropic_content_text(system, out)
+        messages = data.get("messages")
+        if isinstance(messages, list):
+            for msg in messages:
+                if isinstance(msg, DICT_OR_MAPPING):
+                    anthropic_content_text(msg.get("content"), out)
     elif api == "responses":
         instructions = data.get("instructions")
         if isinstance(instructions, str):
@@ -474,6 +551,8 @@ class RequestContext:
     #: pod reported it (the gateway asks streams for it); None where it did not.
     prompt_tokens: int | None = None
     output_tokens: int | None = None
+    #: Of the prompt tokens, those the pod found in its cache, when it said.
+    cached_tokens: int | None = None
     #: "<request id>:<attempt>", which hooks key per-attempt state by: made once, when the
     #: context is (several plugins read it in several hooks, and a call per read added up).
     key: str = field(init=False, default="")

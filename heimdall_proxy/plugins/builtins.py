@@ -26,6 +26,11 @@ from heimdall_proxy.plugins.requestcontrol.producers.inflight_load import InFlig
 from heimdall_proxy.plugins.requestcontrol.producers.token import TokenProducer
 from heimdall_proxy.plugins.requestcontrol.producers.tokenizer import TokenizerPlugin
 from heimdall_proxy.plugins.requestcontrol.response_header import ResponseHeaderHandler
+from heimdall_proxy.plugins.requesthandling.parsers.anthropic import AnthropicParser
+from heimdall_proxy.plugins.requesthandling.parsers.openai import OpenAIParser
+from heimdall_proxy.plugins.requesthandling.parsers.passthrough import PassthroughParser
+from heimdall_proxy.plugins.requesthandling.parsers.sglanghttp import SGLangHttpParser
+from heimdall_proxy.plugins.requesthandling.parsers.vllmhttp import VllmHttpParser
 from heimdall_proxy.plugins.scheduling.deciders.always import (
     AlwaysDisaggMultimodalDecider,
     AlwaysDisaggPDDecider,
@@ -54,6 +59,12 @@ from heimdall_proxy.plugins.scheduling.scorers.token_load import TokenLoadScorer
 from heimdall_proxy.plugins.store.responses_store import ResponsesStore
 
 BUILTIN_PLUGINS: tuple[type, ...] = (
+    # parsers (requestHandler.parsers)
+    OpenAIParser,
+    AnthropicParser,
+    VllmHttpParser,
+    SGLangHttpParser,
+    PassthroughParser,
     # profile handlers and deciders
     SingleProfileHandler,
     DisaggProfileHandler,

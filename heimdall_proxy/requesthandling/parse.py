@@ -137,10 +137,8 @@ def _validation_error(exc: ValidationError) -> RequestError:
     return RequestError(400, message, param=param, code="invalid_value")
 
 
-def parse_body(
-    api: ApiKind, path: str, body: bytes, headers: Mapping[str, str]
-) -> InferenceRequest:
-    """Raises RequestError(400) for a body the gateway cannot route."""
+def json_object(body: bytes) -> dict[str, Any]:
+    """The body as a JSON object; RequestError(400) saying what is wrong with it otherwise."""
     if not body:
         raise RequestError(
             400, "The request body is empty; expected a JSON object.", code="invalid_json"
@@ -157,6 +155,20 @@ def parse_body(
         ) from exc
     if not isinstance(data, dict):
         raise RequestError(400, "The request body must be a JSON object.", code="invalid_json")
+    return data
+
+
+def invalid(param: str, message: str) -> RequestError:
+    """A 400 naming the field at fault."""
+    return RequestError(400, message, param=param, code="invalid_value")
+
+
+def parse_body(
+    api: ApiKind, path: str, body: bytes, headers: Mapping[str, str]
+) -> InferenceRequest:
+    """An OpenAI request of kind `api`. Raises RequestError(400) for a body the gateway
+    cannot route."""
+    data = json_object(body)
     if not _plainly_valid(api, data):
         try:
             _MODELS[api].model_validate(data)

@@ -13,32 +13,36 @@ from typing import Any
 
 import orjson
 
-from heimdall_proxy.framework.types import DICT_OR_MAPPING
+from heimdall_proxy.framework.types import DICT_OR_MAPPING, Usage
 
 
-def usage_counts(usage: Any) -> tuple[int | None, int | None]:
-    """(prompt tokens, output tokens) of a `usage` object, None where absent. The Responses
-    API's names are looked up only when the chat/completions name is absent (not when it is
-    null), so a usage with both reads as the chat/completions one."""
+def usage_counts(usage: Any) -> Usage:
+    """(prompt tokens, output tokens, cached prompt tokens) of a `usage` object, None where
+    absent. The Responses API's names are looked up only when the chat/completions name is
+    absent (not when it is null), so a usage with both reads as the chat/completions one."""
     if not isinstance(usage, DICT_OR_MAPPING):
-        return None, None
+        return NO_USAGE
     prompt = usage.get("prompt_tokens", _ABSENT)
     if prompt is _ABSENT:
         prompt = usage.get("input_tokens")
     output = usage.get("completion_tokens", _ABSENT)
     if output is _ABSENT:
         output = usage.get("output_tokens")
-    return (
+    details = usage.get("prompt_tokens_details") or usage.get("input_tokens_details")
+    cached = details.get("cached_tokens") if isinstance(details, DICT_OR_MAPPING) else None
+    return Usage(
         prompt if isinstance(prompt, int) else None,
         output if isinstance(output, int) else None,
+        cached if isinstance(cached, int) else None,
     )
 
 
+NO_USAGE = Usage(None, None)
 _ABSENT: Any = object()
 _BLANK = b" \t\r\n"
 
 
-def body_usage(body: bytes) -> tuple[int | None, int | None]:
+def body_usage(body: bytes) -> Usage:
     """Usage of a non-streamed JSON answer (or of one SSE event's JSON).
 
     Read from the document's tail alone, without parsing the whole answer (whose choices may
@@ -51,7 +55,7 @@ def body_usage(body: bytes) -> tuple[int | None, int | None]:
     tenth of its cost."""
     at = body.rfind(b'"usage"')
     if at < 0:
-        return None, None
+        return NO_USAGE
     i = at - 1
     while i >= 0 and body[i] in _BLANK:
         i -= 1
@@ -65,13 +69,13 @@ def body_usage(body: bytes) -> tuple[int | None, int | None]:
     return _whole_body_usage(body)
 
 
-def _whole_body_usage(body: bytes) -> tuple[int | None, int | None]:
+def _whole_body_usage(body: bytes) -> Usage:
     try:
         doc = orjson.loads(body)
     except orjson.JSONDecodeError:
-        return None, None
+        return NO_USAGE
     if not isinstance(doc, dict):
-        return None, None
+        return NO_USAGE
     usage = doc.get("usage")
     if usage is None and isinstance(doc.get("response"), dict):  # a Responses API event
         usage = doc["response"].get("usage")
@@ -133,15 +137,15 @@ def sse_events(chunk: bytes) -> int:
     return n
 
 
-def stream_usage(chunk: bytes) -> tuple[int | None, int | None] | None:
-    """The last `usage` a chunk of an SSE stream carries as (prompt tokens, output tokens),
-    None when it carries none. Only chunks that mention `"usage"` are parsed."""
+def stream_usage(chunk: bytes) -> Usage | None:
+    """The last `usage` a chunk of an SSE stream carries, None when it carries none. Only
+    chunks that mention `"usage"` are parsed."""
     if b'"usage"' not in chunk:
         return None
     found = None
     for line in chunk.split(b"\n"):
         if line.startswith(b"data:") and b'"usage"' in line:
-            prompt, output = body_usage(line[5:].strip())
-            if output is not None:
-                found = prompt, output
+            usage = body_usage(line[5:].strip())
+            if usage.output is not None:
+                found = usage
     return found

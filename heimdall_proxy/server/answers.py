@@ -10,14 +10,12 @@ from aiohttp import web
 from multidict import CIMultiDict
 
 from heimdall_proxy.framework.inflight import InFlightLoad
-from heimdall_proxy.framework.types import RequestContext
+from heimdall_proxy.framework.types import RequestContext, Usage
 from heimdall_proxy.observability.metrics import GatewayMetrics
 from heimdall_proxy.observability.series import ModelSeries
 from heimdall_proxy.requesthandling.usage import (
     USAGE_ASKED_KEY,
-    body_usage,
     sse_events,
-    stream_usage,
     strip_usage_events,
 )
 from heimdall_proxy.resilience.outliers import OutlierDetector
@@ -62,7 +60,10 @@ class Answers:
         if ctx.status is None or not 200 <= ctx.status < 300:
             return
         (series.ttft or series.histogram("ttft")).observe(now - ctx.request.received_at)
-        ctx.prompt_tokens, ctx.output_tokens = prompt, output = body_usage(payload)
+        parser = ctx.request.parser
+        if parser is None or (usage := parser.body_usage(payload)) is None:
+            return
+        ctx.prompt_tokens, ctx.output_tokens, ctx.cached_tokens = prompt, output, _ = usage
         if prompt is not None:
             (series.input_tokens or series.histogram("input_tokens")).observe(prompt)
         if output is not None:
@@ -104,7 +105,8 @@ class Answers:
         streaming = self.streaming
         first = True
         series = self._series(ctx)
-        ok = 200 <= upstream.status < 300
+        # the answer's usage, as the parser that read the request reads it (None: not read)
+        parser = ctx.request.parser if 200 <= upstream.status < 300 else None
         strip = ctx.state.get(USAGE_ASKED_KEY, False)
         chunk_filter = ctx.chunk_filter
         while True:
@@ -129,8 +131,8 @@ class Answers:
                 break
             # read once here for every reader: the metrics, the ledger and the hooks
             ctx.chunk_arrived(sse_events(chunk), time.monotonic())
-            if ok and (usage := stream_usage(chunk)) is not None:
-                ctx.prompt_tokens, ctx.output_tokens = usage
+            if parser is not None and (usage := parser.chunk_usage(chunk)) is not None:
+                _note_usage(ctx, usage)
             if strip:
                 chunk = strip_usage_events(chunk)
             out = chunk if chunk_filter is None else await chunk_filter(chunk)
@@ -158,10 +160,22 @@ class Answers:
             ctx.error = "client disconnected"
             return response
         self._served(series, ctx)
-        if ok:
+        if parser is not None:
             self._observe_stream(series, ctx)
         try:
             await response.write_eof()
         except ConnectionError:
             ctx.error = "client disconnected"
         return response
+
+
+def _note_usage(ctx: RequestContext, usage: Usage) -> None:
+    """What a chunk said of the usage; what it left out stays as earlier chunks said
+    (Anthropic streams tell the prompt first and the output at the end)."""
+    prompt, output, cached = usage
+    if prompt is not None:
+        ctx.prompt_tokens = prompt
+    if output is not None:
+        ctx.output_tokens = output
+    if cached is not None:
+        ctx.cached_tokens = cached

@@ -7,7 +7,7 @@ import contextlib
 import functools
 import logging
 import signal
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from urllib.parse import unquote
 
 import orjson
@@ -18,7 +18,6 @@ from heimdall_proxy.config.gateway import GatewayConfig
 from heimdall_proxy.config.options import ServerOptions
 from heimdall_proxy.framework.errors import RequestError
 from heimdall_proxy.framework.registry import Registry
-from heimdall_proxy.framework.types import ApiKind
 from heimdall_proxy.plugins.builtins import load_builtin_plugins
 from heimdall_proxy.server.auth import Auth
 from heimdall_proxy.server.collector import settle
@@ -39,7 +38,8 @@ SHUTDOWN_GRACE = 0.25
 
 
 def openai_errors(handler: Handler) -> Handler:
-    """`handler` with routing errors and unexpected exceptions rendered as OpenAI-shaped JSON.
+    """`handler` with routing errors and unexpected exceptions rendered as JSON in the shape of
+    the path's API (OpenAI's, or Anthropic's on the Messages API).
     A wrapper per route rather than an aiohttp middleware: aiohttp's middleware chain cost
     ~5% of the gateway's CPU per request (bench/RESULTS.md)."""
 
@@ -49,7 +49,7 @@ def openai_errors(handler: Handler) -> Handler:
             check_target(request.raw_path)
             return await handler(request)
         except RequestError as exc:
-            return render(exc)
+            return render(exc, request.path)
         except web.HTTPException as exc:
             if exc.status < 400:
                 raise
@@ -81,45 +81,53 @@ def _http_error(request: web.Request, exc: web.HTTPException) -> web.Response:
     if exc.status == 404:
         message = f"Unknown route: {request.method} {request.path}"
     allow = exc.headers.get("Allow")
-    return error_response(
-        exc.status, message, code=code, headers={"Allow": allow} if allow else None
+    return render(
+        RequestError(exc.status, message, code=code, headers={"Allow": allow} if allow else None),
+        request.path,
     )
 
 
 async def unrouted(request: web.Request) -> web.StreamResponse:
     """The last route, matching every path and method: 405 (with Allow) for a known path asked
-    with another method, else 404, both OpenAI-shaped."""
+    with another method, else 404, both in the shape of the path's API."""
     allowed: set[str] = set()
     itself = request.match_info.route.resource
+    inference = request.app[INFERENCE_RESOURCE]
     for resource in request.app.router.resources():
-        if resource is not itself:
+        if resource is not itself and resource is not inference:
             allowed |= (await resource.resolve(request))[1]
+    if request.app[GATEWAY].plugins.parsers.claimed(request.path) is not None:
+        allowed.add("POST")
     if allowed:
         return _http_error(request, web.HTTPMethodNotAllowed(request.method, sorted(allowed)))
     return _http_error(request, web.HTTPNotFound())
 
 
 UNROUTED_PATH = "/{tail:.*}"
+#: The inference route's resource (every POST path), which `unrouted` does not count.
+INFERENCE_RESOURCE: web.AppKey[web.AbstractResource] = web.AppKey("inference_resource")
 
 
-def _inference(gateway: Gateway, auth: Auth, api: ApiKind, admin: bool = False) -> Handler:
-    """The route handler for `api`, behind `auth` (`admin`: an admin key needed): one plain
-    function that authenticates and hands back the gateway's coroutine. No frame of its own
-    to pass through on every suspension, no app lookup, and no keeping the caller on the
-    request to read it back (aiohttp's request mapping: four Python calls). The gateway
-    object lives as long as the app; a reload swaps its routing, not it."""
+def _inference(gateway: Gateway, auth: Auth, allow_routes: Sequence[str]) -> Handler:
+    """The inference route, behind `auth`: every POST path that a parser in force claims
+    (`requestHandler.parsers`, which a reload may change), and the paths `--allow-route`
+    lists (an admin key needed; a fallback parser such as passthrough-parser reads them);
+    any other path is unrouted. One plain function that authenticates and hands back the
+    gateway's coroutine: no frame of its own to pass through on every suspension, no app
+    lookup. The gateway object lives as long as the app; a reload swaps its routing."""
     caller = auth.caller
-    if not auth.identifies:  # no keys, no owner header: every caller is "" and none refused
+    identifies = auth.identifies  # without keys or owner header every caller is ""
+    allowed = frozenset(allow_routes)
 
-        def handler(request: web.Request) -> Awaitable[web.StreamResponse]:
-            return gateway.handle(request, api, "")
+    def handler(request: web.Request) -> Awaitable[web.StreamResponse]:
+        path = request.path
+        if gateway.plugins.parsers.claimed(path) is not None:
+            return gateway.handle(request, caller(request, False) if identifies else "")
+        if path in allowed:
+            return gateway.handle(request, caller(request, True) if identifies else "")
+        return unrouted(request)
 
-    else:
-
-        def handler(request: web.Request) -> Awaitable[web.StreamResponse]:
-            return gateway.handle(request, api, caller(request, admin))
-
-    handler.__name__ = f"handle_{api}"
+    handler.__name__ = "handle_inference"
     return handler
 
 
@@ -169,10 +177,6 @@ def create_app(
     auth = Auth(options.api_keys, options.admin_api_keys, options.owner_header)
     user, admin = auth.guard, functools.partial(auth.guard, admin=True)
     routes: list[tuple[str, str, Handler]] = [
-        ("POST", "/v1/completions", _inference(gateway, auth, "completions")),
-        ("POST", "/v1/chat/completions", _inference(gateway, auth, "chat")),
-        ("POST", "/v1/responses", _inference(gateway, auth, "responses")),
-        ("POST", "/v1/embeddings", _inference(gateway, auth, "other")),
         ("GET", "/v1/models", user(list_models)),
         ("GET", "/v1/responses/{response_id}", user(get_response)),
         ("DELETE", "/v1/responses/{response_id}", user(delete_response)),
@@ -181,19 +185,22 @@ def create_app(
         ("GET", "/ready", ready),
         ("GET", "/metrics", metrics),
     ]
-    # Anything else a pod serves (adapter loading, /tokenize, ...) only when allowlisted.
-    other = _inference(gateway, auth, "other", admin=True)
-    routes += [("POST", path, other) for path in options.allow_routes]
     if options.debug_routes:
         routes += [
-            ("POST", DEBUG_PREFIX + path, admin(debug_handler(api, path)))
-            for path, api in DEBUG_ROUTES
+            ("POST", DEBUG_PREFIX + path, admin(debug_handler(path))) for path in DEBUG_ROUTES
         ]
     for method, path, handler in routes:
         if method == "GET":  # and HEAD, as aiohttp's add_get does
             app.router.add_get(path, openai_errors(handler))
         else:
             app.router.add_route(method, path, openai_errors(handler))
+    # Inference: what the parsers claim; anything else a pod serves (adapter loading,
+    # /tokenize, ...) only when allowlisted.
+    route = app.router.add_route(
+        "POST", UNROUTED_PATH, openai_errors(_inference(gateway, auth, options.allow_routes))
+    )
+    assert route.resource is not None
+    app[INFERENCE_RESOURCE] = route.resource
     app.router.add_route("*", UNROUTED_PATH, openai_errors(unrouted))
     return app
 

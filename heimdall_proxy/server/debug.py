@@ -1,11 +1,12 @@
 """The debug route (`--debug-routes`): why would this request go to that pod?
 
-`POST /debug/route/v1/chat/completions` (or `/v1/completions`, `/v1/responses`) takes the
-body the real route takes and runs the same director: parsing, candidates, prepare-data and
-producers (a prefix match is computed, a stored conversation is read), then a scheduling
-cycle that records what each profile's filters kept, every scorer's raw and weighted score
-per pod, the totals, the pick and the ranking. Nothing is forwarded and no pre-request hook
-runs, so no pod, counter or affinity index sees the request. Errors are the real route's.
+`POST /debug/route/v1/chat/completions` (or `/v1/completions`, `/v1/responses`,
+`/v1/messages`) takes the body the real route takes and runs the same director: parsing,
+candidates, prepare-data and producers (a prefix match is computed, a stored conversation
+is read), then a scheduling cycle that records what each profile's filters kept, every
+scorer's raw and weighted score per pod, the totals, the pick and the ranking. Nothing is
+forwarded and no pre-request hook runs, so no pod, counter or affinity index sees the
+request. Errors are the real route's.
 
 Off by default: it shows pod names and scores to whoever can reach the gateway."""
 
@@ -18,38 +19,34 @@ from aiohttp import web
 
 from heimdall_proxy.framework.errors import RequestError
 from heimdall_proxy.framework.trace import ScheduleTrace
-from heimdall_proxy.framework.types import ApiKind, Endpoint
+from heimdall_proxy.framework.types import Endpoint
 from heimdall_proxy.server.auth import caller_of
 from heimdall_proxy.server.errors import render
 from heimdall_proxy.server.gateway import GATEWAY
 
 DEBUG_PREFIX = "/debug/route"
-DEBUG_ROUTES: tuple[tuple[str, ApiKind], ...] = (
-    ("/v1/completions", "completions"),
-    ("/v1/chat/completions", "chat"),
-    ("/v1/responses", "responses"),
-)
+DEBUG_ROUTES = ("/v1/completions", "/v1/chat/completions", "/v1/responses", "/v1/messages")
 
 
 def _pod(e: Endpoint) -> dict[str, Any]:
     return {"name": e.name, "address": f"{e.host}:{e.port}"}
 
 
-def debug_handler(api: ApiKind, path: str) -> Any:
+def debug_handler(path: str) -> Any:
     async def handler(request: web.Request) -> web.Response:
         gateway = request.app[GATEWAY]
         trace = ScheduleTrace()
         try:
             body = await request.read()
             decision = await gateway.director.decide(
-                api, path, body, request.headers, trace, caller_of(request)
+                path, body, request.headers, trace, caller_of(request)
             )
         except RequestError as exc:
-            return render(exc)
+            return render(exc, path)
         result = decision.result
         doc = {
             "model": decision.request.model,
-            "api": api,
+            "api": decision.request.api,
             "primary_profile": result.primary_profile,
             "profiles": [p.to_json() for p in trace.profiles],
             "pick": _pod(result.primary.targets[0]),
@@ -58,5 +55,5 @@ def debug_handler(api: ApiKind, path: str) -> Any:
         }
         return web.Response(body=orjson.dumps(doc), content_type="application/json")
 
-    handler.__name__ = f"debug_route_{api}"
+    handler.__name__ = f"debug_route_{path.rsplit('/', 1)[-1]}"
     return handler

@@ -6,8 +6,9 @@ and response hooks run per attempt in the relay; a ranking used up is scheduled 
 without the pods that failed) -> finish (the admission, the request metrics).
 
 The gateway hands it a request whose body it has read and gets a response back; the relay
-sends and streams, one attempt at a time. Until a pod is contacted every failure is an
-OpenAI-shaped `RequestError`, answered here."""
+sends and streams, one attempt at a time. The parser in force for the request's path
+(`requestHandler.parsers`) reads it. Until a pod is contacted every failure is a
+`RequestError`, answered here in the shape of the request's API."""
 
 from __future__ import annotations
 
@@ -26,7 +27,6 @@ from heimdall_proxy.framework.errors import RequestError
 from heimdall_proxy.framework.spans import SPANS_KEY
 from heimdall_proxy.framework.trace import TRACE_KEY, ScheduleTrace
 from heimdall_proxy.framework.types import (
-    ApiKind,
     CycleState,
     Endpoint,
     InferenceRequest,
@@ -36,7 +36,6 @@ from heimdall_proxy.framework.types import (
 )
 from heimdall_proxy.observability.metrics import GatewayMetrics
 from heimdall_proxy.observability.tracing import RequestTrace
-from heimdall_proxy.requesthandling.parse import parse_body
 from heimdall_proxy.requesthandling.untrusted import untrusted_fields
 from heimdall_proxy.requesthandling.usage import USAGE_ASKED_KEY, ask_for_usage
 from heimdall_proxy.resilience.outliers import OutlierDetector, Verdicts
@@ -76,6 +75,8 @@ class Director:
         self.outliers = outliers
         self.pool = pool
         self.plugins = plugins
+        #: Which parser reads a request, by its path.
+        self.parsers = plugins.parsers
         self.metrics = metrics
         self.trust_transfer_params = trust_transfer_params
         self.max_attempts = max(1, max_attempts)
@@ -90,7 +91,6 @@ class Director:
     async def serve(
         self,
         request: web.Request,
-        api: ApiKind,
         body: bytes,
         caller: str = "",
         spans: RequestTrace | None = None,
@@ -105,7 +105,7 @@ class Director:
         model = UNKNOWN_MODEL
         admission: Admission | None = None
         try:
-            ireq = self._parse(api, request.path, body, request.headers, caller, spans)
+            ireq = self._parse(request.path, body, request.headers, caller, spans)
             model = ireq.model
             candidates = self.candidates(ireq)
             admission = await self.admission.enter(ireq, candidates)
@@ -124,14 +124,13 @@ class Director:
                 )
         except RequestError as exc:
             metrics.errors.labels(model, model, exc.code or str(exc.status)).inc()
-            return render(exc)
+            return render(exc, request.path)
         finally:
             if admission is not None:
                 admission.finish()
 
     async def decide(
         self,
-        api: ApiKind,
         path: str,
         body: bytes,
         headers: Mapping[str, str],
@@ -141,25 +140,32 @@ class Director:
         """Parse and schedule one request without admitting or sending it (the debug route
         and the decision benchmark): `trace` records every profile's filters, scores and
         pick. Raises RequestError as `serve` would answer it."""
-        ireq = self._parse(api, path, body, headers, caller, None)
+        ireq = self._parse(path, body, headers, caller, None)
         return await self._schedule(ireq, self.candidates(ireq), trace, None)
 
     # -- steps -------------------------------------------------------------------------
 
     def _parse(
         self,
-        api: ApiKind,
         path: str,
         body: bytes,
         headers: Mapping[str, str],
         caller: str,
         spans: RequestTrace | None,
     ) -> InferenceRequest:
+        parser = self.parsers.resolve(path)
+        if parser is None:
+            raise RequestError(
+                400,
+                f"No parser of this gateway reads {path} (requestHandler.parsers lists none "
+                "that claims it, and no fallback such as passthrough-parser).",
+                code="unsupported_path",
+            )
         if spans is None:
-            ireq = parse_body(api, path, body, headers)
+            ireq = parser.parse_request(path, body, headers)
         else:
             with spans.phase("parse") as span:
-                ireq = parse_body(api, path, body, headers)
+                ireq = parser.parse_request(path, body, headers)
                 span.set_attribute("gen_ai.request.model", ireq.model)
                 spans.span.set_attribute("heimdall.request_id", ireq.request_id)
         ireq.caller = caller

@@ -26,7 +26,6 @@ from heimdall_proxy.flowcontrol.metrics import FlowMetrics
 from heimdall_proxy.framework.errors import RequestError
 from heimdall_proxy.framework.inflight import InFlightLoad
 from heimdall_proxy.framework.registry import Registry
-from heimdall_proxy.framework.types import ApiKind
 from heimdall_proxy.observability.metrics import GatewayMetrics
 from heimdall_proxy.observability.tracing import RequestTrace, Tracing, configure
 from heimdall_proxy.resilience.outliers import OutlierDetector
@@ -78,7 +77,7 @@ class Gateway:
         #: Serves one inference request of a caller end to end (await the result): with
         #: tracing off the untraced coroutine function itself, so no function runs in
         #: between on every request; set with `tracing`.
-        self.handle: Callable[[web.Request, ApiKind, str], Awaitable[web.StreamResponse]]
+        self.handle: Callable[[web.Request, str], Awaitable[web.StreamResponse]]
         self.tracing = configure(options.otel)
 
     @property
@@ -243,15 +242,13 @@ class Gateway:
                 code="invalid_body",
             ) from exc
 
-    async def _handle_traced(
-        self, request: web.Request, api: ApiKind, caller: str = ""
-    ) -> web.StreamResponse:
+    async def _handle_traced(self, request: web.Request, caller: str = "") -> web.StreamResponse:
         """`_handle` inside a request span."""
         assert self._tracing is not None
         spans = self._tracing.request(request.method, request.path, request.headers)
         status: int | None = 500
         try:
-            response = await self._handle(request, api, caller, spans)
+            response = await self._handle(request, caller, spans)
             status = response.status
             return response
         finally:
@@ -260,7 +257,6 @@ class Gateway:
     async def _handle(
         self,
         request: web.Request,
-        api: ApiKind,
         caller: str = "",
         spans: RequestTrace | None = None,
     ) -> web.StreamResponse:
@@ -277,8 +273,8 @@ class Gateway:
                 self.metrics.errors.labels(
                     UNKNOWN_MODEL, UNKNOWN_MODEL, exc.code or str(exc.status)
                 ).inc()
-                return render(exc)
-            return await routing.director.serve(request, api, body, caller, spans, started)
+                return render(exc, request.path)
+            return await routing.director.serve(request, body, caller, spans, started)
         finally:
             routing.leave()
 

@@ -82,6 +82,10 @@ class _Aborted(Exception):
     """The engine dropped the request (it is stopping)."""
 
 
+#: vLLM's finish reasons as the Messages API's stop reasons.
+STOP_REASONS = {"stop": "end_turn", "length": "max_tokens"}
+
+
 class _Emitter:
     """Writes SSE chunks, applying the hold and break_stream_after knobs."""
 
@@ -235,10 +239,12 @@ class SimPod:
         app.router.add_post("/v1/embeddings", self._embeddings)
         if self.options.fault_control:
             app.router.add_post("/sim/fault", self._fault)
+        app.router.add_post("/v1/messages/count_tokens", self._count_tokens)
         for path, api in (
             ("/v1/completions", "completions"),
             ("/v1/chat/completions", "chat"),
             ("/v1/responses", "responses"),
+            ("/v1/messages", "messages"),
         ):
             app.router.add_post(path, self._inference_handler(api))  # type: ignore[arg-type]
         return app
@@ -522,6 +528,9 @@ class SimPod:
             return shapes.completion(text, finish, seq.prompt_len, n, seq.cached_tokens, **extra)
         if api == "chat":
             return shapes.chat(text, finish, seq.prompt_len, n, seq.cached_tokens, **extra)
+        if api == "messages":
+            stop = STOP_REASONS.get(finish, finish)
+            return orjson.dumps(shapes.message(text, stop, seq.prompt_len, n, seq.cached_tokens))
         obj = shapes.response_obj("completed", text, seq.prompt_len, n, seq.cached_tokens)
         return orjson.dumps({**obj, **extra})
 
@@ -543,6 +552,8 @@ class SimPod:
         try:
             if api == "responses":
                 await self._responses_stream(emit, shapes, seq)
+            elif api == "messages":
+                await self._messages_stream(emit, shapes, seq)
             else:
                 await self._chunks_stream(emit, api, shapes, seq, continuous)
                 if include_usage:
@@ -605,6 +616,55 @@ class SimPod:
                 await emit(shapes.chat_chunk({"content": ""}, seq.finish_reason, running(sent)))
             else:
                 await emit(shapes.completion_chunk("", seq.finish_reason, running(sent)))
+
+    async def _messages_stream(self, emit: _Emitter, shapes: Shapes, seq: Seq) -> None:
+        """Anthropic's event sequence: message_start (the prompt's usage), a text block's
+        start, deltas and stop, message_delta (stop reason, output usage), message_stop."""
+        start = shapes.message(None, None, seq.prompt_len, 0, seq.cached_tokens)
+        await emit(shapes.message_event("message_start", message=start))
+        block = {"type": "text", "text": ""}
+        sent = 0
+        started = False
+        while True:
+            await self._progress(seq, sent)
+            if not started:
+                await emit(
+                    shapes.message_event("content_block_start", index=0, content_block=block)
+                )
+                started = True
+            end = seq.num_output
+            for i, word in enumerate(seq.output_words[sent:end], start=sent):
+                delta = {"type": "text_delta", "text": (" " if i else "") + word}
+                await emit(shapes.message_event("content_block_delta", index=0, delta=delta))
+            sent = end
+            if seq.done:
+                break
+        await emit(shapes.message_event("content_block_stop", index=0))
+        stop = STOP_REASONS.get(seq.finish_reason or "length", seq.finish_reason)
+        await emit(
+            shapes.message_event(
+                "message_delta",
+                delta={"stop_reason": stop, "stop_sequence": None},
+                usage={"output_tokens": seq.num_output},
+            )
+        )
+        await emit(shapes.message_event("message_stop"))
+
+    async def _count_tokens(self, request: web.Request) -> web.Response:
+        """vLLM's /v1/messages/count_tokens: the prompt's tokens, nothing generated."""
+        body = await request.read()
+        self.received.append(Received(request.method, request.path, dict(request.headers), body))
+        try:
+            data = orjson.loads(body)
+        except orjson.JSONDecodeError:
+            return _error(400, "invalid JSON")
+        if not isinstance(data, dict):
+            return _error(400, "the body must be a JSON object")
+        try:
+            prompt = self.tokenizer.prompt("messages", data)
+        except PromptError as exc:
+            return _error(400, str(exc))
+        return web.json_response({"input_tokens": len(prompt.ids)})
 
     async def _responses_stream(self, emit: _Emitter, shapes: Shapes, seq: Seq) -> None:
         prompt = seq.prompt_len

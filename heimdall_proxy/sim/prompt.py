@@ -9,8 +9,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Literal
 
-#: The OpenAI routes the simulator serves ("other": anything else under /v1).
-ApiKind = Literal["completions", "chat", "responses", "other"]
+import orjson
+
+#: The routes the simulator serves: OpenAI's, Anthropic's Messages ("other": anything else
+#: under /v1).
+ApiKind = Literal["completions", "chat", "responses", "messages", "other"]
 
 
 def _parts_text(content: Any) -> list[str]:
@@ -62,3 +65,34 @@ def prompt_text(api: ApiKind, data: Mapping[str, Any]) -> str:
                 if item.get("type") == "input_text" and isinstance(item.get("text"), str):
                     texts.append(item["text"])
     return "".join(texts)
+
+
+def anthropic_chat(data: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """A Messages API request as chat messages, as vLLM's Anthropic front end renders it
+    through the chat template: `system` first, then each message's text, tool calls (their
+    name and input as JSON) and tool results."""
+    out: list[dict[str, Any]] = []
+    system = data.get("system")
+    if system is not None:
+        out.append({"role": "system", "content": "".join(_anthropic_text(system))})
+    for msg in data.get("messages") or ():
+        if isinstance(msg, Mapping):
+            role = msg.get("role", "user")
+            out.append({"role": role, "content": "".join(_anthropic_text(msg.get("content")))})
+    return out
+
+
+def _anthropic_text(content: Any) -> list[str]:
+    if isinstance(content, str):
+        return [content]
+    texts: list[str] = []
+    for block in content if isinstance(content, list) else ():
+        if not isinstance(block, Mapping):
+            continue
+        if block.get("type") == "text" and isinstance(block.get("text"), str):
+            texts.append(block["text"])
+        elif block.get("type") == "tool_result":
+            texts.extend(_anthropic_text(block.get("content")))
+        elif block.get("type") == "tool_use":
+            texts.append(f"{block.get('name', '')}({orjson.dumps(block.get('input')).decode()})")
+    return texts

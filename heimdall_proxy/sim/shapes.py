@@ -37,7 +37,12 @@ class Shapes:
         self.model = model
         self.api = api
         self.created = int(time.time())
-        prefix = {"completions": "cmpl", "chat": "chatcmpl", "responses": "resp"}[api]
+        prefix = {
+            "completions": "cmpl",
+            "chat": "chatcmpl",
+            "responses": "resp",
+            "messages": "msg",
+        }[api]
         self.id = _id(prefix)
         self.seq = 0
 
@@ -218,3 +223,27 @@ class Shapes:
         doc = {"type": kind, "sequence_number": self.seq, **fields}
         self.seq += 1
         return sse(doc, event=kind)
+
+    # -- Anthropic messages ------------------------------------------------------------
+    def message(
+        self, text: str | None, stop_reason: str | None, prompt_tokens: int, n_tokens: int,
+        cached: int = 0,
+    ) -> dict[str, Any]:  # fmt: skip
+        """A Messages API answer (`content` empty while streaming)."""
+        return {
+            "id": self.id,
+            "type": "message",
+            "role": "assistant",
+            "model": self.model,
+            "content": [] if text is None else [{"type": "text", "text": text}],
+            "stop_reason": stop_reason,
+            "stop_sequence": None,
+            "usage": {
+                "input_tokens": prompt_tokens,
+                "output_tokens": n_tokens,
+                "cache_read_input_tokens": cached,
+            },
+        }
+
+    def message_event(self, kind: str, **fields: Any) -> bytes:
+        return sse({"type": kind, **fields}, event=kind)

@@ -19,7 +19,7 @@ from typing import Any
 
 import xxhash
 
-from heimdall_proxy.sim.prompt import ApiKind, content_text, prompt_text
+from heimdall_proxy.sim.prompt import ApiKind, anthropic_chat, content_text, prompt_text
 
 #: The fixed output (no seed): word i of a reply is WORDS[i % len(WORDS)].
 WORDS = ("the", "gateway", "routes", "tokens", "to", "a", "pod", "with", "room", "and")
@@ -220,6 +220,8 @@ class Tokenizer:
     def prompt(self, api: ApiKind, data: Mapping[str, Any]) -> Prompt:
         if api == "chat":
             return self.chat(data.get("messages"))
+        if api == "messages":
+            return self.chat(anthropic_chat(data))
         if api == "responses":
             return self.responses(data)
         return self.completion(data)

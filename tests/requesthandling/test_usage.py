@@ -8,7 +8,7 @@ import aiohttp
 import orjson
 import pytest
 
-from heimdall_proxy.requesthandling.usage import body_usage, stream_usage, usage_counts
+from heimdall_proxy.requesthandling.usage import NO_USAGE, body_usage, stream_usage, usage_counts
 from tests.conftest import GatewayFactory, PodFactory, make_config
 
 LABELS = {"model_name": "sim-model", "target_model_name": "sim-model"}
@@ -39,9 +39,9 @@ def _usage_by_full_parse(body: bytes) -> tuple[int | None, int | None]:
     try:
         doc = orjson.loads(body)
     except orjson.JSONDecodeError:
-        return None, None
+        return NO_USAGE
     if not isinstance(doc, dict):
-        return None, None
+        return NO_USAGE
     usage = doc.get("usage")
     if usage is None and isinstance(doc.get("response"), dict):
         usage = doc["response"].get("usage")
@@ -82,24 +82,43 @@ def test_usage_read_from_the_tail_agrees_with_a_full_parse(body: bytes) -> None:
 
 
 def test_usage_is_read_from_every_api_shape() -> None:
-    assert body_usage(b'{"usage": {"prompt_tokens": 3, "completion_tokens": 5}}') == (3, 5)
+    assert body_usage(b'{"usage": {"prompt_tokens": 3, "completion_tokens": 5}}') == (3, 5, None)
     assert body_usage(b'{"object": "response", "usage": {"input_tokens": 2, '
-                      b'"output_tokens": 7}}') == (2, 7)  # fmt: skip
-    assert body_usage(b'{"choices": []}') == (None, None)
-    assert body_usage(b"not json") == (None, None)
+                      b'"output_tokens": 7}}') == (2, 7, None)  # fmt: skip
+    assert body_usage(b'{"choices": []}') == (None, None, None)
+    assert body_usage(b"not json") == (None, None, None)
     assert stream_usage(b'data: {"choices": [{"text": "a"}]}\n\n') is None
     usage = b'data: {"choices": [], "usage": {"prompt_tokens": 4, "completion_tokens": 3}}\n\n'
-    assert stream_usage(usage + b"data: [DONE]\n\n") == (4, 3)
+    assert stream_usage(usage + b"data: [DONE]\n\n") == (4, 3, None)
     assert stream_usage(b'data: {"usage": null}\n\n') is None
 
 
+def test_cached_prompt_tokens_are_read_from_either_apis_details() -> None:
+    chat = {
+        "prompt_tokens": 9,
+        "completion_tokens": 1,
+        "prompt_tokens_details": {"cached_tokens": 4},
+    }
+    responses = {
+        "input_tokens": 9,
+        "output_tokens": 1,
+        "input_tokens_details": {"cached_tokens": 8},
+    }
+    assert usage_counts(chat) == (9, 1, 4)
+    assert usage_counts(responses) == (9, 1, 8)
+
+
 def test_responses_names_are_read_only_where_the_chat_names_are_absent() -> None:
-    assert usage_counts({"input_tokens": 2, "output_tokens": 7}) == (2, 7)
-    assert usage_counts({"prompt_tokens": 3, "input_tokens": 2, "completion_tokens": 5}) == (3, 5)
+    assert usage_counts({"input_tokens": 2, "output_tokens": 7}) == (2, 7, None)
+    assert usage_counts({"prompt_tokens": 3, "input_tokens": 2, "completion_tokens": 5}) == (
+        3,
+        5,
+        None,
+    )
     # present but null is not absent: the Responses name is not consulted
-    assert usage_counts({"prompt_tokens": None, "input_tokens": 2}) == (None, None)
-    assert usage_counts({"completion_tokens": "5", "output_tokens": 7}) == (None, None)
-    assert usage_counts([("prompt_tokens", 1)]) == (None, None)
+    assert usage_counts({"prompt_tokens": None, "input_tokens": 2}) == (None, None, None)
+    assert usage_counts({"completion_tokens": "5", "output_tokens": 7}) == (None, None, None)
+    assert usage_counts([("prompt_tokens", 1)]) == (None, None, None)
 
 
 async def test_a_stream_without_usage_is_asked_for_it_and_the_client_does_not_see_it(

@@ -284,6 +284,23 @@ async def test_completions_and_responses_take_the_prefill_hop(
     assert final.get("max_tokens", final.get("max_output_tokens")) == 3
 
 
+async def test_a_messages_request_is_served_by_its_decode_pod_alone(
+    start_pod: PodFactory, start_gateway: GatewayFactory
+) -> None:
+    """The hops are vLLM OpenAI requests with transfer params: a long Messages API prompt,
+    which the decider would send to prefill as chat, is served whole on the decode pod."""
+    prefill, decode = await pd_pods(start_pod)
+    gw = await start_gateway(make_config([prefill, decode], canonical()))
+    body = {"model": "sim-model", "max_tokens": 3, "messages": [{"role": "user", "content": LONG}]}
+    async with aiohttp.ClientSession() as http:
+        async with http.post(f"{gw.url}/v1/messages", json=body) as r:
+            assert r.status == 200, await r.text()
+            assert (await r.json())["usage"]["output_tokens"] == 3
+    assert not prefill.pod.received
+    [final] = bodies(decode)
+    assert "kv_transfer_params" not in final
+
+
 async def test_headers_mode_sends_no_hop(
     start_pod: PodFactory, start_gateway: GatewayFactory
 ) -> None:

@@ -37,6 +37,11 @@ from heimdall_proxy.framework.types import (
 
 log = logging.getLogger(__name__)
 
+#: The APIs whose requests the prefill and encode hops can be made of (vLLM's OpenAI server
+#: takes kv_transfer_params and ec_transfer_params there); a request of another API (the
+#: Messages API, a pre-tokenized generate, a passthrough) is served by its decode pod alone.
+HOP_APIS = frozenset({"completions", "chat", "responses"})
+
 DISAGG_PROFILE_HANDLER_TYPE = "disagg-profile-handler"
 PD_PROFILE_HANDLER_TYPE = "pd-profile-handler"
 #: The plugin type the handlers need when a decider is set (alias instances share it).
@@ -213,6 +218,8 @@ class _DisaggHandler:
         if state.get(done_key):
             return []
         state[done_key] = True
+        if request.api not in HOP_APIS:
+            return []  # the hops are vLLM OpenAI requests with transfer params: served whole
         if self.prefix_hint is not None:
             state[PREFIX_PLUGIN_HINT_KEY] = self.prefix_hint
         target = decode.targets[0]

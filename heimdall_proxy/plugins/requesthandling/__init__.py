@@ -1,0 +1,1 @@
+"""Request handling plugins: the parsers that read each API's requests and answers."""

@@ -1,0 +1,1 @@
+"""Parsers, one module per API: openai, anthropic, vllmhttp, sglanghttp, passthrough."""
