@@ -26,7 +26,7 @@ EXPECTED: dict[str, list[str]] = {
     "context-length-aware": ["Filter", "Scorer"],
     "decode-filter": ["Filter"],
     "disagg-headers-handler": ["PreRequest"],
-    "disagg-profile-handler": ["ProfileHandler"],
+    "disagg-profile-handler": ["PreRequest", "ProfileHandler"],  # llm-d's headers
     "encode-filter": ["Filter"],
     "fcfs-ordering-policy": ["OrderingPolicy"],
     "global-strict-fairness-policy": ["FairnessPolicy"],
@@ -49,7 +49,7 @@ EXPECTED: dict[str, list[str]] = {
         "ResponseStreaming",
         "Scorer",
     ],
-    "pd-profile-handler": ["ProfileHandler"],
+    "pd-profile-handler": ["PreRequest", "ProfileHandler"],
     "precise-prefix-cache-producer": ["Lifecycle", "MetricsSource", "PreRequest", "Producer"],
     "precise-prefix-cache-scorer": [
         "Lifecycle",

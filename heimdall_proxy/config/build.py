@@ -204,9 +204,11 @@ def instantiate_all(
     declared_types = {p.type for p in declared}
     declared.extend(p for p in extra if p.type not in declared_types)
     declared.sort(key=lambda p: p.type.endswith(PROFILE_HANDLER_SUFFIX))  # stable
+    names = {cfg.instance_name for cfg in declared}
+    waiting: list[tuple[PluginConfig, ConfigError]] = []
     for cfg in declared:
         name = cfg.instance_name
-        if name in plugins or name in skipped:
+        if name in plugins or name in skipped or any(w.instance_name == name for w, _ in waiting):
             raise ConfigError(f"duplicate plugin name {name!r}")
         spec = registry.get(cfg.type)
         if spec is not None and spec.feature_gate and spec.feature_gate not in gates:
@@ -218,10 +220,37 @@ def instantiate_all(
             )
             skipped[name] = spec.feature_gate
             continue
-        plugin = instantiate(registry, cfg, handle)
-        plugins[name] = plugin
-        handle.add(name, plugin)
+        _build_one(cfg, registry, handle, plugins, names, waiting)
+    # Those that named a plugin declared after them, once it is built (llm-d resolves
+    # references whatever the order): rounds until one builds nothing new.
+    while waiting:
+        rounds, waiting = waiting, []
+        for cfg, _ in rounds:
+            _build_one(cfg, registry, handle, plugins, names, waiting)
+        if len(waiting) == len(rounds):
+            raise waiting[0][1]  # a circle, or a name that never gets built
     return plugins, skipped
+
+
+def _build_one(
+    cfg: PluginConfig,
+    registry: Registry,
+    handle: PluginHandle,
+    plugins: dict[str, object],
+    names: set[str],
+    waiting: list[tuple[PluginConfig, ConfigError]],
+) -> None:
+    """Build `cfg` into `plugins`; when it names a declared plugin not built yet, it waits."""
+    try:
+        plugin = instantiate(registry, cfg, handle)
+    except ConfigError as exc:
+        missing = exc.__cause__
+        if isinstance(missing, PluginLookupError) and missing.name in names:
+            waiting.append((cfg, exc))
+            return
+        raise
+    plugins[cfg.instance_name] = plugin
+    handle.add(cfg.instance_name, plugin)
 
 
 def check_peers(plugins: dict[str, object]) -> None:

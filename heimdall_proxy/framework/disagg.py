@@ -22,6 +22,10 @@ from heimdall_proxy.framework.types import ApiKind, CycleState, Endpoint
 PREFILL_ENDPOINT_HEADER = "mif-prefill-endpoint"
 #: Upstream request header listing the encode pods (host:port,host:port), for the decode pod.
 ENCODE_ENDPOINTS_HEADER = "mif-encode-endpoints"
+#: llm-d's names of the same, which its disagg-profile-handler writes for the decode pod's
+#: routing sidecar when no (deprecated) disagg-headers-handler is declared.
+LLMD_PREFILL_HEADER = "x-prefiller-host-port"
+LLMD_ENCODE_HEADER = "x-encoder-hosts-ports"
 
 #: Values of the `mif.moreh.io/role` label.
 ROLE_PREFILL = "prefill"

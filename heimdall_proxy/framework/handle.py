@@ -20,16 +20,21 @@ class EndpointSource(Protocol):
 
 
 class PluginLookupError(LookupError):
-    """A plugin referenced another plugin that is not declared before it."""
+    """A plugin referenced another plugin that is not built (yet): `name` is the one it
+    asked for."""
+
+    def __init__(self, message: str, name: str = "") -> None:
+        super().__init__(message)
+        self.name = name
 
 
 @dataclass(slots=True)
 class PluginHandle:
     """Handed to every plugin factory: the pool, feature gates, the gateway's state owners
     (the in-flight ledger with its learned queue prices, the prefix popularity), and the
-    plugins declared earlier in the plugin list (Heimdall resolves references at
-    initialisation, so a plugin can only see the ones before it). A plugin reads the owners'
-    data through these and keeps no copy of its own."""
+    plugins built so far (references resolve at initialisation; the loader builds a plugin
+    after the ones it names, as llm-d does, whatever the order of declaration). A plugin
+    reads the owners' data through these and keeps no copy of its own."""
 
     pool: EndpointSource
     feature_gates: frozenset[str] = frozenset()
@@ -42,13 +47,12 @@ class PluginHandle:
     _plugins: dict[str, object] = field(default_factory=dict)
 
     def plugin(self, name: str) -> object:
-        """The plugin instance called `name`, declared earlier in the list."""
+        """The plugin instance called `name` (the loader builds a plugin after those it
+        names, wherever they are declared)."""
         try:
             return self._plugins[name]
         except KeyError:
-            raise PluginLookupError(
-                f"plugin {name!r} is not declared before the plugin that references it"
-            ) from None
+            raise PluginLookupError(f"plugin {name!r} is not declared", name) from None
 
     def plugins(self) -> Mapping[str, object]:
         return dict(self._plugins)

@@ -24,7 +24,7 @@ HOP_BY_HOP = frozenset(
 _REQUEST_DROP = HOP_BY_HOP | {"host", "content-length", "expect", "content-encoding"}
 _RESPONSE_DROP = HOP_BY_HOP | {"content-length"}
 #: Headers the gateway writes itself; a client-sent copy is never trusted.
-OWNED = frozenset({"x-decoder-host-port", "x-prefiller-host-port"})
+OWNED = frozenset({"x-decoder-host-port", "x-prefiller-host-port", "x-encoder-hosts-ports"})
 OWNED_PREFIXES = ("mif-", "x-gateway-")
 
 

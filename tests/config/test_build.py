@@ -734,18 +734,36 @@ def test_plugin_references_resolve_to_earlier_plugins() -> None:
     assert ref.target is pset.plugins["q"]
 
 
-def test_reference_to_a_later_plugin_is_a_config_error() -> None:
-    msg = build_error(
+def test_a_reference_to_a_later_plugin_resolves_as_llm_d_does() -> None:
+    _, pset = build(
         {
             "plugins": [
-                {"type": "referrer", "parameters": {"target": "q"}},
+                {"type": "referrer", "name": "r2", "parameters": {"target": "r1"}},
+                {"type": "referrer", "name": "r1", "parameters": {"target": "q"}},
                 {"type": "queue-scorer", "name": "q"},
             ]
         },
         ref_registry(),
     )
-    assert msg.startswith("plugin 'referrer' (type 'referrer'): ")
-    assert "plugin 'q' is not declared before the plugin that references it" in msg
+    assert list(pset.plugins)[:3] == ["q", "r1", "r2"]  # each after the one it names
+    assert pset.plugins["r2"].target is pset.plugins["r1"]  # type: ignore[attr-defined]
+
+
+def test_a_reference_to_no_plugin_or_a_circle_is_a_config_error() -> None:
+    msg = build_error(
+        {"plugins": [{"type": "referrer", "parameters": {"target": "q"}}]}, ref_registry()
+    )
+    assert msg == "plugin 'referrer' (type 'referrer'): plugin 'q' is not declared"
+    msg = build_error(
+        {
+            "plugins": [
+                {"type": "referrer", "name": "a", "parameters": {"target": "b"}},
+                {"type": "referrer", "name": "b", "parameters": {"target": "a"}},
+            ]
+        },
+        ref_registry(),
+    )
+    assert msg == "plugin 'a' (type 'referrer'): plugin 'b' is not declared"
 
 
 def test_factory_value_error_becomes_config_error() -> None:

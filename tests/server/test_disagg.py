@@ -5,6 +5,7 @@ decode-only."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import socket
 from pathlib import Path
 from typing import Any
@@ -512,13 +513,32 @@ def test_a_decider_may_be_declared_after_its_handler_but_not_left_out() -> None:
         build(doc)
 
 
-def test_missing_disagg_headers_handler_is_a_config_error() -> None:
+def test_the_headers_handler_may_be_declared_after_the_profile_handler() -> None:
     doc = canonical()
-    headers = doc["plugins"].pop(0)
-    with pytest.raises(ConfigError, match=r"disagg-headers-handler .*must be declared beside"):
-        build(doc)
-    doc["plugins"].append(headers)  # after the profile handler: found all the same
+    doc["plugins"].append(doc["plugins"].pop(0))
     assert build(doc).plugins.handler_name == "disagg-profile-handler"
+
+
+async def test_without_a_headers_handler_the_sidecar_does_the_hops_as_in_llm_d(
+    start_pod: PodFactory, start_gateway: GatewayFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    """llm-d deprecated disagg-headers-handler: its profile handler names the prefill pod in
+    x-prefiller-host-port and the decode pod's sidecar sends the hop. Said at start-up."""
+    prefill, decode = await pd_pods(start_pod)
+    doc = canonical()
+    doc["plugins"].pop(0)  # no disagg-headers-handler
+    with caplog.at_level(logging.WARNING):
+        gw = await start_gateway(make_config([prefill, decode], doc))
+    assert "routing sidecar, which sends the hops" in caplog.text
+    forged = {"x-prefiller-host-port": "10.0.0.1:1"}  # never trusted from a client
+    status, _, body = await chat(gw, LONG, max_tokens=2, headers=forged)
+    assert status == 200, body
+    assert not prefill.pod.received  # the gateway sent no hop
+    [sent] = headers_of(decode)
+    assert sent["x-prefiller-host-port"] == prefill.url.removeprefix("http://")
+    assert "mif-prefill-endpoint" not in sent
+    status, _, body = await chat(gw, SHORT, max_tokens=2, headers=forged)  # decided: no prefill
+    assert "x-prefiller-host-port" not in headers_of(decode)[1]
 
 
 def test_missing_profile_and_bad_primary_port_are_config_errors() -> None:

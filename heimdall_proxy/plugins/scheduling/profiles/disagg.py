@@ -15,10 +15,13 @@ from heimdall_proxy.framework.base import BasePlugin
 from heimdall_proxy.framework.disagg import (
     DEFAULT_DISAGG_SETTINGS,
     DISAGG_PLAN_KEY,
+    LLMD_ENCODE_HEADER,
+    LLMD_PREFILL_HEADER,
     PREFIX_PLUGIN_HINT_KEY,
     DisaggPlan,
     DisaggSettings,
     DisaggSettingsOwner,
+    read_plan,
 )
 from heimdall_proxy.framework.handle import PluginHandle, PluginLookupError
 from heimdall_proxy.framework.log import V4
@@ -31,6 +34,7 @@ from heimdall_proxy.framework.types import (
     Endpoint,
     InferenceRequest,
     ProfileResult,
+    RequestContext,
     SchedulingError,
     SchedulingResult,
 )
@@ -40,6 +44,8 @@ log = logging.getLogger(__name__)
 #: The APIs whose requests the prefill and encode hops can be made of (vLLM's OpenAI server
 #: takes kv_transfer_params and ec_transfer_params there); a request of another API (the
 #: Messages API, a pre-tokenized generate, a passthrough) is served by its decode pod alone.
+#: Without a headers handler: the decode pods' sidecar sends the hops (llm-d's semantics).
+SIDECAR_SETTINGS = DisaggSettings("headers")
 HOP_APIS = frozenset({"completions", "chat", "responses"})
 
 DISAGG_PROFILE_HANDLER_TYPE = "disagg-profile-handler"
@@ -127,6 +133,8 @@ class _DisaggHandler:
     settings: DisaggSettings
     primary_port: int = 0
     prefix_hint: MatchReader | None = None
+    #: No headers handler is declared: this handler writes llm-d's headers (headers mode).
+    writes_headers: bool = False
 
     def _setup(
         self,
@@ -134,8 +142,8 @@ class _DisaggHandler:
         prefill_decider: tuple[str, str | None],
         encode_decider: tuple[str, str | None],
     ) -> None:
-        """Resolve the deciders and disagg-headers-handler among the plugins declared
-        earlier. Raises ValueError (the loader reports it as a config error)."""
+        """Resolve the deciders and disagg-headers-handler among the plugins declared.
+        Raises ValueError (the loader reports it as a config error)."""
         self.prefill_decider = self._decider(handle, *prefill_decider)
         self.encode_decider = self._decider(handle, *encode_decider)
         self.settings = DEFAULT_DISAGG_SETTINGS
@@ -145,11 +153,36 @@ class _DisaggHandler:
             (p for p in handle.plugins().values() if isinstance(p, DisaggSettingsOwner)), None
         )
         if owner is None:
-            raise ValueError(
-                f"a decider is set, so {DISAGG_HEADERS_HANDLER_TYPE} (or its alias "
-                f"prefill-header-handler) must be declared beside {self.type} {self.name!r}"
+            # llm-d's semantics since it deprecated the headers handler: this handler names
+            # the chosen pods in llm-d's headers and the decode pod's sidecar sends the hops.
+            self.settings = SIDECAR_SETTINGS
+            self.writes_headers = True
+            log.warning(
+                "%s %r: no %s is declared, so, as in llm-d, the prefill and encode pods it "
+                "picks are named in %s / %s for the decode pods' routing sidecar, which sends "
+                "the hops; declare %s (mode: gateway) to have this gateway send them itself",
+                self.type,
+                self.name,
+                DISAGG_HEADERS_HANDLER_TYPE,
+                LLMD_PREFILL_HEADER,
+                LLMD_ENCODE_HEADER,
+                DISAGG_HEADERS_HANDLER_TYPE,
             )
+            return
         self.settings = owner.disagg_settings
+
+    async def pre_request(self, ctx: RequestContext) -> None:
+        """Without a headers handler: the pods of the stages it chose, in llm-d's headers."""
+        if not self.writes_headers:
+            return
+        plan = read_plan(ctx.state)
+        if plan is None:
+            return
+        if plan.prefill_done is not None:
+            ctx.upstream_headers[LLMD_PREFILL_HEADER] = plan.prefill_done.hostport
+        if plan.encode_done:
+            hosts = ",".join(e.hostport for e in plan.encode_done)
+            ctx.upstream_headers[LLMD_ENCODE_HEADER] = hosts
 
     def _decider(self, handle: PluginHandle, param: str, name: str | None) -> Decider | None:
         if not name:
