@@ -234,6 +234,27 @@ def _format_validation(exc: ValidationError) -> str:
     return "; ".join(parts)
 
 
+def _llm_d_values_config(router: Mapping[str, Any], source: str) -> Any:
+    """The EndpointPickerConfig in llm-d's Helm values (`router.epp`): the entry of
+    `pluginsCustomConfig` that `pluginsConfigFile` names (the only one when it names none)."""
+    epp = router.get("epp")
+    custom = epp.get("pluginsCustomConfig") if isinstance(epp, Mapping) else None
+    if not isinstance(custom, Mapping) or not custom:
+        raise ConfigError(
+            f"{source}: llm-d values (`router:`) without router.epp.pluginsCustomConfig; "
+            "give the EndpointPickerConfig itself, or under `config:`"
+        )
+    wanted = epp.get("pluginsConfigFile") if isinstance(epp, Mapping) else None
+    if wanted is None and len(custom) == 1:
+        wanted = next(iter(custom))
+    if wanted not in custom:
+        raise ConfigError(
+            f"{source}: router.epp.pluginsConfigFile {wanted!r} is not a key of "
+            f"pluginsCustomConfig ({', '.join(map(str, custom))})"
+        )
+    return custom[wanted]
+
+
 def parse_config(doc: Any, source: str = "<memory>") -> GatewayConfig:
     """Validate a parsed YAML document. Raises ConfigError."""
     if doc is None:
@@ -241,6 +262,8 @@ def parse_config(doc: Any, source: str = "<memory>") -> GatewayConfig:
     if not isinstance(doc, Mapping):
         raise ConfigError(f"{source}: the config must be a YAML mapping")
     epp_doc: Any = doc
+    if "config" not in doc and isinstance(doc.get("router"), Mapping):
+        doc = {**doc, "config": _llm_d_values_config(doc["router"], source)}
     if "config" in doc:
         epp_doc = doc["config"]
         if isinstance(epp_doc, str):  # Helm values often embed the EPP config as a string

@@ -4,8 +4,10 @@ request path ends with (llm-d's rule), else the fallback (a parser that claims n
 Which paths the gateway serves at all is narrower than llm-d's suffix rule, because here
 the gateway is the HTTP route too (llm-d's EPP only sees what an HTTPRoute sent it): a
 claim `c` is served at the parser's `route_prefix` + `c` (`/v1/chat/completions`,
-`/v1/messages`, `/inference/v1/generate`, `/generate`); any other path only when
-`--allow-route` lists it, and then the suffix rule and the fallback pick its parser.
+`/v1/messages`, `/inference/v1/generate`, `/generate`); with a fallback in force, the
+standard inference routes no listed parser claims too (the fallback reads them: llm-d's
+passthrough-only configs serve all traffic); any other path only when `--allow-route` lists
+it, and then the suffix rule and the fallback pick its parser.
 
 llm-d registers the `requestHandler.parsers` list in order and stops at the first parser
 that claims no path: it is the fallback, and whatever follows it is skipped. Without a list
@@ -21,6 +23,17 @@ from heimdall_proxy.framework.plugins import Parser
 
 log = logging.getLogger(__name__)
 
+#: The inference routes of llm-d's default parsers: served by the fallback when no listed
+#: parser claims them.
+STANDARD_ROUTES = (
+    "/v1/completions",
+    "/v1/chat/completions",
+    "/v1/responses",
+    "/v1/embeddings",
+    "/v1/messages",
+    "/v1/messages/count_tokens",
+    "/inference/v1/generate",
+)
 #: Paths resolved so far are kept (the gateway routes a handful of paths); a client sending
 #: endless distinct paths (only allow-listed ones reach here) cannot grow it past this.
 MAX_CACHED_PATHS = 4096
@@ -54,6 +67,9 @@ class ParserTable:
         self._served: dict[str, Parser] = {}
         for suffix, parser in self._by_suffix.items():
             self._served.setdefault(parser.route_prefix + suffix, parser)
+        if self.fallback is not None:
+            for route in STANDARD_ROUTES:
+                self._served.setdefault(route, self.fallback)
         self._cache: dict[str, Parser | None] = {}
 
     def claimed(self, path: str) -> Parser | None:

@@ -68,5 +68,9 @@ def test_a_parser_claiming_nothing_is_the_fallback_and_ends_the_list(
         table = ParserTable(parsers("vllmhttp-parser", "passthrough-parser", "openai-parser"))
     assert table.names == ["vllmhttp-parser", "passthrough-parser"]
     assert "never used: openai-parser" in caplog.text
-    assert getattr(table.resolve("/v1/chat/completions"), "type", None) == "passthrough-parser"
-    assert table.claimed("/v1/chat/completions") is None
+    # the standard routes no listed parser claims are the fallback's; others are not routes
+    fallback = table.claimed("/v1/chat/completions")
+    assert getattr(fallback, "type", None) == "passthrough-parser"
+    assert getattr(table.claimed("/inference/v1/generate"), "type", None) == "vllmhttp-parser"
+    assert table.claimed("/v1/tokenize") is None
+    assert table.resolve("/v1/tokenize") is fallback  # when allow-listed

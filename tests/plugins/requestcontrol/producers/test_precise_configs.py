@@ -16,7 +16,11 @@ from heimdall_proxy.config.gateway import parse_config
 from tests.conftest import GatewayFactory, PodFactory
 
 FIXTURES = Path(__file__).resolve().parents[3] / "fixtures" / "llm_d"
-CONFIGS = sorted(FIXTURES.glob("sim-epp-*.yaml"))
+#: The precise path's configs (tests/config/test_llm_d_configs.py serves every fixture).
+CONFIGS = [
+    FIXTURES / f"{n}.yaml"
+    for n in ("sim-epp-kvcache", "sim-epp-no-hit-lru", "sim-epp-tokenizer-vllm-http")
+]
 TEXTS = {p: p.read_text() for p in CONFIGS}
 PRODUCER = "precise-prefix-cache-producer"
 

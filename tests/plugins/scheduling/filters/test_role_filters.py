@@ -42,3 +42,33 @@ def test_encode_filter_keeps_encode_roles_and_rejects_unlabelled() -> None:
         "encode-prefill",
         "encode-prefill-decode",
     ]
+
+
+def test_llm_d_role_labels_use_llm_d_role_sets() -> None:
+    """llm-d's label, with its README's role table: a pod that does several stages serves
+    each of them; the seeds' label keeps the seeds' sets."""
+    from heimdall_proxy.framework.params import NoParams
+    from heimdall_proxy.plugins.scheduling.filters.role import (
+        DecodeFilter,
+        EncodeFilter,
+        PrefillFilter,
+    )
+    from tests.helpers import ep
+    from tests.plugins.helpers import ledger, req
+
+    roles = ["encode", "prefill", "decode", "encode-prefill", "prefill-decode",
+             "encode-prefill-decode", "both"]  # fmt: skip
+    pods = [ep(r, labels={"llm-d.ai/role": r}) for r in roles] + [ep("none")]
+
+    def kept(cls: type) -> list[str]:
+        plugin = cls(cls.type, NoParams(), ledger())
+        return [e.name for e in plugin.filter(None, req(), pods)]
+
+    assert kept(EncodeFilter) == ["encode", "encode-prefill", "encode-prefill-decode"]
+    assert kept(PrefillFilter) == ["prefill", "encode-prefill", "prefill-decode",
+                                   "encode-prefill-decode", "both"]  # fmt: skip
+    assert kept(DecodeFilter) == ["decode", "prefill-decode", "encode-prefill-decode", "both",
+                                  "none"]  # fmt: skip
+    seeds = [ep("p", labels={"mif.moreh.io/role": "encode-prefill"})]
+    plugin = PrefillFilter("prefill-filter", NoParams(), ledger())
+    assert plugin.filter(None, req(), seeds) == []  # the seeds' prefill-filter: prefill only
