@@ -7,8 +7,8 @@ prefill pod, then to a decode pod with the returned kv_transfer_params). The cli
 the same open-loop Poisson stream of streamed chat completions, each with a long prompt that
 shares nothing with the others, and measures TTFT, time per output token and throughput.
 
-    python bench/disagg.py                       # 3 rates x 2 setups, ~1.5 min
-    python bench/disagg.py --markdown bench/RESULTS.md
+    python -m bench.disagg                       # 3 rates x 2 setups, ~1.5 min
+    python -m bench.disagg --markdown bench/RESULTS.md
 """
 
 from __future__ import annotations
@@ -35,7 +35,8 @@ import aiohttp
 import orjson
 import yaml
 
-ROOT = Path(__file__).resolve().parent.parent
+from bench.harness.machine import REPO_ROOT
+
 MODEL = "sim-model"
 ROLE = "mif.moreh.io/role"
 
@@ -65,7 +66,7 @@ def aggregated(n: int) -> Setup:
 
 
 def disaggregated(n: int, prefill: int) -> Setup:
-    doc = yaml.safe_load((ROOT / "config" / "pd-disagg.yaml").read_text())
+    doc = yaml.safe_load((REPO_ROOT / "config" / "pd-disagg.yaml").read_text())
     doc.pop("endpoints")
     roles = ["prefill"] * prefill + ["decode"] * (n - prefill)
     return Setup(f"disaggregated {prefill} prefill + {n - prefill} decode", roles, doc)
@@ -303,7 +304,7 @@ def main(argv: list[str] | None = None) -> int:
             )
     load1 = os.getloadavg()[0]
     if args.markdown:
-        cmd = "python bench/disagg.py " + " ".join(argv if argv is not None else sys.argv[1:])
+        cmd = "python -m bench.disagg " + " ".join(argv if argv is not None else sys.argv[1:])
         lines = [
             "",
             "## Disaggregated prefill/decode vs aggregated (simulated pods)",

@@ -13,12 +13,12 @@
 * ``remote``: the producer's step with and without a prediction server speaking GIE's
   sidecar API (a stand-in with constant answers, in a subprocess on localhost).
 
-    python bench/latency.py unequal --targets round_robin config/recommended.yaml \\
+    python -m bench.latency unequal --targets round_robin config/recommended.yaml \\
         config/predicted-latency.yaml
-    python bench/latency.py overload --targets config/recommended.yaml \\
+    python -m bench.latency overload --targets config/recommended.yaml \\
         config/predicted-latency.yaml
-    python bench/latency.py cost --pods 64
-    python bench/latency.py remote --pods 64 --iterations 2000
+    python -m bench.latency cost --pods 64
+    python -m bench.latency remote --pods 64 --iterations 2000
 
 Prints a markdown table per part (results JSON under bench/out/latency-*)."""
 
@@ -37,10 +37,9 @@ from typing import Any
 
 import yaml
 
-if __package__ in (None, ""):  # run as `python bench/latency.py`
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench import compare, runner
-from bench.workloads import COMPLETIONS, TimedRequest, Workload, _sampling, words_text
+from bench.harness import gateway, machine, procs, runner, stats, targets
+from bench.harness.pods import FleetSpec, fleet, sim_flags
+from bench.harness.workloads import COMPLETIONS, TimedRequest, Workload, _sampling, words_text
 
 #: Every cost of the simulator's model four times its default: 4x slower per token.
 SLOW4 = ("--step-base", "0.032", "--prefill-cost-per-token", "0.00024",
@@ -76,29 +75,29 @@ def error_ratios(metrics_text: str) -> dict[str, float | None]:
 
 
 def run_target(
-    target: compare.Target, workload: Workload, spec: compare.FleetSpec, out_dir: Path
+    target: targets.Target, workload: Workload, spec: FleetSpec, out_dir: Path
 ) -> tuple[runner.RunResult, dict[str, float | None], list[str]]:
-    """compare.run_target, plus the gateway's /metrics read before it stops."""
+    """targets.run_target, plus the gateway's /metrics read before it stops."""
     logs = out_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
-    with compare.fleet(spec, logs, target.slug, False) as pods:
+    with fleet(spec, logs, target.slug, False) as pods:
         config_path = None
         if target.kind == "gateway":
             doc = yaml.safe_load(Path(target.arg).read_text()) or {}
-            doc = compare.gateway_config(doc, pods)
+            doc = gateway.gateway_config(doc, pods)
             doc.setdefault(
                 "objectives", [{"name": k, "priority": v} for k, v in OBJECTIVES.items()]
             )
             config_path = out_dir / f"{target.slug}.config.yaml"
             config_path.write_text(yaml.safe_dump(doc, sort_keys=False))
-        port = compare.free_port()
-        argv = compare.router_command(target, pods, port, config_path, [])
-        proc = compare.Proc(target.slug, argv, logs / f"{target.slug}-router.log").start()
+        port = procs.free_port()
+        argv = targets.router_command(target, pods, port, config_path, [])
+        proc = procs.Proc(target.slug, argv, logs / f"{target.slug}-router.log").start()
         errors: dict[str, float | None] = {}
         try:
-            url = f"http://{compare.HOST}:{port}"
-            compare.wait_until(
-                proc, lambda: compare._router_ready(target, url, len(pods), spec.model), "router"
+            url = f"http://{procs.HOST}:{port}"
+            procs.wait_until(
+                proc, lambda: targets.router_ready(target, url, len(pods), spec.model), "router"
             )
             result = asyncio.run(
                 runner.run_workload(
@@ -107,7 +106,7 @@ def run_target(
                 )
             )  # fmt: skip
             if target.kind == "gateway":
-                errors = error_ratios(compare.http_get(url + "/metrics")[1])
+                errors = error_ratios(procs.http_get(url + "/metrics")[1])
         finally:
             proc.stop()
     result.save(out_dir / f"{target.slug}.json")
@@ -125,9 +124,9 @@ def _pct(v: float | None) -> str:
 def unequal(args: argparse.Namespace) -> list[str]:
     workload = poisson_workload("latency-unequal", args.rate, args.requests, args.seed)
     per_pod = [[], [], list(SLOW4), list(SLOW4)]
-    spec = compare.FleetSpec(
+    spec = FleetSpec(
         args.pods, "sim-model", ["--max-num-seqs", str(args.slots)], args.time_scale,
-        args.seed, "off", compare.sim_flags(), per_pod_args=per_pod,
+        args.seed, "off", sim_flags(), per_pod_args=per_pod,
     )  # fmt: skip
     fast = {f"pod-{i}" for i in range(args.pods) if not per_pod[i % len(per_pod)]}
     lines = [
@@ -136,7 +135,7 @@ def unequal(args: argparse.Namespace) -> list[str]:
         "|---|---|---|---|---|---|---|---|",
     ]
     for spec_str in args.targets:
-        target = compare.parse_target(spec_str)
+        target = targets.parse_target(spec_str)
         result, errors, _ = run_target(target, workload, spec, args.out / "unequal")
         s = result.summary
         per = s["requests_per_pod"]
@@ -160,9 +159,9 @@ def overload(args: argparse.Namespace) -> list[str]:
     workload = poisson_workload(
         "latency-overload", args.rate, args.requests, args.seed, headers_for=classes
     )
-    spec = compare.FleetSpec(
+    spec = FleetSpec(
         args.pods, "sim-model", ["--max-num-seqs", str(args.slots)], args.time_scale,
-        args.seed, "off", compare.sim_flags(),
+        args.seed, "off", sim_flags(),
     )  # fmt: skip
     lines = [
         "| target | class | sent | shed (429) | other errors | served within both SLOs "
@@ -170,7 +169,7 @@ def overload(args: argparse.Namespace) -> list[str]:
         "|---|---|---|---|---|---|---|",
     ]
     for spec_str in args.targets:
-        target = compare.parse_target(spec_str)
+        target = targets.parse_target(spec_str)
         result, _, _ = run_target(target, workload, spec, args.out / "overload")
         for cls in ("interactive", "batch"):
             rs = [r for r in result.requests if r.tag == cls]
@@ -188,7 +187,7 @@ def overload(args: argparse.Namespace) -> list[str]:
                 ):
                     met += 1
             ttfts = [r.ttft for r in ok if r.ttft is not None]
-            p95 = runner.percentile(ttfts, 95)
+            p95 = stats.percentile(ttfts, 95)
             lines.append(
                 f"| {target.label} | {cls} | {len(rs)} | {shed} "
                 f"| {len(rs) - len(ok) - shed} | {met}/{len(ok)} "
@@ -270,13 +269,13 @@ def remote(args: argparse.Namespace) -> list[str]:
         PredictedLatencyProducerParams,
     )
 
-    port = compare.free_port()
+    port = procs.free_port()
     server = subprocess.Popen(
         [sys.executable, "-c", _STAND_IN, str(port)], stdout=subprocess.DEVNULL
     )
-    url = f"http://{compare.HOST}:{port}"
+    url = f"http://{procs.HOST}:{port}"
     deadline = time.monotonic() + 30.0
-    while compare.http_get(url + "/readyz")[0] != 200:
+    while procs.http_get(url + "/readyz")[0] != 200:
         if time.monotonic() > deadline or server.poll() is not None:
             server.kill()
             raise RuntimeError("the prediction-server stand-in did not start")
@@ -370,7 +369,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--slo-tpot-ms", type=float, default=150.0)
     parser.add_argument("--sheddable-share", type=float, default=0.5)
     parser.add_argument("--iterations", type=int, default=5000)
-    parser.add_argument("--out", type=Path, default=compare.BENCH_DIR / "out" / "latency")
+    parser.add_argument("--out", type=Path, default=machine.BENCH_DIR / "out" / "latency")
     args = parser.parse_args(argv)
     defaults = {
         "unequal": (4, 5.0, 300),

@@ -23,7 +23,7 @@ every block: the most work a lookup can do). `lookup` times the index lookup (ke
 Timings are best-of `--repeat` for throughput and percentiles over `--lookups` calls for
 latency; the machine is usually shared, so the load average is printed with the results.
 
-Run: python bench/prefix_index.py [--backend memory redis] [--redis-url URL] [--markdown]
+Run: python -m bench.prefix_index [--backend memory redis] [--redis-url URL] [--markdown]
                                   [--update-results bench/RESULTS.md]
 """
 
@@ -44,21 +44,17 @@ from typing import Any
 
 import msgpack
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from bench.machine import cpu_model, git_head  # noqa: E402
-from heimdall_proxy.kvcache.events import EventBatch  # noqa: E402
-from heimdall_proxy.kvcache.hashing import LazyBlockKeys, block_keys, namespace_seed  # noqa: E402
-from heimdall_proxy.kvcache.index import InMemoryIndex, KVBlockIndex, StoredBlocks  # noqa: E402
-from heimdall_proxy.kvcache.index.redis import RedisIndex  # noqa: E402
-from heimdall_proxy.kvcache.prepare import (  # noqa: E402
+from bench.harness.machine import cpu_model, git_head
+from heimdall_proxy.kvcache.events import EventBatch
+from heimdall_proxy.kvcache.hashing import LazyBlockKeys, block_keys, namespace_seed
+from heimdall_proxy.kvcache.index import InMemoryIndex, KVBlockIndex, StoredBlocks
+from heimdall_proxy.kvcache.index.redis import RedisIndex
+from heimdall_proxy.kvcache.prepare import (
     EventPreparer,
     apply_batch,
     default_processes,
 )
-from heimdall_proxy.kvcache.subscriber import KVEventsSubscriber, SubscriberOptions  # noqa: E402
+from heimdall_proxy.kvcache.subscriber import KVEventsSubscriber, SubscriberOptions
 
 BLOCK = 16
 BLOCKS_PER_EVENT = 32
@@ -313,7 +309,7 @@ def markdown(results: list[Result], args: argparse.Namespace, load: tuple[float,
             skip = True  # and its value
         elif not arg.startswith("--update-results=") and arg != "--markdown":
             shown.append(arg)
-    cmd = "python bench/prefix_index.py " + " ".join(shown)
+    cmd = "python -m bench.prefix_index " + " ".join(shown)
     lines = [
         BEGIN,
         "## KV-block index (precise-prefix-cache-scorer)",

@@ -23,7 +23,7 @@ last row times taking such a push.
 It reports the mean over `--n` ticks, after a warm-up. Multiplying by the tick rate gives
 the CPU share: e.g. 50 ticks/s when idle at the default 20 ms.
 
-    python bench/replica_sync.py --n 3000
+    python -m bench.replica_sync --n 3000
 """
 
 from __future__ import annotations
@@ -31,16 +31,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import sys
 import time
 import uuid
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench import machine
+from bench.harness import machine
 from heimdall_proxy.kvcache.index.redis import blob
 from heimdall_proxy.replicas.connect import client
 from heimdall_proxy.replicas.counters import ReplicaCounters

@@ -5,7 +5,7 @@ and returns a fixed, precomputed OpenAI-shaped body for ``/v1/completions`` and
 ``/v1/chat/completions`` with no artificial delay, so that the cost measured in front of it is
 the proxy's, not the model server's.
 
-Run: ``python bench/fast_upstream.py --port 8001 [--model bench-model]``
+Run: ``python -m bench.harness.fast_upstream --port 8001 [--model bench-model]``
 """
 
 from __future__ import annotations

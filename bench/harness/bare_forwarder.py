@@ -6,7 +6,7 @@ and end-to-end headers to one upstream, and relays status, end-to-end headers an
 with a ``Content-Length`` are buffered; others (chunked, e.g. SSE streams) are relayed chunk by
 chunk as they arrive.
 
-Run: ``python bench/bare_forwarder.py --port 8002 --upstream http://127.0.0.1:8001``
+Run: ``python -m bench.harness.bare_forwarder --port 8002 --upstream http://127.0.0.1:8001``
 """
 
 from __future__ import annotations

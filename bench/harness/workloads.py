@@ -20,7 +20,7 @@ Workloads:
 
 ``*-small`` presets are scaled-down versions sized for a simulated fleet on a 2-core machine.
 
-Run ``python bench/workloads.py --workload seed001`` to print a summary (``--list`` for the
+Run ``python -m bench.harness.workloads --workload seed001`` to print a summary (``--list`` for the
 presets, ``--dump FILE`` to write the requests as JSON).
 """
 

@@ -1,6 +1,6 @@
 """Per-pod queue plots from runner result JSON files (matplotlib, Agg backend).
 
-    python bench/plots.py bench/out/seed001-small/*.json --out bench/plots/seed001-small.png
+    python -m bench.harness.plots bench/out/seed001-small/*.json --out bench/plots/seed001-small.png
 
 One column per result file (target), sharing both axes so the targets compare at a glance:
 the top row is each pod's queue (vllm:num_requests_waiting) over time, the bottom row its

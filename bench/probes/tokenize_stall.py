@@ -14,7 +14,7 @@ Variants: `after` (this tree, default maxPromptChars: the prompt is not tokenize
 thread), and with `--baseline DIR`, `before` (DIR's gateway code,
 `PYTHONPATH=DIR python -P -m heimdall_proxy`).
 
-    python bench/tokenize_stall.py --prompt-mb 25 --baseline /tmp/heimdall-before
+    python -m bench.probes.tokenize_stall --prompt-mb 25 --baseline /tmp/heimdall-before
 """
 
 from __future__ import annotations
@@ -35,10 +35,9 @@ import aiohttp
 import orjson
 import yaml
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench.compare import free_port
-from bench.machine import cpu_model, git_dirty, git_head
-from bench.runner import percentile, wait_http
+from bench.harness.machine import cpu_model, git_dirty, git_head
+from bench.harness.procs import free_port, wait_http
+from bench.harness.stats import percentile
 
 PY = sys.executable
 #: The corpus' words, and the prompt's.
