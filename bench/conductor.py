@@ -47,7 +47,6 @@ import os
 import platform
 import random
 import resource
-import statistics
 import time
 from pathlib import Path
 from typing import Any
@@ -57,6 +56,7 @@ import orjson
 
 from bench.harness.machine import cpu_model, git_head
 from bench.harness.procs import bench_module
+from bench.harness.stats import distribution
 
 try:  # older trees (a base to compare with) have none: --without is refused there
     from heimdall_proxy.conductor import tables
@@ -290,8 +290,9 @@ def _latency_row(
 
 
 def percentiles(samples: list[float]) -> tuple[float, float, float]:
-    qs = statistics.quantiles(samples, n=100, method="inclusive")
-    return qs[49] * 1e3, qs[98] * 1e3, max(samples) * 1e3
+    """p50, p99 and max of `samples` (seconds) in ms."""
+    d = distribution(samples, scale=1e3)
+    return d["p50"], d["p99"], d["max"]
 
 
 async def _post_loop(url: str, body: dict[str, Any], n: int) -> list[float]:

@@ -21,7 +21,6 @@ import platform
 import random
 import signal
 import socket
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -36,6 +35,7 @@ import orjson
 import yaml
 
 from bench.harness.machine import REPO_ROOT
+from bench.harness.stats import percentile
 
 MODEL = "sim-model"
 ROLE = "mif.moreh.io/role"
@@ -245,13 +245,9 @@ def hops(url: str) -> str:
 
 
 def pct(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    return (
-        statistics.quantiles(values, n=100, method="inclusive")[int(q) - 1]
-        if len(values) > 1
-        else values[0]
-    )
+    """The q-th percentile of `values`, NaN for none (a cell of the table)."""
+    p = percentile(values, q)
+    return float("nan") if p is None else p
 
 
 def main(argv: list[str] | None = None) -> int:

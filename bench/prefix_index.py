@@ -34,7 +34,6 @@ import asyncio
 import os
 import platform
 import random
-import statistics
 import sys
 import time
 import uuid
@@ -45,6 +44,7 @@ from typing import Any
 import msgpack
 
 from bench.harness.machine import cpu_model, git_head
+from bench.harness.stats import distribution
 from heimdall_proxy.kvcache.events import EventBatch
 from heimdall_proxy.kvcache.hashing import LazyBlockKeys, block_keys, namespace_seed
 from heimdall_proxy.kvcache.index import InMemoryIndex, KVBlockIndex, StoredBlocks
@@ -154,14 +154,9 @@ async def ingest(
 
 
 def percentiles(samples_ns: list[int]) -> dict[str, float]:
-    s = sorted(samples_ns)
-    pick = lambda q: s[min(len(s) - 1, int(q * len(s)))] / 1000.0  # noqa: E731 - µs
-    return {
-        "p50": pick(0.50),
-        "p99": pick(0.99),
-        "max": s[-1] / 1000.0,
-        "mean": statistics.fmean(s) / 1000.0,
-    }
+    """p50, p99, max and mean of `samples_ns` in µs."""
+    d = distribution(samples_ns, scale=1e-3)
+    return {key: d[key] for key in ("p50", "p99", "max", "mean")}
 
 
 async def bench(

@@ -50,8 +50,12 @@ def percentile(values: Sequence[float], p: float) -> float | None:
     return ordered[lo] + (ordered[hi] - ordered[lo]) * (rank - lo)
 
 
-def distribution(values: Sequence[float]) -> dict[str, float | int | None]:
-    out: dict[str, float | int | None] = {"count": len(values)}
+def distribution(values: Sequence[float], scale: float = 1.0) -> dict[str, Any]:
+    """count, mean, the PERCENTILES (p50, p95, p99) and max of `values`, each times `scale`
+    (1e3: seconds to ms); None for each but the count when there are no values."""
+    out: dict[str, Any] = {"count": len(values)}
+    if scale != 1.0:
+        values = [v * scale for v in values]
     out["mean"] = sum(values) / len(values) if values else None
     for p in PERCENTILES:
         out[f"p{p}"] = percentile(values, p)
