@@ -35,8 +35,11 @@ from typing import Any
 import aiohttp
 import yaml
 
-from bench.harness import gateway, machine, procs, runner, stats, targets
+from bench.harness import machine, runner, stats
+from bench.harness.gateway import gateway_config
 from bench.harness.pods import FleetSpec, Pod, sim_command, sim_flags
+from bench.harness.procs import HOST, Proc, free_port, http_get, wait_until
+from bench.harness.targets import Target, parse_target, router_command, router_ready
 from bench.harness.workloads import TimedRequest, words_text
 
 OUT = machine.BENCH_DIR / "out" / "faults"
@@ -115,19 +118,17 @@ class Run:
 
 
 @contextlib.contextmanager
-def pods_up(spec: FleetSpec, logs: Path, slug: str) -> Iterator[list[procs.Proc]]:
-    pods = [Pod(f"pod-{i}", procs.free_port()) for i in range(spec.pods)]
+def pods_up(spec: FleetSpec, logs: Path, slug: str) -> Iterator[list[Proc]]:
+    pods = [Pod(f"pod-{i}", free_port()) for i in range(spec.pods)]
     procs = [
-        procs.Proc(p.name, sim_command(spec, p, i), logs / f"{slug}-{p.name}.log")
+        Proc(p.name, sim_command(spec, p, i), logs / f"{slug}-{p.name}.log")
         for i, p in enumerate(pods)
     ]
     try:
         for proc in procs:
             proc.start()
         for pod, proc in zip(pods, procs, strict=True):
-            procs.wait_until(
-                proc, lambda u=pod.url: procs.http_get(u + "/health")[0] == 200, "pod health"
-            )
+            wait_until(proc, lambda u=pod.url: http_get(u + "/health")[0] == 200, "pod health")
         for proc, pod in zip(procs, pods, strict=True):
             proc.pod = pod  # type: ignore[attr-defined]
         yield procs
@@ -150,7 +151,7 @@ async def drive(url: str, requests: Sequence[TimedRequest]) -> list[runner.Reque
     return results
 
 
-def run_one(scn: Scenario, target: targets.Target, out: Path) -> Run:
+def run_one(scn: Scenario, target: Target, out: Path) -> Run:
     logs = out / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     spec = FleetSpec(
@@ -163,16 +164,16 @@ def run_one(scn: Scenario, target: targets.Target, out: Path) -> Run:
         if target.kind == "gateway":
             doc = yaml.safe_load(Path(target.arg).read_text()) or {}
             config_path = out / f"{scn.key}-{target.slug}.config.yaml"
-            config_path.write_text(yaml.safe_dump(gateway.gateway_config(doc, pods)))
-        port = procs.free_port()
-        argv = targets.router_command(target, pods, port, config_path, [])
-        router = procs.Proc(target.slug, argv, logs / f"{scn.key}-{target.slug}-router.log")
+            config_path.write_text(yaml.safe_dump(gateway_config(doc, pods)))
+        port = free_port()
+        argv = router_command(target, pods, port, config_path, [])
+        router = Proc(target.slug, argv, logs / f"{scn.key}-{target.slug}-router.log")
         router.start()
-        url = f"http://{procs.HOST}:{port}"
+        url = f"http://{HOST}:{port}"
         try:
-            procs.wait_until(
+            wait_until(
                 router,
-                lambda: targets.router_ready(target, url, len(pods), MODEL),
+                lambda: router_ready(target, url, len(pods), MODEL),
                 "the router to see every pod",
             )
             run = Run(target.label, [])
@@ -180,7 +181,7 @@ def run_one(scn: Scenario, target: targets.Target, out: Path) -> Run:
             run.results = asyncio.run(inject_during(scn, procs, url, requests, run, t0))
             run.wall = time.perf_counter() - t0
             if target.kind == "gateway":
-                _, text = procs.http_get(url + "/metrics")
+                _, text = http_get(url + "/metrics")
                 metrics = runner.parse_metrics(text)
                 run.retries = sum(
                     v for k, v in metrics.items() if k.startswith("inference_objective_retries")
@@ -192,7 +193,7 @@ def run_one(scn: Scenario, target: targets.Target, out: Path) -> Run:
 
 async def inject_during(
     scn: Scenario,
-    procs: list[procs.Proc],
+    procs: list[Proc],
     url: str,
     requests: Sequence[TimedRequest],
     run: Run,
@@ -305,7 +306,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         scn = SCENARIOS[key]
         rows: dict[str, dict[str, Any]] = {}
         for spec in args.targets:
-            target = targets.parse_target(spec)
+            target = parse_target(spec)
             print(f"== {key}: {target.label}", file=sys.stderr)
             rows[target.label] = summarize(scn, run_one(scn, target, OUT))
             print(json.dumps(rows[target.label]), file=sys.stderr)

@@ -36,8 +36,11 @@ from typing import Any
 
 import yaml
 
-from bench.harness import gateway, machine, procs, runner, stats, targets
+from bench.harness import machine, runner, stats
+from bench.harness.gateway import gateway_config
 from bench.harness.pods import FleetSpec, fleet, sim_flags
+from bench.harness.procs import HOST, Proc, free_port, http_get, wait_until
+from bench.harness.targets import Target, parse_target, router_command, router_ready
 from bench.harness.workloads import COMPLETIONS, TimedRequest, Workload, _sampling, words_text
 
 #: Every cost of the simulator's model four times its default: 4x slower per token.
@@ -74,30 +77,28 @@ def error_ratios(metrics_text: str) -> dict[str, float | None]:
 
 
 def run_target(
-    target: targets.Target, workload: Workload, spec: FleetSpec, out_dir: Path
+    target: Target, workload: Workload, spec: FleetSpec, out_dir: Path
 ) -> tuple[runner.RunResult, dict[str, float | None], list[str]]:
-    """targets.run_target, plus the gateway's /metrics read before it stops."""
+    """bench.harness.targets.run_target, plus the gateway's /metrics read before it stops."""
     logs = out_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     with fleet(spec, logs, target.slug, False) as pods:
         config_path = None
         if target.kind == "gateway":
             doc = yaml.safe_load(Path(target.arg).read_text()) or {}
-            doc = gateway.gateway_config(doc, pods)
+            doc = gateway_config(doc, pods)
             doc.setdefault(
                 "objectives", [{"name": k, "priority": v} for k, v in OBJECTIVES.items()]
             )
             config_path = out_dir / f"{target.slug}.config.yaml"
             config_path.write_text(yaml.safe_dump(doc, sort_keys=False))
-        port = procs.free_port()
-        argv = targets.router_command(target, pods, port, config_path, [])
-        proc = procs.Proc(target.slug, argv, logs / f"{target.slug}-router.log").start()
+        port = free_port()
+        argv = router_command(target, pods, port, config_path, [])
+        proc = Proc(target.slug, argv, logs / f"{target.slug}-router.log").start()
         errors: dict[str, float | None] = {}
         try:
-            url = f"http://{procs.HOST}:{port}"
-            procs.wait_until(
-                proc, lambda: targets.router_ready(target, url, len(pods), spec.model), "router"
-            )
+            url = f"http://{HOST}:{port}"
+            wait_until(proc, lambda: router_ready(target, url, len(pods), spec.model), "router")
             result = asyncio.run(
                 runner.run_workload(
                     workload, url, {p.name: p.url for p in pods}, progress=False,
@@ -105,7 +106,7 @@ def run_target(
                 )
             )  # fmt: skip
             if target.kind == "gateway":
-                errors = error_ratios(procs.http_get(url + "/metrics")[1])
+                errors = error_ratios(http_get(url + "/metrics")[1])
         finally:
             proc.stop()
     result.save(out_dir / f"{target.slug}.json")
@@ -134,7 +135,7 @@ def unequal(args: argparse.Namespace) -> list[str]:
         "|---|---|---|---|---|---|---|---|",
     ]
     for spec_str in args.targets:
-        target = targets.parse_target(spec_str)
+        target = parse_target(spec_str)
         result, errors, _ = run_target(target, workload, spec, args.out / "unequal")
         s = result.summary
         per = s["requests_per_pod"]
@@ -168,7 +169,7 @@ def overload(args: argparse.Namespace) -> list[str]:
         "|---|---|---|---|---|---|---|",
     ]
     for spec_str in args.targets:
-        target = targets.parse_target(spec_str)
+        target = parse_target(spec_str)
         result, _, _ = run_target(target, workload, spec, args.out / "overload")
         for cls in ("interactive", "batch"):
             rs = [r for r in result.requests if r.tag == cls]
@@ -265,13 +266,13 @@ def remote(args: argparse.Namespace) -> list[str]:
         PredictedLatencyProducerParams,
     )
 
-    port = procs.free_port()
+    port = free_port()
     server = subprocess.Popen(
         [sys.executable, "-c", _STAND_IN, str(port)], stdout=subprocess.DEVNULL
     )
-    url = f"http://{procs.HOST}:{port}"
+    url = f"http://{HOST}:{port}"
     deadline = time.monotonic() + 30.0
-    while procs.http_get(url + "/readyz")[0] != 200:
+    while http_get(url + "/readyz")[0] != 200:
         if time.monotonic() > deadline or server.poll() is not None:
             server.kill()
             raise RuntimeError("the prediction-server stand-in did not start")

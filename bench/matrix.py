@@ -43,7 +43,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.harness import machine, runner, targets
+from bench.harness import machine, runner
+from bench.harness.targets import Target, TargetRun, parse_target, run_target
 from bench.harness.workloads import PRESETS, Workload, apply_overrides
 from heimdall_proxy.sim.options import SimOptions
 from heimdall_proxy.sim.tokens import Tokenizer
@@ -205,7 +206,7 @@ class ShapeResult:
     shape: Shape
     workload: Workload
     bound: LowerBound
-    runs: list[targets.TargetRun] = field(default_factory=list)
+    runs: list[TargetRun] = field(default_factory=list)
 
 
 #: The request schedule's seed unless --seed says otherwise (every figure in RESULTS before
@@ -222,7 +223,7 @@ def build_workload(shape: Shape, quick: bool, seed: int = DEFAULT_SEED) -> Workl
 
 def run_shape(
     shape: Shape,
-    targets: Sequence[targets.Target],
+    targets: Sequence[Target],
     quick: bool,
     pods: int,
     out: Path,
@@ -247,11 +248,11 @@ def run_shape(
             time.sleep(1.0)
         print(f"-- {target.label}", file=sys.stderr)
         try:
-            run = targets.run_target(target, workload, spec, out / shape.key, progress=False)
+            run = run_target(target, workload, spec, out / shape.key, progress=False)
         except RuntimeError as exc:  # a pod or router that failed to start (a port race)
             print(f"   failed to start, trying once more: {exc}", file=sys.stderr)
             time.sleep(2.0)
-            run = targets.run_target(target, workload, spec, out / shape.key, progress=False)
+            run = run_target(target, workload, spec, out / shape.key, progress=False)
         print(runner.format_summary(run.result.summary), file=sys.stderr)
         result.runs.append(run)
     return result
@@ -385,7 +386,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             speeds = [per_pod[i % len(per_pod)][1] for i in range(args.pods)]
             print(k, wl.describe(), lower_bound(wl, speeds).to_json())
         return 0
-    targets = [targets.parse_target(t) for t in args.targets]
+    targets = [parse_target(t) for t in args.targets]
     started = dt.datetime.now(dt.UTC)
     load_before = os.getloadavg()[0]
     results = [

@@ -44,8 +44,11 @@ import redis
 import yaml
 
 from bench import matrix
-from bench.harness import gateway, machine, procs, runner, stats, targets, workloads
+from bench.harness import machine, runner, stats, workloads
+from bench.harness.gateway import gateway_config
 from bench.harness.pods import FleetSpec, fleet, sim_flags
+from bench.harness.procs import HOST, Proc, free_port, wait_until
+from bench.harness.targets import Target, router_command, router_ready, run_target
 
 #: The scorers that take redisConfig to share their state.
 SHAREABLE = frozenset(
@@ -102,23 +105,23 @@ def run_gateways(
     slug = label.replace(" ", "-").replace(",", "").replace("+", "")
     logs = out / "logs"
     logs.mkdir(parents=True, exist_ok=True)
-    target = targets.Target("gateway", "replicas")
+    target = Target("gateway", "replicas")
     with fleet(spec, logs, slug, False) as pods:
         path = out / f"{slug}.config.yaml"
-        path.write_text(yaml.safe_dump(gateway.gateway_config(doc, pods), sort_keys=False))
-        procs: list[procs.Proc] = []
+        path.write_text(yaml.safe_dump(gateway_config(doc, pods), sort_keys=False))
+        procs: list[Proc] = []
         urls: list[str] = []
         try:
             for r in range(replicas):
-                port = procs.free_port()
+                port = free_port()
                 extra = ["-v", "3"] if trace else []  # the affinity filter's trace lines
-                argv = targets.router_command(target, pods, port, path, extra)
-                procs.append(procs.Proc(f"{slug}-{r}", argv, logs / f"{slug}-r{r}.log").start())
-                urls.append(f"http://{procs.HOST}:{port}")
+                argv = router_command(target, pods, port, path, extra)
+                procs.append(Proc(f"{slug}-{r}", argv, logs / f"{slug}-r{r}.log").start())
+                urls.append(f"http://{HOST}:{port}")
             for proc, url in zip(procs, urls, strict=True):
-                procs.wait_until(
+                wait_until(
                     proc,
-                    lambda u=url: targets.router_ready(target, u, len(pods), spec.model),
+                    lambda u=url: router_ready(target, u, len(pods), spec.model),
                     "the gateway to see every pod",
                 )
             cpu0 = [p.cpu_seconds() or 0.0 for p in procs]
@@ -245,8 +248,8 @@ def run_shape(
         time.sleep(1.0)
     if router:
         print("-- vllm-router round_robin", file=sys.stderr)
-        run = targets.run_target(
-            targets.Target("vllm-router", "round_robin"), workload, spec, out / key, progress=False
+        run = run_target(
+            Target("vllm-router", "round_robin"), workload, spec, out / key, progress=False
         )
         row = summarize(
             "vllm-router round_robin", 1, run.result.summary, run.router_cpu, len(workload.requests)
