@@ -18,7 +18,8 @@ Targets:
 
 Writes per-target result JSON and logs under ``--out-dir`` (bench/out/<workload>/), a PNG of
 per-pod queues per target into ``--plots-dir`` (bench/plots/) and a section for the workload in
-``--results`` (bench/RESULTS.md), replacing that workload's previous section.
+``--results FILE`` when given (replacing that workload's marked section there); it is printed
+either way.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from bench.harness import runner
+from bench.harness import cli, runner
 from bench.harness.machine import BENCH_DIR, machine_info
 from bench.harness.pods import FleetSpec, sim_extra, sim_flags, split_sim_args
 from bench.harness.targets import TargetRun, parse_target, run_target
@@ -187,11 +188,11 @@ def auto_notes(runs: Sequence[TargetRun], spec: FleetSpec) -> list[str]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        description="Run one workload through several routers, each on a fresh simulated fleet."
+    parser = cli.parser(
+        "Run one workload through several routers, each on a fresh simulated fleet."
     )
     add_workload_args(parser)
-    parser.add_argument("--pods", type=int, default=4)
+    cli.add_pods(parser)
     parser.add_argument(
         "--targets",
         nargs="+",
@@ -220,15 +221,21 @@ def build_parser() -> argparse.ArgumentParser:
         "targets, when the simulator supports it)",
     )
     parser.add_argument("--router-args", default="", help="extra flags for vllm-router")
-    parser.add_argument("--gateway-args", default="", help="extra flags for heimdall-proxy serve")
+    cli.add_gateway_args(parser)
     parser.add_argument("--poll-interval", type=float, default=0.25)
     parser.add_argument("--timeout", type=float, default=3600.0, help="per request, seconds")
     parser.add_argument("--out-dir", type=Path, default=None, help="default bench/out/<workload>")
     parser.add_argument("--plots-dir", type=Path, default=BENCH_DIR / "plots")
-    parser.add_argument("--results", type=Path, default=BENCH_DIR / "RESULTS.md")
-    parser.add_argument("--no-results", action="store_true", help="do not touch RESULTS.md")
+    parser.add_argument(
+        "--results",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="also write the section into FILE, replacing the workload's marked section "
+        "(bench/RESULTS.md is a digest: copy figures there by hand)",
+    )
     parser.add_argument("--note", action="append", default=[], help="a line for RESULTS.md")
-    parser.add_argument("--no-progress", action="store_true")
+    cli.add_progress(parser)
     return parser
 
 
@@ -292,7 +299,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         print(f"plot: {png}", file=sys.stderr)
         with contextlib.suppress(ValueError):
-            plot_rel = png.resolve().relative_to(args.results.resolve().parent).as_posix()
+            results_dir = (args.results or BENCH_DIR / "RESULTS.md").resolve().parent
+            plot_rel = png.resolve().relative_to(results_dir).as_posix()
     except ImportError:
         print("matplotlib is not installed: no plot (pip install -e '.[bench]')", file=sys.stderr)
 
@@ -313,7 +321,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         ],
     )
     print(section)
-    if not args.no_results:
+    if args.results is not None:
         write_section(args.results, workload.name, section)
         print(f"wrote the {workload.name} section of {args.results}", file=sys.stderr)
     return 0 if all(r.result.summary["errors"] == 0 for r in runs) else 2

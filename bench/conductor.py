@@ -54,6 +54,7 @@ from typing import Any
 import msgpack
 import orjson
 
+from bench.harness import cli
 from bench.harness.machine import cpu_model, git_head
 from bench.harness.procs import bench_module
 from bench.harness.stats import distribution
@@ -375,7 +376,7 @@ async def http_latency(
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = cli.parser(__doc__)
     ap.add_argument("--instances", type=int, default=64)
     ap.add_argument("--blocks", type=int, default=100_000, help="blocks per instance")
     ap.add_argument("--prompt-tokens", type=int, default=8192)

@@ -14,7 +14,6 @@ flight, the oldest completed. Only `Director.decide` is timed, in CPU time of th
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import collections
 import cProfile
@@ -28,6 +27,7 @@ from typing import Any
 import orjson
 import yaml
 
+from bench.harness import cli
 from bench.harness.machine import REPO_ROOT, cpu_model, git_head
 from heimdall_proxy.config.gateway import parse_config
 from heimdall_proxy.config.options import ServerOptions
@@ -158,9 +158,9 @@ async def measure(path: Path, pods: int, requests: int, profile: bool) -> dict[s
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = cli.parser(__doc__)
     p.add_argument("--configs", nargs="*", default=None)
-    p.add_argument("--pods", default="8,64,256,1024")
+    cli.add_pods(p, "8,64,256,1024", "pod counts, comma-separated (default: %(default)s)")
     p.add_argument("--requests", type=int, default=1000)
     p.add_argument("--profile", action="store_true", help="cProfile the timed calls")
     args = p.parse_args()

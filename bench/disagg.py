@@ -13,7 +13,6 @@ shares nothing with the others, and measures TTFT, time per output token and thr
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import os
@@ -34,6 +33,7 @@ import aiohttp
 import orjson
 import yaml
 
+from bench.harness import cli
 from bench.harness.machine import REPO_ROOT
 from bench.harness.stats import percentile
 
@@ -251,15 +251,15 @@ def pct(values: list[float], q: float) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--pods", type=int, default=4)
+    ap = cli.parser(__doc__)
+    cli.add_pods(ap)
     ap.add_argument("--prefill-pods", type=int, default=2)
     ap.add_argument("--rates", default="4,12,20", help="requests/s, comma-separated")
     ap.add_argument("--requests", type=int, default=80, help="per run")
     ap.add_argument("--prompt-words", type=int, default=800, help="~2 tokens per word")
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--time-scale", type=float, default=1.0)
-    ap.add_argument("--markdown", type=Path, help="append a section to this file")
+    cli.add_output(ap, json=False)  # --markdown PATH appends a section to PATH
     args = ap.parse_args(argv)
 
     setups = [aggregated(args.pods), disaggregated(args.pods, args.prefill_pods)]
@@ -325,8 +325,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"{r['ttft50']:.0f} / {r['ttft90']:.0f} | {r['tpot50']:.1f} / {r['tpot90']:.1f} | "
                 f"{r['e2e50']:.2f} | {r['tok_s']:.0f} | {r['hops']} |"
             )
-        with args.markdown.open("a") as f:
-            f.write("\n".join(lines) + "\n")
+        cli.write_markdown(args.markdown, "\n".join(lines), append=True)
     return 0
 
 

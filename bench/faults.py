@@ -19,7 +19,6 @@ bench can flip a pod's failure knobs over HTTP), against every target on the sam
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import datetime as dt
@@ -35,7 +34,7 @@ from typing import Any
 import aiohttp
 import yaml
 
-from bench.harness import machine, runner, stats
+from bench.harness import cli, machine, runner, stats
 from bench.harness.gateway import gateway_config
 from bench.harness.pods import FleetSpec, Pod, sim_command, sim_flags
 from bench.harness.procs import HOST, Proc, free_port, http_get, wait_until
@@ -290,10 +289,10 @@ def table(scn: Scenario, rows: dict[str, dict[str, Any]]) -> list[str]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = cli.parser(__doc__)
     ap.add_argument("--scenarios", default=",".join(SCENARIOS))
     ap.add_argument("--targets", nargs="+", default=list(DEFAULT_TARGETS))
-    ap.add_argument("--json", type=Path, default=None)
+    cli.add_output(ap, markdown=False)
     args = ap.parse_args(argv)
     OUT.mkdir(parents=True, exist_ok=True)
     report: dict[str, Any] = {
@@ -313,8 +312,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         report["scenarios"][key] = rows
         print(f"\n### {key}\n")
         print("\n".join(table(scn, rows)))
-    if args.json:
-        args.json.write_text(json.dumps(report, indent=2))
+    cli.write_json(args.json, report)
     return 0
 
 

@@ -36,7 +36,7 @@ from typing import Any
 
 import yaml
 
-from bench.harness import machine, runner, stats
+from bench.harness import cli, runner, stats
 from bench.harness.gateway import gateway_config
 from bench.harness.pods import FleetSpec, fleet, sim_flags
 from bench.harness.procs import HOST, Proc, free_port, http_get, wait_until
@@ -136,7 +136,7 @@ def unequal(args: argparse.Namespace) -> list[str]:
     ]
     for spec_str in args.targets:
         target = parse_target(spec_str)
-        result, errors, _ = run_target(target, workload, spec, args.out / "unequal")
+        result, errors, _ = run_target(target, workload, spec, args.out_dir / "unequal")
         s = result.summary
         per = s["requests_per_pod"]
         share = sum(n for p, n in per.items() if p in fast) / max(1, sum(per.values()))
@@ -170,7 +170,7 @@ def overload(args: argparse.Namespace) -> list[str]:
     ]
     for spec_str in args.targets:
         target = parse_target(spec_str)
-        result, _, _ = run_target(target, workload, spec, args.out / "overload")
+        result, _, _ = run_target(target, workload, spec, args.out_dir / "overload")
         for cls in ("interactive", "batch"):
             rs = [r for r in result.requests if r.tag == cls]
             shed = sum(1 for r in rs if r.status == 429)
@@ -353,20 +353,20 @@ web.run_app(app, host="127.0.0.1", port=int(sys.argv[1]), print=None)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = cli.parser(__doc__)
     parser.add_argument("part", choices=("unequal", "overload", "cost", "remote"))
     parser.add_argument("--targets", nargs="+", default=["config/predicted-latency.yaml"])
-    parser.add_argument("--pods", type=int, default=None)
+    cli.add_pods(parser, None, "pods (default: the part's)")
     parser.add_argument("--rate", type=float, default=None, help="requests per second")
     parser.add_argument("--requests", type=int, default=None)
     parser.add_argument("--slots", type=int, default=8, help="--max-num-seqs of each pod")
     parser.add_argument("--time-scale", type=float, default=5.0)
-    parser.add_argument("--seed", type=int, default=42)
+    cli.add_seed(parser)
     parser.add_argument("--slo-ttft-ms", type=float, default=1500.0)
     parser.add_argument("--slo-tpot-ms", type=float, default=150.0)
     parser.add_argument("--sheddable-share", type=float, default=0.5)
     parser.add_argument("--iterations", type=int, default=5000)
-    parser.add_argument("--out", type=Path, default=machine.BENCH_DIR / "out" / "latency")
+    cli.add_output(parser, out_dir="latency", json=False, markdown=False)
     args = parser.parse_args(argv)
     defaults = {
         "unequal": (4, 5.0, 300),

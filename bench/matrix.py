@@ -30,7 +30,6 @@ Every target of a shape gets the same request schedule (fixed seed) on a fresh f
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import datetime as dt
 import json
@@ -43,7 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.harness import machine, runner
+from bench.harness import cli, machine, runner
 from bench.harness.targets import Target, TargetRun, parse_target, run_target
 from bench.harness.workloads import PRESETS, Workload, apply_overrides
 from heimdall_proxy.sim.options import SimOptions
@@ -340,20 +339,17 @@ def summary_json(results: Sequence[ShapeResult]) -> dict[str, Any]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="smaller workloads")
+    parser = cli.parser(__doc__)
+    cli.add_quick(parser)
     parser.add_argument("--shapes", default=",".join(SHAPES), help="comma-separated")
     parser.add_argument("--targets", nargs="+", default=list(DEFAULT_TARGETS))
-    parser.add_argument("--pods", type=int, default=4)
-    parser.add_argument(
-        "--seed",
-        type=int,
-        default=DEFAULT_SEED,
-        help="the request schedule's (and the pods') seed: repeat a claim on other draws",
+    cli.add_pods(parser)
+    cli.add_seed(
+        parser,
+        DEFAULT_SEED,
+        "the request schedule's (and the pods') seed: repeat a claim on other draws",
     )
-    parser.add_argument("--out-dir", type=Path, default=machine.BENCH_DIR / "out" / "matrix")
-    parser.add_argument("--json", type=Path, help="write the summary JSON here")
-    parser.add_argument("--markdown", type=Path, help="write the markdown tables here")
+    cli.add_output(parser, out_dir="matrix")
     parser.add_argument("--bound-only", action="store_true", help="print the bounds, run nothing")
     parser.add_argument(
         "--render",
@@ -404,13 +400,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     doc = summary_json(results)
     text = render(doc, "\n".join(head).strip())
     print(text)
-    if args.markdown:
-        args.markdown.parent.mkdir(parents=True, exist_ok=True)
-        args.markdown.write_text(text + "\n", encoding="utf-8")
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        doc.update(mode="quick" if args.quick else "full", pods=args.pods, seed=args.seed)
-        args.json.write_text(json.dumps(doc, indent=1), encoding="utf-8")
+    cli.write_markdown(args.markdown, text, printed=True)
+    doc.update(mode="quick" if args.quick else "full", pods=args.pods, seed=args.seed)
+    cli.write_json(args.json, doc, indent=1)
     return 0 if all(r.result.summary["errors"] == 0 for s in results for r in s.runs) else 2
 
 

@@ -48,6 +48,7 @@ from typing import Any
 
 import yaml
 
+from bench.harness import cli
 from bench.harness.gateway import merge_config, serve_args
 from bench.harness.machine import cpu_model, git_dirty, git_head
 from bench.harness.peers import bare_forwarder_argv
@@ -655,9 +656,9 @@ def markdown_report(
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        description="Measure the gateway's overhead against a bare aiohttp forwarder and the "
-        "upstream itself, with wrk.",
+    parser = cli.parser(
+        "Measure the gateway's overhead against a bare aiohttp forwarder and the upstream "
+        "itself, with wrk."
     )
     parser.add_argument("--duration", type=int, default=10, help="seconds per wrk run (10)")
     parser.add_argument("--warmup", type=int, default=2, help="warm-up seconds per target (2)")
@@ -669,7 +670,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help=f"comma-separated subset of {','.join(TARGETS)}",
     )
     parser.add_argument("--model", default="bench-model")
-    parser.add_argument("--gateway-args", default="", help="extra args for `heimdall-proxy serve`")
+    cli.add_gateway_args(parser)
     parser.add_argument(
         "--base-config",
         type=Path,
@@ -693,8 +694,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         action="store_true",
         help="skip the c=1 latency runs (throughput and CPU per request only; half the time)",
     )
-    parser.add_argument("--json", type=Path, metavar="OUT", help="write all numbers here")
-    parser.add_argument("--markdown", action="store_true", help="also print a markdown block")
+    cli.add_output(parser)
     parser.add_argument("--keep-tmp", action="store_true", help="keep logs/config/lua temp dir")
     # Dev only: replace the gateway command line; placeholders {port} {config} {upstream}
     # {python}. E.g. "{python} -m bench.harness.bare_forwarder --port {port} --upstream {upstream}".
@@ -897,7 +897,7 @@ def run(args: argparse.Namespace) -> int:
                     print(f"  {TARGET_LABELS[name]}: {res.error_summary()}")
         if args.markdown:
             print()
-            print(markdown_report(results, summary, meta))
+            cli.write_markdown(args.markdown, markdown_report(results, summary, meta))
         if args.json:
             payload = {
                 **meta,
@@ -909,9 +909,7 @@ def run(args: argparse.Namespace) -> int:
                 },
                 "has_errors": any_errors,
             }
-            args.json.parent.mkdir(parents=True, exist_ok=True)
-            args.json.write_text(json.dumps(payload, indent=2) + "\n")
-            progress(f"wrote {args.json}")
+            cli.write_json(args.json, payload)
         failed = any_errors
         return 2 if any_errors else 0
     finally:

@@ -43,6 +43,7 @@ from typing import Any
 
 import msgpack
 
+from bench.harness import cli
 from bench.harness.machine import cpu_model, git_head
 from bench.harness.stats import distribution
 from heimdall_proxy.kvcache.events import EventBatch
@@ -387,10 +388,10 @@ def update_results(path: Path, section: str) -> None:
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = cli.parser(__doc__)
     p.add_argument("--backend", nargs="+", choices=("memory", "redis"), default=["memory", "redis"])
-    p.add_argument("--redis-url", default="redis://127.0.0.1:6379/0")
-    p.add_argument("--pods", type=int, default=64)
+    cli.add_redis(p, "--redis-url")
+    cli.add_pods(p, 64)
     p.add_argument("--prompt-tokens", type=int, default=8192)
     p.add_argument("--ingest-blocks", type=int, default=262_144)
     p.add_argument("--lookups", type=int, default=1000)
@@ -400,7 +401,7 @@ def main() -> int:
         help="worker processes for the second ingest run (the first is inline); default: "
         "the plugin's default on this machine",
     )  # fmt: skip
-    p.add_argument("--markdown", action="store_true", help="print the RESULTS.md section")
+    cli.add_output(p, json=False)
     p.add_argument("--update-results", metavar="FILE", help="write the section into FILE")
     args = p.parse_args()
     load0 = os.getloadavg()[0]
@@ -425,8 +426,7 @@ def main() -> int:
             print(f"  {label:22s} p50 {p50:7.0f} µs  p99 {p99:7.0f} µs  max {top:7.0f} µs")
     load1 = os.getloadavg()[0]
     section = markdown(results, args, (load0, load1))
-    if args.markdown:
-        print(section)
+    cli.write_markdown(args.markdown, section)
     if args.update_results:
         update_results(Path(args.update_results), section)
     return 0

@@ -34,6 +34,7 @@ from pathlib import Path
 import aiohttp
 import yaml
 
+from bench.harness import cli
 from bench.harness.procs import free_port, wait_http
 
 PY = sys.executable
@@ -192,8 +193,8 @@ async def run(
 
 
 async def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--pods", type=int, default=4)
+    p = cli.parser(__doc__)
+    cli.add_pods(p)
     p.add_argument("--clients", type=int, default=16)
     p.add_argument("--duration", type=float, default=20.0)
     p.add_argument("--every", type=float, default=1.0, help="seconds between reloads")

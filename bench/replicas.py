@@ -26,7 +26,6 @@ jobs on this machine use the same server).
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import copy
 import datetime as dt
@@ -44,7 +43,7 @@ import redis
 import yaml
 
 from bench import matrix
-from bench.harness import machine, runner, stats, workloads
+from bench.harness import cli, machine, runner, stats, workloads
 from bench.harness.gateway import gateway_config
 from bench.harness.pods import FleetSpec, fleet, sim_flags
 from bench.harness.procs import HOST, Proc, free_port, wait_until
@@ -441,15 +440,14 @@ def pooled_lines(results: Sequence[Mapping[str, Any]]) -> list[str]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="the matrix's smaller workloads")
+    parser = cli.parser(__doc__)
+    cli.add_quick(parser, "the matrix's smaller workloads")
     parser.add_argument("--shapes", default=",".join(SHAPES), help="comma-separated")
     parser.add_argument("--config", type=Path, default=Path("config/recommended.yaml"))
-    parser.add_argument("--pods", type=int, default=4)
-    parser.add_argument("--redis", default="redis://127.0.0.1:6379/0")
+    cli.add_pods(parser)
+    cli.add_redis(parser)
     parser.add_argument("--sync-interval", help="syncInterval of the shared plugins (a duration)")
     parser.add_argument("--no-router", action="store_true", help="skip vllm-router round_robin")
-    parser.add_argument("--out-dir", type=Path, default=machine.BENCH_DIR / "out" / "replicas")
     parser.add_argument(
         "--seeds",
         default="42",
@@ -467,8 +465,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="gateways at -v 3: the affinity filter's per-decision trace in "
         "their logs (bench/probes/replica_trace.py reads it)",
     )
-    parser.add_argument("--json", type=Path)
-    parser.add_argument("--markdown", type=Path)
+    cli.add_output(parser, out_dir="replicas")
     parser.add_argument(
         "--spread",
         type=Path,
@@ -504,12 +501,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ]
     text = render(results, raw, (load0, os.getloadavg()[0]), started, args.quick)
     print(text)
-    if args.markdown:
-        args.markdown.parent.mkdir(parents=True, exist_ok=True)
-        args.markdown.write_text(text)
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(results, indent=1))
+    cli.write_markdown(args.markdown, text, printed=True)
+    cli.write_json(args.json, results, indent=1)
     return 0
 
 

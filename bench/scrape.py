@@ -34,6 +34,7 @@ from typing import Any
 
 import yaml
 
+from bench.harness import cli
 from bench.harness.machine import REPO_ROOT, cpu_model, git_head
 from bench.harness.procs import bench_module
 
@@ -210,10 +211,10 @@ def main() -> None:
         base, pods, busy, ready = sys.argv[2:6]
         asyncio.run(_serve(int(base), int(pods), int(busy), ready))
         return
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--pods", default="16,64,256")
+    p = cli.parser(__doc__)
+    cli.add_pods(p, "16,64,256", "pod counts, comma-separated (default: %(default)s)")
     p.add_argument("--config", default=str(REPO_ROOT / "config" / "recommended.yaml"))
-    p.add_argument("--gateway-args", default="", help="extra flags for heimdall-proxy serve")
+    cli.add_gateway_args(p)
     p.add_argument("--busy", type=int, default=0, help="pods that report a running request")
     p.add_argument("--settle", type=float, default=5.0, help="seconds before measuring")
     p.add_argument("--window", type=float, default=15.0, help="seconds measured")

@@ -31,6 +31,7 @@ import aiohttp
 import orjson
 import yaml
 
+from bench.harness import cli
 from bench.harness.procs import free_port, wait_http
 from bench.harness.stats import percentile
 
@@ -139,7 +140,7 @@ async def run(args: argparse.Namespace, tmp: Path, code: str | None) -> dict[str
 
 
 async def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = cli.parser(__doc__)
     p.add_argument("--turns", type=int, default=3000)
     p.add_argument("--window", type=int, default=100, help="turns per latency window")
     p.add_argument("--baseline", help="also run the chain with this tree's gateway code")

@@ -19,7 +19,6 @@ record per request) and ``pods`` (per-pod time series, one list per field).
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import math
@@ -34,6 +33,7 @@ from typing import Any
 import aiohttp
 import orjson
 
+from bench.harness import cli
 from bench.harness.stats import distribution, percentile
 from bench.harness.workloads import TimedRequest, Workload, add_workload_args, workload_from_args
 
@@ -508,9 +508,7 @@ def format_summary(summary: Mapping[str, Any]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        description="Replay a workload open-loop against a router and poll the pods' /metrics."
-    )
+    parser = cli.parser("Replay a workload open-loop against a router and poll the pods' /metrics.")
     parser.add_argument("--base-url", required=True, help="router (or pod) base URL")
     parser.add_argument(
         "--pod",
@@ -523,7 +521,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=3600.0, help="per request, seconds")
     parser.add_argument("--time-scale", type=float, default=1.0, help="multiply every offset")
     parser.add_argument("--out", help="write the results JSON here")
-    parser.add_argument("--no-progress", action="store_true")
+    cli.add_progress(parser)
     add_workload_args(parser)
     args = parser.parse_args(argv)
     try:

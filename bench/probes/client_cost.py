@@ -30,6 +30,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench.harness import cli
 from bench.harness.machine import cpu_model, git_head
 from bench.harness.pods import fast_upstream_argv
 from bench.harness.procs import bench_module, free_ports, start_server, stop_servers, wait_ready
@@ -162,7 +163,7 @@ def count(client: str, origin: str, n: int, stream: bool) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser = cli.parser(__doc__)
     parser.add_argument("--clients", default=",".join(CLIENTS))
     parser.add_argument("--small", type=int, default=200)
     parser.add_argument("--large", type=int, default=1200)

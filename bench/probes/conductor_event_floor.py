@@ -15,7 +15,6 @@ Run: python -m bench.probes.conductor_event_floor [--instances 64] [--blocks 200
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import gc
 import time
@@ -23,6 +22,7 @@ import time
 import msgpack
 
 from bench.conductor import BLOCK, ingest_vllm, registrations, vllm_payloads
+from bench.harness import cli
 from heimdall_proxy.conductor.service import Conductor
 from heimdall_proxy.kvcache.hashing import STANDARD_HASH_SEED, block_keys
 
@@ -56,7 +56,7 @@ def floor(payloads: list[tuple[str, bytes]], bits: dict[str, int]) -> tuple[floa
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = cli.parser(__doc__)
     ap.add_argument("--instances", type=int, default=64)
     ap.add_argument("--blocks", type=int, default=20_000, help="blocks per instance")
     args = ap.parse_args()

@@ -21,7 +21,6 @@ printed names the tree that ran.
 
 from __future__ import annotations
 
-import argparse
 import gc
 import inspect
 import pickle
@@ -30,6 +29,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from bench.harness import cli
 
 JOB = 128
 
@@ -113,7 +114,7 @@ def measure(instances: int, blocks: int) -> dict[str, float]:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = cli.parser(__doc__)
     ap.add_argument("--instances", type=int, default=64)
     ap.add_argument("--blocks", type=int, default=20_000, help="blocks per instance")
     ap.add_argument("--rounds", type=int, default=1)

@@ -53,6 +53,7 @@ from typing import Any
 
 import yaml
 
+from bench.harness import cli
 from bench.harness.gateway import serve_args
 from bench.harness.machine import REPO_ROOT, cpu_model, git_dirty, git_head
 from bench.harness.pods import fast_upstream_argv
@@ -463,7 +464,7 @@ def progress(msg: str) -> None:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    p = cli.parser(__doc__)
     p.add_argument("--requests", type=int, default=320, help="requests per window (320)")
     p.add_argument("--repeat", type=int, default=2, help="windows per target, median (2)")
     p.add_argument("--warmup", type=int, default=100, help="requests before counting (100)")
@@ -479,15 +480,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--top", type=int, default=40, help="--calls: functions listed (40)")
     p.add_argument("--base-config", type=Path, help="whole gateway config, e.g. recommended.yaml")
     p.add_argument("--config-extra", type=Path, help="YAML merged into the gateway config")
-    p.add_argument("--gateway-args", default="", help="extra args for `heimdall-proxy serve`")
+    cli.add_gateway_args(p)
     p.add_argument(
         "--keep-background",
         action="store_true",
         help="keep the gateway's default scrape intervals (their cost is then in the counts)",
     )
     p.add_argument("--startup-timeout", type=float, default=600.0)
-    p.add_argument("--json", type=Path, metavar="OUT")
-    p.add_argument("--markdown", action="store_true")
+    cli.add_output(p)
     p.add_argument("--keep-tmp", action="store_true")
     args = p.parse_args(argv)
     targets = [t.strip() for t in args.targets.split(",") if t.strip()]
@@ -513,10 +513,8 @@ def report(args: argparse.Namespace, out: dict[str, Any]) -> int:
     print(text_report(out))
     if args.markdown:
         print()
-        print(markdown_report(out))
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(out, indent=2) + "\n")
+        cli.write_markdown(args.markdown, markdown_report(out))
+    cli.write_json(args.json, out)
     return 0
 
 

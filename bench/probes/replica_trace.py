@@ -18,7 +18,6 @@ filter (keep the prefix's pods, or release), on one host whose wall clocks agree
 
 from __future__ import annotations
 
-import argparse
 import bisect
 import json
 from collections.abc import Iterable, Mapping, Sequence
@@ -26,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bench.harness import cli
 from heimdall_proxy.framework.queue_delay import QueueDelay
 
 #: The filter's default when nothing is learned yet (1 / peakPrefillThroughput).
@@ -157,7 +157,7 @@ def analyse(evs: Sequence[Mapping[str, Any]]) -> Stats:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = cli.parser(__doc__)
     parser.add_argument("json", type=Path, nargs="+", help="bench/replicas.py --json outputs")
     args = parser.parse_args(argv)
     print(

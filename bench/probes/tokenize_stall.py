@@ -35,6 +35,7 @@ import aiohttp
 import orjson
 import yaml
 
+from bench.harness import cli
 from bench.harness.machine import cpu_model, git_dirty, git_head
 from bench.harness.procs import free_port, wait_http
 from bench.harness.stats import percentile
@@ -172,7 +173,7 @@ async def run(
 
 
 async def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = cli.parser(__doc__)
     p.add_argument("--prompt-mb", type=float, default=25.0, help="the prompt's size, in MB")
     p.add_argument("--interval", type=float, default=0.01, help="seconds between /health")
     p.add_argument("--baseline", help="also run this tree's gateway code (the 'before' row)")
