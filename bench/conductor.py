@@ -32,7 +32,7 @@ row runs faster or slower depending on the pages an earlier one left behind.
 native/_vllm_ingest.c): with and without, run one after the other, give each
 extension's share on the same machine.
 
-Run: python bench/conductor.py [--instances 64] [--blocks 100000] [--workers 0,1,2]
+Run: python -m bench.conductor [--instances 64] [--blocks 100000] [--workers 0,1,2]
 [--only-ingest] [--without maps] [--without tokens] [--without native]
 """
 
@@ -47,8 +47,6 @@ import os
 import platform
 import random
 import resource
-import statistics
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -56,12 +54,10 @@ from typing import Any
 import msgpack
 import orjson
 
-SCRIPT = Path(__file__).resolve()
-ROOT = SCRIPT.parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from bench.machine import cpu_model, git_head  # noqa: E402
+from bench.harness import cli
+from bench.harness.machine import cpu_model, git_head
+from bench.harness.procs import bench_module
+from bench.harness.stats import distribution
 
 try:  # older trees (a base to compare with) have none: --without is refused there
     from heimdall_proxy.conductor import tables
@@ -72,11 +68,11 @@ try:
     from heimdall_proxy.conductor import native_ingest
 except ImportError:
     native_ingest = None  # type: ignore[assignment]
-from heimdall_proxy.conductor.api import parse_query  # noqa: E402
-from heimdall_proxy.conductor.hashing import seq_hashes  # noqa: E402
-from heimdall_proxy.conductor.model import Registration, Stored, Stream  # noqa: E402
-from heimdall_proxy.conductor.service import Conductor  # noqa: E402
-from heimdall_proxy.kvcache.events import decode_batch  # noqa: E402
+from heimdall_proxy.conductor.api import parse_query
+from heimdall_proxy.conductor.hashing import seq_hashes
+from heimdall_proxy.conductor.model import Registration, Stored, Stream
+from heimdall_proxy.conductor.service import Conductor
+from heimdall_proxy.kvcache.events import decode_batch
 
 BLOCK = 16
 BLOCKS_PER_EVENT = 32
@@ -295,8 +291,9 @@ def _latency_row(
 
 
 def percentiles(samples: list[float]) -> tuple[float, float, float]:
-    qs = statistics.quantiles(samples, n=100, method="inclusive")
-    return qs[49] * 1e3, qs[98] * 1e3, max(samples) * 1e3
+    """p50, p99 and max of `samples` (seconds) in ms."""
+    d = distribution(samples, scale=1e3)
+    return d["p50"], d["p99"], d["max"]
 
 
 async def _post_loop(url: str, body: dict[str, Any], n: int) -> list[float]:
@@ -364,7 +361,7 @@ async def http_latency(
     try:
         if separate:
             proc = await asyncio.create_subprocess_exec(
-                sys.executable, str(SCRIPT), "--client", url,
+                *bench_module("bench.conductor"), "--client", url,
                 "--http-queries", str(n), "--prompt-tokens", str(len(body["token_ids"])),
                 stdout=asyncio.subprocess.PIPE,
             )  # fmt: skip
@@ -379,7 +376,7 @@ async def http_latency(
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = cli.parser(__doc__)
     ap.add_argument("--instances", type=int, default=64)
     ap.add_argument("--blocks", type=int, default=100_000, help="blocks per instance")
     ap.add_argument("--prompt-tokens", type=int, default=8192)

@@ -8,20 +8,18 @@ prompts and varied user turns; after each decision the pre-request hooks run (so
 indexes and in-flight counters fill up as in service), and min(64, N) requests are kept in
 flight, the oldest completed. Only `Director.decide` is timed, in CPU time of the calling thread.
 
-    python bench/decisions.py                       # every config in config/, 8/64/256/1024
-    python bench/decisions.py --configs config/recommended.yaml --pods 1024 --profile
+    python -m bench.decisions                       # every config in config/, 8/64/256/1024
+    python -m bench.decisions --configs config/recommended.yaml --pods 1024 --profile
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import collections
 import cProfile
 import os
 import pstats
 import random
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -29,16 +27,14 @@ from typing import Any
 import orjson
 import yaml
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-
-from bench.machine import cpu_model, git_head  # noqa: E402
-from heimdall_proxy.config.gateway import parse_config  # noqa: E402
-from heimdall_proxy.config.options import ServerOptions  # noqa: E402
-from heimdall_proxy.framework.inflight import LoadEstimate  # noqa: E402
-from heimdall_proxy.framework.types import Metrics, RequestContext  # noqa: E402
-from heimdall_proxy.plugins.builtins import load_builtin_plugins  # noqa: E402
-from heimdall_proxy.server.gateway import Gateway  # noqa: E402
+from bench.harness import cli
+from bench.harness.machine import REPO_ROOT, cpu_model, git_head
+from heimdall_proxy.config.gateway import parse_config
+from heimdall_proxy.config.options import ServerOptions
+from heimdall_proxy.framework.inflight import LoadEstimate
+from heimdall_proxy.framework.types import Metrics, RequestContext
+from heimdall_proxy.plugins.builtins import load_builtin_plugins
+from heimdall_proxy.server.gateway import Gateway
 
 MODEL = "bench-model"
 IN_FLIGHT = 64
@@ -162,14 +158,14 @@ async def measure(path: Path, pods: int, requests: int, profile: bool) -> dict[s
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = cli.parser(__doc__)
     p.add_argument("--configs", nargs="*", default=None)
-    p.add_argument("--pods", default="8,64,256,1024")
+    cli.add_pods(p, "8,64,256,1024", "pod counts, comma-separated (default: %(default)s)")
     p.add_argument("--requests", type=int, default=1000)
     p.add_argument("--profile", action="store_true", help="cProfile the timed calls")
     args = p.parse_args()
     configs = [Path(c) for c in args.configs] if args.configs else sorted(
-        (REPO / "config").glob("*.yaml")
+        (REPO_ROOT / "config").glob("*.yaml")
     )  # fmt: skip
     pods = [int(x) for x in args.pods.split(",")]
     print(

@@ -7,13 +7,12 @@ prefill pod, then to a decode pod with the returned kv_transfer_params). The cli
 the same open-loop Poisson stream of streamed chat completions, each with a long prompt that
 shares nothing with the others, and measures TTFT, time per output token and throughput.
 
-    python bench/disagg.py                       # 3 rates x 2 setups, ~1.5 min
-    python bench/disagg.py --markdown bench/RESULTS.md
+    python -m bench.disagg                       # 3 rates x 2 setups, ~1.5 min
+    python -m bench.disagg --markdown bench/RESULTS.md
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import os
@@ -21,7 +20,6 @@ import platform
 import random
 import signal
 import socket
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -35,7 +33,10 @@ import aiohttp
 import orjson
 import yaml
 
-ROOT = Path(__file__).resolve().parent.parent
+from bench.harness import cli
+from bench.harness.machine import REPO_ROOT
+from bench.harness.stats import percentile
+
 MODEL = "sim-model"
 ROLE = "mif.moreh.io/role"
 
@@ -65,7 +66,7 @@ def aggregated(n: int) -> Setup:
 
 
 def disaggregated(n: int, prefill: int) -> Setup:
-    doc = yaml.safe_load((ROOT / "config" / "pd-disagg.yaml").read_text())
+    doc = yaml.safe_load((REPO_ROOT / "config" / "pd-disagg.yaml").read_text())
     doc.pop("endpoints")
     roles = ["prefill"] * prefill + ["decode"] * (n - prefill)
     return Setup(f"disaggregated {prefill} prefill + {n - prefill} decode", roles, doc)
@@ -244,25 +245,21 @@ def hops(url: str) -> str:
 
 
 def pct(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    return (
-        statistics.quantiles(values, n=100, method="inclusive")[int(q) - 1]
-        if len(values) > 1
-        else values[0]
-    )
+    """The q-th percentile of `values`, NaN for none (a cell of the table)."""
+    p = percentile(values, q)
+    return float("nan") if p is None else p
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--pods", type=int, default=4)
+    ap = cli.parser(__doc__)
+    cli.add_pods(ap)
     ap.add_argument("--prefill-pods", type=int, default=2)
     ap.add_argument("--rates", default="4,12,20", help="requests/s, comma-separated")
     ap.add_argument("--requests", type=int, default=80, help="per run")
     ap.add_argument("--prompt-words", type=int, default=800, help="~2 tokens per word")
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--time-scale", type=float, default=1.0)
-    ap.add_argument("--markdown", type=Path, help="append a section to this file")
+    cli.add_output(ap, json=False)  # --markdown PATH appends a section to PATH
     args = ap.parse_args(argv)
 
     setups = [aggregated(args.pods), disaggregated(args.pods, args.prefill_pods)]
@@ -303,7 +300,7 @@ def main(argv: list[str] | None = None) -> int:
             )
     load1 = os.getloadavg()[0]
     if args.markdown:
-        cmd = "python bench/disagg.py " + " ".join(argv if argv is not None else sys.argv[1:])
+        cmd = "python -m bench.disagg " + " ".join(argv if argv is not None else sys.argv[1:])
         lines = [
             "",
             "## Disaggregated prefill/decode vs aggregated (simulated pods)",
@@ -328,8 +325,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"{r['ttft50']:.0f} / {r['ttft90']:.0f} | {r['tpot50']:.1f} / {r['tpot90']:.1f} | "
                 f"{r['e2e50']:.2f} | {r['tok_s']:.0f} | {r['hops']} |"
             )
-        with args.markdown.open("a") as f:
-            f.write("\n".join(lines) + "\n")
+        cli.write_markdown(args.markdown, "\n".join(lines), append=True)
     return 0
 
 

@@ -13,13 +13,12 @@ bench can flip a pod's failure knobs over HTTP), against every target on the sam
   requests sheddable (`x-gateway-inference-objective: batch`, priority -1). Reported:
   goodput, the p99 latency of the served non-sheddable requests, and the share shed.
 
-    python bench/faults.py                               # every scenario, default targets
-    python bench/faults.py --scenarios overload --targets round_robin config/flow-control.yaml
+    python -m bench.faults                               # every scenario, default targets
+    python -m bench.faults --scenarios overload --targets round_robin config/flow-control.yaml
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import datetime as dt
@@ -35,12 +34,14 @@ from typing import Any
 import aiohttp
 import yaml
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bench.harness import cli, machine, runner, stats
+from bench.harness.gateway import gateway_config
+from bench.harness.pods import FleetSpec, Pod, sim_command, sim_flags
+from bench.harness.procs import HOST, Proc, free_port, http_get, wait_until
+from bench.harness.targets import Target, parse_target, router_command, router_ready
+from bench.harness.workloads import TimedRequest, words_text
 
-from bench import compare, runner
-from bench.workloads import TimedRequest, words_text
-
-OUT = Path(__file__).resolve().parent / "out" / "faults"
+OUT = machine.BENCH_DIR / "out" / "faults"
 DEFAULT_TARGETS = ("round_robin", "cache_aware", "config/recommended.yaml")
 MODEL = "sim-model"
 SHEDDABLE = {"x-gateway-inference-objective": "batch"}
@@ -116,19 +117,17 @@ class Run:
 
 
 @contextlib.contextmanager
-def pods_up(spec: compare.FleetSpec, logs: Path, slug: str) -> Iterator[list[compare.Proc]]:
-    pods = [compare.Pod(f"pod-{i}", compare.free_port()) for i in range(spec.pods)]
+def pods_up(spec: FleetSpec, logs: Path, slug: str) -> Iterator[list[Proc]]:
+    pods = [Pod(f"pod-{i}", free_port()) for i in range(spec.pods)]
     procs = [
-        compare.Proc(p.name, compare.sim_command(spec, p, i), logs / f"{slug}-{p.name}.log")
+        Proc(p.name, sim_command(spec, p, i), logs / f"{slug}-{p.name}.log")
         for i, p in enumerate(pods)
     ]
     try:
         for proc in procs:
             proc.start()
         for pod, proc in zip(pods, procs, strict=True):
-            compare.wait_until(
-                proc, lambda u=pod.url: compare.http_get(u + "/health")[0] == 200, "pod health"
-            )
+            wait_until(proc, lambda u=pod.url: http_get(u + "/health")[0] == 200, "pod health")
         for proc, pod in zip(procs, pods, strict=True):
             proc.pod = pod  # type: ignore[attr-defined]
         yield procs
@@ -151,11 +150,11 @@ async def drive(url: str, requests: Sequence[TimedRequest]) -> list[runner.Reque
     return results
 
 
-def run_one(scn: Scenario, target: compare.Target, out: Path) -> Run:
+def run_one(scn: Scenario, target: Target, out: Path) -> Run:
     logs = out / "logs"
     logs.mkdir(parents=True, exist_ok=True)
-    spec = compare.FleetSpec(
-        scn.pods, MODEL, [*scn.sim_args, "--fault-control"], 1.0, 42, "off", compare.sim_flags()
+    spec = FleetSpec(
+        scn.pods, MODEL, [*scn.sim_args, "--fault-control"], 1.0, 42, "off", sim_flags()
     )
     requests = schedule(scn)
     with pods_up(spec, logs, f"{scn.key}-{target.slug}") as procs:
@@ -164,16 +163,16 @@ def run_one(scn: Scenario, target: compare.Target, out: Path) -> Run:
         if target.kind == "gateway":
             doc = yaml.safe_load(Path(target.arg).read_text()) or {}
             config_path = out / f"{scn.key}-{target.slug}.config.yaml"
-            config_path.write_text(yaml.safe_dump(compare.gateway_config(doc, pods)))
-        port = compare.free_port()
-        argv = compare.router_command(target, pods, port, config_path, [])
-        router = compare.Proc(target.slug, argv, logs / f"{scn.key}-{target.slug}-router.log")
+            config_path.write_text(yaml.safe_dump(gateway_config(doc, pods)))
+        port = free_port()
+        argv = router_command(target, pods, port, config_path, [])
+        router = Proc(target.slug, argv, logs / f"{scn.key}-{target.slug}-router.log")
         router.start()
-        url = f"http://{compare.HOST}:{port}"
+        url = f"http://{HOST}:{port}"
         try:
-            compare.wait_until(
+            wait_until(
                 router,
-                lambda: compare._router_ready(target, url, len(pods), MODEL),
+                lambda: router_ready(target, url, len(pods), MODEL),
                 "the router to see every pod",
             )
             run = Run(target.label, [])
@@ -181,7 +180,7 @@ def run_one(scn: Scenario, target: compare.Target, out: Path) -> Run:
             run.results = asyncio.run(inject_during(scn, procs, url, requests, run, t0))
             run.wall = time.perf_counter() - t0
             if target.kind == "gateway":
-                _, text = compare.http_get(url + "/metrics")
+                _, text = http_get(url + "/metrics")
                 metrics = runner.parse_metrics(text)
                 run.retries = sum(
                     v for k, v in metrics.items() if k.startswith("inference_objective_retries")
@@ -193,7 +192,7 @@ def run_one(scn: Scenario, target: compare.Target, out: Path) -> Run:
 
 async def inject_during(
     scn: Scenario,
-    procs: list[compare.Proc],
+    procs: list[Proc],
     url: str,
     requests: Sequence[TimedRequest],
     run: Run,
@@ -253,8 +252,8 @@ def summarize(scn: Scenario, run: Run) -> dict[str, Any]:
         served = [r for r in crit if r.ok and r.e2e is not None]
         doc["goodput"] = sum(1 for r in res if r.ok) / run.wall
         doc["critical_served"] = f"{len(served)}/{len(crit)}"
-        doc["critical_p99"] = runner.percentile([r.e2e for r in served if r.e2e], 99)
-        doc["critical_p50"] = runner.percentile([r.e2e for r in served if r.e2e], 50)
+        doc["critical_p99"] = stats.percentile([r.e2e for r in served if r.e2e], 99)
+        doc["critical_p50"] = stats.percentile([r.e2e for r in served if r.e2e], 50)
         doc["shed_share"] = sum(1 for r in shed if r.status == 429) / max(1, len(shed))
         doc["critical_failed"] = sum(1 for r in crit if not r.ok)
     return doc
@@ -290,31 +289,30 @@ def table(scn: Scenario, rows: dict[str, dict[str, Any]]) -> list[str]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = cli.parser(__doc__)
     ap.add_argument("--scenarios", default=",".join(SCENARIOS))
     ap.add_argument("--targets", nargs="+", default=list(DEFAULT_TARGETS))
-    ap.add_argument("--json", type=Path, default=None)
+    cli.add_output(ap, markdown=False)
     args = ap.parse_args(argv)
     OUT.mkdir(parents=True, exist_ok=True)
     report: dict[str, Any] = {
         "started": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
-        "machine": compare.machine_info(),
-        "command": "python bench/faults.py " + " ".join(sys.argv[1:]),
+        "machine": machine.machine_info(),
+        "command": "python -m bench.faults " + " ".join(sys.argv[1:]),
         "scenarios": {},
     }
     for key in args.scenarios.split(","):
         scn = SCENARIOS[key]
         rows: dict[str, dict[str, Any]] = {}
         for spec in args.targets:
-            target = compare.parse_target(spec)
+            target = parse_target(spec)
             print(f"== {key}: {target.label}", file=sys.stderr)
             rows[target.label] = summarize(scn, run_one(scn, target, OUT))
             print(json.dumps(rows[target.label]), file=sys.stderr)
         report["scenarios"][key] = rows
         print(f"\n### {key}\n")
         print("\n".join(table(scn, rows)))
-    if args.json:
-        args.json.write_text(json.dumps(report, indent=2))
+    cli.write_json(args.json, report)
     return 0
 
 

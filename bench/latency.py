@@ -13,12 +13,12 @@
 * ``remote``: the producer's step with and without a prediction server speaking GIE's
   sidecar API (a stand-in with constant answers, in a subprocess on localhost).
 
-    python bench/latency.py unequal --targets round_robin config/recommended.yaml \\
+    python -m bench.latency unequal --targets round_robin config/recommended.yaml \\
         config/predicted-latency.yaml
-    python bench/latency.py overload --targets config/recommended.yaml \\
+    python -m bench.latency overload --targets config/recommended.yaml \\
         config/predicted-latency.yaml
-    python bench/latency.py cost --pods 64
-    python bench/latency.py remote --pods 64 --iterations 2000
+    python -m bench.latency cost --pods 64
+    python -m bench.latency remote --pods 64 --iterations 2000
 
 Prints a markdown table per part (results JSON under bench/out/latency-*)."""
 
@@ -28,7 +28,6 @@ import argparse
 import asyncio
 import contextlib
 import random
-import statistics
 import sys
 import time
 from collections.abc import Sequence
@@ -37,10 +36,12 @@ from typing import Any
 
 import yaml
 
-if __package__ in (None, ""):  # run as `python bench/latency.py`
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench import compare, runner
-from bench.workloads import COMPLETIONS, TimedRequest, Workload, _sampling, words_text
+from bench.harness import cli, runner, stats
+from bench.harness.gateway import gateway_config
+from bench.harness.pods import FleetSpec, fleet, sim_flags
+from bench.harness.procs import HOST, Proc, free_port, http_get, wait_until
+from bench.harness.targets import Target, parse_target, router_command, router_ready
+from bench.harness.workloads import COMPLETIONS, TimedRequest, Workload, _sampling, words_text
 
 #: Every cost of the simulator's model four times its default: 4x slower per token.
 SLOW4 = ("--step-base", "0.032", "--prefill-cost-per-token", "0.00024",
@@ -76,30 +77,28 @@ def error_ratios(metrics_text: str) -> dict[str, float | None]:
 
 
 def run_target(
-    target: compare.Target, workload: Workload, spec: compare.FleetSpec, out_dir: Path
+    target: Target, workload: Workload, spec: FleetSpec, out_dir: Path
 ) -> tuple[runner.RunResult, dict[str, float | None], list[str]]:
-    """compare.run_target, plus the gateway's /metrics read before it stops."""
+    """bench.harness.targets.run_target, plus the gateway's /metrics read before it stops."""
     logs = out_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
-    with compare.fleet(spec, logs, target.slug, False) as pods:
+    with fleet(spec, logs, target.slug, False) as pods:
         config_path = None
         if target.kind == "gateway":
             doc = yaml.safe_load(Path(target.arg).read_text()) or {}
-            doc = compare.gateway_config(doc, pods)
+            doc = gateway_config(doc, pods)
             doc.setdefault(
                 "objectives", [{"name": k, "priority": v} for k, v in OBJECTIVES.items()]
             )
             config_path = out_dir / f"{target.slug}.config.yaml"
             config_path.write_text(yaml.safe_dump(doc, sort_keys=False))
-        port = compare.free_port()
-        argv = compare.router_command(target, pods, port, config_path, [])
-        proc = compare.Proc(target.slug, argv, logs / f"{target.slug}-router.log").start()
+        port = free_port()
+        argv = router_command(target, pods, port, config_path, [])
+        proc = Proc(target.slug, argv, logs / f"{target.slug}-router.log").start()
         errors: dict[str, float | None] = {}
         try:
-            url = f"http://{compare.HOST}:{port}"
-            compare.wait_until(
-                proc, lambda: compare._router_ready(target, url, len(pods), spec.model), "router"
-            )
+            url = f"http://{HOST}:{port}"
+            wait_until(proc, lambda: router_ready(target, url, len(pods), spec.model), "router")
             result = asyncio.run(
                 runner.run_workload(
                     workload, url, {p.name: p.url for p in pods}, progress=False,
@@ -107,7 +106,7 @@ def run_target(
                 )
             )  # fmt: skip
             if target.kind == "gateway":
-                errors = error_ratios(compare.http_get(url + "/metrics")[1])
+                errors = error_ratios(http_get(url + "/metrics")[1])
         finally:
             proc.stop()
     result.save(out_dir / f"{target.slug}.json")
@@ -125,9 +124,9 @@ def _pct(v: float | None) -> str:
 def unequal(args: argparse.Namespace) -> list[str]:
     workload = poisson_workload("latency-unequal", args.rate, args.requests, args.seed)
     per_pod = [[], [], list(SLOW4), list(SLOW4)]
-    spec = compare.FleetSpec(
+    spec = FleetSpec(
         args.pods, "sim-model", ["--max-num-seqs", str(args.slots)], args.time_scale,
-        args.seed, "off", compare.sim_flags(), per_pod_args=per_pod,
+        args.seed, "off", sim_flags(), per_pod_args=per_pod,
     )  # fmt: skip
     fast = {f"pod-{i}" for i in range(args.pods) if not per_pod[i % len(per_pod)]}
     lines = [
@@ -136,8 +135,8 @@ def unequal(args: argparse.Namespace) -> list[str]:
         "|---|---|---|---|---|---|---|---|",
     ]
     for spec_str in args.targets:
-        target = compare.parse_target(spec_str)
-        result, errors, _ = run_target(target, workload, spec, args.out / "unequal")
+        target = parse_target(spec_str)
+        result, errors, _ = run_target(target, workload, spec, args.out_dir / "unequal")
         s = result.summary
         per = s["requests_per_pod"]
         share = sum(n for p, n in per.items() if p in fast) / max(1, sum(per.values()))
@@ -160,9 +159,9 @@ def overload(args: argparse.Namespace) -> list[str]:
     workload = poisson_workload(
         "latency-overload", args.rate, args.requests, args.seed, headers_for=classes
     )
-    spec = compare.FleetSpec(
+    spec = FleetSpec(
         args.pods, "sim-model", ["--max-num-seqs", str(args.slots)], args.time_scale,
-        args.seed, "off", compare.sim_flags(),
+        args.seed, "off", sim_flags(),
     )  # fmt: skip
     lines = [
         "| target | class | sent | shed (429) | other errors | served within both SLOs "
@@ -170,8 +169,8 @@ def overload(args: argparse.Namespace) -> list[str]:
         "|---|---|---|---|---|---|---|",
     ]
     for spec_str in args.targets:
-        target = compare.parse_target(spec_str)
-        result, _, _ = run_target(target, workload, spec, args.out / "overload")
+        target = parse_target(spec_str)
+        result, _, _ = run_target(target, workload, spec, args.out_dir / "overload")
         for cls in ("interactive", "batch"):
             rs = [r for r in result.requests if r.tag == cls]
             shed = sum(1 for r in rs if r.status == 429)
@@ -188,7 +187,7 @@ def overload(args: argparse.Namespace) -> list[str]:
                 ):
                     met += 1
             ttfts = [r.ttft for r in ok if r.ttft is not None]
-            p95 = runner.percentile(ttfts, 95)
+            p95 = stats.percentile(ttfts, 95)
             lines.append(
                 f"| {target.label} | {cls} | {len(rs)} | {shed} "
                 f"| {len(rs) - len(ok) - shed} | {met}/{len(ok)} "
@@ -242,11 +241,8 @@ def cost(args: argparse.Namespace) -> list[str]:
         walls.append(time.perf_counter() - w)
         if i % 100 == 0:  # some requests in flight, as in a live gateway
             producer.load.acquire(f"{i}:0", rng.choice(pods).name, 500, 0, 500)
-    times.sort()
-    walls.sort()
-    p50 = statistics.median(times)
-    p99 = times[int(len(times) * 0.99)]
-    wall99 = walls[int(len(walls) * 0.99)]
+    p50, p99 = stats.percentile(times, 50) or 0.0, stats.percentile(times, 99) or 0.0
+    wall99 = stats.percentile(walls, 99) or 0.0
     return [
         "| candidates | CPU per request (TTFT+TPOT for all) p50 | p99 | wall p99 "
         "| training per observation |",
@@ -270,13 +266,13 @@ def remote(args: argparse.Namespace) -> list[str]:
         PredictedLatencyProducerParams,
     )
 
-    port = compare.free_port()
+    port = free_port()
     server = subprocess.Popen(
         [sys.executable, "-c", _STAND_IN, str(port)], stdout=subprocess.DEVNULL
     )
-    url = f"http://{compare.HOST}:{port}"
+    url = f"http://{HOST}:{port}"
     deadline = time.monotonic() + 30.0
-    while compare.http_get(url + "/readyz")[0] != 200:
+    while http_get(url + "/readyz")[0] != 200:
         if time.monotonic() > deadline or server.poll() is not None:
             server.kill()
             raise RuntimeError("the prediction-server stand-in did not start")
@@ -326,10 +322,10 @@ def remote(args: argparse.Namespace) -> list[str]:
                                                 "predictorTimeout": "1s"}),
         ):  # fmt: skip
             cpu, wall = asyncio.run(run(params))
-            p99 = int(len(cpu) * 0.99)
+            c, w = stats.distribution(cpu, scale=1e3), stats.distribution(wall, scale=1e3)
             lines.append(
-                f"| {label} | {statistics.median(cpu) * 1e3:.3f} ms | {cpu[p99] * 1e3:.3f} ms "
-                f"| {statistics.median(wall) * 1e3:.3f} ms | {wall[p99] * 1e3:.3f} ms |"
+                f"| {label} | {c['p50']:.3f} ms | {c['p99']:.3f} ms "
+                f"| {w['p50']:.3f} ms | {w['p99']:.3f} ms |"
             )
     finally:
         server.terminate()
@@ -357,20 +353,20 @@ web.run_app(app, host="127.0.0.1", port=int(sys.argv[1]), print=None)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = cli.parser(__doc__)
     parser.add_argument("part", choices=("unequal", "overload", "cost", "remote"))
     parser.add_argument("--targets", nargs="+", default=["config/predicted-latency.yaml"])
-    parser.add_argument("--pods", type=int, default=None)
+    cli.add_pods(parser, None, "pods (default: the part's)")
     parser.add_argument("--rate", type=float, default=None, help="requests per second")
     parser.add_argument("--requests", type=int, default=None)
     parser.add_argument("--slots", type=int, default=8, help="--max-num-seqs of each pod")
     parser.add_argument("--time-scale", type=float, default=5.0)
-    parser.add_argument("--seed", type=int, default=42)
+    cli.add_seed(parser)
     parser.add_argument("--slo-ttft-ms", type=float, default=1500.0)
     parser.add_argument("--slo-tpot-ms", type=float, default=150.0)
     parser.add_argument("--sheddable-share", type=float, default=0.5)
     parser.add_argument("--iterations", type=int, default=5000)
-    parser.add_argument("--out", type=Path, default=compare.BENCH_DIR / "out" / "latency")
+    cli.add_output(parser, out_dir="latency", json=False, markdown=False)
     args = parser.parse_args(argv)
     defaults = {
         "unequal": (4, 5.0, 300),

@@ -22,15 +22,14 @@ ratio is to the cached bound, the tighter one.
 
 Every target of a shape gets the same request schedule (fixed seed) on a fresh fleet.
 
-    python bench/matrix.py --quick                    # a few minutes per shape on 2 cores
-    python bench/matrix.py --shapes hot-prefix,cold-burst \\
+    python -m bench.matrix --quick                    # a few minutes per shape on 2 cores
+    python -m bench.matrix --shapes hot-prefix,cold-burst \\
         --targets round_robin config/recommended.yaml
-    python bench/matrix.py --json bench/out/matrix.json --markdown bench/out/matrix.md
+    python -m bench.matrix --json bench/out/matrix.json --markdown bench/out/matrix.md
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import datetime as dt
 import json
@@ -43,10 +42,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-if __package__ in (None, ""):  # run as `python bench/matrix.py`
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench import compare, runner
-from bench.workloads import PRESETS, Workload, apply_overrides
+from bench.harness import cli, machine, runner
+from bench.harness.targets import Target, TargetRun, parse_target, run_target
+from bench.harness.workloads import PRESETS, Workload, apply_overrides
 from heimdall_proxy.sim.options import SimOptions
 from heimdall_proxy.sim.tokens import Tokenizer
 
@@ -207,7 +205,7 @@ class ShapeResult:
     shape: Shape
     workload: Workload
     bound: LowerBound
-    runs: list[compare.TargetRun] = field(default_factory=list)
+    runs: list[TargetRun] = field(default_factory=list)
 
 
 #: The request schedule's seed unless --seed says otherwise (every figure in RESULTS before
@@ -224,7 +222,7 @@ def build_workload(shape: Shape, quick: bool, seed: int = DEFAULT_SEED) -> Workl
 
 def run_shape(
     shape: Shape,
-    targets: Sequence[compare.Target],
+    targets: Sequence[Target],
     quick: bool,
     pods: int,
     out: Path,
@@ -234,12 +232,12 @@ def run_shape(
     per_pod = list(shape.per_pod) or [((), 1.0)]
     speeds = [per_pod[i % len(per_pod)][1] for i in range(pods)]
     result = ShapeResult(shape, workload, lower_bound(workload, speeds))
-    supported = compare.sim_flags()
+    supported = pods.sim_flags()
     sim_args = [*PRESETS[shape.preset].sim_args, *shape.sim_args, "--max-num-seqs", str(SLOTS)]
     # KV events only for targets that read them (the precise scorer): fewer sockets and less CPU
     # spent on the 2-core machine for the others
     kv = "auto" if any("precise" in t.arg for t in targets) else "off"
-    spec = compare.FleetSpec(
+    spec = pods.FleetSpec(
         pods, "sim-model", sim_args, 1.0, seed, kv, supported,
         per_pod_args=[list(a) for a, _ in per_pod] if shape.per_pod else [],
     )  # fmt: skip
@@ -249,11 +247,11 @@ def run_shape(
             time.sleep(1.0)
         print(f"-- {target.label}", file=sys.stderr)
         try:
-            run = compare.run_target(target, workload, spec, out / shape.key, progress=False)
+            run = run_target(target, workload, spec, out / shape.key, progress=False)
         except RuntimeError as exc:  # a pod or router that failed to start (a port race)
             print(f"   failed to start, trying once more: {exc}", file=sys.stderr)
             time.sleep(2.0)
-            run = compare.run_target(target, workload, spec, out / shape.key, progress=False)
+            run = run_target(target, workload, spec, out / shape.key, progress=False)
         print(runner.format_summary(run.result.summary), file=sys.stderr)
         result.runs.append(run)
     return result
@@ -318,7 +316,7 @@ def render(doc: dict[str, Any], header: str = "") -> str:
 
 
 def summary_json(results: Sequence[ShapeResult]) -> dict[str, Any]:
-    doc: dict[str, Any] = {"machine": compare.machine_info(), "shapes": {}}
+    doc: dict[str, Any] = {"machine": machine.machine_info(), "shapes": {}}
     for res in results:
         doc["shapes"][res.shape.key] = {
             "description": res.shape.description,
@@ -341,20 +339,17 @@ def summary_json(results: Sequence[ShapeResult]) -> dict[str, Any]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="smaller workloads")
+    parser = cli.parser(__doc__)
+    cli.add_quick(parser)
     parser.add_argument("--shapes", default=",".join(SHAPES), help="comma-separated")
     parser.add_argument("--targets", nargs="+", default=list(DEFAULT_TARGETS))
-    parser.add_argument("--pods", type=int, default=4)
-    parser.add_argument(
-        "--seed",
-        type=int,
-        default=DEFAULT_SEED,
-        help="the request schedule's (and the pods') seed: repeat a claim on other draws",
+    cli.add_pods(parser)
+    cli.add_seed(
+        parser,
+        DEFAULT_SEED,
+        "the request schedule's (and the pods') seed: repeat a claim on other draws",
     )
-    parser.add_argument("--out-dir", type=Path, default=compare.BENCH_DIR / "out" / "matrix")
-    parser.add_argument("--json", type=Path, help="write the summary JSON here")
-    parser.add_argument("--markdown", type=Path, help="write the markdown tables here")
+    cli.add_output(parser, out_dir="matrix")
     parser.add_argument("--bound-only", action="store_true", help="print the bounds, run nothing")
     parser.add_argument(
         "--render",
@@ -387,14 +382,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             speeds = [per_pod[i % len(per_pod)][1] for i in range(args.pods)]
             print(k, wl.describe(), lower_bound(wl, speeds).to_json())
         return 0
-    targets = [compare.parse_target(t) for t in args.targets]
+    targets = [parse_target(t) for t in args.targets]
     started = dt.datetime.now(dt.UTC)
     load_before = os.getloadavg()[0]
     results = [
         run_shape(SHAPES[k], targets, args.quick, args.pods, args.out_dir, args.seed) for k in keys
     ]
-    cmd = "python bench/matrix.py " + " ".join(argv if argv is not None else sys.argv[1:])
-    m = compare.machine_info()
+    cmd = "python -m bench.matrix " + " ".join(argv if argv is not None else sys.argv[1:])
+    m = machine.machine_info()
     head = [
         f"Run {started:%Y-%m-%d %H:%M} UTC with `{cmd.strip()}`; machine: {m}; 1-minute load "
         f"average {load_before:.2f} before, {os.getloadavg()[0]:.2f} after (2 shared cores: "
@@ -405,13 +400,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     doc = summary_json(results)
     text = render(doc, "\n".join(head).strip())
     print(text)
-    if args.markdown:
-        args.markdown.parent.mkdir(parents=True, exist_ok=True)
-        args.markdown.write_text(text + "\n", encoding="utf-8")
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        doc.update(mode="quick" if args.quick else "full", pods=args.pods, seed=args.seed)
-        args.json.write_text(json.dumps(doc, indent=1), encoding="utf-8")
+    cli.write_markdown(args.markdown, text, printed=True)
+    doc.update(mode="quick" if args.quick else "full", pods=args.pods, seed=args.seed)
+    cli.write_json(args.json, doc, indent=1)
     return 0 if all(r.result.summary["errors"] == 0 for s in results for r in s.runs) else 2
 
 

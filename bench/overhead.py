@@ -1,6 +1,6 @@
 """Overhead benchmark: gateway vs. a bare aiohttp forwarder vs. the upstream itself.
 
-Starts ``bench/fast_upstream.py``, ``bench/bare_forwarder.py`` and the gateway
+Starts ``bench.harness.fast_upstream``, ``bench.harness.bare_forwarder`` and the gateway
 (``heimdall-proxy serve``) on free loopback ports, then measures each target with ``wrk``:
 
 * throughput: ``wrk -t1 -c32 -d<duration>`` -> requests/s
@@ -17,7 +17,7 @@ than its throughput. ``--baseline DIR`` adds a fourth target, the gateway run fr
 of the code (``PYTHONPATH=DIR``, e.g. ``git archive main heimdall_proxy | tar -x -C DIR``), so
 before and after are interleaved in one invocation under the same load.
 
-Run: ``python bench/overhead.py [--duration 10] [--rounds 3] [--json OUT] [--markdown]``
+Run: ``python -m bench.overhead [--duration 10] [--rounds 3] [--json OUT] [--markdown]``
 """
 
 from __future__ import annotations
@@ -34,30 +34,37 @@ import re
 import shlex
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from types import FrameType
-from typing import Any, TextIO
+from typing import Any
 
 import yaml
 
-if __package__ in (None, ""):  # run as `python bench/overhead.py`
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench.machine import cpu_model, git_dirty, git_head
+from bench.harness import cli
+from bench.harness.gateway import merge_config, serve_args
+from bench.harness.machine import cpu_model, git_dirty, git_head
+from bench.harness.peers import bare_forwarder_argv
+from bench.harness.pods import fast_upstream_argv
+from bench.harness.procs import (
+    HarnessError,
+    Proc,
+    free_ports,
+    group_cpu_seconds,
+    heimdall_cmd,
+    start_server,
+    stop_servers,
+    wait_ready,
+)
 from heimdall_proxy.config.defaults import DEFAULT_EPP
 
-BENCH_DIR = Path(__file__).resolve().parent
-REPO_ROOT = BENCH_DIR.parent
 TARGETS = ("direct", "forwarder", "gateway", "baseline")
 TARGET_LABELS = {
     "direct": "direct upstream",
@@ -94,10 +101,6 @@ done = function(summary, latency, requests)
     latency:percentile(99), latency:percentile(99.9)))
 end
 """
-
-
-class HarnessError(RuntimeError):
-    """The benchmark could not run (missing tool, a server that did not start, ...)."""
 
 
 # --------------------------------------------------------------------------------------------
@@ -234,210 +237,12 @@ def measure(
 # subprocesses
 
 
-@dataclass
-class Server:
-    name: str
-    argv: list[str]
-    log_path: Path
-    popen: subprocess.Popen[bytes]
-    log_file: TextIO = field(repr=False)
-
-    def log_tail(self, lines: int = 40) -> str:
-        self.log_file.flush()
-        try:
-            text = self.log_path.read_text(errors="replace")
-        except OSError as exc:
-            return f"(cannot read {self.log_path}: {exc})"
-        return "\n".join(text.splitlines()[-lines:])
-
-
-def free_ports(n: int) -> list[int]:
-    socks = []
-    try:
-        for _ in range(n):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
-
-CLK_TCK = os.sysconf("SC_CLK_TCK")
-
-
-def group_cpu_seconds(pgid: int) -> float:
-    """User + system CPU seconds of all live processes in process group ``pgid``."""
-    ticks = 0
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry.name}/stat") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        fields = stat[stat.rindex(")") + 2 :].split()  # fields[0] is field 3 (state)
-        if int(fields[2]) == pgid:
-            ticks += int(fields[11]) + int(fields[12])  # utime, stime
-    return ticks / CLK_TCK
-
-
-def start_server(name: str, argv: list[str], workdir: Path) -> Server:
-    log_path = workdir / f"{name}.log"
-    log_file = log_path.open("w")
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
-    popen = subprocess.Popen(
-        argv,
-        stdin=subprocess.DEVNULL,
-        stdout=log_file,
-        stderr=subprocess.STDOUT,
-        cwd=REPO_ROOT,
-        env=env,
-        start_new_session=True,  # own process group: Ctrl-C goes to us, we tear down in order
-    )
-    return Server(name=name, argv=argv, log_path=log_path, popen=popen, log_file=log_file)
-
-
-def _signal_group(server: Server, sig: signal.Signals) -> None:
-    # The server is the leader of its own session/process group (start_new_session=True), so
-    # this reaches exactly what we started, including any children of it.
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(server.popen.pid, sig)
-
-
-def stop_servers(servers: list[Server], grace_s: float = 5.0) -> None:
-    for server in reversed(servers):
-        _signal_group(server, signal.SIGTERM)
-    deadline = time.monotonic() + grace_s
-    for server in reversed(servers):
-        remaining = max(0.1, deadline - time.monotonic())
-        try:
-            server.popen.wait(timeout=remaining)
-        except subprocess.TimeoutExpired:
-            print(f"  {server.name} did not exit after SIGTERM; killing it", file=sys.stderr)
-            _signal_group(server, signal.SIGKILL)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                server.popen.wait(timeout=5)
-        # Stragglers in the group (e.g. workers of the gateway) go too.
-        _signal_group(server, signal.SIGKILL)
-        server.log_file.close()
-
-
 # --------------------------------------------------------------------------------------------
 # readiness
 
 
-def _http(
-    method: str, url: str, body: bytes | None = None, timeout: float = 2.0
-) -> tuple[int, bytes]:
-    req = urllib.request.Request(url, data=body, method=method)
-    if body is not None:
-        req.add_header("Content-Type", "application/json")
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as resp:
-            return int(resp.status), resp.read()
-    except urllib.error.HTTPError as exc:
-        return int(exc.code), exc.read()
-
-
-def _models_nonempty(status: int, body: bytes) -> bool:
-    if status != 200:
-        return False
-    try:
-        data = json.loads(body).get("data")
-    except (ValueError, AttributeError):
-        return False
-    return isinstance(data, list) and len(data) > 0
-
-
-def _chat_ok(status: int, body: bytes) -> bool:
-    if status != 200:
-        return False
-    try:
-        choices = json.loads(body).get("choices")
-    except (ValueError, AttributeError):
-        return False
-    return isinstance(choices, list) and len(choices) > 0
-
-
-def wait_ready(
-    server: Server, url: str, check: str, deadline: float, chat_body: bytes | None = None
-) -> None:
-    """Poll ``url`` until ``check`` passes, the process dies, or the deadline passes."""
-    last = "no answer yet"
-    while True:
-        code = server.popen.poll()
-        if code is not None:
-            raise HarnessError(
-                f"{server.name} exited with code {code} during start-up.\n"
-                f"command: {shlex.join(server.argv)}\n"
-                f"--- last lines of {server.log_path} ---\n{server.log_tail()}"
-            )
-        try:
-            if check == "health":
-                status, body = _http("GET", url)
-                ok = status == 200
-            elif check == "models":
-                status, body = _http("GET", url)
-                ok = _models_nonempty(status, body)
-            else:
-                status, body = _http("POST", url, chat_body)
-                ok = _chat_ok(status, body)
-            if ok:
-                return
-            last = f"HTTP {status}: {body[:200]!r}"
-        except (OSError, urllib.error.URLError) as exc:
-            last = f"{type(exc).__name__}: {exc}"
-        if time.monotonic() > deadline:
-            raise HarnessError(
-                f"{server.name} not ready at {url} ({check}) before the start-up timeout; "
-                f"last: {last}\ncommand: {shlex.join(server.argv)}\n"
-                f"--- last lines of {server.log_path} ---\n{server.log_tail()}"
-            )
-        time.sleep(0.2)
-
-
 # --------------------------------------------------------------------------------------------
 # gateway config / command
-
-
-def _identity(item: Any) -> tuple[str, Any] | None:
-    if isinstance(item, dict):
-        for key in ("name", "pluginRef", "type"):
-            if key in item:
-                return key, item[key]
-    return None
-
-
-def merge_config(base: Any, extra: Any) -> Any:
-    """Merge ``extra`` into ``base``.
-
-    Mappings merge key by key. Lists of mappings merge item by item on the item's identity (its
-    ``name``, else ``pluginRef``, else ``type``); items of ``extra`` with no counterpart are
-    appended. So an extra file holding just a ``plugins: [{type: prefix-cache-scorer}]`` entry and
-    a ``schedulingProfiles: [{name: default, plugins: [{pluginRef: prefix-cache-scorer}]}]`` entry
-    adds the scorer to the default profile. Anything else in ``extra`` replaces the base value.
-    """
-    if isinstance(base, dict) and isinstance(extra, dict):
-        out = dict(base)
-        for key, value in extra.items():
-            out[key] = merge_config(base[key], value) if key in base else copy.deepcopy(value)
-        return out
-    if isinstance(base, list) and isinstance(extra, list):
-        merged = list(base)
-        for item in extra:
-            ident = _identity(item)
-            index = next(
-                (i for i, old in enumerate(merged) if ident and _identity(old) == ident), None
-            )
-            if index is None:
-                merged.append(copy.deepcopy(item))
-            else:
-                merged[index] = merge_config(merged[index], item)
-        return merged
-    return copy.deepcopy(extra)
 
 
 def build_gateway_config(
@@ -474,16 +279,7 @@ def gateway_argv(
         }.items():
             cmd = cmd.replace(key, value)
         return shlex.split(cmd)
-    return [*gateway_base_cmd(), *serve_args(args, port, config_path)]
-
-
-def gateway_base_cmd() -> list[str]:
-    """This checkout's gateway: the venv's `heimdall-proxy`, else `python -m heimdall_proxy`."""
-    exe = shutil.which("heimdall-proxy")
-    if exe is None:
-        candidate = Path(sys.executable).parent / "heimdall-proxy"
-        exe = str(candidate) if candidate.exists() else None
-    return [exe] if exe else [sys.executable, "-m", "heimdall_proxy"]
+    return [*heimdall_cmd(), *serve_args(config_path, port, shlex.split(args.gateway_args))]
 
 
 def baseline_argv(args: argparse.Namespace, port: int, config_path: Path) -> list[str]:
@@ -496,24 +292,7 @@ def baseline_argv(args: argparse.Namespace, port: int, config_path: Path) -> lis
         "-P",
         "-m",
         "heimdall_proxy",
-        *serve_args(args, port, config_path),
-    ]
-
-
-def serve_args(args: argparse.Namespace, port: int, config_path: Path) -> list[str]:
-    return [
-        "serve",
-        "--config",
-        str(config_path),
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--log-format",
-        "text",
-        "-v",
-        "0",
-        *shlex.split(args.gateway_args),
+        *serve_args(config_path, port, shlex.split(args.gateway_args)),
     ]
 
 
@@ -877,9 +656,9 @@ def markdown_report(
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        description="Measure the gateway's overhead against a bare aiohttp forwarder and the "
-        "upstream itself, with wrk.",
+    parser = cli.parser(
+        "Measure the gateway's overhead against a bare aiohttp forwarder and the upstream "
+        "itself, with wrk."
     )
     parser.add_argument("--duration", type=int, default=10, help="seconds per wrk run (10)")
     parser.add_argument("--warmup", type=int, default=2, help="warm-up seconds per target (2)")
@@ -891,7 +670,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help=f"comma-separated subset of {','.join(TARGETS)}",
     )
     parser.add_argument("--model", default="bench-model")
-    parser.add_argument("--gateway-args", default="", help="extra args for `heimdall-proxy serve`")
+    cli.add_gateway_args(parser)
     parser.add_argument(
         "--base-config",
         type=Path,
@@ -915,11 +694,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         action="store_true",
         help="skip the c=1 latency runs (throughput and CPU per request only; half the time)",
     )
-    parser.add_argument("--json", type=Path, metavar="OUT", help="write all numbers here")
-    parser.add_argument("--markdown", action="store_true", help="also print a markdown block")
+    cli.add_output(parser)
     parser.add_argument("--keep-tmp", action="store_true", help="keep logs/config/lua temp dir")
     # Dev only: replace the gateway command line; placeholders {port} {config} {upstream}
-    # {python}. E.g. "{python} bench/bare_forwarder.py --port {port} --upstream {upstream}".
+    # {python}. E.g. "{python} -m bench.harness.bare_forwarder --port {port} --upstream {upstream}".
     parser.add_argument("--gateway-cmd", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     targets = [t.strip() for t in args.targets.split(",") if t.strip()]
@@ -959,7 +737,7 @@ def run(args: argparse.Namespace) -> int:
             "(Debian/Ubuntu) or `brew install wrk`."
         )
     workdir = Path(tempfile.mkdtemp(prefix="heimdall-overhead-"))
-    servers: list[Server] = []
+    servers: list[Proc] = []
     failed = True
     try:
         up_port, fw_port, gw_port, base_port = free_ports(4)
@@ -977,17 +755,9 @@ def run(args: argparse.Namespace) -> int:
         config = build_gateway_config(upstream_url, args.config_extra, args.base_config)
         config_path.write_text(yaml.safe_dump(config, sort_keys=False))
 
-        py = sys.executable
         upstream = start_server(
             "upstream",
-            [
-                py,
-                str(BENCH_DIR / "fast_upstream.py"),
-                "--port",
-                str(up_port),
-                "--model",
-                args.model,
-            ],
+            fast_upstream_argv(up_port, args.model),
             workdir,
         )
         servers.append(upstream)
@@ -995,24 +765,17 @@ def run(args: argparse.Namespace) -> int:
         wait_ready(upstream, f"{upstream_url}/health", "health", deadline)
 
         urls: dict[str, str] = {"direct": upstream_url}
-        pgids: dict[str, int] = {"direct": upstream.popen.pid}
-        ready: list[tuple[Server, str]] = [(upstream, upstream_url)]
+        pgids: dict[str, int] = {"direct": upstream.pid}
+        ready: list[tuple[Proc, str]] = [(upstream, upstream_url)]
         if "forwarder" in args.target_list:
             fw = start_server(
                 "forwarder",
-                [
-                    py,
-                    str(BENCH_DIR / "bare_forwarder.py"),
-                    "--port",
-                    str(fw_port),
-                    "--upstream",
-                    upstream_url,
-                ],
+                bare_forwarder_argv(fw_port, upstream_url),
                 workdir,
             )
             servers.append(fw)
             urls["forwarder"] = f"http://127.0.0.1:{fw_port}"
-            pgids["forwarder"] = fw.popen.pid
+            pgids["forwarder"] = fw.pid
             ready.append((fw, urls["forwarder"]))
         if "gateway" in args.target_list:
             gw = start_server(
@@ -1020,13 +783,13 @@ def run(args: argparse.Namespace) -> int:
             )
             servers.append(gw)
             urls["gateway"] = f"http://127.0.0.1:{gw_port}"
-            pgids["gateway"] = gw.popen.pid
+            pgids["gateway"] = gw.pid
             ready.append((gw, urls["gateway"]))
         if "baseline" in args.target_list:
             bl = start_server("baseline", baseline_argv(args, base_port, config_path), workdir)
             servers.append(bl)
             urls["baseline"] = f"http://127.0.0.1:{base_port}"
-            pgids["baseline"] = bl.popen.pid
+            pgids["baseline"] = bl.pid
             ready.append((bl, urls["baseline"]))
 
         for server, base in ready[1:]:
@@ -1066,7 +829,7 @@ def run(args: argparse.Namespace) -> int:
                     duration=args.duration,
                     timeout_s=args.wrk_timeout,
                     server_pgid=pgid,
-                    upstream_pgid=upstream.popen.pid,
+                    upstream_pgid=upstream.pid,
                 )
                 res.throughput.append(tp)
                 line = (
@@ -1085,7 +848,7 @@ def run(args: argparse.Namespace) -> int:
                         duration=args.duration,
                         timeout_s=args.wrk_timeout,
                         server_pgid=pgid,
-                        upstream_pgid=upstream.popen.pid,
+                        upstream_pgid=upstream.pid,
                     )
                     res.latency.append(lat)
                     line += f"   p50 {lat.p50_ms:.3f} ms  p99 {lat.p99_ms:.3f} ms (c=1)"
@@ -1097,7 +860,7 @@ def run(args: argparse.Namespace) -> int:
                 if server.popen.poll() is not None:
                     raise HarnessError(
                         f"{server.name} exited with code {server.popen.returncode} during the "
-                        f"run.\n--- last lines of {server.log_path} ---\n{server.log_tail()}"
+                        f"run.\n--- last lines of {server.log_path} ---\n{server.tail(40)}"
                     )
 
         summary = compute_summary(results)
@@ -1134,7 +897,7 @@ def run(args: argparse.Namespace) -> int:
                     print(f"  {TARGET_LABELS[name]}: {res.error_summary()}")
         if args.markdown:
             print()
-            print(markdown_report(results, summary, meta))
+            cli.write_markdown(args.markdown, markdown_report(results, summary, meta))
         if args.json:
             payload = {
                 **meta,
@@ -1146,9 +909,7 @@ def run(args: argparse.Namespace) -> int:
                 },
                 "has_errors": any_errors,
             }
-            args.json.parent.mkdir(parents=True, exist_ok=True)
-            args.json.write_text(json.dumps(payload, indent=2) + "\n")
-            progress(f"wrote {args.json}")
+            cli.write_json(args.json, payload)
         failed = any_errors
         return 2 if any_errors else 0
     finally:

@@ -23,7 +23,7 @@ every block: the most work a lookup can do). `lookup` times the index lookup (ke
 Timings are best-of `--repeat` for throughput and percentiles over `--lookups` calls for
 latency; the machine is usually shared, so the load average is printed with the results.
 
-Run: python bench/prefix_index.py [--backend memory redis] [--redis-url URL] [--markdown]
+Run: python -m bench.prefix_index [--backend memory redis] [--redis-url URL] [--markdown]
                                   [--update-results bench/RESULTS.md]
 """
 
@@ -34,7 +34,6 @@ import asyncio
 import os
 import platform
 import random
-import statistics
 import sys
 import time
 import uuid
@@ -44,21 +43,19 @@ from typing import Any
 
 import msgpack
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from bench.machine import cpu_model, git_head  # noqa: E402
-from heimdall_proxy.kvcache.events import EventBatch  # noqa: E402
-from heimdall_proxy.kvcache.hashing import LazyBlockKeys, block_keys, namespace_seed  # noqa: E402
-from heimdall_proxy.kvcache.index import InMemoryIndex, KVBlockIndex, StoredBlocks  # noqa: E402
-from heimdall_proxy.kvcache.index.redis import RedisIndex  # noqa: E402
-from heimdall_proxy.kvcache.prepare import (  # noqa: E402
+from bench.harness import cli
+from bench.harness.machine import cpu_model, git_head
+from bench.harness.stats import distribution
+from heimdall_proxy.kvcache.events import EventBatch
+from heimdall_proxy.kvcache.hashing import LazyBlockKeys, block_keys, namespace_seed
+from heimdall_proxy.kvcache.index import InMemoryIndex, KVBlockIndex, StoredBlocks
+from heimdall_proxy.kvcache.index.redis import RedisIndex
+from heimdall_proxy.kvcache.prepare import (
     EventPreparer,
     apply_batch,
     default_processes,
 )
-from heimdall_proxy.kvcache.subscriber import KVEventsSubscriber, SubscriberOptions  # noqa: E402
+from heimdall_proxy.kvcache.subscriber import KVEventsSubscriber, SubscriberOptions
 
 BLOCK = 16
 BLOCKS_PER_EVENT = 32
@@ -158,14 +155,9 @@ async def ingest(
 
 
 def percentiles(samples_ns: list[int]) -> dict[str, float]:
-    s = sorted(samples_ns)
-    pick = lambda q: s[min(len(s) - 1, int(q * len(s)))] / 1000.0  # noqa: E731 - µs
-    return {
-        "p50": pick(0.50),
-        "p99": pick(0.99),
-        "max": s[-1] / 1000.0,
-        "mean": statistics.fmean(s) / 1000.0,
-    }
+    """p50, p99, max and mean of `samples_ns` in µs."""
+    d = distribution(samples_ns, scale=1e-3)
+    return {key: d[key] for key in ("p50", "p99", "max", "mean")}
 
 
 async def bench(
@@ -313,7 +305,7 @@ def markdown(results: list[Result], args: argparse.Namespace, load: tuple[float,
             skip = True  # and its value
         elif not arg.startswith("--update-results=") and arg != "--markdown":
             shown.append(arg)
-    cmd = "python bench/prefix_index.py " + " ".join(shown)
+    cmd = "python -m bench.prefix_index " + " ".join(shown)
     lines = [
         BEGIN,
         "## KV-block index (precise-prefix-cache-scorer)",
@@ -396,10 +388,10 @@ def update_results(path: Path, section: str) -> None:
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = cli.parser(__doc__)
     p.add_argument("--backend", nargs="+", choices=("memory", "redis"), default=["memory", "redis"])
-    p.add_argument("--redis-url", default="redis://127.0.0.1:6379/0")
-    p.add_argument("--pods", type=int, default=64)
+    cli.add_redis(p, "--redis-url")
+    cli.add_pods(p, 64)
     p.add_argument("--prompt-tokens", type=int, default=8192)
     p.add_argument("--ingest-blocks", type=int, default=262_144)
     p.add_argument("--lookups", type=int, default=1000)
@@ -409,7 +401,7 @@ def main() -> int:
         help="worker processes for the second ingest run (the first is inline); default: "
         "the plugin's default on this machine",
     )  # fmt: skip
-    p.add_argument("--markdown", action="store_true", help="print the RESULTS.md section")
+    cli.add_output(p, json=False)
     p.add_argument("--update-results", metavar="FILE", help="write the section into FILE")
     args = p.parse_args()
     load0 = os.getloadavg()[0]
@@ -434,8 +426,7 @@ def main() -> int:
             print(f"  {label:22s} p50 {p50:7.0f} µs  p99 {p99:7.0f} µs  max {top:7.0f} µs")
     load1 = os.getloadavg()[0]
     section = markdown(results, args, (load0, load1))
-    if args.markdown:
-        print(section)
+    cli.write_markdown(args.markdown, section)
     if args.update_results:
         update_results(Path(args.update_results), section)
     return 0

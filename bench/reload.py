@@ -14,8 +14,8 @@ reports the pods' own prefix-cache hit rate (their vllm:prefix_cache_hits / _que
 the mean latency, without reloads and with them; `--baseline DIR` adds the reloading run
 with the gateway code of another tree (`PYTHONPATH=DIR python -P -m heimdall_proxy`).
 
-    python bench/reload.py --pods 4 --clients 16 --duration 20 --every 1
-    python bench/reload.py --workload prefix --pods 4 --clients 8 --duration 30 --every 2 \
+    python -m bench.reload --pods 4 --clients 16 --duration 20 --every 1
+    python -m bench.reload --workload prefix --pods 4 --clients 8 --duration 30 --every 2 \
         --baseline /tmp/before
 """
 
@@ -34,10 +34,8 @@ from pathlib import Path
 import aiohttp
 import yaml
 
-if __package__ in (None, ""):  # run as a script
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench.compare import free_port
-from bench.runner import wait_http
+from bench.harness import cli
+from bench.harness.procs import free_port, wait_http
 
 PY = sys.executable
 PLUGINS = (
@@ -195,8 +193,8 @@ async def run(
 
 
 async def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--pods", type=int, default=4)
+    p = cli.parser(__doc__)
+    cli.add_pods(p)
     p.add_argument("--clients", type=int, default=16)
     p.add_argument("--duration", type=float, default=20.0)
     p.add_argument("--every", type=float, default=1.0, help="seconds between reloads")

@@ -23,24 +23,19 @@ last row times taking such a push.
 It reports the mean over `--n` ticks, after a warm-up. Multiplying by the tick rate gives
 the CPU share: e.g. 50 ticks/s when idle at the default 20 ms.
 
-    python bench/replica_sync.py --n 3000
+    python -m bench.replica_sync --n 3000
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import os
-import sys
 import time
 import uuid
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench import machine
+from bench.harness import cli, machine
 from heimdall_proxy.kvcache.index.redis import blob
 from heimdall_proxy.replicas.connect import client
 from heimdall_proxy.replicas.counters import ReplicaCounters
@@ -212,9 +207,9 @@ async def drop(address: str, prefix: str) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = cli.parser(__doc__)
     parser.add_argument("--n", type=int, default=3000)
-    parser.add_argument("--redis", default="redis://127.0.0.1:6379/0")
+    cli.add_redis(parser)
     args = parser.parse_args(argv)
     load = os.getloadavg()[0]
     results = asyncio.run(measure(args.redis, args.n))

@@ -17,16 +17,15 @@ Per shape, each variant on a fresh simulated fleet with the same request schedul
 
 Acceptance: the shared pair's prefix hit rate and E2E p95 within 5% of one replica's. One
 run's p95 moves by up to 10% against itself, so over several `--seeds` it is judged on the
-figures pooled over the seeds, with their interval (bench/pooled.py).
+figures pooled over the seeds, with their interval (bench/harness/stats.py).
 Gateway CPU is the sum over the replica processes (Redis's own CPU is not included: other
 jobs on this machine use the same server).
 
-    python bench/replicas.py --quick --markdown bench/out/replicas.md
+    python -m bench.replicas --quick --markdown bench/out/replicas.md
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import copy
 import datetime as dt
@@ -43,9 +42,12 @@ from typing import Any
 import redis
 import yaml
 
-if __package__ in (None, ""):  # run as `python bench/replicas.py`
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench import compare, machine, matrix, pooled, runner, workloads
+from bench import matrix
+from bench.harness import cli, machine, runner, stats, workloads
+from bench.harness.gateway import gateway_config
+from bench.harness.pods import FleetSpec, fleet, sim_flags
+from bench.harness.procs import HOST, Proc, free_port, wait_until
+from bench.harness.targets import Target, router_command, router_ready, run_target
 
 #: The scorers that take redisConfig to share their state.
 SHAREABLE = frozenset(
@@ -92,7 +94,7 @@ def run_gateways(
     doc: Mapping[str, Any],
     replicas: int,
     workload: Any,
-    spec: compare.FleetSpec,
+    spec: FleetSpec,
     out: Path,
     senders: int | None = None,
     trace: bool = False,
@@ -102,23 +104,23 @@ def run_gateways(
     slug = label.replace(" ", "-").replace(",", "").replace("+", "")
     logs = out / "logs"
     logs.mkdir(parents=True, exist_ok=True)
-    target = compare.Target("gateway", "replicas")
-    with compare.fleet(spec, logs, slug, False) as pods:
+    target = Target("gateway", "replicas")
+    with fleet(spec, logs, slug, False) as pods:
         path = out / f"{slug}.config.yaml"
-        path.write_text(yaml.safe_dump(compare.gateway_config(doc, pods), sort_keys=False))
-        procs: list[compare.Proc] = []
+        path.write_text(yaml.safe_dump(gateway_config(doc, pods), sort_keys=False))
+        procs: list[Proc] = []
         urls: list[str] = []
         try:
             for r in range(replicas):
-                port = compare.free_port()
+                port = free_port()
                 extra = ["-v", "3"] if trace else []  # the affinity filter's trace lines
-                argv = compare.router_command(target, pods, port, path, extra)
-                procs.append(compare.Proc(f"{slug}-{r}", argv, logs / f"{slug}-r{r}.log").start())
-                urls.append(f"http://{compare.HOST}:{port}")
+                argv = router_command(target, pods, port, path, extra)
+                procs.append(Proc(f"{slug}-{r}", argv, logs / f"{slug}-r{r}.log").start())
+                urls.append(f"http://{HOST}:{port}")
             for proc, url in zip(procs, urls, strict=True):
-                compare.wait_until(
+                wait_until(
                     proc,
-                    lambda u=url: compare._router_ready(target, u, len(pods), spec.model),
+                    lambda u=url: router_ready(target, u, len(pods), spec.model),
                     "the gateway to see every pod",
                 )
             cpu0 = [p.cpu_seconds() or 0.0 for p in procs]
@@ -162,7 +164,7 @@ def summarize(
 
 
 def samples(result: runner.RunResult) -> dict[str, Any]:
-    """What pooling over seeds needs (bench/pooled.py): every successful request's E2E
+    """What pooling over seeds needs (bench/harness/stats.py): every successful request's E2E
     latency and the fleet's prefix hits and queries (the hit rate's numerator and
     denominator, so that seeds pool by their token counts, not as a mean of rates); and
     which pod served each request."""
@@ -213,7 +215,7 @@ def run_shape(
     workload = build_workload(shape, quick, seed)
     sim_args = [*workloads.PRESETS[shape.preset].sim_args, *shape.sim_args,
                 "--max-num-seqs", str(matrix.SLOTS)]  # fmt: skip
-    spec = compare.FleetSpec(pods, "sim-model", sim_args, 1.0, 42, "off", compare.sim_flags())
+    spec = FleetSpec(pods, "sim-model", sim_args, 1.0, 42, "off", sim_flags())
     with open(config, encoding="utf-8") as f:
         doc = yaml.safe_load(f) or {}
     prefix = f"heimdall:bench-replicas:{uuid.uuid4().hex[:8]}:"
@@ -245,8 +247,8 @@ def run_shape(
         time.sleep(1.0)
     if router:
         print("-- vllm-router round_robin", file=sys.stderr)
-        run = compare.run_target(
-            compare.Target("vllm-router", "round_robin"), workload, spec, out / key, progress=False
+        run = run_target(
+            Target("vllm-router", "round_robin"), workload, spec, out / key, progress=False
         )
         row = summarize(
             "vllm-router round_robin", 1, run.result.summary, run.router_cpu, len(workload.requests)
@@ -288,10 +290,10 @@ def table(result: Mapping[str, Any]) -> list[str]:
 
 def render(results: Sequence[Mapping[str, Any]], argv: Sequence[str], load: tuple[float, ...],
            started: str, quick: bool = False) -> str:  # fmt: skip
-    info = compare.machine_info()
+    info = machine.machine_info()
     dirty = " (dirty)" if machine.git_dirty("heimdall_proxy", "bench") else ""
     head = [
-        f"Command: `python bench/replicas.py {' '.join(argv)}`; {started}; commit "
+        f"Command: `python -m bench.replicas {' '.join(argv)}`; {started}; commit "
         f"{machine.git_head()}{dirty}; "
         f"{info.get('cpu', '')} {info.get('arch', '')}, {os.cpu_count()} cores; load average "
         f"{load[0]:.2f} at the start, {load[1]:.2f} at the end.",
@@ -429,24 +431,23 @@ def same_pod(results: Sequence[Mapping[str, Any]], quick: bool = False) -> list[
 
 
 def pooled_lines(results: Sequence[Mapping[str, Any]]) -> list[str]:
-    """The pooled table (bench/pooled.py), or why there is none: runs before per-request
+    """The pooled table (bench/harness/stats.py), or why there is none: runs before per-request
     latencies were kept in the JSON cannot be pooled."""
-    found = pooled.pool(results)
+    found = stats.pool(results)
     if not found:
         return ["(no pooled figures: these runs' JSON has no per-request latencies)"]
-    return pooled.table(found)
+    return stats.table(found)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="the matrix's smaller workloads")
+    parser = cli.parser(__doc__)
+    cli.add_quick(parser, "the matrix's smaller workloads")
     parser.add_argument("--shapes", default=",".join(SHAPES), help="comma-separated")
     parser.add_argument("--config", type=Path, default=Path("config/recommended.yaml"))
-    parser.add_argument("--pods", type=int, default=4)
-    parser.add_argument("--redis", default="redis://127.0.0.1:6379/0")
+    cli.add_pods(parser)
+    cli.add_redis(parser)
     parser.add_argument("--sync-interval", help="syncInterval of the shared plugins (a duration)")
     parser.add_argument("--no-router", action="store_true", help="skip vllm-router round_robin")
-    parser.add_argument("--out-dir", type=Path, default=compare.BENCH_DIR / "out" / "replicas")
     parser.add_argument(
         "--seeds",
         default="42",
@@ -462,10 +463,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--trace",
         action="store_true",
         help="gateways at -v 3: the affinity filter's per-decision trace in "
-        "their logs (bench/replica_trace.py reads it)",
+        "their logs (bench/probes/replica_trace.py reads it)",
     )
-    parser.add_argument("--json", type=Path)
-    parser.add_argument("--markdown", type=Path)
+    cli.add_output(parser, out_dir="replicas")
     parser.add_argument(
         "--spread",
         type=Path,
@@ -501,12 +501,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ]
     text = render(results, raw, (load0, os.getloadavg()[0]), started, args.quick)
     print(text)
-    if args.markdown:
-        args.markdown.parent.mkdir(parents=True, exist_ok=True)
-        args.markdown.write_text(text)
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(results, indent=1))
+    cli.write_markdown(args.markdown, text, printed=True)
+    cli.write_json(args.json, results, indent=1)
     return 0
 
 

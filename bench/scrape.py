@@ -9,8 +9,8 @@ window, and from the page server the scrape rate and the longest gap between two
 one pod (the age a pod's numbers can reach). `--busy K` makes the first K pods report a
 running request, so they stay on the busy cadence.
 
-    python bench/scrape.py --pods 16,64,256 --config config/recommended.yaml
-    python bench/scrape.py --pods 64 --gateway-args "--idle-metrics-interval 100ms"
+    python -m bench.scrape --pods 16,64,256 --config config/recommended.yaml
+    python -m bench.scrape --pods 64 --gateway-args "--idle-metrics-interval 100ms"
 
 To measure an older checkout, put it first on PYTHONPATH (its `heimdall_proxy` is then the
 one the gateway subprocess imports; the script prints which one ran)."""
@@ -34,12 +34,11 @@ from typing import Any
 
 import yaml
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+from bench.harness import cli
+from bench.harness.machine import REPO_ROOT, cpu_model, git_head
+from bench.harness.procs import bench_module
 
-from bench.machine import cpu_model, git_head  # noqa: E402
-
-PAGE = REPO / "tests" / "datalayer" / "fixtures" / "vllm_metrics_real.txt"
+PAGE = REPO_ROOT / "tests" / "datalayer" / "fixtures" / "vllm_metrics_real.txt"
 HOST = "127.0.0.1"
 CLK = os.sysconf("SC_CLK_TCK")
 
@@ -149,7 +148,7 @@ def run_one(pods: int, args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     base = _free_base(pods + 1)
     ready = tmp / f"ready-{pods}"
     server = subprocess.Popen(
-        [sys.executable, __file__, "serve", str(base), str(pods), str(args.busy), str(ready)],
+        [*bench_module("bench.scrape"), "serve", str(base), str(pods), str(args.busy), str(ready)],
         start_new_session=True,
     )
     gw = None
@@ -212,10 +211,10 @@ def main() -> None:
         base, pods, busy, ready = sys.argv[2:6]
         asyncio.run(_serve(int(base), int(pods), int(busy), ready))
         return
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--pods", default="16,64,256")
-    p.add_argument("--config", default=str(REPO / "config" / "recommended.yaml"))
-    p.add_argument("--gateway-args", default="", help="extra flags for heimdall-proxy serve")
+    p = cli.parser(__doc__)
+    cli.add_pods(p, "16,64,256", "pod counts, comma-separated (default: %(default)s)")
+    p.add_argument("--config", default=str(REPO_ROOT / "config" / "recommended.yaml"))
+    cli.add_gateway_args(p)
     p.add_argument("--busy", type=int, default=0, help="pods that report a running request")
     p.add_argument("--settle", type=float, default=5.0, help="seconds before measuring")
     p.add_argument("--window", type=float, default=15.0, help="seconds measured")

@@ -12,8 +12,8 @@ for the turns of both windows the same self-contained request (the history the c
 (`PYTHONPATH=DIR python -P -m heimdall_proxy`), e.g. `git archive main heimdall_proxy | tar
 -x -C /tmp/before`; the pod is this tree's either way.
 
-    python bench/store_chain.py --turns 3000
-    python bench/store_chain.py --turns 3000 --baseline /tmp/before
+    python -m bench.store_chain --turns 3000
+    python -m bench.store_chain --turns 3000 --baseline /tmp/before
 """
 
 from __future__ import annotations
@@ -31,10 +31,9 @@ import aiohttp
 import orjson
 import yaml
 
-if __package__ in (None, ""):  # run as a script
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench.compare import free_port
-from bench.runner import percentile, wait_http
+from bench.harness import cli
+from bench.harness.procs import free_port, wait_http
+from bench.harness.stats import percentile
 
 PY = sys.executable
 MODEL = "sim-model"
@@ -141,7 +140,7 @@ async def run(args: argparse.Namespace, tmp: Path, code: str | None) -> dict[str
 
 
 async def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = cli.parser(__doc__)
     p.add_argument("--turns", type=int, default=3000)
     p.add_argument("--window", type=int, default=100, help="turns per latency window")
     p.add_argument("--baseline", help="also run the chain with this tree's gateway code")

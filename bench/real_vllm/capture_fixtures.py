@@ -5,7 +5,7 @@ so the captures hold non-zero running/waiting counts, KV usage and BlockRemoved 
 
     bash bench/real_vllm/start_pods.sh 1 18300 -- \
         --max-num-seqs 2 --num-gpu-blocks-override 64 --max-model-len 1024
-    python bench/real_vllm/capture_fixtures.py --pod http://127.0.0.1:18300 \
+    python -m bench.real_vllm.capture_fixtures --pod http://127.0.0.1:18300 \
         --kv tcp://127.0.0.1:19300
     bash bench/real_vllm/stop_pods.sh
 

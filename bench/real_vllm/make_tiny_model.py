@@ -8,9 +8,9 @@ and serves quickly; what it says is noise.
 Sizes follow the CPU backend's limits: head_dim = hidden / heads = 32 (its attention kernels
 need at least 32), two layers so a forward pass costs next to nothing on a shared 2-core box.
 
-Run with the vLLM venv's Python (it has torch and transformers):
+Run from the checkout's root with the vLLM venv's Python (it has torch and transformers):
 
-    .venv-vllm/bin/python bench/real_vllm/make_tiny_model.py bench/real_vllm/.model/tiny-llama
+    .venv-vllm/bin/python -m bench.real_vllm.make_tiny_model bench/real_vllm/.model/tiny-llama
 """
 
 from __future__ import annotations

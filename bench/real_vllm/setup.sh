@@ -91,5 +91,5 @@ import torch, transformers, vllm  # noqa: E401  (imports must work after the fix
 print(f"[setup] vllm {v}, torch {torch.__version__}, transformers {transformers.__version__}")
 EOF
 
-"$PY" "$HERE/make_tiny_model.py" "$MODEL_DIR"
+(cd "$REPO" && "$PY" -m bench.real_vllm.make_tiny_model "$MODEL_DIR")
 log "done: venv $VENV, model $MODEL_DIR"

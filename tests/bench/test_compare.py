@@ -7,9 +7,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from bench import compare, runner
-from bench.compare import FleetSpec, Pod, Target
-from bench.workloads import TimedRequest, Workload
+from bench import compare
+from bench.harness import gateway, pods, runner, targets
+from bench.harness.pods import FleetSpec, Pod
+from bench.harness.targets import Target
+from bench.harness.workloads import TimedRequest, Workload
 from heimdall_proxy.config.gateway import parse_config
 
 REPO = Path(__file__).resolve().parents[2]
@@ -21,23 +23,23 @@ def _load(name: str) -> dict:
 
 
 def test_parse_target() -> None:
-    assert compare.parse_target("round_robin") == Target("vllm-router", "round_robin")
-    assert compare.parse_target("vllm-router:cache_aware") == Target("vllm-router", "cache_aware")
-    gw = compare.parse_target("gateway:config/demo.yaml")
+    assert targets.parse_target("round_robin") == Target("vllm-router", "round_robin")
+    assert targets.parse_target("vllm-router:cache_aware") == Target("vllm-router", "cache_aware")
+    gw = targets.parse_target("gateway:config/demo.yaml")
     assert gw == Target("gateway", "config/demo.yaml")
-    assert compare.parse_target("config/x.yml").kind == "gateway"
+    assert targets.parse_target("config/x.yml").kind == "gateway"
     assert gw.label == "heimdall-proxy demo.yaml"
     assert gw.slug == "heimdall-proxy-demo"
     for bad in ("nope", "vllm-router:nope", "envoy:x"):
         with pytest.raises(ValueError, match="unknown"):
-            compare.parse_target(bad)
+            targets.parse_target(bad)
 
 
 @pytest.mark.parametrize("name", sorted(p.name for p in (REPO / "config").glob("*.yaml")))
 def test_config_rewrite_keeps_plugins_and_replaces_endpoints(name: str) -> None:
     doc = _load(name)
     before = yaml.safe_dump(doc)
-    out = compare.gateway_config(doc, PODS)
+    out = gateway.gateway_config(doc, PODS)
     assert yaml.safe_dump(doc) == before  # the input is not modified
     assert [e["url"] for e in out["endpoints"]] == [
         "http://127.0.0.1:9001",
@@ -56,19 +58,19 @@ def test_config_rewrite_keeps_plugins_and_replaces_endpoints(name: str) -> None:
 
 def test_config_rewrite_cycles_labels_by_position() -> None:
     doc = _load("heimdall-values.yaml")  # EndpointPickerConfig under `config:`, two labelled pods
-    out = compare.gateway_config(doc, PODS)
+    out = gateway.gateway_config(doc, PODS)
     assert out["config"] == doc["config"]
     assert out["endpoints"][0]["labels"] == {"mif.moreh.io/role": "decode"}
     assert out["endpoints"][1]["labels"] == {"mif.moreh.io/role": "both"}
     assert out["endpoints"][2]["labels"] == {"mif.moreh.io/role": "decode"}  # cycled
-    assert compare.gateway_config({}, PODS[:1]) == {
+    assert gateway.gateway_config({}, PODS[:1]) == {
         "endpoints": [{"name": "pod-0", "url": "http://127.0.0.1:9001"}]
     }
 
 
 def test_sim_args_split_on_supported_flags() -> None:
     supported = {"--max-num-seqs", "--ttft"}
-    kept, dropped = compare.split_sim_args(
+    kept, dropped = pods.split_sim_args(
         ["--max-num-seqs", "8", "--time-scale=0.5", "--lora-modules", "a", "b", "--ttft", "1s"],
         supported,
     )
@@ -77,13 +79,13 @@ def test_sim_args_split_on_supported_flags() -> None:
 
 
 def test_sim_flags_reads_the_installed_simulator() -> None:
-    flags = compare.sim_flags()
+    flags = pods.sim_flags()
     assert {"--port", "--name", "--model", "--max-num-seqs"} <= flags
 
 
 def test_commands() -> None:
     spec = FleetSpec(2, "m", ["--max-num-seqs", "4"], 0.5, 7, "auto", {"--time-scale", "--seed"})
-    argv = compare.sim_command(spec, PODS[1], 1)
+    argv = pods.sim_command(spec, PODS[1], 1)
     assert argv[argv.index("--port") + 1] == "9002"
     assert argv[argv.index("--time-scale") + 1] == "0.5"
     assert argv[argv.index("--seed") + 1] == "8"
@@ -94,16 +96,16 @@ def test_commands() -> None:
     spec.supported |= {"--kv-events-port", "--kv-events-replay-port"}
     assert spec.kv_events_for(Target("gateway", "x.yaml"))
     assert not spec.kv_events_for(Target("vllm-router", "round_robin"))
-    replay = compare.sim_command(spec, Pod("p", 1, 2, 3), 0)
+    replay = pods.sim_command(spec, Pod("p", 1, 2, 3), 0)
     assert replay[replay.index("--kv-events-replay-port") + 1] == "3"
     old_sim = FleetSpec(2, "m", [], 0.5, 7, "off", set())
-    assert "--time-scale" not in compare.sim_command(old_sim, PODS[0], 0)
+    assert "--time-scale" not in pods.sim_command(old_sim, PODS[0], 0)
 
-    rr = compare.router_command(Target("vllm-router", "round_robin"), PODS[:2], 8000, None, [])
+    rr = targets.router_command(Target("vllm-router", "round_robin"), PODS[:2], 8000, None, [])
     assert rr[rr.index("--policy") + 1] == "round_robin"
     i = rr.index("--worker-urls")
     assert rr[i + 1 : i + 3] == ["http://127.0.0.1:9001", "http://127.0.0.1:9002"]
-    gw = compare.router_command(
+    gw = targets.router_command(
         Target("gateway", "c.yaml"), PODS, 8000, Path("/tmp/x.yaml"), ["-v", "4"]
     )
     assert gw[gw.index("--config") + 1] == "/tmp/x.yaml"
@@ -111,7 +113,7 @@ def test_commands() -> None:
     assert gw[-2:] == ["-v", "4"]
 
 
-def _fake_run(label: str, wall: float) -> compare.TargetRun:
+def _fake_run(label: str, wall: float) -> targets.TargetRun:
     reqs = [
         runner.RequestResult(
             "a",
@@ -140,7 +142,7 @@ def _fake_run(label: str, wall: float) -> compare.TargetRun:
     series.add(1.0, {"waiting": 0, "running": 0})
     summary = runner.summarize(reqs, wall, [series])
     result = runner.RunResult({"label": label}, summary, reqs, [series])
-    return compare.TargetRun(compare.parse_target(label), result, 1.5, {})
+    return targets.TargetRun(targets.parse_target(label), result, 1.5, {})
 
 
 def test_results_section_is_replaced_in_place(tmp_path: Path) -> None:
@@ -159,14 +161,14 @@ def test_results_section_is_replaced_in_place(tmp_path: Path) -> None:
     section = compare.render_section(
         wl,
         runs,
-        command="python bench/compare.py -w wl-x",
+        command="python -m bench.compare -w wl-x",
         machine=machine,
         spec=spec,
         dropped=["--time-scale", "0.25"],
         plot="plots/wl-x-queues.png",
         notes=compare.auto_notes(runs, spec),
     )
-    assert "python bench/compare.py -w wl-x" in section
+    assert "python -m bench.compare -w wl-x" in section
     assert "x86_64, 2 CPUs (Some CPU)" in section and "Python 3.11.7" in section
     assert "| vllm-router round_robin | 10.0 | 0.15 | " in section
     assert "| heimdall-proxy demo.yaml | 8.0 |" in section
@@ -192,7 +194,7 @@ def test_results_section_is_replaced_in_place(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_plot_writes_a_png(tmp_path: Path) -> None:
     pytest.importorskip("matplotlib")
-    from bench.plots import plot_queues
+    from bench.harness.plots import plot_queues
 
     runs = [_fake_run("round_robin", 1.0), _fake_run("cache_aware", 1.2)]
     out = plot_queues([(r.target.label, r.result.to_json()) for r in runs], tmp_path / "q.png", "t")
@@ -212,9 +214,9 @@ def test_profile_summary() -> None:
             }
         ],
     }
-    assert compare.profile_summary(doc) == "default: queue-scorer x2, max-score-picker"
-    assert compare.profile_summary({"config": doc, "gateway": {}}) == compare.profile_summary(doc)
-    assert compare.profile_summary({"plugins": doc["plugins"]}) == (
+    assert gateway.profile_summary(doc) == "default: queue-scorer x2, max-score-picker"
+    assert gateway.profile_summary({"config": doc, "gateway": {}}) == gateway.profile_summary(doc)
+    assert gateway.profile_summary({"plugins": doc["plugins"]}) == (
         "default: queue-scorer, max-score-picker"
     )
-    assert compare.profile_summary({}) == "default: (Heimdall defaults)"
+    assert gateway.profile_summary({}) == "default: (Heimdall defaults)"

@@ -7,7 +7,7 @@ from collections import Counter
 import pytest
 
 from bench import matrix
-from bench import workloads as wl
+from bench.harness import workloads as wl
 from heimdall_proxy.sim.options import SimOptions
 
 

@@ -1,4 +1,4 @@
-"""bench/pooled.py: pooling over seeds and the cluster bootstrap interval of the ratios."""
+"""bench/harness/stats.py: pooling over seeds and the cluster bootstrap interval of the ratios."""
 
 from __future__ import annotations
 
@@ -6,8 +6,14 @@ import statistics
 
 import pytest
 
-from bench.pooled import cluster_interval, pool, pooled_hit_rate, pooled_p95, table
-from bench.runner import percentile
+from bench.harness.stats import (
+    cluster_interval,
+    percentile,
+    pool,
+    pooled_hit_rate,
+    pooled_p95,
+    table,
+)
 
 
 def row(label: str, values: list[float], hits: float, queries: float) -> dict[str, object]:

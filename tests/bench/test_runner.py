@@ -1,4 +1,4 @@
-"""bench/runner.py: percentiles, metrics parsing, and open-loop runs against in-process pods."""
+"""bench/harness/runner.py: percentiles, metrics parsing, and open-loop runs against in-process pods."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from bench import runner
-from bench.workloads import TimedRequest, Workload
+from bench.harness import runner, stats
+from bench.harness.workloads import TimedRequest, Workload
 from tests.conftest import PodFactory
 
 # ---- pure functions -----------------------------------------------------------------------
@@ -19,13 +19,13 @@ from tests.conftest import PodFactory
 
 def test_percentile_interpolates_like_numpy() -> None:
     values = [float(v) for v in range(10, 0, -1)]  # unsorted on purpose
-    assert runner.percentile(values, 50) == pytest.approx(5.5)
-    assert runner.percentile(values, 95) == pytest.approx(9.55)
-    assert runner.percentile(values, 99) == pytest.approx(9.91)
-    assert runner.percentile(values, 0) == 1.0
-    assert runner.percentile(values, 100) == 10.0
-    assert runner.percentile([3.0], 99) == 3.0
-    assert runner.percentile([], 50) is None
+    assert stats.percentile(values, 50) == pytest.approx(5.5)
+    assert stats.percentile(values, 95) == pytest.approx(9.55)
+    assert stats.percentile(values, 99) == pytest.approx(9.91)
+    assert stats.percentile(values, 0) == 1.0
+    assert stats.percentile(values, 100) == 10.0
+    assert stats.percentile([3.0], 99) == 3.0
+    assert stats.percentile([], 50) is None
 
 
 def test_summary_percentiles_skip_failed_requests() -> None:
@@ -206,7 +206,7 @@ async def test_run_measures_ttft_e2e_errors_and_polls_pods(aiohttp_server: Any) 
     assert s["ttft"]["count"] == 3
     assert s["e2e"]["count"] == 4
     ok_e2e = [r.e2e for r in run.requests if r.ok and r.e2e is not None]
-    assert s["e2e"]["p50"] == pytest.approx(runner.percentile(ok_e2e, 50))
+    assert s["e2e"]["p50"] == pytest.approx(stats.percentile(ok_e2e, 50))
     assert s["e2e"]["max"] == pytest.approx(max(ok_e2e))
     assert s["wall_clock"] >= max(r.sent + r.e2e for r in run.requests) - 0.01
     assert s["requests_per_pod"] == {"pod-a": 4}  # the broken stream had started

@@ -1,4 +1,4 @@
-"""bench/workloads.py: deterministic generators with the reference workload's shape."""
+"""bench/harness/workloads.py: deterministic generators with the reference workload's shape."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from itertools import pairwise
 
 import pytest
 
-from bench import workloads as wl
-from bench.workloads import (
+from bench.harness import workloads as wl
+from bench.harness.workloads import (
     HEAVY_SPECS,
     ChatPrefixParams,
     ContextMixParams,

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import os
+import platform
 import subprocess
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
+BENCH_DIR = REPO_ROOT / "bench"
 
 
 def cpu_model(default: str) -> str:
@@ -37,3 +41,23 @@ def git_head() -> str | None:
 def git_dirty(*paths: str) -> bool:
     """Whether the checkout has uncommitted changes (under `paths`, when given)."""
     return bool(_git("status", "--porcelain", "--", *paths))
+
+
+def machine_info() -> dict[str, str]:
+    cpu = cpu_model(platform.processor() or "unknown")
+    commit = git_head() or "unknown"
+    if commit != "unknown" and git_dirty("heimdall_proxy"):
+        commit += " + uncommitted changes under heimdall_proxy/"
+    try:
+        router_version = version("vllm-router")
+    except PackageNotFoundError:
+        router_version = "not installed"
+    return {
+        "arch": platform.machine(),
+        "nproc": str(os.cpu_count()),
+        "cpu": cpu,
+        "python": platform.python_version(),
+        "os": f"{platform.system()} {platform.release()}",
+        "commit": commit,
+        "vllm_router": router_version,
+    }

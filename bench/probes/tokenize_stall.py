@@ -14,7 +14,7 @@ Variants: `after` (this tree, default maxPromptChars: the prompt is not tokenize
 thread), and with `--baseline DIR`, `before` (DIR's gateway code,
 `PYTHONPATH=DIR python -P -m heimdall_proxy`).
 
-    python bench/tokenize_stall.py --prompt-mb 25 --baseline /tmp/heimdall-before
+    python -m bench.probes.tokenize_stall --prompt-mb 25 --baseline /tmp/heimdall-before
 """
 
 from __future__ import annotations
@@ -35,10 +35,10 @@ import aiohttp
 import orjson
 import yaml
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench.compare import free_port
-from bench.machine import cpu_model, git_dirty, git_head
-from bench.runner import percentile, wait_http
+from bench.harness import cli
+from bench.harness.machine import cpu_model, git_dirty, git_head
+from bench.harness.procs import free_port, wait_http
+from bench.harness.stats import percentile
 
 PY = sys.executable
 #: The corpus' words, and the prompt's.
@@ -173,7 +173,7 @@ async def run(
 
 
 async def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = cli.parser(__doc__)
     p.add_argument("--prompt-mb", type=float, default=25.0, help="the prompt's size, in MB")
     p.add_argument("--interval", type=float, default=0.01, help="seconds between /health")
     p.add_argument("--baseline", help="also run this tree's gateway code (the 'before' row)")

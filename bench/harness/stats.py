@@ -1,5 +1,10 @@
-"""The replicas criterion over many seeds at once: pooled E2E p95 and prefix hit rate, with a
-cluster bootstrap interval for each variant's ratio to the baseline (issue 17 item 3).
+"""The benchmarks' statistics: one percentile (numpy's default, linear interpolation), the
+distribution summary every table reports, and the pooled-over-seeds figures with their
+cluster bootstrap interval.
+
+Pooling (the replicas criterion over many seeds at once, issue 17 item 3): pooled E2E p95
+and prefix hit rate, with a cluster bootstrap interval for each variant's ratio to the
+baseline.
 
 Why pool: one run's E2E p95 on 240 requests is its 12th-worst latency, and on the saturated
 multi-turn shape that moves by up to 10% between two runs of the same single replica. The
@@ -17,18 +22,45 @@ resample draws the seeds with replacement and pools the same drawn seeds for eve
 from __future__ import annotations
 
 import functools
+import math
 import random
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
-
-from bench.runner import percentile
 
 T = TypeVar("T")
 
 #: Resamples and RNG seed of the bootstrap: fixed, so the same JSON prints the same interval.
 RESAMPLES = 2000
 RNG_SEED = 20261125
+
+#: The percentiles every distribution reports.
+PERCENTILES = (50, 95, 99)
+
+
+def percentile(values: Sequence[float], p: float) -> float | None:
+    """The p-th percentile (0..100) with linear interpolation between closest ranks (numpy's
+    default), or None for no values."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    rank = (len(ordered) - 1) * min(max(p, 0.0), 100.0) / 100.0
+    lo = math.floor(rank)
+    hi = min(lo + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (rank - lo)
+
+
+def distribution(values: Sequence[float], scale: float = 1.0) -> dict[str, Any]:
+    """count, mean, the PERCENTILES (p50, p95, p99) and max of `values`, each times `scale`
+    (1e3: seconds to ms); None for each but the count when there are no values."""
+    out: dict[str, Any] = {"count": len(values)}
+    if scale != 1.0:
+        values = [v * scale for v in values]
+    out["mean"] = sum(values) / len(values) if values else None
+    for p in PERCENTILES:
+        out[f"p{p}"] = percentile(values, p)
+    out["max"] = max(values) if values else None
+    return out
 
 
 def pooled_p95(rows: Sequence[Mapping[str, Any]]) -> float | None:

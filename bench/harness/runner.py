@@ -8,7 +8,7 @@ end-to-end latency. While the workload runs, every pod's /metrics is polled ever
 prefix-cache and preemption counters; the prefix-cache hit rate is the hits delta over the
 queries delta between the samples taken just before the first request and just after the last.
 
-    python bench/runner.py --base-url http://127.0.0.1:8000 \\
+    python -m bench.harness.runner --base-url http://127.0.0.1:8000 \\
         --pod http://127.0.0.1:8001 --pod http://127.0.0.1:8002 \\
         --workload seed001-small --out bench/out/run.json
 
@@ -19,7 +19,6 @@ record per request) and ``pods`` (per-pod time series, one list per field).
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import math
@@ -34,9 +33,9 @@ from typing import Any
 import aiohttp
 import orjson
 
-if __package__ in (None, ""):  # run as `python bench/runner.py`
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench.workloads import TimedRequest, Workload, add_workload_args, workload_from_args
+from bench.harness import cli
+from bench.harness.stats import distribution, percentile
+from bench.harness.workloads import TimedRequest, Workload, add_workload_args, workload_from_args
 
 # vLLM metric names the poller reads (the sum over label sets is taken for each).
 WAITING = "vllm:num_requests_waiting"
@@ -47,50 +46,7 @@ PREFIX_HITS = ("vllm:prefix_cache_hits_total", "vllm:gpu_prefix_cache_hits_total
 PREEMPTIONS = ("vllm:num_preemptions_total",)
 
 SERIES_FIELDS = ("waiting", "running", "kv", "prefix_queries", "prefix_hits", "preemptions")
-PERCENTILES = (50, 95, 99)
 POD_HEADERS = ("x-sim-pod", "x-decoder-host-port")
-
-
-# ---- processes ----------------------------------------------------------------------------
-
-
-async def wait_http(url: str, tries: int = 300) -> None:
-    """Wait until `url` answers below 500 (a pod or gateway process is up), polling every
-    0.1 s; RuntimeError after `tries` polls."""
-    async with aiohttp.ClientSession() as http:
-        for _ in range(tries):
-            try:
-                async with http.get(url) as r:
-                    if r.status < 500:
-                        return
-            except aiohttp.ClientError:
-                pass
-            await asyncio.sleep(0.1)
-    raise RuntimeError(f"{url} never answered")
-
-
-# ---- statistics ---------------------------------------------------------------------------
-
-
-def percentile(values: Sequence[float], p: float) -> float | None:
-    """The p-th percentile (0..100) with linear interpolation between closest ranks (numpy's
-    default), or None for no values."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    rank = (len(ordered) - 1) * min(max(p, 0.0), 100.0) / 100.0
-    lo = math.floor(rank)
-    hi = min(lo + 1, len(ordered) - 1)
-    return ordered[lo] + (ordered[hi] - ordered[lo]) * (rank - lo)
-
-
-def distribution(values: Sequence[float]) -> dict[str, float | int | None]:
-    out: dict[str, float | int | None] = {"count": len(values)}
-    out["mean"] = sum(values) / len(values) if values else None
-    for p in PERCENTILES:
-        out[f"p{p}"] = percentile(values, p)
-    out["max"] = max(values) if values else None
-    return out
 
 
 # ---- Prometheus text ----------------------------------------------------------------------
@@ -552,9 +508,7 @@ def format_summary(summary: Mapping[str, Any]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        description="Replay a workload open-loop against a router and poll the pods' /metrics."
-    )
+    parser = cli.parser("Replay a workload open-loop against a router and poll the pods' /metrics.")
     parser.add_argument("--base-url", required=True, help="router (or pod) base URL")
     parser.add_argument(
         "--pod",
@@ -567,7 +521,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=3600.0, help="per request, seconds")
     parser.add_argument("--time-scale", type=float, default=1.0, help="multiply every offset")
     parser.add_argument("--out", help="write the results JSON here")
-    parser.add_argument("--no-progress", action="store_true")
+    cli.add_progress(parser)
     add_workload_args(parser)
     args = parser.parse_args(argv)
     try:

@@ -1,29 +1,30 @@
 """Cost per request counted, not timed: instructions (callgrind) and calls (cProfile).
 
 bench/overhead.py's throughput and CPU ratios swing by 3x with the machine's load (two shared
-cores, other benches running), which hides any change of a few microseconds. This bench
-counts instead. Each server under test (the bare aiohttp forwarder, the gateway, and with
-`--baseline DIR` the gateway from another copy of the code) runs under
-`valgrind --tool=callgrind` in front of the same `bench/fast_upstream.py` (run natively). After
-a warm-up the bench reads the server's instruction counter (`callgrind_control -e Ir`) over a
-short idle window (its rate per second), then over `--repeat` windows of `--requests`
-requests (the body of bench/overhead.py) sent on `--connections` keep-alive connections;
-instructions per request = (window - idle rate x its length) / requests. Instruction counts
-do not depend on the machine's load: repeats agree within about 1%. With more than one
-connection requests overlap as under wrk, so what only concurrency costs (the collector
-walking the requests in flight) is counted too.
+cores, other benches running), which hides any change of a few microseconds. This bench counts
+instead. Each server under test (the bare aiohttp forwarder, the gateway, and with `--baseline
+DIR` the gateway from another copy of the code) runs under `valgrind --tool=callgrind` in front
+of the same `bench/harness/fast_upstream.py` (run natively). After a warm-up the bench reads
+the server's instruction counter (`callgrind_control -e Ir`) over a short idle window (its rate
+per second), then over `--repeat` windows of `--requests` requests (the body of
+bench/overhead.py) sent on `--connections` keep-alive connections; instructions per request =
+(window - idle rate x its length) / requests. Instruction counts do not depend on the machine's
+load: repeats agree within about 1%. With more than one connection requests overlap as under
+wrk, so what only concurrency costs (the collector walking the requests in flight) is counted
+too.
 
-`--calls` counts calls the same way, with the servers run under bench/callcount.py (cProfile
-switched on and off by signals): Python functions and the builtins they call, per request,
-with aiohttp's share and the functions whose counts differ most between two targets.
+`--calls` counts calls the same way, with the servers run under bench/probes/callcount.py
+(cProfile switched on and off by signals): Python functions and the builtins they call, per
+request, with aiohttp's share and the functions whose counts differ most between two targets.
 
 The servers run with PYTHONHASHSEED=0, and the gateway's background work (metrics, models and
 health scrapes, every 0.1-5 s by default) is set to once a minute: it is a cost per second,
 not per request (issue 17 item 1 measures it), and its cadence follows the traffic, so an
 idle window could not subtract it. `--keep-background` leaves the defaults.
 
-Run: `python bench/instructions.py [--requests 320] [--repeat 2] [--connections 16] [--calls]
-[--base-config config/recommended.yaml] [--baseline DIR] [--json OUT] [--markdown]`
+Run: `python -m bench.probes.instructions [--requests 320] [--repeat 2]
+[--connections 16] [--calls] [--base-config config/recommended.yaml] [--baseline DIR]
+[--json OUT] [--markdown]`
 """
 
 from __future__ import annotations
@@ -52,21 +53,19 @@ from typing import Any
 
 import yaml
 
-if __package__ in (None, ""):  # run as `python bench/instructions.py`
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench.machine import cpu_model, git_dirty, git_head
-from bench.overhead import (
-    BENCH_DIR,
+from bench.harness import cli
+from bench.harness.gateway import serve_args
+from bench.harness.machine import REPO_ROOT, cpu_model, git_dirty, git_head
+from bench.harness.pods import fast_upstream_argv
+from bench.harness.procs import (
     HarnessError,
-    Server,
-    build_gateway_config,
+    Proc,
     free_ports,
-    run_harness,
-    serve_args,
     start_server,
     stop_servers,
     wait_ready,
 )
+from bench.overhead import build_gateway_config, run_harness
 
 TARGETS = ("forwarder", "gateway", "baseline")
 LABELS = {"forwarder": "bare forwarder", "gateway": "gateway", "baseline": "gateway baseline"}
@@ -196,7 +195,7 @@ class Instructions(Meter):
 
 
 class Calls(Meter):
-    """The calls cProfile counts in process `pid` (run under bench/callcount.py): SIGUSR1
+    """The calls cProfile counts in process `pid` (run under bench/probes/callcount.py): SIGUSR1
     starts a profile, SIGUSR2 writes it out."""
 
     def __init__(self, pid: int, prefix: str) -> None:
@@ -256,11 +255,12 @@ def measure_window(
 def server_argv(
     args: argparse.Namespace, target: str, port: int, upstream: str, config: Path, prefix: str
 ) -> list[str]:
-    env = ["env", "PYTHONHASHSEED=0"]
-    if target == "baseline":
-        env.append(f"PYTHONPATH={args.baseline}")
+    # `-P` with an explicit path: the baseline's package (when asked) before this checkout's,
+    # which also holds `bench` for the modules run with -m.
+    path = f"{args.baseline}:{REPO_ROOT}" if target == "baseline" else str(REPO_ROOT)
+    env = ["env", "PYTHONHASHSEED=0", f"PYTHONPATH={path}"]
     if args.calls:
-        wrap = [sys.executable, "-P", str(BENCH_DIR / "callcount.py"), prefix]
+        wrap = [sys.executable, "-P", "-m", "bench.probes.callcount", prefix]
     else:
         wrap = [
             "valgrind",
@@ -272,7 +272,8 @@ def server_argv(
         ]
     if target == "forwarder":
         program = [
-            str(BENCH_DIR / "bare_forwarder.py"),
+            "-m",
+            "bench.harness.bare_forwarder",
             "--port",
             str(port),
             "--upstream",
@@ -280,9 +281,9 @@ def server_argv(
         ]
     else:
         background = "" if args.keep_background else QUIET_BACKGROUND
-        # overhead.py's serve arguments, with the background work quietened before its own
-        quiet = argparse.Namespace(gateway_args=f"{background} {args.gateway_args}")
-        program = ["-m", "heimdall_proxy", *serve_args(quiet, port, config)]
+        # the gateway's serve arguments, with the background work quietened before its own
+        extra = shlex.split(f"{background} {args.gateway_args}")
+        program = ["-m", "heimdall_proxy", *serve_args(config, port, extra)]
     return [*env, *wrap, *program]
 
 
@@ -290,14 +291,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if not args.calls and shutil.which("valgrind") is None:
         raise HarnessError("valgrind not found on PATH (apt-get install -y valgrind)")
     workdir = Path(tempfile.mkdtemp(prefix="heimdall-instructions-"))
-    servers: list[Server] = []
+    servers: list[Proc] = []
     results: dict[str, TargetCount] = {}
     try:
         up_port, *ports = free_ports(1 + len(TARGETS))
         upstream_url = f"http://127.0.0.1:{up_port}"
         upstream = start_server(
             "upstream",
-            [sys.executable, str(BENCH_DIR / "fast_upstream.py"), "--port", str(up_port)],
+            fast_upstream_argv(up_port),
             workdir,
         )
         servers.append(upstream)
@@ -463,7 +464,7 @@ def progress(msg: str) -> None:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    p = cli.parser(__doc__)
     p.add_argument("--requests", type=int, default=320, help="requests per window (320)")
     p.add_argument("--repeat", type=int, default=2, help="windows per target, median (2)")
     p.add_argument("--warmup", type=int, default=100, help="requests before counting (100)")
@@ -479,15 +480,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--top", type=int, default=40, help="--calls: functions listed (40)")
     p.add_argument("--base-config", type=Path, help="whole gateway config, e.g. recommended.yaml")
     p.add_argument("--config-extra", type=Path, help="YAML merged into the gateway config")
-    p.add_argument("--gateway-args", default="", help="extra args for `heimdall-proxy serve`")
+    cli.add_gateway_args(p)
     p.add_argument(
         "--keep-background",
         action="store_true",
         help="keep the gateway's default scrape intervals (their cost is then in the counts)",
     )
     p.add_argument("--startup-timeout", type=float, default=600.0)
-    p.add_argument("--json", type=Path, metavar="OUT")
-    p.add_argument("--markdown", action="store_true")
+    cli.add_output(p)
     p.add_argument("--keep-tmp", action="store_true")
     args = p.parse_args(argv)
     targets = [t.strip() for t in args.targets.split(",") if t.strip()]
@@ -513,10 +513,8 @@ def report(args: argparse.Namespace, out: dict[str, Any]) -> int:
     print(text_report(out))
     if args.markdown:
         print()
-        print(markdown_report(out))
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(out, indent=2) + "\n")
+        cli.write_markdown(args.markdown, markdown_report(out))
+    cli.write_json(args.json, out)
     return 0
 
 

@@ -1,7 +1,7 @@
 """Instructions one upstream request costs the client that sends it: aiohttp's ClientSession
 as the gateway used it, and the gateway's own client (heimdall_proxy/upstream).
 
-Each client sends POST /v1/chat/completions to `bench/fast_upstream.py` (run natively) one
+Each client sends POST /v1/chat/completions to `bench/harness/fast_upstream.py` (run natively) one
 after another on one keep-alive connection, and reads the whole answer. The loop runs under
 `valgrind --tool=callgrind` twice, with `--small` and `--large` requests; the difference of the
 two totals over the difference of the counts is the cost of one request, start-up excluded.
@@ -14,7 +14,7 @@ dependencies, only the comparison that chose the gateway's client (bench/RESULTS
 request with EVENTS server-sent events 1 ms apart (each arrives on its own), and aiohttp and
 the gateway's client read them chunk by chunk as the relay does: the cost of a stream.
 
-Run: `python bench/client_cost.py [--clients aiohttp,heimdall] [--small 200] [--large 1200]
+Run: `python -m bench.probes.client_cost [--clients aiohttp,heimdall] [--small 200] [--large 1200]
 [--stream 100]`
 """
 
@@ -30,10 +30,10 @@ import tempfile
 import time
 from pathlib import Path
 
-if __package__ in (None, ""):  # run as `python bench/client_cost.py`
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench.machine import cpu_model, git_head
-from bench.overhead import BENCH_DIR, free_ports, start_server, stop_servers, wait_ready
+from bench.harness import cli
+from bench.harness.machine import cpu_model, git_head
+from bench.harness.pods import fast_upstream_argv
+from bench.harness.procs import bench_module, free_ports, start_server, stop_servers, wait_ready
 
 BODY = (
     b'{"model":"bench-model","messages":[{"role":"user","content":"Say hello."}],"max_tokens":16}'
@@ -151,7 +151,8 @@ def count(client: str, origin: str, n: int, stream: bool) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         proc = subprocess.run(
             ["valgrind", "--tool=callgrind", f"--callgrind-out-file={tmp}/out",
-             sys.executable, __file__, "--loop", client, "--origin", origin, "-n", str(n),
+             *bench_module("bench.probes.client_cost"),
+             "--loop", client, "--origin", origin, "-n", str(n),
              *(["--stream", "1"] if stream else [])],
             capture_output=True, text=True, check=False,
         )  # fmt: skip
@@ -162,7 +163,7 @@ def count(client: str, origin: str, n: int, stream: bool) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser = cli.parser(__doc__)
     parser.add_argument("--clients", default=",".join(CLIENTS))
     parser.add_argument("--small", type=int, default=200)
     parser.add_argument("--large", type=int, default=1200)
@@ -188,9 +189,15 @@ def main(argv: list[str] | None = None) -> int:
     (port,) = free_ports(1)
     workdir = Path(tempfile.mkdtemp(prefix="client-cost-"))
     serve = (
-        [sys.executable, __file__, "--serve-stream", str(port), "--stream", str(args.stream)]
+        [
+            *bench_module("bench.probes.client_cost"),
+            "--serve-stream",
+            str(port),
+            "--stream",
+            str(args.stream),
+        ]
         if args.stream
-        else [sys.executable, str(BENCH_DIR / "fast_upstream.py"), "--port", str(port)]
+        else fast_upstream_argv(port)
     )
     upstream = start_server("upstream", serve, workdir)
     origin = f"http://127.0.0.1:{port}"

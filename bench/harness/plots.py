@@ -1,6 +1,6 @@
 """Per-pod queue plots from runner result JSON files (matplotlib, Agg backend).
 
-    python bench/plots.py bench/out/seed001-small/*.json --out bench/plots/seed001-small.png
+    python -m bench.harness.plots bench/out/seed001-small/*.json --out bench/plots/seed001-small.png
 
 One column per result file (target), sharing both axes so the targets compare at a glance:
 the top row is each pod's queue (vllm:num_requests_waiting) over time, the bottom row its
@@ -9,12 +9,13 @@ running requests. A dotted vertical line marks when the last request completed.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
+
+from bench.harness import cli
 
 ROWS = (("waiting", "queue (waiting requests)"), ("running", "running requests"))
 
@@ -82,7 +83,7 @@ def plot_queues(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Plot per-pod queues from runner JSON files.")
+    parser = cli.parser("Plot per-pod queues from runner JSON files.")
     parser.add_argument("results", nargs="+", help="runner JSON files, one per target")
     parser.add_argument("--out", required=True, help="PNG to write")
     parser.add_argument("--title", default="")

@@ -5,12 +5,11 @@ and returns a fixed, precomputed OpenAI-shaped body for ``/v1/completions`` and
 ``/v1/chat/completions`` with no artificial delay, so that the cost measured in front of it is
 the proxy's, not the model server's.
 
-Run: ``python bench/fast_upstream.py --port 8001 [--model bench-model]``
+Run: ``python -m bench.harness.fast_upstream --port 8001 [--model bench-model]``
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import signal
@@ -20,6 +19,8 @@ from typing import Any
 import uvloop
 from aiohttp import web
 from aiohttp.web_request import BaseRequest
+
+from bench.harness import cli
 
 JSON_CT = "application/json"
 PROM_CT = "text/plain; version=0.0.4; charset=utf-8"
@@ -201,7 +202,7 @@ async def serve(host: str, port: int, model: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser = cli.parser(__doc__)
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--model", default="bench-model")

@@ -6,12 +6,11 @@ and end-to-end headers to one upstream, and relays status, end-to-end headers an
 with a ``Content-Length`` are buffered; others (chunked, e.g. SSE streams) are relayed chunk by
 chunk as they arrive.
 
-Run: ``python bench/bare_forwarder.py --port 8002 --upstream http://127.0.0.1:8001``
+Run: ``python -m bench.harness.bare_forwarder --port 8002 --upstream http://127.0.0.1:8001``
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import signal
 
@@ -20,6 +19,8 @@ import uvloop
 from aiohttp import web
 from multidict import CIMultiDict, CIMultiDictProxy
 from yarl import URL
+
+from bench.harness import cli
 
 # RFC 9110 section 7.6.1 connection-specific headers, plus Host (set from the upstream URL) and
 # Content-Length (recomputed by aiohttp for the body it actually sends).
@@ -123,7 +124,7 @@ async def serve(host: str, port: int, upstream: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser = cli.parser(__doc__)
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--upstream", required=True, help="e.g. http://127.0.0.1:8001")

@@ -10,27 +10,21 @@ engine-map insert and one index update per event, with no validation and no obje
 the real path is Python, the gap is what any trimming of it could win at most; the native
 path goes below that floor (no Python per event at all).
 
-Run: python bench/conductor_event_floor.py [--instances 64] [--blocks 20000]
+Run: python -m bench.probes.conductor_event_floor [--instances 64] [--blocks 20000]
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import gc
-import sys
 import time
-from pathlib import Path
 
 import msgpack
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from bench.conductor import BLOCK, ingest_vllm, registrations, vllm_payloads  # noqa: E402
-from heimdall_proxy.conductor.service import Conductor  # noqa: E402
-from heimdall_proxy.kvcache.hashing import STANDARD_HASH_SEED, block_keys  # noqa: E402
+from bench.conductor import BLOCK, ingest_vllm, registrations, vllm_payloads
+from bench.harness import cli
+from heimdall_proxy.conductor.service import Conductor
+from heimdall_proxy.kvcache.hashing import STANDARD_HASH_SEED, block_keys
 
 
 def floor(payloads: list[tuple[str, bytes]], bits: dict[str, int]) -> tuple[float, int]:
@@ -62,7 +56,7 @@ def floor(payloads: list[tuple[str, bytes]], bits: dict[str, int]) -> tuple[floa
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = cli.parser(__doc__)
     ap.add_argument("--instances", type=int, default=64)
     ap.add_argument("--blocks", type=int, default=20_000, help="blocks per instance")
     args = ap.parse_args()

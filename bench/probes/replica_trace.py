@@ -13,22 +13,19 @@ filter (keep the prefix's pods, or release), on one host whose wall clocks agree
 - **flips**: how many keep/release outcomes would change with the true in-flight tokens, with
   the fleet-wide price, or with both (the estimate's own-prefill term is kept as logged).
 
-    python bench/replica_trace.py /tmp/out/replicas.json
+    python -m bench.probes.replica_trace /tmp/out/replicas.json
 """
 
 from __future__ import annotations
 
-import argparse
 import bisect
 import json
-import sys
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-if __package__ in (None, ""):  # run as `python bench/replica_trace.py`
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench.harness import cli
 from heimdall_proxy.framework.queue_delay import QueueDelay
 
 #: The filter's default when nothing is learned yet (1 / peakPrefillThroughput).
@@ -160,7 +157,7 @@ def analyse(evs: Sequence[Mapping[str, Any]]) -> Stats:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = cli.parser(__doc__)
     parser.add_argument("json", type=Path, nargs="+", help="bench/replicas.py --json outputs")
     args = parser.parse_args(argv)
     print(

@@ -11,25 +11,27 @@ share the caches: compare checkouts alternated in one shell). The subscriber's q
 the executor's threads and pipes are not in it: bench/conductor.py's pipeline rows have the
 whole path.
 
-Run: python bench/conductor_ingest_cpu.py [CHECKOUT] [--blocks N] [--rounds R]
-(CHECKOUT: another tree's root, to compare its conductor with this one's; it must have
-conductor.prepare's worker entry point, of either signature)
+Run from the checkout's root: python -m bench.probes.conductor_ingest_cpu [--blocks N]
+[--rounds R]. To measure another tree's conductor (it must have conductor.prepare's worker
+entry point, of either signature), put its package first and keep the working directory off
+the path: `PYTHONPATH=DIR:. python -P -m bench.probes.conductor_ingest_cpu`, DIR holding that
+tree's heimdall_proxy (`git archive main heimdall_proxy | tar -x -C DIR`). The first line
+printed names the tree that ran.
 """
 
 from __future__ import annotations
 
-import argparse
 import gc
 import inspect
 import pickle
 import statistics
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-HERE = Path(__file__).resolve().parent.parent
+from bench.harness import cli
+
 JOB = 128
 
 
@@ -42,15 +44,12 @@ def _run(coro: Any) -> None:
     raise RuntimeError("apply suspended")
 
 
-def measure(root: str, instances: int, blocks: int) -> dict[str, float]:
-    """us of CPU per block of each stage, for the tree at `root`."""
+def measure(instances: int, blocks: int) -> dict[str, float]:
+    """us of CPU per block of each stage, for the tree heimdall_proxy was imported from."""
+    from bench.conductor import registrations, vllm_payloads
     from heimdall_proxy.conductor import prepare as prep
     from heimdall_proxy.conductor.service import Conductor
     from heimdall_proxy.kvcache.events import decode_batch
-
-    assert prep.__file__
-    assert prep.__file__.startswith(root)  # the tree asked for
-    from bench.conductor import registrations, vllm_payloads
 
     source = Conductor()
     regs = {r.key: r for r in registrations(source, instances)}
@@ -115,16 +114,16 @@ def measure(root: str, instances: int, blocks: int) -> dict[str, float]:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("checkout", nargs="?", default=str(HERE))
+    ap = cli.parser(__doc__)
     ap.add_argument("--instances", type=int, default=64)
     ap.add_argument("--blocks", type=int, default=20_000, help="blocks per instance")
     ap.add_argument("--rounds", type=int, default=1)
     args = ap.parse_args()
-    root = str(Path(args.checkout).resolve())
-    sys.path.insert(0, root)
-    sys.path.insert(1, str(HERE))
-    rounds = [measure(root, args.instances, args.blocks) for _ in range(args.rounds)]
+    import heimdall_proxy
+
+    assert heimdall_proxy.__file__
+    root = Path(heimdall_proxy.__file__).resolve().parents[1]
+    rounds = [measure(args.instances, args.blocks) for _ in range(args.rounds)]
     print(f"{root}: us of CPU per block, {args.instances} x {args.blocks:,} blocks, "
           f"{args.rounds} round(s) (median; each round)")  # fmt: skip
     for name in rounds[0]:

@@ -3,34 +3,30 @@ hold a staggered share of it, as bench/conductor.py sets up), without HTTP: the 
 called directly, so JSON parsing, checks, hashing, the index and the answer are what is
 timed (process CPU time, which other jobs on the machine disturb less than wall time).
 
-Run: python bench/conductor_handler.py [CHECKOUT]   (CHECKOUT: another tree's root, to
-compare a commit's handler with this one's in the same shell; default this checkout)
+Run from the checkout's root: python -m bench.probes.conductor_handler. To time another
+tree's handler in the same shell, put its package first and keep the working directory off
+the path: `PYTHONPATH=DIR:. python -P -m bench.probes.conductor_handler`, DIR holding that
+tree's heimdall_proxy (`git archive main heimdall_proxy | tar -x -C DIR`). The line printed
+names the tree that ran.
 """
 
 from __future__ import annotations
 
 import asyncio
 import random
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
-HERE = Path(__file__).resolve().parent.parent
+import orjson
+
+import heimdall_proxy
+from bench.conductor import BLOCK, MODEL, registrations, stagger
+from heimdall_proxy.conductor import app as conductor_app
+from heimdall_proxy.conductor.service import Conductor
 
 
-async def measure(root: str) -> list[float]:
-    sys.path.insert(0, root)
-    import orjson
-
-    from heimdall_proxy.conductor import app as conductor_app
-    from heimdall_proxy.conductor.service import Conductor
-
-    assert conductor_app.__file__
-    assert conductor_app.__file__.startswith(root)  # the tree asked for, not this one
-    sys.path.insert(1, str(HERE))
-    from bench.conductor import BLOCK, MODEL, registrations, stagger
-
+async def measure() -> list[float]:
     conductor = Conductor()
     regs = registrations(conductor, 64)
     prompt = [random.Random(3).randrange(128_000) for _ in range(8192)]
@@ -60,8 +56,9 @@ async def measure(root: str) -> list[float]:
 
 
 def main() -> int:
-    root = str(Path(sys.argv[1]).resolve()) if len(sys.argv) > 1 else str(HERE)
-    rounds = asyncio.run(measure(root))
+    assert heimdall_proxy.__file__
+    root = Path(heimdall_proxy.__file__).resolve().parents[1]
+    rounds = asyncio.run(measure())
     print(f"{root}: CPU ms per /query handler call, 5 rounds of 300: "
           f"{' '.join(f'{r:.3f}' for r in rounds)}; min {min(rounds):.3f}")  # fmt: skip
     return 0

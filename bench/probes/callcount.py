@@ -1,10 +1,10 @@
 """Run a Python program with cProfile switched on and off by signals, for counting calls.
 
-`python bench/callcount.py OUT_PREFIX script.py ARGS...` or
-`python bench/callcount.py OUT_PREFIX -m module ARGS...` runs the program as `python` would.
+`python -m bench.probes.callcount OUT_PREFIX -m module ARGS...` runs the module as
+`python -m module ARGS...` would.
 SIGUSR1 starts a fresh profile; SIGUSR2 stops it and writes it to `OUT_PREFIX.<n>.prof`
 (n = 1, 2, ... in order), then renames it into place, so a reader that sees the file sees
-all of it. bench/instructions.py (`--calls`) uses it to count the Python-level and builtin
+all of it. bench/probes/instructions.py (`--calls`) uses it to count the Python-level and builtin
 calls a server makes over a window of requests: a count, not a time, so it does not depend
 on how loaded the machine is. The profiler makes the program slower; the counts it reports
 are those of the program without it.
@@ -44,20 +44,14 @@ class _Switch:
 
 
 def main() -> None:
-    if len(sys.argv) < 3:
+    if len(sys.argv) < 4 or sys.argv[2] != "-m":
         raise SystemExit(__doc__)
     switch = _Switch(sys.argv[1])
     signal.signal(signal.SIGUSR1, switch.start)
     signal.signal(signal.SIGUSR2, switch.stop)
-    if sys.argv[2] == "-m":
-        module, rest = sys.argv[3], sys.argv[4:]
-        sys.argv = [module, *rest]
-        runpy.run_module(module, run_name="__main__", alter_sys=True)
-    else:
-        script, rest = sys.argv[2], sys.argv[3:]
-        sys.argv = [script, *rest]
-        sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
-        runpy.run_path(script, run_name="__main__")
+    module, rest = sys.argv[3], sys.argv[4:]
+    sys.argv = [module, *rest]
+    runpy.run_module(module, run_name="__main__", alter_sys=True)
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ Workloads:
 
 ``*-small`` presets are scaled-down versions sized for a simulated fleet on a 2-core machine.
 
-Run ``python bench/workloads.py --workload seed001`` to print a summary (``--list`` for the
+Run ``python -m bench.harness.workloads --workload seed001`` to print a summary (``--list`` for the
 presets, ``--dump FILE`` to write the requests as JSON).
 """
 
@@ -35,6 +35,8 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+from bench.harness import cli
 
 DEFAULT_MODEL = "sim-model"
 COMPLETIONS = "/v1/completions"
@@ -614,10 +616,10 @@ def build(
 
 
 def add_workload_args(parser: argparse.ArgumentParser) -> None:
-    """The workload flags shared by workloads.py, runner.py and compare.py."""
+    """The workload flags shared by the workloads, runner and compare entry points."""
     g = parser.add_argument_group("workload")
     g.add_argument("--workload", "-w", default="seed001-small", choices=sorted(PRESETS))
-    g.add_argument("--seed", type=int, default=42, help="workload seed (default 42)")
+    cli.add_seed(g)
     g.add_argument("--model", default=DEFAULT_MODEL)
     g.add_argument(
         "--no-stream", action="store_true", help="send stream=false (no TTFT is measured)"
@@ -662,7 +664,7 @@ def workload_from_args(args: argparse.Namespace) -> Workload:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = cli.parser(__doc__)
     add_workload_args(parser)
     parser.add_argument("--time-scale", type=float, default=1.0, help="multiply every offset")
     parser.add_argument("--dump", metavar="FILE", help="write the workload as JSON")
