@@ -14,7 +14,7 @@ def inverted_min_max(endpoints: list[Endpoint], values: list[float]) -> Mapping[
     All equal (every idle pool, and always with one pod) is answered as `DefaultScores`,
     which costs the same at any pool size instead of a dict entry per pod. `min`/`max` get
     no `default=`: a builtin's keyword argument costs more than the comparison (counted
-    per request with bench/instructions.py)."""
+    per request with bench/probes/instructions.py)."""
     if not values:
         return {}
     lo = min(values)
