@@ -5,6 +5,7 @@ subprocess, exactly as a user starts it, with any config."""
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 import os
 import random
@@ -21,6 +22,8 @@ from typing import Any
 
 import pytest
 import yaml
+
+from heimdall_proxy.config.defaults import DEFAULT_EPP
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPTS = REPO / "bench" / "real_vllm"
@@ -175,3 +178,18 @@ def gateway_process(config: Mapping[str, Any], work: Path) -> Iterator[GatewayPr
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+def gateway_config(pods: list[Pod]) -> dict[str, Any]:
+    """The default EndpointPickerConfig with the pods as its endpoints."""
+    return {
+        **copy.deepcopy(DEFAULT_EPP),
+        "endpoints": [{"name": p.name, "url": p.url, "kvEvents": p.kv_events} for p in pods],
+    }
+
+
+@pytest.fixture(scope="session")
+def gateway(pods: list[Pod], tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
+    """One gateway subprocess in front of the pods for the session, as a user starts it."""
+    with gateway_process(gateway_config(pods), tmp_path_factory.mktemp("gateway")) as gw:
+        yield gw

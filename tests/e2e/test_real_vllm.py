@@ -12,7 +12,6 @@ with the reason, when the vLLM venv or the model is missing.
 
 from __future__ import annotations
 
-import copy
 import random
 import time
 import urllib.error
@@ -24,7 +23,6 @@ import pytest
 import zmq
 from prometheus_client.parser import text_string_to_metric_families
 
-from heimdall_proxy.config.defaults import DEFAULT_EPP
 from heimdall_proxy.config.gateway import parse_config
 from tests.conftest import GatewayFactory
 from tests.e2e.conftest import (
@@ -33,28 +31,13 @@ from tests.e2e.conftest import (
     MODEL,
     GatewayProcess,
     Pod,
-    gateway_process,
+    gateway_config,
     http_get,
     http_post_json,
 )
 
 # Pod start-up runs inside the first test's timeout: allow for it on a busy machine.
 pytestmark = [pytest.mark.e2e_vllm, pytest.mark.timeout(600)]
-
-EPP = copy.deepcopy(DEFAULT_EPP)
-
-
-def _gateway_config(pods: list[Pod]) -> dict[str, Any]:
-    return {
-        **EPP,
-        "endpoints": [{"name": p.name, "url": p.url, "kvEvents": p.kv_events} for p in pods],
-    }
-
-
-@pytest.fixture(scope="session")
-def gateway(pods: list[Pod], tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
-    with gateway_process(_gateway_config(pods), tmp_path_factory.mktemp("gateway")) as gw:
-        yield gw
 
 
 @pytest.fixture
@@ -222,7 +205,7 @@ async def test_gateway_pool_reads_cache_config_from_real_pods(
     /metrics does not export them). The family is scraped because a plugin that reads it
     (prefix-cache-scorer, which sizes its index from it) is configured."""
     config = {
-        **_gateway_config(pods),
+        **gateway_config(pods),
         "plugins": [{"type": "prefix-cache-scorer"}, {"type": "max-score-picker"}],
         "schedulingProfiles": [
             {
