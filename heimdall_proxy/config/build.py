@@ -14,6 +14,7 @@ from heimdall_proxy.config.defaults import (
     DEFAULT_PICKER,
     MAX_SCORE_PICKER,
     SINGLE_PROFILE_HANDLER,
+    add_default_deciders,
     add_prefix_producers,
     default_profiles,
     with_default_plugins,
@@ -163,7 +164,7 @@ def build_plugins(
     profile handler (which validates the profiles) -> extension points. `extra` plugins
     (added by command-line flags) are appended unless one of the same type is already
     declared. Raises ConfigError."""
-    epp = add_prefix_producers(with_default_plugins(epp))
+    epp = add_prefix_producers(add_default_deciders(with_default_plugins(epp)))
     plugins, skipped = instantiate_all(epp, registry, handle, extra or [])
     check_peers(plugins)
     profile_cfgs = list(epp.scheduling_profiles) or default_profiles(

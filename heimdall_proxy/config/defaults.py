@@ -19,6 +19,7 @@ when it assembles the profiles; no other module supplies a default."""
 from __future__ import annotations
 
 import copy
+import logging
 from typing import Any
 
 from heimdall_proxy.config.gateway import (
@@ -27,6 +28,8 @@ from heimdall_proxy.config.gateway import (
     ProfilePluginRef,
     SchedulingProfileConfig,
 )
+
+log = logging.getLogger(__name__)
 
 SINGLE_PROFILE_HANDLER = "single-profile-handler"
 MAX_SCORE_PICKER = "max-score-picker"
@@ -110,6 +113,37 @@ def _unique(name: str, taken: set[str]) -> str:
         out = f"{name}-{n}"
     taken.add(out)
     return out
+
+
+PD_PROFILE_HANDLER = "pd-profile-handler"
+PREFIX_BASED_PD_DECIDER = "prefix-based-pd-decider"
+
+
+def add_default_deciders(epp: EndpointPickerConfig) -> EndpointPickerConfig:
+    """A pd-profile-handler whose decider (`deciderPluginName`, by default
+    prefix-based-pd-decider) is not declared gets that decider with its defaults, as the
+    seeds' PD example expects (it declares none). With the default `nonCachedTokens` of 0
+    prefill never runs, so the example serves decode-only until a threshold is set."""
+    plugins = list(epp.plugins)
+    names = {p.instance_name for p in plugins}
+    added = []
+    for p in plugins:
+        if p.type != PD_PROFILE_HANDLER:
+            continue
+        wanted = (p.parameters or {}).get("deciderPluginName", PREFIX_BASED_PD_DECIDER)
+        if wanted == PREFIX_BASED_PD_DECIDER and wanted not in names:
+            log.info(
+                "%s %r: decider %r is not declared; using one with its defaults "
+                "(nonCachedTokens 0: prefill never runs)",
+                PD_PROFILE_HANDLER,
+                p.instance_name,
+                wanted,
+            )
+            added.append(PluginConfig(type=PREFIX_BASED_PD_DECIDER))
+            names.add(wanted)
+    if not added:
+        return epp
+    return epp.model_copy(update={"plugins": [*added, *plugins]})
 
 
 def add_prefix_producers(epp: EndpointPickerConfig) -> EndpointPickerConfig:
