@@ -554,10 +554,15 @@ def test_missing_profile_and_bad_primary_port_are_config_errors() -> None:
         build(legacy)
 
 
-def test_pd_profile_handler_default_decider_must_be_declared() -> None:
+def test_pd_profile_handler_decider_defaults_but_a_named_one_must_be_declared() -> None:
     legacy = yaml.safe_load(LEGACY_PD)
     legacy["plugins"] = [p for p in legacy["plugins"] if p["type"] != "prefix-based-pd-decider"]
-    with pytest.raises(ConfigError, match="deciderPluginName: decider 'prefix-based-pd-decider'"):
+    # the default decider, undeclared, is made with its defaults (the seeds' PD example)
+    decider = build(legacy).plugins.plugins["prefix-based-pd-decider"]
+    assert decider.params.non_cached_tokens == 0  # type: ignore[attr-defined]
+    handler = next(p for p in legacy["plugins"] if p["type"] == "pd-profile-handler")
+    handler.setdefault("parameters", {})["deciderPluginName"] = "my-decider"
+    with pytest.raises(ConfigError, match="deciderPluginName: decider 'my-decider'"):
         build(legacy)
 
 
