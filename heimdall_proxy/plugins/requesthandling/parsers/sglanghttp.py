@@ -14,7 +14,7 @@ from heimdall_proxy.framework.base import BasePlugin
 from heimdall_proxy.framework.params import NoParams
 from heimdall_proxy.framework.registry import register
 from heimdall_proxy.framework.types import DICT_OR_MAPPING, InferenceRequest, Usage
-from heimdall_proxy.plugins.requesthandling.parsers.vllmhttp import token_ids
+from heimdall_proxy.plugins.requesthandling.parsers.vllmhttp import generate_request, token_ids
 from heimdall_proxy.requesthandling.parse import invalid, json_object
 
 SGLANGHTTP_PARSER_TYPE = "sglanghttp-parser"
@@ -43,18 +43,8 @@ class SGLangHttpParser(BasePlugin[NoParams]):
         salt = data.get("extra_key")
         if salt is not None and not isinstance(salt, str):
             raise invalid("extra_key", "extra_key: a string is required")
-        request = InferenceRequest(
-            api="generate",
-            path=path,
-            model="",  # SGLang's native route names no model: every pod is a candidate
-            body=body,
-            data=data,
-            headers=headers,
-            stream=data.get("stream") is True,
-            parser=self,
-        )
-        request.token_ids = ids
-        return request
+        # SGLang's native route names no model: every pod is a candidate
+        return generate_request(path, body, data, headers, ids, "", self)
 
     def body_usage(self, body: bytes) -> Usage | None:
         try:

@@ -12,7 +12,7 @@ from typing import Any
 from heimdall_proxy.framework.base import BasePlugin
 from heimdall_proxy.framework.params import NoParams
 from heimdall_proxy.framework.registry import register
-from heimdall_proxy.framework.types import InferenceRequest, Usage
+from heimdall_proxy.framework.types import AnswerParser, InferenceRequest, Usage
 from heimdall_proxy.requesthandling.parse import invalid, json_object
 from heimdall_proxy.requesthandling.usage import body_usage, stream_usage
 
@@ -30,6 +30,30 @@ def token_ids(value: Any, param: str) -> list[int]:
     return value
 
 
+def generate_request(
+    path: str,
+    body: bytes,
+    data: dict[str, Any],
+    headers: Mapping[str, str],
+    ids: list[int],
+    model: str,
+    parser: AnswerParser,
+) -> InferenceRequest:
+    """A pre-tokenized generate request: its ids are the prompt's real tokens."""
+    request = InferenceRequest(
+        api="generate",
+        path=path,
+        model=model,
+        body=body,
+        data=data,
+        headers=headers,
+        stream=data.get("stream") is True,
+        parser=parser,
+    )
+    request.token_ids = ids
+    return request
+
+
 @register(VLLMHTTP_PARSER_TYPE, NoParams)
 class VllmHttpParser(BasePlugin[NoParams]):
     type = VLLMHTTP_PARSER_TYPE
@@ -40,18 +64,8 @@ class VllmHttpParser(BasePlugin[NoParams]):
         data = json_object(body)
         ids = token_ids(data.get("token_ids"), "token_ids")
         model = data.get("model")
-        request = InferenceRequest(
-            api="generate",
-            path=path,
-            model=model if isinstance(model, str) else "",
-            body=body,
-            data=data,
-            headers=headers,
-            stream=data.get("stream") is True,
-            parser=self,
-        )
-        request.token_ids = ids
-        return request
+        model = model if isinstance(model, str) else ""
+        return generate_request(path, body, data, headers, ids, model, self)
 
     def body_usage(self, body: bytes) -> Usage | None:
         return body_usage(body)
