@@ -23,8 +23,8 @@ program's last completion: decay is folded in when the policy reads it)."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
 from prometheus_client.core import GaugeMetricFamily
@@ -71,14 +71,15 @@ class Program:
 
     #: Attained service (weighted tokens), decayed up to `anchor`.
     service: float = 0.0
-    anchor: float = 0.0
+    anchor: float | None = None
     #: The service as of its last completion (the gauge's value; None before one).
     reported: float | None = None
     mean_wait_ms: float = 0.0
     waits: int = 0
     dispatched: int = 0
     in_flight: int = 0
-    last_completion: float = field(default_factory=time.monotonic)
+    #: Seeded with its creation, so a program that never completes is forgotten too.
+    last_completion: float = 0.0
 
 
 def _spread(value: float, low: float, high: float) -> float:
@@ -108,20 +109,22 @@ class ProgramAwareFairness(BasePlugin[ProgramAwareParams]):
         self.programs: dict[str, Program] = {}
         #: request id -> when the request picked from the queue was queued.
         self._picked: dict[str, float] = {}
-        self._last_sweep = time.monotonic()
+        #: Monotonic seconds (tests set their own).
+        self.clock: Callable[[], float] = time.monotonic
+        self._last_sweep = self.clock()
 
     # -- state ---------------------------------------------------------------------------
 
     def program(self, program_id: str) -> Program:
         found = self.programs.get(program_id)
         if found is None:
-            found = self.programs[program_id] = Program()
+            found = self.programs[program_id] = Program(last_completion=self.clock())
         return found
 
     def service(self, program: Program, now: float) -> float:
         """The program's attained service with the decay up to `now` folded in."""
         half_life = self.params.las_half_life_seconds
-        if program.anchor and half_life > 0 and now > program.anchor:
+        if program.anchor is not None and half_life > 0 and now > program.anchor:
             program.service *= 2.0 ** (-(now - program.anchor) / half_life)
         program.anchor = now
         return program.service
@@ -144,7 +147,7 @@ class ProgramAwareFairness(BasePlugin[ProgramAwareParams]):
     # -- FairnessPolicy -------------------------------------------------------------------
 
     def pick_flow(self, flows: Sequence[FlowHead], last: str | None) -> int:
-        now = time.monotonic()
+        now = self.clock()
         self._sweep(now)
         services = [self.service(self.program(f.fairness_id), now) for f in flows]
         waits = [(now - f.enqueued) * 1000.0 for f in flows]
@@ -169,7 +172,7 @@ class ProgramAwareFairness(BasePlugin[ProgramAwareParams]):
         program.in_flight += 1
         if ctx.attempt:
             return
-        now = time.monotonic()
+        now = self.clock()
         queued = self._picked.pop(request.request_id, None)
         wait_ms = (now - queued) * 1000.0 if queued is not None else 0.0
         program.dispatched += 1
@@ -180,7 +183,7 @@ class ProgramAwareFairness(BasePlugin[ProgramAwareParams]):
     async def response_complete(self, ctx: RequestContext) -> None:
         program = self.program(ctx.request.fairness_id or DEFAULT_FLOW)
         program.in_flight = max(0, program.in_flight - 1)
-        now = time.monotonic()
+        now = self.clock()
         program.last_completion = now
         if ctx.prompt_tokens is None and ctx.output_tokens is None:
             return
