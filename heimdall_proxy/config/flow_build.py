@@ -68,10 +68,12 @@ def build_flow(
     epp = config.epp
     queues = FLOW_CONTROL_GATE in epp.feature_gates
     flow_cfg = epp.flow_control
-    if flow_cfg is not None and not queues:
+    # its saturationDetector is honoured without the gate (the shedding uses it), as in llm-d
+    if flow_cfg is not None and not queues and flow_cfg.model_fields_set - {"saturation_detector"}:
         log.warning(
             "flowControl: is set but the %r feature gate is off: no gateway queues "
-            "(a saturated pool only sheds sheddable requests)",
+            "(a saturated pool only sheds sheddable requests); only its saturationDetector "
+            "is used",
             FLOW_CONTROL_GATE,
         )
     if queues and flow_cfg is None:
@@ -113,12 +115,6 @@ def build_flow(
         if ref:
             what = "flowControl.usageLimitPolicyPluginRef"
             usage_limit = _declared(pset, ref, UsageLimitPolicy, what)  # type: ignore[assignment]
-    elif epp.flow_control is not None and epp.flow_control.usage_limit_policy_plugin_ref:
-        log.warning(
-            "flowControl.usageLimitPolicyPluginRef: usage limits gate the gateway's queues, "
-            "which the %r feature gate turns on; it is off, so they do nothing",
-            FLOW_CONTROL_GATE,
-        )
     return FlowController(
         build_detector(config, pset, registry, handle),
         handle.load,

@@ -8,6 +8,10 @@ the others through, as GIE's admission does. With it, the others wait, bounded i
 bytes (per band and overall) and in time (`defaultRequestTTL`; `noEndpointRequestTTL` while
 the request has no candidate), and a client that hangs up leaves the queue.
 
+A usage-limit policy (flowControl.usageLimitPolicyPluginRef) lowers that room per band: a
+request goes only while the saturation is below its band's ceiling, asked at every dispatch
+decision (an admission that need not wait is one) with the active priorities, highest first.
+
 Sending is late-bound: the dispatcher only releases a request; the director then schedules it
 against the pods' state at that moment. Released requests count as `pending` in the in-flight
 ledger until their first attempt, so the detector sees them before any scrape does."""

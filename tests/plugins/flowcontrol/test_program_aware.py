@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
+from pydantic import ValidationError
 
 from heimdall_proxy.framework.flowcontrol import FlowHead
 from heimdall_proxy.framework.types import InferenceRequest
@@ -77,7 +78,7 @@ def test_defaults() -> None:
     ],
 )
 def test_llm_ds_invalid_configs_are_refused(params: dict[str, Any]) -> None:
-    with pytest.raises(ValueError):
+    with pytest.raises(ValidationError):
         ProgramAwareParams.model_validate(params)
 
 
