@@ -112,6 +112,20 @@ EXPECTED: dict[str, list[str]] = {
     "tokenizer": ["Lifecycle", "PrepareData"],
     "utilization-detector": ["Filter", "SaturationDetector"],
     "weighted-random-picker": ["Picker"],
+    # admission and flow control from llm-d (issue 35)
+    "agent-identity": ["RequestHeader"],
+    "edf-ordering-policy": ["OrderingPolicy"],
+    "priority-holdback-policy": ["UsageLimitPolicy"],
+    "probabilistic-admitter": ["Admitter"],
+    "program-aware-fairness": [
+        "FairnessPolicy",
+        "MetricsSource",
+        "PreRequest",
+        "ResponseComplete",
+    ],
+    "slo-deadline-ordering-policy": ["OrderingPolicy"],
+    "soft-reflective-ceiling-policy": ["UsageLimitPolicy"],
+    "static-usage-limit-policy": ["UsageLimitPolicy"],
 }
 
 

@@ -42,6 +42,7 @@ from heimdall_proxy.framework.plugins import (
     PreRequest,
     Producer,
     ProfileHandler,
+    RequestHeader,
     ResponseComplete,
     ResponseReceived,
     ResponsesStoreAPI,
@@ -81,6 +82,7 @@ class PluginSet:
     handler_name: str
     handler_defaulted: bool
     skipped: dict[str, str] = field(default_factory=dict)
+    request_header: list[RequestHeader] = field(default_factory=list)
     prepare_data: list[PrepareData] = field(default_factory=list)
     producers: list[Producer] = field(default_factory=list)
     admitters: list[Admitter] = field(default_factory=list)
@@ -400,6 +402,8 @@ def _one_store(plugins: dict[str, object]) -> ResponsesStoreAPI | None:
 def _sort_extension_points(pset: PluginSet) -> None:
     """Phase 4: each plugin under every request-path extension point it implements."""
     for plugin in pset.plugins.values():
+        if isinstance(plugin, RequestHeader):
+            pset.request_header.append(plugin)
         if isinstance(plugin, PrepareData):
             pset.prepare_data.append(plugin)
         if isinstance(plugin, Producer):

@@ -59,6 +59,9 @@ DEFAULT_EPP: dict[str, Any] = {
 DEFAULT_DETECTOR = "utilization-detector"
 DEFAULT_FAIRNESS = "global-strict-fairness-policy"
 DEFAULT_ORDERING = "fcfs-ordering-policy"
+#: llm-d's usage limit when flowControl names none: a plugin of this name if declared,
+#: else no gating below saturation 1.0 (what its static policy at threshold 1.0 does).
+DEFAULT_USAGE_LIMIT = "static-usage-limit-policy"
 
 DEFAULT_PICKER = PluginConfig(type=MAX_SCORE_PICKER)
 DEFAULT_HANDLER = PluginConfig(type=SINGLE_PROFILE_HANDLER)

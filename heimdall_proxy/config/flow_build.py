@@ -6,7 +6,12 @@ from __future__ import annotations
 import logging
 
 from heimdall_proxy.config.build import PluginSet, instantiate
-from heimdall_proxy.config.defaults import DEFAULT_DETECTOR, DEFAULT_FAIRNESS, DEFAULT_ORDERING
+from heimdall_proxy.config.defaults import (
+    DEFAULT_DETECTOR,
+    DEFAULT_FAIRNESS,
+    DEFAULT_ORDERING,
+    DEFAULT_USAGE_LIMIT,
+)
 from heimdall_proxy.config.flow import FLOW_CONTROL_GATE, FlowControlConfig, PriorityBandConfig
 from heimdall_proxy.config.gateway import ConfigError, GatewayConfig, PluginConfig
 from heimdall_proxy.flowcontrol.controller import FlowController
@@ -16,6 +21,7 @@ from heimdall_proxy.framework.flowcontrol import (
     FairnessPolicy,
     OrderingPolicy,
     SaturationDetector,
+    UsageLimitPolicy,
 )
 from heimdall_proxy.framework.handle import PluginHandle
 from heimdall_proxy.framework.registry import Registry
@@ -62,19 +68,18 @@ def build_flow(
     epp = config.epp
     queues = FLOW_CONTROL_GATE in epp.feature_gates
     flow_cfg = epp.flow_control
-    if flow_cfg is not None and not queues:
+    # its saturationDetector is honoured without the gate (the shedding uses it), as in llm-d
+    if flow_cfg is not None and not queues and flow_cfg.model_fields_set - {"saturation_detector"}:
         log.warning(
             "flowControl: is set but the %r feature gate is off: no gateway queues "
-            "(a saturated pool only sheds sheddable requests)",
+            "(a saturated pool only sheds sheddable requests); only its saturationDetector "
+            "is used",
             FLOW_CONTROL_GATE,
         )
     if queues and flow_cfg is None:
         flow_cfg = FlowControlConfig()
-    if flow_cfg is not None and queues:
-        if flow_cfg.usage_limit_policy_plugin_ref:
-            log.warning("flowControl.usageLimitPolicyPluginRef is not supported; ignoring it")
-        if flow_cfg.enable_eviction:
-            log.warning("flowControl.enableEviction is not supported; in-flight requests stay")
+    if flow_cfg is not None and queues and flow_cfg.enable_eviction:
+        log.warning("flowControl.enableEviction is not supported; in-flight requests stay")
     defaults: dict[str, object] = {}
 
     def policy(ref: str, default_type: str, proto: type, what: str) -> object:
@@ -100,6 +105,16 @@ def build_flow(
         for band in [*flow_cfg.priority_bands, *templates]:
             if band is not None:
                 policies(band)
+    usage_limit: UsageLimitPolicy | None = None
+    if queues and flow_cfg is not None:
+        # llm-d's default is a static-usage-limit-policy at 1.0 (no gating), which is what
+        # the controller does without one; a plugin of that name overrides it, as in llm-d
+        ref = flow_cfg.usage_limit_policy_plugin_ref or (
+            DEFAULT_USAGE_LIMIT if DEFAULT_USAGE_LIMIT in pset.plugins else ""
+        )
+        if ref:
+            what = "flowControl.usageLimitPolicyPluginRef"
+            usage_limit = _declared(pset, ref, UsageLimitPolicy, what)  # type: ignore[assignment]
     return FlowController(
         build_detector(config, pset, registry, handle),
         handle.load,
@@ -109,4 +124,5 @@ def build_flow(
         metrics,
         # with no queues and no sheddable objective, admission can never say no: skip it
         judge=queues or any(o.priority < 0 for o in config.objectives),
+        usage_limit=usage_limit,
     )

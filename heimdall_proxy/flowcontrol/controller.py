@@ -8,6 +8,10 @@ the others through, as GIE's admission does. With it, the others wait, bounded i
 bytes (per band and overall) and in time (`defaultRequestTTL`; `noEndpointRequestTTL` while
 the request has no candidate), and a client that hangs up leaves the queue.
 
+A usage-limit policy (flowControl.usageLimitPolicyPluginRef) lowers that room per band: a
+request goes only while the saturation is below its band's ceiling, asked at every dispatch
+decision (an admission that need not wait is one) with the active priorities, highest first.
+
 Sending is late-bound: the dispatcher only releases a request; the director then schedules it
 against the pods' state at that moment. Released requests count as `pending` in the in-flight
 ledger until their first attempt, so the detector sees them before any scrape does."""
@@ -27,8 +31,10 @@ from heimdall_proxy.flowcontrol.queues import Band, Queued
 from heimdall_proxy.framework.errors import RequestError
 from heimdall_proxy.framework.flowcontrol import (
     FairnessPolicy,
+    FlowHead,
     OrderingPolicy,
     SaturationDetector,
+    UsageLimitPolicy,
 )
 from heimdall_proxy.framework.inflight import InFlightLoad
 from heimdall_proxy.framework.types import Endpoint, InferenceRequest
@@ -80,6 +86,7 @@ class FlowController:
         policies: Policies,
         metrics: FlowMetrics | None = None,
         judge: bool = True,
+        usage_limit: UsageLimitPolicy | None = None,
     ) -> None:
         #: False when admission cannot refuse anything (no queues, no sheddable objective):
         #: then the detector is not consulted at all.
@@ -99,6 +106,13 @@ class FlowController:
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._flow_labels: set[str] = set()
+        #: The usage-limit policy (flowControl.usageLimitPolicyPluginRef), with queues only.
+        #: None: every band may fill the pool to saturation 1.0 (llm-d's static default).
+        self.usage_limit = usage_limit if self.queues else None
+        self._priorities: list[int] = []  # of the bands, highest first
+        if config is not None:  # configured bands are active from the start, as in llm-d
+            for band_cfg in config.priority_bands:
+                self._band(band_cfg.priority)
 
     # -- admission ---------------------------------------------------------------------
 
@@ -109,7 +123,11 @@ class FlowController:
             return Admission(self)
         saturation = self.detector.saturation(candidates)
         self.metrics.saturation.set(saturation)
-        if saturation < 1.0 and (self.queued == 0 or not self.queues):
+        if (
+            saturation < 1.0
+            and (self.queued == 0 or not self.queues)
+            and (self.usage_limit is None or self._open(ireq.priority, saturation))
+        ):
             return Admission(self)
         if ireq.priority < 0 and self._shed_sheddable and saturation >= 1.0:
             raise self._reject(ireq, "shed", "The pool is saturated and the request is sheddable")
@@ -226,23 +244,49 @@ class FlowController:
             self.load.pending += 1
             released += 1
 
+    def _open(self, priority: int, saturation: float) -> bool:
+        """Whether a request of `priority` may go now, by the usage-limit policy's ceiling
+        for its band at this saturation (one dispatch decision, as llm-d asks it once per
+        dispatch cycle)."""
+        self._band(priority)
+        return saturation < self._ceilings(saturation)[self._priorities.index(priority)]
+
+    def _ceilings(self, saturation: float) -> list[float]:
+        """The policy's ceiling per active band (highest priority first); an entry it leaves
+        out is 1.0 (no gating), as llm-d pre-fills its buffer."""
+        assert self.usage_limit is not None
+        n = len(self._priorities)
+        ceilings = list(self.usage_limit.compute_limit(saturation, tuple(self._priorities)))[:n]
+        return ceilings + [1.0] * (n - len(ceilings))
+
     def _next(self) -> tuple[Band, Queued] | None:
-        judged: dict[tuple[int, ...], bool] = {}
-        for band in self._order:
-            ready: list[tuple[str, Queued]] = []
-            for fid, head in band.heads():
+        # per candidate set: its saturation, and the ceilings of the bands at it
+        judged: dict[tuple[int, ...], tuple[float, list[float] | None]] = {}
+        for rank, band in enumerate(self._order):
+            ready: list[FlowHead] = []
+            heads: list[Queued] = []
+            for fid, head, length in band.heads():
                 if head.waiter.done():  # its client left: drop it now
                     self._unqueue(band, head)
                     return self._next()
                 key = tuple(id(e) for e in head.candidates)
                 if key not in judged:
-                    judged[key] = self.detector.saturation(head.candidates) < 1.0
-                if judged[key]:
-                    ready.append((fid, head))
+                    saturation = self.detector.saturation(head.candidates)
+                    limits = self._ceilings(saturation) if self.usage_limit is not None else None
+                    judged[key] = (saturation, limits)
+                saturation, limits = judged[key]
+                if saturation < (limits[rank] if limits is not None else 1.0):
+                    request = head.request
+                    ready.append(
+                        FlowHead(
+                            fid, head.key[0], request.fairness_id, head.arrival, length, request
+                        )
+                    )
+                    heads.append(head)
             if ready:
-                i = band.fairness.pick_flow([(fid, h.key[0]) for fid, h in ready], band.last_flow)
-                band.last_flow = ready[i][0]
-                return band, ready[i][1]
+                i = band.fairness.pick_flow(ready, band.last_flow)
+                band.last_flow = ready[i].flow
+                return band, heads[i]
         return None
 
     # -- bookkeeping -------------------------------------------------------------------
@@ -255,6 +299,7 @@ class FlowController:
             band = Band(cfg, fairness, ordering)
             self._bands[priority] = band
             self._order = sorted(self._bands.values(), key=lambda b: -b.priority)
+            self._priorities = [b.priority for b in self._order]
         return band
 
     def _labels(self, ireq: InferenceRequest) -> tuple[str, str, str]:

@@ -11,7 +11,9 @@ from heimdall_proxy.framework.types import InferenceRequest
 log = logging.getLogger(__name__)
 
 OBJECTIVE_HEADER = "x-gateway-inference-objective"
-FAIRNESS_HEADER = "x-gateway-inference-fairness-id"
+#: llm-d's fairness header, and GIE's older name it still accepts (the first one set wins).
+FAIRNESS_HEADER = "x-llm-d-inference-fairness-id"
+GIE_FAIRNESS_HEADER = "x-gateway-inference-fairness-id"
 #: The flow of requests that name no fairness id.
 DEFAULT_FLOW = "default"
 #: Fairness ids are client-chosen: at most this many distinct ones get their own metric
@@ -39,4 +41,10 @@ class Objectives:
                 self._warned.add(name)
                 log.warning("unknown objective %r in %s: priority 0", name, OBJECTIVE_HEADER)
         ireq.priority = priority
-        ireq.fairness_id = headers.get(FAIRNESS_HEADER, "") or DEFAULT_FLOW
+        # an explicit fairness header wins (llm-d's name over GIE's when both are present);
+        # then the agent session a request-header plugin found (agent-identity); then the
+        # shared default flow, as llm-d's director does
+        fid = headers.get(FAIRNESS_HEADER)
+        if fid is None:
+            fid = headers.get(GIE_FAIRNESS_HEADER, "")
+        ireq.fairness_id = fid or ireq.agent_identity or DEFAULT_FLOW

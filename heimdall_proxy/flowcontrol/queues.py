@@ -17,6 +17,12 @@ from heimdall_proxy.framework.types import Endpoint, InferenceRequest
 _seq = itertools.count()
 
 
+def flow_id(item: Queued) -> str:
+    """The flow a request waits in: one per fairness id and model, so that a saturated model
+    never holds up another model's requests."""
+    return f"{item.request.fairness_id}\x00{item.request.model}"
+
+
 @dataclass(eq=False, slots=True)
 class Queued:
     """One waiting request. `waiter` resolves when the dispatcher lets it go."""
@@ -37,6 +43,8 @@ class Queued:
 @dataclass(eq=False, slots=True)
 class Flow:
     heap: list[tuple[tuple[float, int], Queued]] = field(default_factory=list)
+    #: Requests in it that have not left (the heap also holds some that have).
+    live: int = 0
 
     def head(self) -> Queued | None:
         heap = self.heap
@@ -60,10 +68,11 @@ class Band:
         return self.config.priority
 
     def push(self, item: Queued) -> None:
-        item.key = (self.ordering.order_key(item.arrival, item.deadline), next(_seq))
-        # one flow per fairness id and model: a saturated model never holds up another's
-        flow = self.flows.setdefault(f"{item.request.fairness_id}\x00{item.request.model}", Flow())
+        key = self.ordering.order_key(item.arrival, item.deadline, item.request)
+        item.key = (key, next(_seq))
+        flow = self.flows.setdefault(flow_id(item), Flow())
         heapq.heappush(flow.heap, (item.key, item))
+        flow.live += 1
         self.count += 1
         self.bytes += item.size
 
@@ -73,15 +82,19 @@ class Band:
             item.gone = True
             self.count -= 1
             self.bytes -= item.size
+            flow = self.flows.get(flow_id(item))
+            if flow is not None:
+                flow.live -= 1
 
-    def heads(self) -> Iterator[tuple[str, Queued]]:
-        """Every flow's head, dropping flows that emptied."""
+    def heads(self) -> Iterator[tuple[str, Queued, int]]:
+        """Every flow's head and how many wait in the flow, dropping flows that emptied."""
         for fid in list(self.flows):
-            head = self.flows[fid].head()
+            flow = self.flows[fid]
+            head = flow.head()
             if head is None:
                 del self.flows[fid]
             else:
-                yield fid, head
+                yield fid, head, flow.live
 
     def items(self) -> Iterator[Queued]:
         for flow in self.flows.values():

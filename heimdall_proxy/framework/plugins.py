@@ -13,7 +13,12 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from heimdall_proxy.framework.flowcontrol import FairnessPolicy, OrderingPolicy, SaturationDetector
+from heimdall_proxy.framework.flowcontrol import (
+    FairnessPolicy,
+    OrderingPolicy,
+    SaturationDetector,
+    UsageLimitPolicy,
+)
 from heimdall_proxy.framework.inflight import LoadEstimator
 from heimdall_proxy.framework.types import (
     CycleState,
@@ -143,6 +148,15 @@ class Decider(Protocol):
         """True when the stage this decider guards should run for `request`, whose decode
         pod is `decode`. May read what producers left on `state` (prefix match info)."""
         ...
+
+
+@runtime_checkable
+class RequestHeader(Protocol):
+    """Reads the request's headers once it is parsed, before admission (llm-d's
+    RequestHeaderProcessor): what it sets on the request (e.g. `agent_identity`) is in place
+    when flow control classifies the request. Synchronous and pure CPU."""
+
+    def request_header(self, request: InferenceRequest) -> None: ...
 
 
 @runtime_checkable
@@ -316,6 +330,7 @@ EXTENSION_POINTS: dict[str, type] = {
     "Filter": Filter,
     "Scorer": Scorer,
     "Picker": Picker,
+    "RequestHeader": RequestHeader,
     "PrepareData": PrepareData,
     "Producer": Producer,
     "Admitter": Admitter,
@@ -330,6 +345,7 @@ EXTENSION_POINTS: dict[str, type] = {
     "LoadEstimator": LoadEstimator,
     "FairnessPolicy": FairnessPolicy,
     "OrderingPolicy": OrderingPolicy,
+    "UsageLimitPolicy": UsageLimitPolicy,
 }
 
 

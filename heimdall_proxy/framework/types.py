@@ -186,6 +186,10 @@ class InferenceRequest:
     objective: str = ""
     priority: int = 0
     fairness_id: str = ""
+    #: The agent session the request belongs to, as a request-header plugin
+    #: (agent-identity) read it from the agent's own headers; "" when none did. Flow
+    #: control takes it as the fairness id when no fairness header names one.
+    agent_identity: str = ""
     #: The parser that read the request, which reads its answer's usage; None when the
     #: answer is not read (a passthrough).
     parser: AnswerParser | None = None

@@ -7,11 +7,19 @@ from __future__ import annotations
 
 from heimdall_proxy.framework.registry import Registry
 from heimdall_proxy.plugins.datalayer.models import ModelsDataSource, ModelServerProtocolModels
+from heimdall_proxy.plugins.flowcontrol.edf import EDFOrdering
 from heimdall_proxy.plugins.flowcontrol.fcfs import FCFSOrdering
 from heimdall_proxy.plugins.flowcontrol.global_strict import GlobalStrictFairness
+from heimdall_proxy.plugins.flowcontrol.program_aware import ProgramAwareFairness
 from heimdall_proxy.plugins.flowcontrol.round_robin import RoundRobinFairness
 from heimdall_proxy.plugins.flowcontrol.saturation.concurrency import ConcurrencyDetector
 from heimdall_proxy.plugins.flowcontrol.saturation.utilization import UtilizationDetector
+from heimdall_proxy.plugins.flowcontrol.slo_deadline import SLODeadlineOrdering
+from heimdall_proxy.plugins.flowcontrol.usage_limits.priority_holdback import PriorityHoldback
+from heimdall_proxy.plugins.flowcontrol.usage_limits.soft_reflective_ceiling import (
+    SoftReflectiveCeiling,
+)
+from heimdall_proxy.plugins.flowcontrol.usage_limits.static import StaticUsageLimit
 from heimdall_proxy.plugins.precise_prefix.producer import PrecisePrefixCacheProducer
 from heimdall_proxy.plugins.precise_prefix.scorer import PrecisePrefixCacheScorer
 from heimdall_proxy.plugins.predicted_latency.latency_scorer import LatencyScorer
@@ -20,6 +28,8 @@ from heimdall_proxy.plugins.predicted_latency.scorer import PredictedLatencyScor
 from heimdall_proxy.plugins.predicted_latency.slo_admitter import LatencySLOAdmitter
 from heimdall_proxy.plugins.predicted_latency.slo_headroom_tier import SLOHeadroomTierFilter
 from heimdall_proxy.plugins.prefix_affinity.filter import PrefixCacheAffinityFilter
+from heimdall_proxy.plugins.requestcontrol.admitters.probabilistic import ProbabilisticAdmitter
+from heimdall_proxy.plugins.requestcontrol.agent_identity import AgentIdentity
 from heimdall_proxy.plugins.requestcontrol.disagg_headers import DisaggHeadersHandler
 from heimdall_proxy.plugins.requestcontrol.producers.approx_prefix import ApproxPrefixCacheProducer
 from heimdall_proxy.plugins.requestcontrol.producers.inflight_load import InFlightLoadProducer
@@ -114,6 +124,15 @@ BUILTIN_PLUGINS: tuple[type, ...] = (
     GlobalStrictFairness,
     RoundRobinFairness,
     FCFSOrdering,
+    # admission and flow control added from llm-d (issue 35)
+    ProbabilisticAdmitter,
+    AgentIdentity,
+    EDFOrdering,
+    SLODeadlineOrdering,
+    ProgramAwareFairness,
+    StaticUsageLimit,
+    PriorityHoldback,
+    SoftReflectiveCeiling,
     # latency-predicted scheduling and SLO admission
     PredictedLatencyProducer,
     LatencyScorer,

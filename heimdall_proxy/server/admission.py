@@ -55,6 +55,7 @@ class AdmissionControl:
                     429,
                     reason,
                     type="rate_limit_exceeded",
-                    code="slo_unattainable",
+                    # an admitter may name its refusal (probabilistic-admitter: pool_saturated)
+                    code=getattr(admitter, "refusal_code", "slo_unattainable"),
                     headers={"Retry-After": "1"},
                 )

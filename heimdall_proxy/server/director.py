@@ -1,9 +1,10 @@
 """The director: one inference request's whole life, in llm-d's order.
 
-parse -> candidates -> admit (flow control) -> prepare-data and producers -> admit (admitter
-plugins) -> schedule -> the disaggregation hops -> attempts on the ranked pods (pre-request
-and response hooks run per attempt in the relay; a ranking used up is scheduled again
-without the pods that failed) -> finish (the admission, the request metrics).
+parse (and the request-header plugins) -> candidates -> admit (flow control) -> prepare-data
+and producers -> admit (admitter plugins) -> schedule -> the disaggregation hops -> attempts
+on the ranked pods (pre-request and response hooks run per attempt in the relay; a ranking
+used up is scheduled again without the pods that failed) -> finish (the admission, the
+request metrics).
 
 The gateway hands it a request whose body it has read and gets a response back; the relay
 sends and streams, one attempt at a time. The parser in force for the request's path
@@ -170,6 +171,8 @@ class Director:
                 spans.span.set_attribute("heimdall.request_id", ireq.request_id)
         ireq.caller = caller
         untrusted_fields(ireq, self.trust_transfer_params)
+        for plugin in self.plugins.request_header:  # e.g. agent-identity, before admission
+            plugin.request_header(ireq)
         return ireq
 
     def candidates(self, ireq: InferenceRequest) -> list[Endpoint]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from heimdall_proxy.framework.base import BasePlugin
+from heimdall_proxy.framework.flowcontrol import FlowHead
 from heimdall_proxy.framework.params import NoParams
 from heimdall_proxy.framework.registry import register
 
@@ -17,5 +18,5 @@ GLOBAL_STRICT_TYPE = "global-strict-fairness-policy"
 class GlobalStrictFairness(BasePlugin[NoParams]):
     type = GLOBAL_STRICT_TYPE
 
-    def pick_flow(self, flows: Sequence[tuple[str, float]], last: str | None) -> int:
+    def pick_flow(self, flows: Sequence[FlowHead], last: str | None) -> int:
         return min(range(len(flows)), key=lambda i: flows[i][1])

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from heimdall_proxy.framework.base import BasePlugin
+from heimdall_proxy.framework.flowcontrol import FlowHead
 from heimdall_proxy.framework.params import NoParams
 from heimdall_proxy.framework.registry import register
 
@@ -16,7 +17,7 @@ ROUND_ROBIN_TYPE = "round-robin-fairness-policy"
 class RoundRobinFairness(BasePlugin[NoParams]):
     type = ROUND_ROBIN_TYPE
 
-    def pick_flow(self, flows: Sequence[tuple[str, float]], last: str | None) -> int:
+    def pick_flow(self, flows: Sequence[FlowHead], last: str | None) -> int:
         order = sorted(range(len(flows)), key=lambda i: flows[i][0])
         if last is None:
             return order[0]
