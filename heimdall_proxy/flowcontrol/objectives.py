@@ -11,6 +11,8 @@ from heimdall_proxy.framework.types import InferenceRequest
 log = logging.getLogger(__name__)
 
 OBJECTIVE_HEADER = "x-gateway-inference-objective"
+#: llm-d's name of the same header, read first when both are present.
+LLMD_OBJECTIVE_HEADER = "x-llm-d-inference-objective"
 #: llm-d's fairness header, and GIE's older name it still accepts (the first one set wins).
 FAIRNESS_HEADER = "x-llm-d-inference-fairness-id"
 GIE_FAIRNESS_HEADER = "x-gateway-inference-fairness-id"
@@ -31,7 +33,7 @@ class Objectives:
 
     def classify(self, ireq: InferenceRequest) -> None:
         headers = ireq.headers
-        name = headers.get(OBJECTIVE_HEADER, "")
+        name = headers.get(LLMD_OBJECTIVE_HEADER) or headers.get(OBJECTIVE_HEADER, "")
         ireq.objective = name
         priority = self.priority.get(name)
         if priority is None:

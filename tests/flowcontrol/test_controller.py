@@ -282,3 +282,11 @@ def test_an_unknown_objective_gets_priority_0_and_one_warning(
         "unknown objective 'platinum' in x-gateway-inference-objective: priority 0"
     ]
     assert len(caplog.messages) == 1
+
+
+def test_llm_ds_objective_header_is_read_first() -> None:
+    objectives = Objectives(OBJECTIVES)
+    r = req("batch")
+    r.headers = {**r.headers, "x-llm-d-inference-objective": "gold"}
+    objectives.classify(r)
+    assert (r.objective, r.priority) == ("gold", 10)

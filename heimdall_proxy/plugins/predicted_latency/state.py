@@ -16,9 +16,14 @@ TTFT_SLO_HEADER = "x-slo-ttft-ms"
 TPOT_SLO_HEADER = "x-slo-tpot-ms"
 
 
+#: llm-d's names of the same headers, read first when both are present.
+LLMD_SLO_HEADERS = {TTFT_SLO_HEADER: "x-llm-d-slo-ttft-ms", TPOT_SLO_HEADER: "x-llm-d-slo-tpot-ms"}
+
+
 def slo_seconds(headers: Mapping[str, str], name: str) -> float | None:
-    """An SLO header in milliseconds, as seconds; None when absent, unparsable or <= 0."""
-    raw = headers.get(name)
+    """An SLO header in milliseconds (llm-d's `x-llm-d-` name, else the seeds' `name`), as
+    seconds; None when absent, unparsable or <= 0."""
+    raw = headers.get(LLMD_SLO_HEADERS.get(name, name)) or headers.get(name)
     if raw is None:
         return None
     try:

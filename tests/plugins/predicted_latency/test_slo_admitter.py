@@ -43,3 +43,12 @@ def test_slo_factor_sheds_sooner() -> None:
     assert build("latency-slo-admitter").admit_request(state, shed, pods) is None  # type: ignore[attr-defined]
     why = build("latency-slo-admitter", sloFactor=0.5).admit_request(state, shed, pods)  # type: ignore[attr-defined]
     assert why is not None and "x-slo-ttft-ms 500 ms x 0.5" in why
+
+
+def test_slo_headers_are_read_under_llm_ds_names_too() -> None:
+    from heimdall_proxy.plugins.predicted_latency.state import slo_seconds
+
+    assert slo_seconds({"x-slo-ttft-ms": "250"}, "x-slo-ttft-ms") == 0.25
+    assert slo_seconds({"x-llm-d-slo-ttft-ms": "100"}, "x-slo-ttft-ms") == 0.1
+    both = {"x-llm-d-slo-tpot-ms": "20", "x-slo-tpot-ms": "50"}
+    assert slo_seconds(both, "x-slo-tpot-ms") == 0.02  # llm-d's name first
