@@ -8,11 +8,27 @@ import sys
 from collections.abc import Sequence
 
 from heimdall_proxy import __version__
-from heimdall_proxy.cli import check_config, conductor, demo, serve, sim, tokenizer_server
+from heimdall_proxy.cli import (
+    check_config,
+    conductor,
+    demo,
+    plugin_reference,
+    serve,
+    sim,
+    tokenizer_server,
+)
 from heimdall_proxy.cli.args import raise_open_files_limit, run_loop
 from heimdall_proxy.observability.logs import setup_logging
 
-COMMANDS = ("serve", "check-config", "sim", "demo", "tokenizer-server", "conductor")
+COMMANDS = (
+    "serve",
+    "check-config",
+    "sim",
+    "demo",
+    "tokenizer-server",
+    "conductor",
+    "plugin-reference",
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -23,7 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"heimdall-proxy {__version__}")
     sub = parser.add_subparsers(dest="command")
-    for command in (serve, check_config, sim, demo, conductor, tokenizer_server):
+    for command in (serve, check_config, sim, demo, conductor, tokenizer_server, plugin_reference):
         command.add_parser(sub)
     return parser
 
@@ -38,6 +54,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "check-config":
         setup_logging(args.verbosity, "text")
         return check_config.check_config(args.config)
+    if args.command == "plugin-reference":
+        return plugin_reference.run(args)
     setup_logging(args.verbosity, args.log_format)
     raise_open_files_limit()
     if args.command == "sim":

@@ -69,11 +69,17 @@ class DisaggProfileHandlerParams(PluginParams):
     profiles: DisaggProfiles = Field(default_factory=DisaggProfiles)
     deciders: DisaggDeciders = Field(default_factory=DisaggDeciders)
     # Legacy flat parameters (deprecated): each maps into the nested form.
+    #: Deprecated: use `profiles.decode`.
     decode_profile: str | None = None
+    #: Deprecated: use `profiles.prefill`.
     prefill_profile: str | None = None
+    #: Deprecated: use `profiles.encode`.
     encode_profile: str | None = None
+    #: Deprecated: use `deciders.prefill`.
     prefill_decider_plugin_name: str | None = None
+    #: Deprecated: use `deciders.encode`.
     encode_decider_plugin_name: str | None = None
+    #: Deprecated: use `deciders.prefill` (`prefillDeciderPluginName` wins over it).
     decider_plugin_name: str | None = None
 
 
