@@ -297,6 +297,8 @@ def field_default(info: FieldInfo, is_duration: bool) -> str:
         return f"`{format_duration(float(value))}`"
     if isinstance(value, float):
         return f"`{_number(value)}`"
+    if isinstance(value, set | frozenset):
+        value = sorted(value)  # a set's order changes from run to run
     if isinstance(value, SecretStr):
         return "secret" if value.get_secret_value() else "unset"
     return f"`{json.dumps(to_jsonable_python(value), sort_keys=True)}`"
