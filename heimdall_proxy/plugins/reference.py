@@ -31,6 +31,7 @@ from heimdall_proxy.framework.registry import PluginSpec, Registry
 #: implements; the index at the top lists every point it implements.
 SECTIONS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("Parsers", ("Parser",)),
+    ("Request-header plugins", ("RequestHeader",)),
     ("Data preparation and producers", ("PrepareData", "Producer", "LoadEstimator")),
     ("Admitters", ("Admitter",)),
     ("Profile handlers and deciders", ("ProfileHandler", "Decider")),
@@ -41,7 +42,10 @@ SECTIONS: tuple[tuple[str, tuple[str, ...]], ...] = (
         "Request-control hooks",
         ("PreRequest", "ResponseReceived", "ResponseStreaming", "ResponseComplete"),
     ),
-    ("Flow control", ("SaturationDetector", "FairnessPolicy", "OrderingPolicy")),
+    (
+        "Flow control",
+        ("SaturationDetector", "FairnessPolicy", "OrderingPolicy", "UsageLimitPolicy"),
+    ),
     ("Data layer", ("DataSource", "DataExtractor")),
     ("Stores", ("ResponsesStore",)),
 )
@@ -53,6 +57,7 @@ SECTION_PRIORITY: tuple[str, ...] = (
     "SaturationDetector",
     "FairnessPolicy",
     "OrderingPolicy",
+    "UsageLimitPolicy",
     "ProfileHandler",
     "Decider",
     "ResponsesStore",
@@ -64,6 +69,7 @@ SECTION_PRIORITY: tuple[str, ...] = (
     "Admitter",
     "Producer",
     "LoadEstimator",
+    "RequestHeader",
     "PrepareData",
     "PreRequest",
     "ResponseReceived",
@@ -335,14 +341,20 @@ def _anchor(title: str) -> str:
 
 
 def summary(spec: PluginSpec, primary: str) -> str:
-    """The class docstring; without one, the module's, less its leading "type-name:"."""
-    doc = spec.factory.__dict__.get("__doc__")
-    if not doc:
-        module = inspect.getmodule(spec.factory)
-        doc = (module.__doc__ if module is not None else None) or ""
-        doc = re.sub(rf"^{re.escape(primary)}(\s*\([^)]*\))?:\s*", "", doc.strip())
-        doc = doc[:1].upper() + doc[1:]
-    return inspect.cleandoc(doc) if doc else "(no description in the code)"
+    """What the plugin does: its module's docstring when the module is about it (the text
+    before the docstring's first colon names the type), less that name, then the class
+    docstring."""
+    parts: list[str] = []
+    module = inspect.getmodule(spec.factory)
+    module_doc = inspect.cleandoc(module.__doc__ or "") if module is not None else ""
+    head, colon, rest = module_doc.partition(":")
+    if colon and re.search(rf"(^|[\s,`]){re.escape(primary)}([\s,`(]|$)", head):
+        rest = rest.strip()
+        parts.append(rest[:1].upper() + rest[1:])
+    class_doc = spec.factory.__dict__.get("__doc__")
+    if class_doc:
+        parts.append(inspect.cleandoc(class_doc))
+    return "\n\n".join(parts) or "(no description in the code)"
 
 
 def _primary(spec: PluginSpec) -> str:

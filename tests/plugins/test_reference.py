@@ -11,10 +11,13 @@ from pydantic import Field
 from heimdall_proxy.cli.main import main
 from heimdall_proxy.framework.base import BasePlugin
 from heimdall_proxy.framework.params import Duration, PluginParams
+from heimdall_proxy.framework.plugins import EXTENSION_POINTS
 from heimdall_proxy.framework.registry import Registry, register
 from heimdall_proxy.plugins.builtins import load_builtin_plugins
 from heimdall_proxy.plugins.reference import (
     COMMAND,
+    SECTION_PRIORITY,
+    SECTIONS,
     class_extension_points,
     format_duration,
     plugin_reference,
@@ -27,6 +30,12 @@ def test_the_checked_in_reference_matches_the_code() -> None:
     expected = plugin_reference(load_builtin_plugins())
     actual = PAGE.read_text(encoding="utf-8") if PAGE.exists() else ""
     assert actual == expected, f"docs/plugins.md is out of date with the code: run {COMMAND}"
+
+
+def test_every_extension_point_has_a_section() -> None:
+    """A new extension point needs its place on the page (SECTIONS, SECTION_PRIORITY)."""
+    in_sections = {point for _, points in SECTIONS for point in points}
+    assert set(EXTENSION_POINTS) == in_sections == set(SECTION_PRIORITY)
 
 
 def test_every_registered_type_has_an_entry() -> None:
