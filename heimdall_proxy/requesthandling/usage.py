@@ -29,7 +29,11 @@ def usage_counts(usage: Any) -> Usage:
     if output is _ABSENT:
         output = usage.get("output_tokens")
     details = usage.get("prompt_tokens_details") or usage.get("input_tokens_details")
-    cached = details.get("cached_tokens") if isinstance(details, DICT_OR_MAPPING) else None
+    cached = (
+        details.get("cached_tokens")
+        if details is not None and isinstance(details, DICT_OR_MAPPING)
+        else None
+    )
     return Usage(
         prompt if isinstance(prompt, int) else None,
         output if isinstance(output, int) else None,

@@ -19,6 +19,7 @@ from heimdall_proxy.config.options import ServerOptions
 from heimdall_proxy.framework.errors import RequestError
 from heimdall_proxy.framework.registry import Registry
 from heimdall_proxy.plugins.builtins import load_builtin_plugins
+from heimdall_proxy.requesthandling.parsers import STANDARD_ROUTES
 from heimdall_proxy.server.auth import Auth
 from heimdall_proxy.server.collector import settle
 from heimdall_proxy.server.connections import protocol_factory
@@ -92,9 +93,9 @@ async def unrouted(request: web.Request) -> web.StreamResponse:
     with another method, else 404, both in the shape of the path's API."""
     allowed: set[str] = set()
     itself = request.match_info.route.resource
-    inference = request.app[INFERENCE_RESOURCE]
+    inference = request.app[INFERENCE_RESOURCES]
     for resource in request.app.router.resources():
-        if resource is not itself and resource is not inference:
+        if resource is not itself and resource not in inference:
             allowed |= (await resource.resolve(request))[1]
     if request.app[GATEWAY].plugins.parsers.claimed(request.path) is not None:
         allowed.add("POST")
@@ -104,8 +105,9 @@ async def unrouted(request: web.Request) -> web.StreamResponse:
 
 
 UNROUTED_PATH = "/{tail:.*}"
-#: The inference route's resource (every POST path), which `unrouted` does not count.
-INFERENCE_RESOURCE: web.AppKey[web.AbstractResource] = web.AppKey("inference_resource")
+#: The inference routes' resources, which `unrouted` does not count (the parsers in force
+#: say whether a path is one).
+INFERENCE_RESOURCES: web.AppKey[frozenset[web.AbstractResource]] = web.AppKey("inference_resources")
 
 
 def _inference(gateway: Gateway, auth: Auth, allow_routes: Sequence[str]) -> Handler:
@@ -196,11 +198,16 @@ def create_app(
             app.router.add_route(method, path, openai_errors(handler))
     # Inference: what the parsers claim; anything else a pod serves (adapter loading,
     # /tokenize, ...) only when allowlisted.
-    route = app.router.add_route(
-        "POST", UNROUTED_PATH, openai_errors(_inference(gateway, auth, options.allow_routes))
-    )
-    assert route.resource is not None
-    app[INFERENCE_RESOURCE] = route.resource
+    # The standard routes as plain resources first: aiohttp finds those by a dict lookup,
+    # while the catch-all is a pattern matched on every request that reaches it (measured:
+    # the catch-all alone cost 7% of a request's instructions).
+    inference = openai_errors(_inference(gateway, auth, options.allow_routes))
+    resources = set()
+    for path in (*STANDARD_ROUTES, UNROUTED_PATH):
+        route = app.router.add_route("POST", path, inference)
+        assert route.resource is not None
+        resources.add(route.resource)
+    app[INFERENCE_RESOURCES] = frozenset(resources)
     app.router.add_route("*", UNROUTED_PATH, openai_errors(unrouted))
     return app
 

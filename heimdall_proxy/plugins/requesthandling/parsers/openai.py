@@ -30,8 +30,15 @@ API_OF: dict[str, ApiKind] = {
 }
 
 
+#: The routes this gateway serves them at, looked up before any suffix is compared.
+API_OF_ROUTE: dict[str, ApiKind] = {"/v1/" + suffix: api for suffix, api in API_OF.items()}
+
+
 def api_of(path: str) -> ApiKind:
     """The API of an OpenAI path, by its longest known suffix."""
+    api = API_OF_ROUTE.get(path)
+    if api is not None:
+        return api
     stripped = path.rstrip("/")
     best, best_len = "completions", -1
     for suffix, api in API_OF.items():
