@@ -42,7 +42,12 @@ def names(flt: EndpointAttributeFilter, pods: list[Endpoint]) -> list[str]:
     return [e.name for e in flt.filter(CycleState(), req(), pods)]
 
 
-PODS = [pod("cool", **{GPU: 0.2}), pod("hot", **{GPU: 0.95}), pod("edge", **{GPU: 0.8}), pod("bare")]
+PODS = [
+    pod("cool", **{GPU: 0.2}),
+    pod("hot", **{GPU: 0.95}),
+    pod("edge", **{GPU: 0.8}),
+    pod("bare"),
+]
 
 
 def test_threshold_keeps_the_pods_that_compare_true_and_missing_pass_by_default() -> None:
