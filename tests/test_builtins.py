@@ -128,8 +128,8 @@ EXPECTED: dict[str, list[str]] = {
     "static-usage-limit-policy": ["UsageLimitPolicy"],
     # issue 35: llm-d's scheduling plugins
     "data-parallel-profile-handler": ["PreRequest", "ProfileHandler"],
-    "endpoint-attribute-filter": ["Filter"],
-    "endpoint-attribute-scorer": ["Scorer"],
+    "endpoint-attribute-filter": ["ChecksPeers", "Filter"],  # warns of an unpublished attribute
+    "endpoint-attribute-scorer": ["ChecksPeers", "Scorer"],
     "header-label-affinity-scorer": ["Scorer"],
     "header-profile-handler": ["ProfileHandler"],
     "label-selector-filter": ["Filter"],

@@ -7,7 +7,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import IntEnum
 
-from heimdall_proxy.framework.attributes import data_key
 from heimdall_proxy.framework.disagg import PEER_ENDPOINT_KEY
 from heimdall_proxy.framework.types import CycleState, Endpoint
 
@@ -15,10 +14,10 @@ TOPOLOGY_EXTRACTOR_TYPE = "topology-extractor"
 TOPOLOGY_ATTRIBUTE = "Topology"
 
 
-def topology_key(producer_name: str = "") -> str:
+def topology_key(producer_name: str = "") -> tuple[str, str]:
     """Where the topology-extractor called `producer_name` (default: its type name, the
-    name of an unnamed instance) publishes."""
-    return data_key(TOPOLOGY_ATTRIBUTE, producer_name or TOPOLOGY_EXTRACTOR_TYPE)
+    name of an unnamed instance) publishes on an Endpoint."""
+    return (TOPOLOGY_ATTRIBUTE, producer_name or TOPOLOGY_EXTRACTOR_TYPE)
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,12 +61,12 @@ def compare(peer: Topology | None, candidate: Topology | None) -> Level:
     return Level.NONE
 
 
-def read_topology(endpoint: Endpoint, key: str) -> Topology | None:
+def read_topology(endpoint: Endpoint, key: tuple[str, str]) -> Topology | None:
     value = endpoint.attributes.get(key)
     return value if isinstance(value, Topology) else None
 
 
-def peer_topology(state: CycleState, key: str) -> Topology | None:
+def peer_topology(state: CycleState, key: tuple[str, str]) -> Topology | None:
     """The topology of the pod the earlier stage chose, None when there is no such pod or
     it has no topology (or only empty fields: nothing to be close to)."""
     peer = state.get(PEER_ENDPOINT_KEY)

@@ -4,15 +4,15 @@ extractor published it (a GPU utilization, a custom metric), passes a threshold.
 from __future__ import annotations
 
 import operator
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Literal, Self
 
 from pydantic import field_validator, model_validator
 
 from heimdall_proxy.framework.attributes import (
-    configured_key,
-    scalar_attribute,
-    warn_core_metrics,
+    configured_producer,
+    read_attribute,
+    warn_unpublished,
 )
 from heimdall_proxy.framework.base import BasePlugin
 from heimdall_proxy.framework.handle import PluginHandle
@@ -69,7 +69,7 @@ class EndpointAttributeFilterParams(PluginParams):
 
     @model_validator(mode="after")
     def _key(self) -> Self:
-        configured_key(self.attribute, self.producer)
+        configured_producer(self.attribute, self.producer)
         return self
 
 
@@ -90,20 +90,24 @@ class EndpointAttributeFilter(BasePlugin[EndpointAttributeFilterParams]):
         self, name: str, params: EndpointAttributeFilterParams, handle: PluginHandle
     ) -> None:
         super().__init__(name, params, handle)
-        self.key = configured_key(params.attribute, params.producer)
+        self.attribute = params.attribute
+        self.producer = configured_producer(params.attribute, params.producer)
         self._pass_missing = params.on_missing == "Pass"
         self._fallback = params.fallback_on_empty
         self._compare = OPERATORS[params.algorithm.threshold.operator]
         self._value = params.algorithm.threshold.value
-        warn_core_metrics(name, self.type, params.attribute, params.producer)
+
+    def check_peers(self, plugins: Mapping[str, object]) -> None:
+        warn_unpublished(self.name, self.type, self.attribute, self.producer, dict(plugins))
 
     def filter(
         self, state: CycleState, request: InferenceRequest, endpoints: list[Endpoint]
     ) -> list[Endpoint]:
         kept = []
-        key, compare, threshold = self.key, self._compare, self._value
+        name, producer = self.attribute, self.producer
+        compare, threshold = self._compare, self._value
         for e in endpoints:
-            value = scalar_attribute(e, key)
+            value = read_attribute(e, name, producer)
             if self._pass_missing if value is None else compare(value, threshold):
                 kept.append(e)
         if not kept and self._fallback:

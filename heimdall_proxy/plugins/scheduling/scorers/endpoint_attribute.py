@@ -9,9 +9,9 @@ from typing import Literal, Self
 from pydantic import field_validator, model_validator
 
 from heimdall_proxy.framework.attributes import (
-    configured_key,
-    scalar_attribute,
-    warn_core_metrics,
+    configured_producer,
+    read_attribute,
+    warn_unpublished,
 )
 from heimdall_proxy.framework.base import BasePlugin
 from heimdall_proxy.framework.handle import PluginHandle
@@ -72,7 +72,7 @@ class EndpointAttributeScorerParams(PluginParams):
 
     @model_validator(mode="after")
     def _key(self) -> Self:
-        configured_key(self.attribute_key, self.producer)
+        configured_producer(self.attribute_key, self.producer)
         return self
 
 
@@ -96,17 +96,21 @@ class EndpointAttributeScorer(BasePlugin[EndpointAttributeScorerParams]):
         self, name: str, params: EndpointAttributeScorerParams, handle: PluginHandle
     ) -> None:
         super().__init__(name, params, handle)
-        self.key = configured_key(params.attribute_key, params.producer)
+        self.attribute = params.attribute_key
+        self.producer = configured_producer(params.attribute_key, params.producer)
         self._lower_better = params.algorithm.type == "linear_lower_is_better"
         self._fixed = params.algorithm.normalization.fixed_range
-        warn_core_metrics(name, self.type, params.attribute_key, params.producer)
+
+    def check_peers(self, plugins: Mapping[str, object]) -> None:
+        warn_unpublished(self.name, self.type, self.attribute, self.producer, dict(plugins))
 
     def score(
         self, state: CycleState, request: InferenceRequest, endpoints: list[Endpoint]
     ) -> Mapping[str, float]:
         values = {}
+        name, producer = self.attribute, self.producer
         for e in endpoints:
-            value = scalar_attribute(e, self.key)
+            value = read_attribute(e, name, producer)
             if value is not None:
                 values[e.name] = value
         scores = dict.fromkeys((e.name for e in endpoints), 0.0)

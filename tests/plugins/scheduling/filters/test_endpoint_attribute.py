@@ -9,7 +9,6 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from heimdall_proxy.framework.attributes import data_key
 from heimdall_proxy.framework.types import CycleState, Endpoint
 from heimdall_proxy.plugins.scheduling.filters.endpoint_attribute import (
     EndpointAttributeFilter,
@@ -18,12 +17,12 @@ from heimdall_proxy.plugins.scheduling.filters.endpoint_attribute import (
 from tests.helpers import ep
 from tests.plugins.helpers import ledger, req
 
-GPU = data_key("GPUUtilization", "dcgm-extractor")
+GPU = ("GPUUtilization", "dcgm-extractor")
 
 
-def pod(name: str, **attrs: object) -> Endpoint:
+def pod(name: str, attrs: dict[tuple[str, str], object] | None = None) -> Endpoint:
     e = ep(name)
-    e.attributes.update(attrs)
+    e.attributes.update(attrs or {})
     return e
 
 
@@ -43,9 +42,9 @@ def names(flt: EndpointAttributeFilter, pods: list[Endpoint]) -> list[str]:
 
 
 PODS = [
-    pod("cool", **{GPU: 0.2}),
-    pod("hot", **{GPU: 0.95}),
-    pod("edge", **{GPU: 0.8}),
+    pod("cool", {GPU: 0.2}),
+    pod("hot", {GPU: 0.95}),
+    pod("edge", {GPU: 0.8}),
     pod("bare"),
 ]
 
@@ -71,8 +70,8 @@ def test_every_operator(op: str, kept: list[str]) -> None:
 
 
 def test_on_missing_fail_drops_pods_without_the_attribute_and_non_numbers() -> None:
-    odd = pod("odd", **{GPU: "high"})
-    flag = pod("flag", **{GPU: True})
+    odd = pod("odd", {GPU: "high"})
+    flag = pod("flag", {GPU: True})
     assert names(make(onMissing="Fail"), [*PODS, odd, flag]) == ["cool"]
     assert names(make(onMissing=""), [odd]) == ["odd"]  # "" is llm-d's Pass
 
@@ -84,21 +83,35 @@ def test_fallback_on_empty_returns_every_candidate() -> None:
 
 
 def test_producer_names_the_key_read() -> None:
-    mine = pod("mine", **{data_key("GPUUtilization", "my-dcgm"): 0.1})
+    mine = pod("mine", {("GPUUtilization", "my-dcgm"): 0.1})
     assert names(make(onMissing="Fail"), [mine]) == []
     assert names(make(onMissing="Fail", producer="my-dcgm"), [mine]) == ["mine"]
-    agnostic = pod("a", **{data_key("llm-d.ai/queue", ""): 0})
+    agnostic = pod("a", {("llm-d.ai/queue", ""): 0})
     flt = make(attribute="llm-d.ai/queue", producer="", onMissing="Fail")
     assert names(flt, [agnostic]) == ["a"]
 
 
-def test_no_producer_reads_core_metrics_extractor_and_warns(
+def test_no_producer_reads_the_core_metrics(caplog: pytest.LogCaptureFixture) -> None:
+    algo = {"type": "threshold", "threshold": {"operator": "LessThan", "value": 0.5}}
+    with caplog.at_level(logging.WARNING):
+        flt = make(producer=None, attribute="KVCacheUsagePercent", algorithm=algo)
+        flt.check_peers({"f": flt})
+    assert flt.producer == "core-metrics-extractor" and not caplog.text
+    pods = [
+        ep("free", kv_cache_usage=0.1, updated_at=1.0),
+        ep("full", kv_cache_usage=0.9, updated_at=1.0),
+        ep("never-scraped"),  # missing: passes
+    ]
+    assert names(flt, pods) == ["free", "never-scraped"]
+
+
+def test_a_custom_core_metric_no_extractor_publishes_is_warned_about(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
+    flt = make(producer=None, attribute="num_requests_running")
     with caplog.at_level(logging.WARNING):
-        flt = make(producer=None, attribute="num_requests_running")
-    assert flt.key == "num_requests_running/core-metrics-extractor"
-    assert "core-metrics-extractor" in caplog.text and "does not have" in caplog.text
+        flt.check_peers({"f": flt})
+    assert "core-metrics-extractor" in caplog.text and "does not declare" in caplog.text
 
 
 @pytest.mark.parametrize(

@@ -8,7 +8,6 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from heimdall_proxy.framework.attributes import data_key
 from heimdall_proxy.framework.types import CycleState, Endpoint
 from heimdall_proxy.plugins.scheduling.scorers.endpoint_attribute import (
     EndpointAttributeScorer,
@@ -17,7 +16,7 @@ from heimdall_proxy.plugins.scheduling.scorers.endpoint_attribute import (
 from tests.helpers import ep
 from tests.plugins.helpers import ledger, req
 
-KEY = data_key("custom.queue_depth", "my-extractor")
+KEY = ("custom.queue_depth", "my-extractor")
 
 
 def pod(name: str, value: object = None) -> Endpoint:
@@ -93,4 +92,4 @@ def test_attribute_key_with_a_slash_needs_a_producer() -> None:
     with pytest.raises(ValidationError, match="separate parameters"):
         make({"type": "linear_lower_is_better"}, attributeKey="a/b", producer=None)
     s = make({"type": "linear_lower_is_better"}, attributeKey="a/b", producer="")
-    assert s.key == "a/b/"
+    assert (s.attribute, s.producer) == ("a/b", "")
