@@ -31,6 +31,8 @@ log = logging.getLogger(__name__)
 SESSION_HEADER = "x-session-token"
 #: session_id's default source.
 SESSION_ID_HEADER = "x-session-id"
+#: llm-d's request attribute of the agent-identity plugin, named with no producer.
+AGENT_IDENTITY_KEY = data_key("agent-identity", "")
 
 
 def encode_token(pod_name: str) -> str:
@@ -200,9 +202,15 @@ class SessionBindings:
 
     def session_id(self, state: CycleState, request: InferenceRequest) -> str:
         """The first non-empty id of the sources, "" for none (no preference: an id made
-        up here could never match a binding)."""
+        up here could never match a binding). The `agent-identity` attribute (no producer)
+        is the agent-identity plugin's, which it keeps on the request for flow control."""
         for header, key in self.sources:
-            value = request.headers.get(header) if header else state.get(key)
+            if header:
+                value = request.headers.get(header)
+            elif key == AGENT_IDENTITY_KEY:
+                value = request.agent_identity
+            else:
+                value = state.get(key)
             if isinstance(value, str) and value.strip():
                 return value.strip()
         return ""

@@ -180,3 +180,30 @@ async def test_a_reload_keeps_the_bindings() -> None:
     assert new.inherit(old, frozenset()) is None
     assert await serve(new, {"x-session-id": "s"}, PODS, pick=0) == "vllm-2"
     assert make(strategy="session_id").inherit(make(), frozenset()) is not None
+
+
+async def test_agent_identity_is_a_source_as_in_llm_ds_example() -> None:
+    from heimdall_proxy.plugins.requestcontrol.agent_identity import (
+        AgentIdentity,
+        AgentIdentityParams,
+    )
+
+    agent = AgentIdentity("agent-identity", AgentIdentityParams(), ledger())
+    flt = make(
+        strategy="session_id",
+        sessionIdConfig={"sources": [{"header": "x-session-id"}, {"attribute": "agent-identity"}]},
+    )
+
+    async def turn(pick: int) -> str:
+        headers = {"x-claude-code-session-id": "agent-7"}
+        request = req(headers=headers)
+        agent.request_header(request)
+        state = CycleState()
+        left = flt.filter(state, request, PODS)
+        target = left[min(pick, len(left) - 1)]
+        result = SchedulingResult({"default": ProfileResult([target])}, "default")
+        await flt.pre_request(RequestContext(request, state, result, target))
+        return target.name
+
+    assert await turn(1) == "vllm-1"
+    assert await turn(2) == "vllm-1"
