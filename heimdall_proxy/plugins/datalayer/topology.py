@@ -22,9 +22,13 @@ DEFAULT_REGION_LABEL = "topology.kubernetes.io/region"
 class TopologyExtractorParams(PluginParams):
     """Each field names the pod label its value is read from; empty means the default."""
 
+    #: The label naming the pod's node (the NVLink domain of an HGX/DGX host).
     hostname: str = DEFAULT_HOSTNAME_LABEL
+    #: The label naming its rack (on rack-scale NVLink, the NVLink domain).
     rack: str = DEFAULT_RACK_LABEL
+    #: The label naming its zone.
     zone: str = DEFAULT_ZONE_LABEL
+    #: The label naming its region.
     region: str = DEFAULT_REGION_LABEL
 
     @field_validator("hostname", "rack", "zone", "region", mode="before")

@@ -52,6 +52,7 @@ def _header_name(value: str) -> str:
 
 
 class EncodedEndpointHeaderConfig(PluginParams):
+    #: The request and answer header carrying the base64 pod token.
     header: str = SESSION_HEADER
 
     @field_validator("header", mode="after")
@@ -65,8 +66,11 @@ class SessionIDSource(PluginParams):
     `attribute` a producer published on the request (under `producer`'s name; "" for an
     attribute published under none)."""
 
+    #: A request header holding the id.
     header: str = ""
+    #: A request attribute holding the id (SessionIDDataKey, agent-identity).
     attribute: str = ""
+    #: The plugin that published the attribute ("" for none).
     producer: str = ""
 
     @model_validator(mode="after")
@@ -104,13 +108,16 @@ class SessionIDConfig(PluginParams):
 
 
 class SessionAffinityParams(PluginParams):
+    #: How the session's pod is known: a token in a header, or a remembered session id.
     strategy: Literal["encoded_endpoint_header", "session_id"] = "encoded_endpoint_header"
     #: The profile whose pick this instance pins (e.g. "prefill", with a second instance
     #: and header for it); empty: the primary pod, the one that answers.
     profile_name: str = ""
+    #: encoded_endpoint_header's settings.
     encoded_endpoint_header_config: EncodedEndpointHeaderConfig = Field(
         default_factory=EncodedEndpointHeaderConfig
     )
+    #: session_id's settings.
     session_id_config: SessionIDConfig = Field(default_factory=SessionIDConfig)
 
 

@@ -18,7 +18,9 @@ from heimdall_proxy.framework.types import CycleState, Endpoint, InferenceReques
 class SessionIDProducerParams(PluginParams):
     """Exactly one of the two."""
 
+    #: The request header whose value is the session id (any case).
     header_name: str = ""
+    #: The cookie, in the Cookie header, whose value is the session id.
     cookie_name: str = ""
 
     @model_validator(mode="after")

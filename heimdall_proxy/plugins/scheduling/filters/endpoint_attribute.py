@@ -36,23 +36,30 @@ OPERATORS: dict[str, Callable[[float, float], bool]] = {
 
 
 class Threshold(PluginParams):
+    #: How the pod's value compares with `value` to pass.
     operator: Operator
+    #: The threshold.
     value: float
 
 
 class FilterAlgorithm(PluginParams):
     #: llm-d plans percentile, topK and range; threshold is the one there is.
     type: Literal["threshold"]
+    #: A pod passes when `<its value> <operator> <value>`.
     threshold: Threshold
 
 
 class EndpointAttributeFilterParams(PluginParams):
+    #: The attribute read, e.g. GPUUtilization (with `producer: dcgm-extractor`).
     attribute: str
     #: The plugin that publishes the attribute; unset: the core metrics extractor; "": an
     #: attribute published under no producer's name.
     producer: str | None = None
+    #: A pod without the attribute: kept (Pass) or dropped (Fail).
     on_missing: Literal["Pass", "Fail"] = "Pass"
+    #: Every candidate back when all were dropped, rather than none.
     fallback_on_empty: bool = False
+    #: How the value is judged; only `threshold` exists.
     algorithm: FilterAlgorithm
 
     @field_validator("attribute")

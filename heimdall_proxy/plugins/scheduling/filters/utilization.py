@@ -19,6 +19,7 @@ Metric = Literal["active-requests", "running-requests", "waiting-queue", "kv-cac
 
 
 class Condition(PluginParams):
+    #: The load measure capped.
     metric: Metric
     #: The most a pod may have and still pass.
     max_value: float = Field(ge=0.0)
@@ -34,7 +35,9 @@ class Condition(PluginParams):
 
 
 class UtilizationFilterParams(PluginParams):
+    #: The caps a pod must all meet to be kept.
     conditions: list[Condition] = Field(min_length=1)
+    #: Every candidate back when all were dropped, rather than none.
     fallback_on_empty: bool = False
     #: llm-d's: the inflight-load-producer whose counts `active-requests` reads. The counts
     #: are the gateway's one in-flight ledger whichever producer is named (there is one per

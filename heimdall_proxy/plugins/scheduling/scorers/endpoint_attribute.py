@@ -23,7 +23,9 @@ ENDPOINT_ATTRIBUTE_SCORER_TYPE = "endpoint-attribute-scorer"
 
 
 class FixedRange(PluginParams):
+    #: The value that scores 0 (1 when lower is better); must be below `max`.
     min: float = 0.0
+    #: The value that scores 1 (0 when lower is better).
     max: float = 0.0
 
 
@@ -34,7 +36,9 @@ class AdaptiveRange(PluginParams):
 class Normalization(PluginParams):
     """At most one strategy; neither means adaptiveRange."""
 
+    #: Known bounds (e.g. [0, 1] for a utilization); values outside are clamped.
     fixed_range: FixedRange | None = None
+    #: The candidates' own smallest and largest values (the default).
     adaptive_range: AdaptiveRange | None = None
 
     @model_validator(mode="after")
@@ -52,15 +56,19 @@ class Normalization(PluginParams):
 
 
 class ScorerAlgorithm(PluginParams):
+    #: Which end of the range scores 1.
     type: Literal["linear_lower_is_better", "linear_higher_is_better"]
+    #: Where the range comes from: at most one of fixedRange and adaptiveRange.
     normalization: Normalization = Normalization()
 
 
 class EndpointAttributeScorerParams(PluginParams):
+    #: The attribute read, e.g. GPUUtilization (with `producer: dcgm-extractor`).
     attribute_key: str
     #: The plugin that publishes the attribute; unset: the core metrics extractor; "": an
     #: attribute published under no producer's name.
     producer: str | None = None
+    #: How the value becomes a score.
     algorithm: ScorerAlgorithm
 
     @field_validator("attribute_key")

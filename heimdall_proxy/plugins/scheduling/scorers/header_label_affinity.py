@@ -17,7 +17,9 @@ HEADER_LABEL_AFFINITY_SCORER_TYPE = "header-label-affinity-scorer"
 
 
 class HeaderLabelAffinityParams(PluginParams):
+    #: The request header holding the preferred label value (any case).
     header_name: str
+    #: The pod label compared with it.
     label_key: str
 
     @field_validator("header_name", "label_key")
