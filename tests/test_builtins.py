@@ -104,7 +104,7 @@ EXPECTED: dict[str, list[str]] = {
     ],
     "round-robin-fairness-policy": ["FairnessPolicy"],
     "running-requests-size-scorer": ["Scorer"],
-    "session-affinity-scorer": ["ResponseReceived", "Scorer"],
+    "session-affinity-scorer": ["Inherits", "PreRequest", "ResponseReceived", "Scorer"],
     "single-profile-handler": ["ProfileHandler"],
     "slo-headroom-tier-filter": ["Filter"],
     "token-load-scorer": ["Scorer"],
@@ -126,6 +126,19 @@ EXPECTED: dict[str, list[str]] = {
     "slo-deadline-ordering-policy": ["OrderingPolicy"],
     "soft-reflective-ceiling-policy": ["UsageLimitPolicy"],
     "static-usage-limit-policy": ["UsageLimitPolicy"],
+    # issue 35: llm-d's scheduling plugins
+    "data-parallel-profile-handler": ["PreRequest", "ProfileHandler"],
+    "endpoint-attribute-filter": ["ChecksPeers", "Filter"],  # warns of an unpublished attribute
+    "endpoint-attribute-scorer": ["ChecksPeers", "Scorer"],
+    "header-label-affinity-scorer": ["Scorer"],
+    "header-profile-handler": ["ProfileHandler"],
+    "label-selector-filter": ["Filter"],
+    "session-affinity-filter": ["Filter", "Inherits", "PreRequest", "ResponseReceived"],
+    "session-id-producer": ["Producer"],
+    "topology-affinity-filter": ["Filter"],
+    "topology-affinity-scorer": ["Scorer"],
+    "topology-extractor": ["Producer"],
+    "utilization-filter": ["Filter"],
 }
 
 

@@ -45,6 +45,11 @@ DISAGG_PLAN_KEY = "disagg/plan"
 #: match its prefill decider should read (pd-profile-handler's prefixMatchInfoProducerName,
 #: or the seeds' prefixPluginType / prefixPluginName).
 PREFIX_PLUGIN_HINT_KEY = "disagg/prefix-plugin"
+#: CycleState key of the pod chosen in a request's earlier scheduling stage (the decode pod,
+#: before the prefill profile runs), which the disaggregation profile handlers publish for the
+#: plugins of the later profile to compare against (llm-d's `peer-endpoint` request
+#: attribute; topology-affinity-filter and -scorer read it).
+PEER_ENDPOINT_KEY = "peer-endpoint/disagg-profile-handler"
 #: Without a hint: the default-named approx-prefix-cache-producer's match.
 _DEFAULT_MATCH = prefix_match_reader()
 

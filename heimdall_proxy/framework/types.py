@@ -79,6 +79,12 @@ class Endpoint:
     probe_ok: bool = True
     probe_failures: int = 0
     kv_events: str | None = None
+    #: Attributes data-layer extractors published, keyed by (attribute, producer) as llm-d
+    #: keys them (e.g. ("GPUUtilization", "dcgm-extractor"), ("Topology",
+    #: "topology-extractor")); read them with framework/attributes.py, which also answers the
+    #: core metrics. A pod whose labels or URL change is a new Endpoint, so what was derived
+    #: from them never goes stale.
+    attributes: dict[tuple[str, str], object] = field(default_factory=dict)
     #: Bumped whenever any endpoint's `healthy` or `models` changes, so the pool can cache
     #: the candidates of a model instead of scanning every pod on every request.
     membership_generation: ClassVar[int] = 0

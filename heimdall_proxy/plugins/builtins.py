@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from heimdall_proxy.framework.registry import Registry
 from heimdall_proxy.plugins.datalayer.models import ModelsDataSource, ModelServerProtocolModels
+from heimdall_proxy.plugins.datalayer.topology import TopologyExtractor
 from heimdall_proxy.plugins.flowcontrol.edf import EDFOrdering
 from heimdall_proxy.plugins.flowcontrol.fcfs import FCFSOrdering
 from heimdall_proxy.plugins.flowcontrol.global_strict import GlobalStrictFairness
@@ -33,6 +34,7 @@ from heimdall_proxy.plugins.requestcontrol.agent_identity import AgentIdentity
 from heimdall_proxy.plugins.requestcontrol.disagg_headers import DisaggHeadersHandler
 from heimdall_proxy.plugins.requestcontrol.producers.approx_prefix import ApproxPrefixCacheProducer
 from heimdall_proxy.plugins.requestcontrol.producers.inflight_load import InFlightLoadProducer
+from heimdall_proxy.plugins.requestcontrol.producers.session_id import SessionIDProducer
 from heimdall_proxy.plugins.requestcontrol.producers.token import TokenProducer
 from heimdall_proxy.plugins.requestcontrol.producers.tokenizer import TokenizerPlugin
 from heimdall_proxy.plugins.requestcontrol.response_header import ResponseHeaderHandler
@@ -48,14 +50,24 @@ from heimdall_proxy.plugins.scheduling.deciders.always import (
 from heimdall_proxy.plugins.scheduling.deciders.prefix_based import PrefixBasedPDDecider
 from heimdall_proxy.plugins.scheduling.filters.by_label import ByLabelFilter
 from heimdall_proxy.plugins.scheduling.filters.by_label_selector import ByLabelSelectorFilter
+from heimdall_proxy.plugins.scheduling.filters.endpoint_attribute import EndpointAttributeFilter
 from heimdall_proxy.plugins.scheduling.filters.role import DecodeFilter, EncodeFilter, PrefillFilter
+from heimdall_proxy.plugins.scheduling.filters.session_affinity import SessionAffinityFilter
+from heimdall_proxy.plugins.scheduling.filters.topology_affinity import TopologyAffinityFilter
+from heimdall_proxy.plugins.scheduling.filters.utilization import UtilizationFilter
 from heimdall_proxy.plugins.scheduling.pickers.max_score import MaxScorePicker
 from heimdall_proxy.plugins.scheduling.pickers.random_picker import RandomPicker
 from heimdall_proxy.plugins.scheduling.pickers.weighted_random import WeightedRandomPicker
+from heimdall_proxy.plugins.scheduling.profiles.data_parallel import DataParallelProfileHandler
 from heimdall_proxy.plugins.scheduling.profiles.disagg import DisaggProfileHandler, PDProfileHandler
+from heimdall_proxy.plugins.scheduling.profiles.header import HeaderProfileHandler
 from heimdall_proxy.plugins.scheduling.profiles.single import SingleProfileHandler
 from heimdall_proxy.plugins.scheduling.scorers.active_request import ActiveRequestScorer
 from heimdall_proxy.plugins.scheduling.scorers.context_length import ContextLengthAware
+from heimdall_proxy.plugins.scheduling.scorers.endpoint_attribute import EndpointAttributeScorer
+from heimdall_proxy.plugins.scheduling.scorers.header_label_affinity import (
+    HeaderLabelAffinityScorer,
+)
 from heimdall_proxy.plugins.scheduling.scorers.kv_cache_utilization import KVCacheUtilizationScorer
 from heimdall_proxy.plugins.scheduling.scorers.load_aware import LoadAwareScorer
 from heimdall_proxy.plugins.scheduling.scorers.lora_affinity import LoraAffinityScorer
@@ -66,6 +78,7 @@ from heimdall_proxy.plugins.scheduling.scorers.queue import QueueScorer
 from heimdall_proxy.plugins.scheduling.scorers.running_requests import RunningRequestsSizeScorer
 from heimdall_proxy.plugins.scheduling.scorers.session_affinity import SessionAffinityScorer
 from heimdall_proxy.plugins.scheduling.scorers.token_load import TokenLoadScorer
+from heimdall_proxy.plugins.scheduling.scorers.topology_affinity import TopologyAffinityScorer
 from heimdall_proxy.plugins.store.responses_store import ResponsesStore
 
 BUILTIN_PLUGINS: tuple[type, ...] = (
@@ -79,6 +92,8 @@ BUILTIN_PLUGINS: tuple[type, ...] = (
     SingleProfileHandler,
     DisaggProfileHandler,
     PDProfileHandler,
+    DataParallelProfileHandler,
+    HeaderProfileHandler,
     AlwaysDisaggPDDecider,
     AlwaysDisaggMultimodalDecider,
     PrefixBasedPDDecider,
@@ -89,6 +104,10 @@ BUILTIN_PLUGINS: tuple[type, ...] = (
     PrefillFilter,
     DecodeFilter,
     EncodeFilter,
+    SessionAffinityFilter,
+    UtilizationFilter,
+    TopologyAffinityFilter,
+    EndpointAttributeFilter,
     # scorers
     ActiveRequestScorer,
     ContextLengthAware,
@@ -103,6 +122,9 @@ BUILTIN_PLUGINS: tuple[type, ...] = (
     RunningRequestsSizeScorer,
     SessionAffinityScorer,
     TokenLoadScorer,
+    HeaderLabelAffinityScorer,
+    TopologyAffinityScorer,
+    EndpointAttributeScorer,
     # pickers
     MaxScorePicker,
     RandomPicker,
@@ -112,11 +134,13 @@ BUILTIN_PLUGINS: tuple[type, ...] = (
     TokenProducer,
     InFlightLoadProducer,
     ApproxPrefixCacheProducer,
+    SessionIDProducer,
     PrecisePrefixCacheProducer,
     DisaggHeadersHandler,
     ResponseHeaderHandler,
     ModelsDataSource,
     ModelServerProtocolModels,
+    TopologyExtractor,
     ResponsesStore,
     # saturation detectors (also filters) and flow-control policies
     UtilizationDetector,

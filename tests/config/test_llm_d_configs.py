@@ -55,6 +55,9 @@ def _on_pods(doc: dict[str, Any], pods: list[Any]) -> dict[str, Any]:
             params["vllm"]["url"] = pods[0].url  # the render sidecar: a pod here
         if "kvEventsConfig" in params:
             params["kvEventsConfig"]["zmqEndpoint"] = "tcp://127.0.0.1:*"  # no fixed port
+        if plugin["type"] == "data-parallel-profile-handler":
+            # every rank is reached on the server's primary port: the first pod's here
+            plugin["parameters"] = {**params, "primaryPort": int(pods[0].url.rsplit(":", 1)[1])}
     epp["endpoints"] = [
         {"name": p.name, "url": p.url, "labels": p.labels, "kvEvents": p.pod.kv_events_endpoint}
         for p in pods

@@ -1,4 +1,5 @@
-"""by-label-selector: Kubernetes label-selector matching (matchLabels + matchExpressions)."""
+"""label-selector-filter (formerly by-label-selector, still accepted): Kubernetes
+label-selector matching (matchLabels + matchExpressions)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ from heimdall_proxy.framework.params import PluginParams
 from heimdall_proxy.framework.registry import register
 from heimdall_proxy.framework.types import CycleState, Endpoint, InferenceRequest
 
+LABEL_SELECTOR_FILTER_TYPE = "label-selector-filter"
+#: llm-d's older name of the same filter, deprecated there and accepted by both.
 BY_LABEL_SELECTOR_TYPE = "by-label-selector"
 
 
@@ -44,13 +47,13 @@ class ByLabelSelectorParams(PluginParams):
     match_expressions: list[LabelSelectorRequirement] = []
 
 
-@register(BY_LABEL_SELECTOR_TYPE, ByLabelSelectorParams)
+@register(LABEL_SELECTOR_FILTER_TYPE, ByLabelSelectorParams, aliases=(BY_LABEL_SELECTOR_TYPE,))
 class ByLabelSelectorFilter(BasePlugin[ByLabelSelectorParams]):
     """Keeps pods matching every matchLabels pair and every matchExpressions requirement
     (In, NotIn, Exists, DoesNotExist with Kubernetes semantics: NotIn also matches pods
     without the key). An empty selector keeps every pod."""
 
-    type = BY_LABEL_SELECTOR_TYPE
+    type = LABEL_SELECTOR_FILTER_TYPE
 
     def __init__(self, name: str, params: ByLabelSelectorParams, handle: PluginHandle) -> None:
         super().__init__(name, params, handle)

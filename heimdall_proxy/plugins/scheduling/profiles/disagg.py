@@ -17,6 +17,7 @@ from heimdall_proxy.framework.disagg import (
     DISAGG_PLAN_KEY,
     LLMD_ENCODE_HEADER,
     LLMD_PREFILL_HEADER,
+    PEER_ENDPOINT_KEY,
     PREFIX_PLUGIN_HINT_KEY,
     DisaggPlan,
     DisaggSettings,
@@ -270,6 +271,7 @@ class _DisaggHandler:
         if self.prefill_decider is not None and self._decide(
             state, request, self.prefill_decider, "prefill", target
         ):
+            state[PEER_ENDPOINT_KEY] = target  # the prefill profile may prefer pods near it
             stages.append(self.prefill_profile)
         return stages
 

@@ -1,59 +1,72 @@
-"""session-affinity-scorer: keeps a session on the pod that served it before."""
+"""session-affinity-scorer: prefers the pod that served a session before."""
 
 from __future__ import annotations
 
-import base64
-import binascii
 from collections.abc import Mapping
 
 from heimdall_proxy.framework.base import BasePlugin
-from heimdall_proxy.framework.params import NoParams
+from heimdall_proxy.framework.handle import PluginHandle
 from heimdall_proxy.framework.registry import register
 from heimdall_proxy.framework.types import (
     CycleState,
+    DefaultScores,
     Endpoint,
     InferenceRequest,
     RequestContext,
 )
+from heimdall_proxy.plugins.scheduling.session_affinity import (
+    SESSION_HEADER,
+    SessionAffinityParams,
+    decode_token,
+    encode_token,
+    inherit_bindings,
+    make_strategy,
+)
 
 SESSION_AFFINITY_SCORER_TYPE = "session-affinity-scorer"
-SESSION_HEADER = "x-session-token"
+
+__all__ = [
+    "SESSION_AFFINITY_SCORER_TYPE",
+    "SESSION_HEADER",
+    "SessionAffinityScorer",
+    "decode_token",
+    "encode_token",
+]
 
 
-def encode_token(pod_name: str) -> str:
-    return base64.b64encode(pod_name.encode()).decode("ascii")
+@register(SESSION_AFFINITY_SCORER_TYPE, SessionAffinityParams)
+class SessionAffinityScorer(BasePlugin[SessionAffinityParams]):
+    """The session's pod scores 1.0, every other 0.0; no session, an unknown one, or one
+    whose pod is not a candidate scores 0.0 everywhere. The session's pod comes from
+    `strategy` (plugins/scheduling/session_affinity.py):
 
+    - `encoded_endpoint_header` (the default): the request's `x-session-token`
+      (`encodedEndpointHeaderConfig.header`) is base64 of a pod name; every answer carries
+      its own pod's token there. A token that is not valid base64, or names no candidate, is
+      ignored; `namespace/name` tokens, as llm-d issues them, match the pod `name`.
+    - `session_id`: the client's own session id, read from `sessionIdConfig.sources` (a
+      header, or an attribute such as session-id-producer's), whose pod is remembered for
+      `evictionTtlSeconds` after its last use; nothing is written back.
 
-def decode_token(token: str) -> str | None:
-    """The pod name in a token, or None when the token is not base64 of UTF-8 text."""
-    try:
-        return base64.b64decode(token.strip(), validate=True).decode()
-    except (binascii.Error, ValueError):
-        return None
-
-
-@register(SESSION_AFFINITY_SCORER_TYPE)
-class SessionAffinityScorer(BasePlugin[NoParams]):
-    """Request: decodes `x-session-token` (base64 of a pod name); the candidate of that name
-    scores 1.0, every other 0.0. A token that is not valid base64, or names no candidate, is
-    ignored (all 0.0): it only ever selects among the candidates, so it can never make the
-    gateway dial an address a client chose. Tokens of the form `namespace/name`, as llm-d
-    issues them, match the pod `name`.
-
-    Response: sets `x-session-token` to base64 of the serving pod's name on every response."""
+    With `profileName` it pins that profile's pick, else the pod that answers."""
 
     type = SESSION_AFFINITY_SCORER_TYPE
+
+    def __init__(self, name: str, params: SessionAffinityParams, handle: PluginHandle) -> None:
+        super().__init__(name, params, handle)
+        self.strategy = make_strategy(params, name)
 
     def score(
         self, state: CycleState, request: InferenceRequest, endpoints: list[Endpoint]
     ) -> Mapping[str, float]:
-        token = request.session_token
-        pod = decode_token(token) if token else None
-        if pod is not None:
-            names = {e.name for e in endpoints}
-            if pod not in names and "/" in pod:
-                pod = pod.rsplit("/", 1)[1]
-        return {e.name: 1.0 if e.name == pod else 0.0 for e in endpoints}
+        target = self.strategy.choose(state, request, endpoints)
+        return DefaultScores(endpoints, 0.0, {target.name: 1.0} if target is not None else {})
+
+    async def pre_request(self, ctx: RequestContext) -> None:
+        self.strategy.bind(ctx)
 
     async def response_received(self, ctx: RequestContext) -> None:
-        ctx.response_headers[SESSION_HEADER] = encode_token(ctx.target.name)
+        self.strategy.respond(ctx)
+
+    def inherit(self, previous: object, gone: frozenset[str]) -> str | None:
+        return inherit_bindings(self.strategy, previous)

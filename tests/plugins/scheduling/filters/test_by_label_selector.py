@@ -105,3 +105,13 @@ def test_invalid_requirements(expr: dict[str, Any], fragment: str) -> None:
 def test_match_labels_must_be_a_string_map() -> None:
     with pytest.raises(ValidationError, match="matchLabels"):
         ByLabelSelectorParams.model_validate({"matchLabels": ["app=vllm"]})
+
+
+def test_llm_d_canonical_name_and_the_old_one_are_the_same_filter() -> None:
+    from heimdall_proxy.plugins.builtins import load_builtin_plugins
+
+    registry = load_builtin_plugins()
+    canonical, old = registry.get("label-selector-filter"), registry.get("by-label-selector")
+    assert canonical is not None and old is not None
+    assert canonical.factory is old.factory is ByLabelSelectorFilter
+    assert ByLabelSelectorFilter.type == "label-selector-filter"

@@ -195,3 +195,12 @@ def test_pd_profile_handler_defaults_hint_and_primary_port() -> None:
         PDProfileHandlerParams.model_validate({"primaryPort": 65536})
     with pytest.raises(ValueError, match="primaryPort"):
         PDProfileHandlerParams.model_validate({"primaryPort": -1})
+
+
+def test_the_decode_pick_is_published_as_the_peer_of_the_prefill_profile() -> None:
+    from heimdall_proxy.framework.disagg import PEER_ENDPOINT_KEY
+
+    _, _, state = run(disagg({"deciders": {"prefill": "pd"}}), MM)
+    assert state[PEER_ENDPOINT_KEY] is PODS["decode"]
+    _, _, state = run(disagg({"deciders": {"prefill": "never"}}), MM)
+    assert PEER_ENDPOINT_KEY not in state  # no prefill stage: no later profile to tell
