@@ -78,6 +78,7 @@ def test_sim_args_split_on_supported_flags() -> None:
     assert dropped == ["--time-scale=0.5", "--lora-modules", "a", "b"]
 
 
+@pytest.mark.slow
 def test_sim_flags_reads_the_installed_simulator() -> None:
     flags = pods.sim_flags()
     assert {"--port", "--name", "--model", "--max-num-seqs"} <= flags

@@ -104,6 +104,7 @@ def names(snapshot: list[EndpointConfig]) -> list[str]:
     return [e.name for e in snapshot]
 
 
+@pytest.mark.slow
 async def test_list_watch_readiness_and_410_resync(api: tuple[RecordedApiServer, Path]) -> None:
     recorded, kubeconfig = api
     snapshots: list[list[EndpointConfig]] = []

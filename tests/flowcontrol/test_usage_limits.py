@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from heimdall_proxy.flowcontrol.controller import FlowController
 from heimdall_proxy.framework.flowcontrol import UsageLimitPolicy
 from heimdall_proxy.plugins.flowcontrol.usage_limits.priority_holdback import (
@@ -94,6 +96,7 @@ async def test_a_static_threshold_keeps_headroom_for_everyone() -> None:
     assert not await at_once(fc, "gold")
 
 
+@pytest.mark.slow
 async def test_the_soft_ceiling_throttles_a_lower_band_instead_of_shutting_it() -> None:
     # three bands at saturation 0.9: reflective ceilings 1.0, 0.55, 0.1, so bands 0 and -1
     # are past theirs; they open together on one decision in round(0.9 / 0.1) = 9

@@ -139,6 +139,7 @@ async def test_a_reload_keeps_every_plugins_state_and_shares_it_with_the_old_req
     assert get(new, OutstandingWorkScorer).work("pod-a") == 0
 
 
+@pytest.mark.slow
 async def test_a_state_whose_meaning_changed_starts_empty_and_says_why(
     caplog: pytest.LogCaptureFixture,
 ) -> None:

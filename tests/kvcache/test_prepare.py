@@ -110,6 +110,7 @@ async def test_a_worker_process_hashes_and_inline_only_decodes(preparer: EventPr
     assert inline._pool is None
 
 
+@pytest.mark.slow
 async def test_a_killed_worker_loses_no_batch(preparer: EventPreparer) -> None:
     await preparer.prepare(PAYLOADS[:1])  # the worker is up
     pool = preparer._pool

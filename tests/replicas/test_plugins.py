@@ -297,6 +297,7 @@ def test_the_popularity_rides_on_no_push_without_the_discount(ns: str) -> None:
     assert f.ledger_store is not None and f.ledger_rider is None
 
 
+@pytest.mark.slow
 async def test_another_replicas_pushed_requests_are_counted_once_across_a_reload(
     ns: str,
 ) -> None:

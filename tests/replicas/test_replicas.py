@@ -99,6 +99,7 @@ async def test_each_replica_sees_the_sum_of_the_others_counts(ns: str) -> None:
         assert b.others() == {"pod-1": 0.5}
 
 
+@pytest.mark.slow
 async def test_a_dead_replicas_counts_expire(redis: aioredis.Redis, ns: str) -> None:
     dead = counters(ns, {"pod-0": 4.0}, ttl=0.3)
     live = counters(ns, {}, ttl=0.3)

@@ -136,6 +136,7 @@ async def test_streaming_mode_trains_ttft_and_tpot(
     assert gw.metric("inference_objective_request_ttft_seconds_gauge", labels)
 
 
+@pytest.mark.slow
 async def test_predicted_latency_scorer_alone_schedules_and_learns(
     start_pod: PodFactory, start_gateway: GatewayFactory
 ) -> None:

@@ -65,6 +65,7 @@ def readers(gw: RunningGateway, pod: str) -> tuple[int, int, int, float]:
     return load.requests.get(pod, 0), load.tokens.get(pod, 0), active.count(pod), scores[pod]
 
 
+@pytest.mark.slow
 async def test_a_request_in_flight_through_one_replica_is_seen_by_the_others_scorers(
     start_pod: PodFactory, start_gateway: GatewayFactory, ns: str
 ) -> None:
@@ -89,6 +90,7 @@ async def test_a_request_in_flight_through_one_replica_is_seen_by_the_others_sco
     await eventually(lambda: readers(b, pod.name)[:3] == (0, 0, 0))
 
 
+@pytest.mark.slow
 async def test_a_killed_replicas_counts_expire_on_the_others(
     start_pod: PodFactory, start_gateway: GatewayFactory, ns: str, tmp_path: Path
 ) -> None:
@@ -122,6 +124,7 @@ async def test_sync_cross_replica_state_false_keeps_the_ledger_local(
     assert "syncCrossReplicaState is false" in caplog.text
 
 
+@pytest.mark.slow
 async def test_a_scorers_own_store_still_shares_the_ledger_and_is_deprecated(
     start_pod: PodFactory, start_gateway: GatewayFactory, ns: str, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -165,6 +165,7 @@ async def test_context_length_scenarios(
         assert r.headers["x-sim-pod"] == ("C" if filtering else "B")
 
 
+@pytest.mark.slow
 async def test_context_length_overflow_prefers_larger_max(
     start_pod: PodFactory, start_gateway: GatewayFactory
 ) -> None:
@@ -216,6 +217,7 @@ async def test_thousand_requests_with_random_aborts_leave_no_count(
     assert sum(p.pod.cancelled for p in pods) > 0  # some aborts really reached the pods
 
 
+@pytest.mark.slow
 async def test_adapter_holding_pod_wins(
     start_pod: PodFactory, start_gateway: GatewayFactory
 ) -> None:

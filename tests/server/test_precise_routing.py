@@ -175,6 +175,7 @@ async def test_kv_events_move_the_routing(
             await pub.close()
 
 
+@pytest.mark.slow
 async def test_speculative_indexing_routes_a_repeat_before_its_events(
     start_pod: PodFactory, start_gateway: GatewayFactory, model_dir: Path
 ) -> None:

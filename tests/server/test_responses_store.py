@@ -251,6 +251,7 @@ async def test_store_without_its_feature_gate_is_skipped(
     assert gw.gateway.plugins.responses_store is None
 
 
+@pytest.mark.slow
 async def test_max_entries_evicts_least_recently_used(make: Any) -> None:
     s = await make({"inMemoryConfig": {"maxEntries": 2}})
     r1 = await s.sdk.responses.create(model=MODEL, input="a", max_output_tokens=1)
@@ -265,6 +266,7 @@ async def test_max_entries_evicts_least_recently_used(make: Any) -> None:
     assert (await s.sdk.responses.retrieve(r3.id)).id == r3.id
 
 
+@pytest.mark.slow
 async def test_ttl_expires_entries(make: Any) -> None:
     s = await make({"inMemoryConfig": {"ttl": "300ms"}})
     r1 = await s.sdk.responses.create(model=MODEL, input="a", max_output_tokens=1)
