@@ -344,6 +344,18 @@ def _build_profile(
             # bound by what it implements, as when listed in `plugins` only.
             log.debug("%s: a producer or admitter, run once per request, not per profile", where)
             continue
+        if roles == 0 and isinstance(plugin, Parser | PreRequest | ResponseComplete):
+            # llm-d's request-attribute-reporter test config lists its parser and reporter in
+            # the profile; llm-d's profile takes what is a filter, scorer or picker and
+            # leaves the rest to run by what it implements, as here.
+            log.warning(
+                "%s: plugin type %r is not a filter, scorer or picker (it is: %s); it runs by "
+                "what it implements, not as part of the profile",
+                where,
+                getattr(plugin, "type", "?"),
+                ", ".join(extension_points(plugin)),
+            )
+            continue
         if roles == 0:
             points = ", ".join(extension_points(plugin)) or "no scheduling extension point"
             raise ConfigError(
