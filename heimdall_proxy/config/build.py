@@ -531,8 +531,10 @@ def wire_data_layer(
                 raise ConfigError(f"{ext_where} names no declared plugin")
             if source.output_type == ENDPOINT_EVENTS:
                 if not isinstance(extractor, EndpointExtractor):
+                    points = ", ".join(extension_points(extractor)) or "no extension point"
                     raise ConfigError(
-                        f"{ext_where}: {_not_a(extractor, 'endpoint extractor')}; an "
+                        f"{ext_where}: plugin type {getattr(extractor, 'type', '?')!r} is not "
+                        f"an endpoint extractor (it is: {points}); an "
                         f"endpoint-notification-source tells its extractors of pods joining "
                         f"and leaving"
                     )
