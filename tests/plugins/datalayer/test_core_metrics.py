@@ -77,7 +77,7 @@ def test_custom_metric_published_per_engine_label() -> None:
     assert read_attribute(plain, "custom.queue_depth") == 7.0
     assert read_attribute(labelled, "custom.queue_depth") == 11.0
     assert read_attribute(legacy, "custom.queue_depth") == 11.0
-    with pytest.raises(ValueError, match="custom.queue_depth"):
+    with pytest.raises(ValueError, match=r"custom\.queue_depth"):
         plugin.extract(plain, {})  # the value published last stays
     assert read_attribute(plain, "custom.queue_depth") == 7.0
 

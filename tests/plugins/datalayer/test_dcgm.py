@@ -79,7 +79,7 @@ def test_source_defaults_and_url() -> None:
 
 
 def test_node_address_is_refused_saying_why() -> None:
-    with pytest.raises(ValueError, match="carry no node address.*sidecar"):
+    with pytest.raises(ValueError, match=r"carry no node address.*sidecar"):
         DcgmSourceParams.model_validate({"useNodeAddress": True})
 
 

@@ -101,6 +101,6 @@ def test_k8s_source_with_the_kubernetes_discovery_is_accepted() -> None:
     handle = PluginHandle(EndpointPool([]), kubernetes=True)
     pset = build_plugins(cfg.epp, BUILTIN, handle)
     assert "k8s-notification-source" in pset.plugins
+    bad = parse_config({"plugins": [{**K8S, "parameters": {"version": "v1", "kind": ""}}]}, "t")
     with pytest.raises(ConfigError, match="version and kind are required"):
-        bad = parse_config({"plugins": [{**K8S, "parameters": {"version": "v1", "kind": ""}}]}, "t")
         build_plugins(bad.epp, BUILTIN, handle)

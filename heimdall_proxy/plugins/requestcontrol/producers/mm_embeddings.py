@@ -11,6 +11,7 @@ from collections.abc import Iterator
 import orjson
 import xxhash
 from prometheus_client.core import Metric
+from pydantic import Field
 
 from heimdall_proxy.framework.base import BasePlugin
 from heimdall_proxy.framework.disagg import MULTIMODAL_PART_TYPES, read_plan
@@ -44,7 +45,9 @@ _SUBSYSTEM = "llm_d_epp_"
 
 class MMEmbeddingsParams(PluginParams):
     #: Per-pod budget in MiB of the model server's encoder cache; <= 0: the default.
-    cache_size_in_mb_per_server: int = DEFAULT_CACHE_MB
+    cache_size_in_mb_per_server: int = Field(
+        default=DEFAULT_CACHE_MB, alias="cacheSizeInMBPerServer"
+    )
 
     def capacity(self) -> int:
         mb = self.cache_size_in_mb_per_server
