@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import aiohttp
 import pytest
 from pydantic import ValidationError
 
@@ -21,6 +22,7 @@ from heimdall_proxy.plugins.scheduling.scorers.prefix_cache import (
     PrefixCacheParams,
     PrefixCacheScorer,
 )
+from tests.conftest import GatewayFactory, PodFactory, make_config
 from tests.helpers import ep
 from tests.plugins.helpers import ledger, req
 
@@ -161,3 +163,33 @@ def test_defaults_are_llm_ds() -> None:
         p.balance_by,
     ) == (100, -1, 64, 0, 0, 1000, "requests")
     assert p.max_blocks() == 2048
+
+
+async def test_through_a_gateway_a_burst_lands_together(
+    start_pod: PodFactory, start_gateway: GatewayFactory
+) -> None:
+    epp = {
+        "plugins": [
+            {"type": "burst-prefix-cache-producer", "parameters": {"windowDurationMs": 200}},
+            {
+                "type": "prefix-cache-scorer",
+                "parameters": {"prefixMatchInfoProducerName": "burst-prefix-cache-producer"},
+            },
+            {"type": "max-score-picker"},
+        ]
+    }
+    pods = [await start_pod(), await start_pod(), await start_pod()]
+    gw = await start_gateway(make_config(pods, epp))
+
+    async def send(http: aiohttp.ClientSession, text: str) -> str:
+        body = {"model": "sim-model", "prompt": text, "max_tokens": 1}
+        async with http.post(f"{gw.url}/v1/completions", json=body) as r:
+            assert r.status == 200
+            await r.read()
+            return r.headers["x-sim-pod"]
+
+    group_a, group_b = "rollout prompt A " * 80, "another prompt B " * 80
+    async with aiohttp.ClientSession() as http:
+        served = await asyncio.gather(*(send(http, t) for t in [group_a] * 4 + [group_b] * 4))
+    assert len(set(served[:4])) == 1 and len(set(served[4:])) == 1
+    assert served[0] != served[4]

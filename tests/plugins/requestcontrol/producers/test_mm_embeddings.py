@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import aiohttp
 import pytest
 
 from heimdall_proxy.framework.encoder_cache import EncoderCacheMatchInfo
@@ -15,6 +16,7 @@ from heimdall_proxy.plugins.requestcontrol.producers.mm_embeddings import (
     MMEmbeddingsParams,
     media_items,
 )
+from tests.conftest import GatewayFactory, PodFactory, make_config
 from tests.helpers import ep
 from tests.plugins.helpers import ctx, ledger, req
 
@@ -101,3 +103,39 @@ async def test_a_request_without_media_leaves_nothing(content: Any) -> None:
         state, req("chat", {"messages": [{"role": "user", "content": content}]}), [ep("a")]
     )
     assert plugin.state_key not in state
+
+
+async def test_through_a_gateway_the_same_image_goes_where_it_went(
+    start_pod: PodFactory, start_gateway: GatewayFactory
+) -> None:
+    epp = {
+        "plugins": [
+            {"type": "mm-embeddings-cache-producer"},
+            {"type": "mm-embeddings-cache-scorer"},
+            {"type": "max-score-picker"},
+        ],
+        "schedulingProfiles": [
+            {
+                "name": "default",
+                "plugins": [
+                    {"pluginRef": "mm-embeddings-cache-scorer", "weight": 4},
+                    {"pluginRef": "max-score-picker"},
+                ],
+            }
+        ],
+    }
+    pods = [await start_pod(), await start_pod()]
+    gw = await start_gateway(make_config(pods, epp))
+    served = []
+    async with aiohttp.ClientSession() as http:
+        for url in (CAT, CAT, CAT, DOG, DOG):
+            messages = [
+                {"role": "user", "content": [{"type": "text", "text": "what?"}, image(url)]}
+            ]
+            body = {"model": "sim-model", "messages": messages, "max_tokens": 1}
+            async with http.post(f"{gw.url}/v1/chat/completions", json=body) as r:
+                assert r.status == 200
+                served.append(r.headers["x-sim-pod"])
+                await r.read()
+    assert served[0] == served[1] == served[2]
+    assert served[3] == served[4]
