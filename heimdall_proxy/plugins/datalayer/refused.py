@@ -35,6 +35,10 @@ class AnyParams(PluginParams):
 
 @register(MOCK_METRICS_SOURCE_TYPE, AnyParams)
 class MockMetricsSource(BasePlugin[AnyParams]):
+    """Refused at load: llm-d's integration-test harness registers this fake under that name
+    to feed its EPP hand-written metrics; no EPP binary knows it. Use metrics-data-source
+    with core-metrics-extractor: the pods' own metrics."""
+
     type = MOCK_METRICS_SOURCE_TYPE
 
     def __init__(self, name: str, params: AnyParams, handle: PluginHandle) -> None:
@@ -48,6 +52,10 @@ class MockMetricsSource(BasePlugin[AnyParams]):
 
 @register(MULTICLUSTER_TYPES[0], AnyParams, aliases=MULTICLUSTER_TYPES[1:])
 class MultiClusterType(BasePlugin[AnyParams]):
+    """Refused at load: llm-d's multicluster plugins route between clusters, each peer
+    cluster an endpoint reached through its gateway and scored by the pool averages its own
+    EPP exports; this gateway routes to the pods of one pool."""
+
     type = MULTICLUSTER_TYPES[0]
 
     def __init__(self, name: str, params: AnyParams, handle: PluginHandle) -> None:
