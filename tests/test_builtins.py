@@ -165,9 +165,14 @@ EXPECTED: dict[str, list[str]] = {
     "request-attribute-reporter": ["MetricsSource", "ResponseComplete"],
     # refused at load, saying why (plugins/datalayer/refused.py)
     "mock-metrics-source": [],
+    "multicluster-approx-prefix-cache-producer": [],
     "multicluster-file-discovery": [],
+    "multicluster-kv-cache-utilization-scorer": [],
     "multicluster-metrics-data-source": [],
     "multicluster-metrics-extractor": [],
+    "multicluster-prefix-cache-scorer": [],
+    "multicluster-queue-scorer": [],
+    "multicluster-session-affinity-filter": [],
 }
 
 

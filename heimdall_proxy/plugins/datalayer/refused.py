@@ -15,17 +15,25 @@ from heimdall_proxy.framework.params import PluginParams
 from heimdall_proxy.framework.registry import register
 
 MOCK_METRICS_SOURCE_TYPE = "mock-metrics-source"
+#: Every multicluster type of llm-d's (the data layer's, and the scheduling and producer
+#: variants that read what they collect).
 MULTICLUSTER_TYPES = (
     "multicluster-metrics-data-source",
     "multicluster-metrics-extractor",
     "multicluster-file-discovery",
+    "multicluster-approx-prefix-cache-producer",
+    "multicluster-session-affinity-filter",
+    "multicluster-kv-cache-utilization-scorer",
+    "multicluster-prefix-cache-scorer",
+    "multicluster-queue-scorer",
 )
 
 _MULTICLUSTER_WHY = (
     "multicluster plugins route between clusters (each peer cluster an endpoint reached "
     "through its gateway, scored by the pool averages its EPP exports); this gateway routes "
-    "to the pods of one pool. Route to each cluster's own gateway instead; for one pool's "
-    "pods use metrics-data-source with core-metrics-extractor"
+    "to the pods of one pool. Route to each cluster's own gateway instead; within one pool "
+    "use the type without the multicluster- prefix (metrics-data-source with "
+    "core-metrics-extractor, queue-scorer, prefix-cache-scorer, ...)"
 )
 
 

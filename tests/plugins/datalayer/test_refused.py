@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from heimdall_proxy.plugins.datalayer.refused import MULTICLUSTER_TYPES
 from tests.plugins.datalayer.test_models import build_error
 
 LLMD_DATALAYER_CONFIG = """
@@ -37,14 +38,7 @@ def test_mock_metrics_source_is_a_test_fake() -> None:
     assert "metrics-data-source with core-metrics-extractor" in error
 
 
-@pytest.mark.parametrize(
-    "type_name",
-    [
-        "multicluster-metrics-data-source",
-        "multicluster-metrics-extractor",
-        "multicluster-file-discovery",
-    ],
-)
+@pytest.mark.parametrize("type_name", MULTICLUSTER_TYPES)
 def test_multicluster_types_say_why(type_name: str) -> None:
     error = build_error({"plugins": [{"type": type_name, "parameters": {"scheme": "https"}}]})
     assert f"(type {type_name!r})" in error
