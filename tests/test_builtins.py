@@ -50,8 +50,15 @@ EXPECTED: dict[str, list[str]] = {
         "Scorer",
     ],
     "pd-profile-handler": ["PreRequest", "ProfileHandler"],
-    "precise-prefix-cache-producer": ["Lifecycle", "MetricsSource", "PreRequest", "Producer"],
+    "precise-prefix-cache-producer": [
+        "EndpointExtractor",  # endpoint-notification-source: follows a joining pod at once
+        "Lifecycle",
+        "MetricsSource",
+        "PreRequest",
+        "Producer",
+    ],
     "precise-prefix-cache-scorer": [
+        "EndpointExtractor",
         "Lifecycle",
         "MetricsSource",
         "PreRequest",
@@ -139,6 +146,33 @@ EXPECTED: dict[str, list[str]] = {
     "topology-affinity-scorer": ["Scorer"],
     "topology-extractor": ["Producer"],
     "utilization-filter": ["Filter"],
+    # data layer, producers and reporting from llm-d (issue 35)
+    "burst-prefix-cache-producer": ["Producer"],
+    "core-metrics-extractor": ["DataExtractor"],
+    "dcgm-data-source": ["DataSource"],
+    "dcgm-extractor": ["DataExtractor"],
+    "endpoint-notification-source": ["DataSource"],
+    "k8s-notification-source": ["DataSource"],
+    "metrics-data-source": ["DataSource"],
+    "mm-embeddings-cache-producer": [
+        "EndpointExtractor",
+        "MetricsSource",
+        "PreRequest",
+        "Producer",
+    ],
+    "mm-embeddings-cache-scorer": ["Scorer"],
+    "models-data-extractor": ["DataExtractor"],
+    "request-attribute-reporter": ["MetricsSource", "ResponseComplete"],
+    # refused at load, saying why (plugins/datalayer/refused.py)
+    "mock-metrics-source": [],
+    "multicluster-approx-prefix-cache-producer": [],
+    "multicluster-file-discovery": [],
+    "multicluster-kv-cache-utilization-scorer": [],
+    "multicluster-metrics-data-source": [],
+    "multicluster-metrics-extractor": [],
+    "multicluster-prefix-cache-scorer": [],
+    "multicluster-queue-scorer": [],
+    "multicluster-session-affinity-filter": [],
 }
 
 

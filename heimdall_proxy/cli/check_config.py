@@ -35,7 +35,9 @@ def validate(config: GatewayConfig, options: ServerOptions) -> PluginSet:
     from heimdall_proxy.plugins.builtins import load_builtin_plugins
 
     handle = PluginHandle(
-        pool=EndpointPool(config.endpoints), feature_gates=frozenset(config.epp.feature_gates)
+        pool=EndpointPool(config.endpoints),
+        feature_gates=frozenset(config.epp.feature_gates),
+        kubernetes=config.discovery.kubernetes is not None,
     )
     extra = [PluginConfig(type="response-header-handler")] if options.response_header else []
     return build_plugins(config.epp, load_builtin_plugins(), handle, extra=extra)

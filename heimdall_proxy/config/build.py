@@ -30,10 +30,12 @@ from heimdall_proxy.config.gateway import (
 from heimdall_proxy.datalayer.refresher import WiredSource
 from heimdall_proxy.framework.handle import PluginHandle, PluginLookupError
 from heimdall_proxy.framework.plugins import (
+    ENDPOINT_EVENTS,
     Admitter,
     ChecksPeers,
     DataExtractor,
     DataSource,
+    EndpointExtractor,
     Filter,
     Lifecycle,
     Parser,
@@ -182,7 +184,9 @@ def build_plugins(
         handler_defaulted=handler_defaulted,
         skipped=skipped,
         responses_store=_one_store(plugins),
-        data_sources=wire_data_layer(epp.data, plugins, skipped),
+        data_sources=wire_data_layer(
+            epp.data_layer, plugins, skipped, "data" if epp.data is not None else "dataLayer"
+        ),
         parsers=wire_parsers(epp.request_handler, plugins, registry, handle),
     )
     _sort_extension_points(pset)
@@ -340,6 +344,18 @@ def _build_profile(
             # bound by what it implements, as when listed in `plugins` only.
             log.debug("%s: a producer or admitter, run once per request, not per profile", where)
             continue
+        if roles == 0 and isinstance(plugin, Parser | PreRequest | ResponseComplete):
+            # llm-d's request-attribute-reporter test config lists its parser and reporter in
+            # the profile; llm-d's profile takes what is a filter, scorer or picker and
+            # leaves the rest to run by what it implements, as here.
+            log.warning(
+                "%s: plugin type %r is not a filter, scorer or picker (it is: %s); it runs by "
+                "what it implements, not as part of the profile",
+                where,
+                getattr(plugin, "type", "?"),
+                ", ".join(extension_points(plugin)),
+            )
+            continue
         if roles == 0:
             points = ", ".join(extension_points(plugin)) or "no scheduling extension point"
             raise ConfigError(
@@ -465,17 +481,25 @@ def wire_parsers(
 
 
 def wire_data_layer(
-    data: DataConfig | None, plugins: dict[str, object], skipped: dict[str, str]
+    data: DataConfig | None,
+    plugins: dict[str, object],
+    skipped: dict[str, str],
+    section: str = "dataLayer",
 ) -> list[WiredSource]:
-    """Resolve the config's `data.sources` against the declared plugins. A reference to a
-    plugin skipped for want of its feature gate is dropped with a warning (as the plugin
-    itself is); any other wiring mistake is a ConfigError. A source left with no extractor
-    is not polled (nothing would read its data)."""
+    """Resolve the config's `dataLayer.sources` (or `data.sources`) against the declared
+    plugins. A reference to a plugin skipped for want of its feature gate is dropped with a
+    warning (as the plugin itself is); any other wiring mistake is a ConfigError. A source
+    left with no extractor is not polled (nothing would read its data)."""
     wired: list[WiredSource] = []
     referenced: set[str] = set()
+    if data is not None and data.inject_defaults is False:
+        log.warning(
+            "dataLayer.injectDefaults: false is not honoured: the pods' metrics are scraped "
+            "whatever the config says (the gateway's own gauges and detectors read them)"
+        )
     for i, src in enumerate(data.sources if data is not None else []):
         ref = src.plugin_ref
-        where = f"data.sources[{i}]: pluginRef {ref!r}"
+        where = f"{section}.sources[{i}]: pluginRef {ref!r}"
         if ref in skipped:
             log.warning(
                 "%s is skipped because feature gate %r is not enabled; the source is not polled",
@@ -489,12 +513,12 @@ def wire_data_layer(
         if not isinstance(source, DataSource):
             raise ConfigError(f"{where}: {_not_a(source, 'data source')}")
         if ref in referenced:
-            raise ConfigError(f"{where}: the source is listed twice in data.sources")
+            raise ConfigError(f"{where}: the source is listed twice in {section}.sources")
         referenced.add(ref)
         extractors: list[tuple[str, DataExtractor]] = []
         for j, ext_cfg in enumerate(src.extractors):
             ext_ref = ext_cfg.plugin_ref
-            ext_where = f"data.sources[{i}].extractors[{j}]: pluginRef {ext_ref!r}"
+            ext_where = f"{section}.sources[{i}].extractors[{j}]: pluginRef {ext_ref!r}"
             if ext_ref in skipped:
                 log.warning(
                     "%s is skipped because feature gate %r is not enabled",
@@ -505,6 +529,18 @@ def wire_data_layer(
             extractor = plugins.get(ext_ref)
             if extractor is None:
                 raise ConfigError(f"{ext_where} names no declared plugin")
+            if source.output_type == ENDPOINT_EVENTS:
+                if not isinstance(extractor, EndpointExtractor):
+                    points = ", ".join(extension_points(extractor)) or "no extension point"
+                    raise ConfigError(
+                        f"{ext_where}: plugin type {getattr(extractor, 'type', '?')!r} is not "
+                        f"an endpoint extractor (it is: {points}); an "
+                        f"endpoint-notification-source tells its extractors of pods joining "
+                        f"and leaving"
+                    )
+                extractors.append((ext_ref, extractor))  # type: ignore[arg-type]
+                referenced.add(ext_ref)
+                continue
             if not isinstance(extractor, DataExtractor):
                 raise ConfigError(f"{ext_where}: {_not_a(extractor, 'data extractor')}")
             if extractor.input_type != source.output_type:
@@ -516,6 +552,9 @@ def wire_data_layer(
                 raise ConfigError(f"{ext_where}: the extractor is listed twice for this source")
             extractors.append((ext_ref, extractor))
             referenced.add(ext_ref)
+            wants = getattr(source, "wants", None)
+            if wants is not None:  # a page source parses only what its extractors read
+                wants(frozenset(getattr(extractor, "metric_families", ())))
         if not extractors:
             log.warning(
                 "%s has no extractor; nothing would read its data, so it is not polled", where
@@ -525,8 +564,9 @@ def wire_data_layer(
     for name, plugin in plugins.items():
         if name not in referenced and isinstance(plugin, DataSource | DataExtractor):
             log.warning(
-                "data-layer plugin %r is declared but not wired in data.sources; it does nothing",
+                "data-layer plugin %r is declared but not wired in %s.sources; it does nothing",
                 name,
+                section,
             )
     return wired
 

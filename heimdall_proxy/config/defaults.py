@@ -81,7 +81,12 @@ APPROX_PRODUCER = "approx-prefix-cache-producer"
 PREFIX_SCORER = "prefix-cache-scorer"
 #: Declared plugin types that publish a prefix match a reader can name.
 PREFIX_PUBLISHERS = frozenset(
-    {APPROX_PRODUCER, "precise-prefix-cache-producer", "precise-prefix-cache-scorer"}
+    {
+        APPROX_PRODUCER,
+        "precise-prefix-cache-producer",
+        "precise-prefix-cache-scorer",
+        "burst-prefix-cache-producer",
+    }
 )
 #: approx-prefix-cache-producer's parameters, which the seeds put on prefix-cache-scorer (the
 #: index's, then those of its replica sharing, an extension).

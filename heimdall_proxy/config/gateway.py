@@ -117,6 +117,11 @@ class DataSourceConfig(_Model):
 
 
 class DataConfig(_Model):
+    """llm-d's `dataLayer` section (`data` before llm-d renamed it; both are read)."""
+
+    #: llm-d: false stops it adding metrics-data-source with core-metrics-extractor. Here the
+    #: pods' metrics are scraped whatever it says (config/build.py warns).
+    inject_defaults: bool | None = Field(default=None, alias="injectDefaults")
     sources: list[DataSourceConfig] = Field(default_factory=list)
 
 
@@ -133,7 +138,9 @@ class EndpointPickerConfig(_Model):
     scheduling_profiles: list[SchedulingProfileConfig] = Field(
         default_factory=list, alias="schedulingProfiles"
     )
+    #: `dataLayer` (llm-d's name) or `data` (its older name): read through `data_layer`.
     data: DataConfig | None = None
+    data_layer_section: DataConfig | None = Field(default=None, alias="dataLayer")
     request_handler: RequestHandlerConfig | None = Field(default=None, alias="requestHandler")
     flow_control: FlowControlConfig | None = Field(default=None, alias="flowControl")
     #: Deprecated in llm-d in favour of flowControl.saturationDetector; GIE's older EPP held
@@ -141,6 +148,19 @@ class EndpointPickerConfig(_Model):
     saturation_detector: SaturationDetectorConfig | None = Field(
         default=None, alias="saturationDetector"
     )
+
+    @property
+    def data_layer(self) -> DataConfig | None:
+        """The data-layer section, under whichever of its two names it was given."""
+        return self.data_layer_section or self.data
+
+    @model_validator(mode="after")
+    def _one_data_layer(self) -> EndpointPickerConfig:
+        if self.data is not None and self.data_layer_section is not None:
+            raise ValueError(
+                "dataLayer and data are the same section (data is its older name): give one"
+            )
+        return self
 
     @property
     def detector_config(self) -> SaturationDetectorConfig | None:

@@ -9,15 +9,23 @@ import random
 import time
 from collections.abc import Coroutine
 from dataclasses import dataclass
+from ssl import SSLContext
 
 import aiohttp
 import orjson
 
 from heimdall_proxy.datalayer.cadence import ScrapeCadence
 from heimdall_proxy.datalayer.pool import EndpointPool
-from heimdall_proxy.datalayer.vllm_metrics import ALL_FAMILIES, parse_vllm_metrics
+from heimdall_proxy.datalayer.scan import Sample, scan_families
+from heimdall_proxy.datalayer.vllm_metrics import ALL_FAMILIES, metrics_from_families
 from heimdall_proxy.framework.inflight import InFlightLoad
-from heimdall_proxy.framework.plugins import DataExtractor, DataSource
+from heimdall_proxy.framework.plugins import (
+    ENDPOINT_EVENTS,
+    MODEL_LIST_DATA,
+    DataExtractor,
+    DataSource,
+    EndpointExtractor,
+)
 from heimdall_proxy.framework.types import Endpoint, parse_model_list, publish_models
 
 log = logging.getLogger(__name__)
@@ -28,12 +36,38 @@ UNHEALTHY_AFTER = 3
 
 @dataclass(slots=True)
 class WiredSource:
-    """One `data.sources` entry, validated: the source plugin and the extractors that read
-    what it collects, in declaration order."""
+    """One `dataLayer.sources` entry, validated: the source plugin and the extractors that
+    read what it collects, in declaration order."""
 
     name: str
     source: DataSource
     extractors: list[tuple[str, DataExtractor]]
+
+    @property
+    def builtin_scrape(self) -> bool:
+        """The source is the data layer's own metrics scrape (metrics-data-source): not
+        polled apart; its extractors read every scrape's page."""
+        return bool(getattr(self.source, "builtin_scrape", False))
+
+
+async def fetch_families(
+    session: aiohttp.ClientSession,
+    url: str,
+    families: frozenset[str],
+    seconds: float,
+    ssl: SSLContext | bool | None = None,
+) -> dict[str, list[Sample]]:
+    """GET a Prometheus text page and scan the `families` asked for out of it (the rest of
+    the page is never parsed). The one scrape of the data layer: the pods' own metrics and
+    any other page a source polls (a DCGM exporter's). Raises aiohttp.ClientError,
+    TimeoutError, or ValueError (non-200, malformed sample line)."""
+    async with session.get(
+        url, timeout=aiohttp.ClientTimeout(total=seconds), ssl=ssl if ssl is not None else True
+    ) as resp:
+        if resp.status != 200:
+            raise ValueError(f"HTTP {resp.status}")
+        page = await resp.read()
+    return scan_families(page, families)
 
 
 @dataclass(slots=True)
@@ -87,7 +121,30 @@ class PoolRefresher:
         self.pool = pool
         self.session = session
         self.options = options
-        self.sources = list(sources or [])
+        wired = list(sources or [])
+        #: The sources polled apart from the built-in scrape, by kind.
+        self.sources = [w for w in wired if w.source.output_type == MODEL_LIST_DATA]
+        self.polled = [
+            w
+            for w in wired
+            if w.source.output_type not in (MODEL_LIST_DATA, ENDPOINT_EVENTS)
+            and not w.builtin_scrape
+        ]
+        #: The built-in scrape's source when the config wires one (its URL and TLS), and the
+        #: extractors that read every scrape's families.
+        scrape = next((w for w in wired if w.builtin_scrape), None)
+        self.metrics_source: DataSource | None = scrape.source if scrape else None
+        self.page_extractors = list(scrape.extractors) if scrape else []
+        #: Extractors told of pods joining and leaving.
+        self.watchers: list[tuple[str, EndpointExtractor]] = [
+            (name, ext)
+            for w in wired
+            if w.source.output_type == ENDPOINT_EVENTS
+            for name, ext in w.extractors
+            if isinstance(ext, EndpointExtractor)
+        ]
+        self._known: dict[str, Endpoint] = {}
+        self._next_poll: dict[str, float] = {}
         self.cadence = ScrapeCadence(
             load or InFlightLoad(), options.metrics_interval, options.idle_metrics_interval
         )
@@ -119,6 +176,7 @@ class PoolRefresher:
         left. Scrapes need nothing: every tick reads the pool as it is. Called after every
         change of a discovered pool."""
         current = {e.name: e for e in self.pool.endpoints()}
+        self._notify(current)
         for name, (endpoint, task) in list(self._probes.items()):
             if current.get(name) is not endpoint:
                 task.cancel()
@@ -135,6 +193,20 @@ class PoolRefresher:
             if name not in self._probes:
                 task = asyncio.create_task(self._probe_loop(endpoint), name=f"probe-{name}")
                 self._probes[name] = (endpoint, task)
+
+    def _notify(self, current: dict[str, Endpoint]) -> None:
+        """Tell the endpoint-notification extractors what joined, changed or left."""
+        if not self.watchers:
+            return
+        events = [(e, True) for n, e in self._known.items() if current.get(n) is not e]
+        events += [(e, False) for n, e in current.items() if self._known.get(n) is not e]
+        self._known = dict(current)
+        for endpoint, removed in events:
+            for name, watcher in self.watchers:
+                try:
+                    watcher.endpoint_changed(endpoint, removed)
+                except Exception:
+                    log.exception("endpoint extractor %r failed on %s", name, endpoint.name)
 
     async def _probe_loop(self, endpoint: Endpoint) -> None:
         interval = self.options.health_interval
@@ -197,9 +269,15 @@ class PoolRefresher:
             self.tick(time.monotonic())
 
     def tick(self, now: float) -> None:
-        """Start the scrapes and model refreshes that are due at `now`."""
+        """Start the scrapes, polled sources and model refreshes that are due at `now`."""
         for ep in self.cadence.due(self.pool.endpoints(), now):
             self._spawn(self._scrape(ep))
+        for wired in self.polled:
+            if now >= self._next_poll.get(wired.name, 0.0):
+                interval = getattr(wired.source, "interval", None) or self.options.metrics_interval
+                self._next_poll[wired.name] = now + interval
+                for ep in self.pool.endpoints():
+                    self._spawn(self._poll(wired, ep))
         if now >= min(self._next_models.values(), default=float("inf")):
             for ep in self.pool.endpoints():
                 if now >= self._next_models.get(ep.name, now):
@@ -215,6 +293,8 @@ class PoolRefresher:
         if models:
             await self._refresh_models_of(endpoint)
         await self._scrape(endpoint)
+        for wired in self.polled:
+            await self._poll(wired, endpoint)
 
     async def _refresh_models_of(self, endpoint: Endpoint) -> None:
         if endpoint.name in self.pool.static_models:
@@ -229,23 +309,18 @@ class PoolRefresher:
 
     async def _collect_sources(self, endpoint: Endpoint) -> None:
         for wired in self.sources:
-            try:
-                async with asyncio.timeout(self._models_timeout()):
-                    data = await wired.source.collect(endpoint, self.session)
-            except Exception as exc:
-                log.debug("data source %r failed for %s: %r", wired.name, endpoint.name, exc)
-                continue
-            for name, extractor in wired.extractors:
-                try:
-                    extractor.extract(endpoint, data)
-                except Exception as exc:
-                    log.debug(
-                        "data extractor %r failed on %r for %s: %r",
-                        name,
-                        wired.name,
-                        endpoint.name,
-                        exc,
-                    )
+            await self._poll(wired, endpoint, self._models_timeout())
+
+    async def _poll(self, wired: WiredSource, endpoint: Endpoint, limit: float = 0.0) -> None:
+        """Collect one source from one pod and hand the data to its extractors. A failure is
+        logged at debug level: the pod keeps what was published last."""
+        try:
+            async with asyncio.timeout(limit or self.options.metrics_timeout):
+                data = await wired.source.collect(endpoint, self.session)
+        except Exception as exc:
+            log.debug("data source %r failed for %s: %r", wired.name, endpoint.name, exc)
+            return
+        _extract(wired.name, wired.extractors, endpoint, data)
 
     async def _scrape(self, endpoint: Endpoint) -> None:
         self.cadence.started(endpoint.name, time.monotonic())
@@ -257,17 +332,22 @@ class PoolRefresher:
             self.cadence.finished(endpoint, ok, time.monotonic())
 
     async def _scrape_once(self, endpoint: Endpoint) -> bool:
-        timeout = aiohttp.ClientTimeout(total=self.options.metrics_timeout)
+        source = self.metrics_source
         try:
-            async with self.session.get(f"{endpoint.url}/metrics", timeout=timeout) as resp:
-                if resp.status != 200:
-                    raise ValueError(f"HTTP {resp.status}")
-                page = await resp.read()
-            snapshot = parse_vllm_metrics(page, families=self.options.families)
+            if source is not None:
+                url, ssl = source.url(endpoint), source.ssl  # type: ignore[attr-defined]
+            else:
+                url, ssl = f"{endpoint.url}/metrics", None
+            found = await fetch_families(
+                self.session, url, self.options.families, self.options.metrics_timeout, ssl
+            )
+            snapshot = metrics_from_families(found)
         except (aiohttp.ClientError, TimeoutError, ValueError, UnicodeDecodeError) as exc:
             self._failed(endpoint, f"metrics scrape failed: {exc!r}")
             return False
         endpoint.metrics = snapshot
+        if self.page_extractors:
+            _extract("metrics scrape", self.page_extractors, endpoint, found)
         endpoint.consecutive_failures = 0
         endpoint.scrape_ok = True
         _set_health(endpoint)
@@ -303,3 +383,13 @@ class PoolRefresher:
                 ", ".join(sorted(cards)),
                 extra={"endpoint": endpoint.name},
             )
+
+
+def _extract(
+    source: str, extractors: list[tuple[str, DataExtractor]], endpoint: Endpoint, data: object
+) -> None:
+    for name, extractor in extractors:
+        try:
+            extractor.extract(endpoint, data)
+        except Exception as exc:
+            log.debug("data extractor %r failed on %r for %s: %r", name, source, endpoint.name, exc)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable
 
-from heimdall_proxy.datalayer.scan import scan_families
+from heimdall_proxy.datalayer.scan import Sample, scan_families
 from heimdall_proxy.framework.types import Metrics
 
 WAITING = "vllm:num_requests_waiting"
@@ -54,7 +54,11 @@ def parse_vllm_metrics(
     is the maximum, `vllm:lora_requests_info` is read from its newest sample (its value is a
     timestamp). Raises ValueError on a malformed sample line of a wanted family."""
     raw = page.encode() if isinstance(page, str) else page
-    found = scan_families(raw, families)
+    return metrics_from_families(scan_families(raw, families), now)
+
+
+def metrics_from_families(found: dict[str, list[Sample]], now: float | None = None) -> Metrics:
+    """The Metrics snapshot of the families scanned out of a page (parse_vllm_metrics)."""
     waiting = sum(v for _, v in found.get(WAITING, ()))
     running = sum(v for _, v in found.get(RUNNING, ()))
     kv = found.get(KV_USAGE) or found.get(KV_USAGE_LEGACY) or ()

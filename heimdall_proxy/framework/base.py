@@ -18,7 +18,7 @@ class BasePlugin(Generic[P]):
     #: Metric families of a pod's /metrics page this plugin reads beyond the core ones
     #: (queue, running, KV usage): the data layer scrapes the union of every configured
     #: plugin's, and parses nothing else.
-    metric_families: ClassVar[frozenset[str]] = frozenset()
+    metric_families: frozenset[str] = frozenset()  # a plugin may set its own at build
 
     def __init__(self, name: str, params: P, handle: PluginHandle) -> None:
         self.name = name

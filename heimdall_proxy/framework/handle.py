@@ -44,6 +44,9 @@ class PluginHandle:
     #: How many recent requests shared each prefix: `popularity.of(half_life).count(key)`
     #: (framework/popularity.py). The gateway's, carried over reloads.
     popularity: Popularities = field(default_factory=Popularities)
+    #: The pods are discovered from a Kubernetes cluster (`discovery.kubernetes`): plugins
+    #: that watch cluster objects need it.
+    kubernetes: bool = False
     _plugins: dict[str, object] = field(default_factory=dict)
 
     def plugin(self, name: str) -> object:

@@ -293,10 +293,25 @@ class ResponsesStoreAPI(Protocol):
         ...
 
 
+#: The kinds of data (a source's `output_type`) the data layer treats apart:
+#: an OpenAI model list, polled on the model-list interval; when a source of it is wired,
+#: it replaces the built-in `/v1/models` refresh.
+MODEL_LIST_DATA = "openai-model-list"
+#: A Prometheus page's families (datalayer/scan.py: name -> [(labels, value)]): the built-in
+#: metrics scrape (metrics-data-source) or another page polled on its own interval
+#: (dcgm-data-source).
+PROMETHEUS_DATA = "prometheus-metrics"
+#: Endpoint lifecycle events: not polled; the extractors (EndpointExtractor) are told when a
+#: pod joins, changes or leaves the pool.
+ENDPOINT_EVENTS = "endpoint-events"
+
+
 @runtime_checkable
 class DataSource(Protocol):
     """A data-layer source: fetches one kind of raw data from a pod. Wired to extractors by
-    the config's `data.sources`; polled by the data layer on the model-list interval."""
+    the config's `dataLayer.sources`; polled by the data layer (on the model-list interval
+    for a model list, else on the source's `interval` attribute when it has one, else on
+    the metrics interval)."""
 
     #: Names what collect() returns; an extractor is wired to it only if its `input_type`
     #: is the same.
@@ -322,6 +337,15 @@ class DataExtractor(Protocol):
         ...
 
 
+@runtime_checkable
+class EndpointExtractor(Protocol):
+    """An extractor of an endpoint-notification-source: told when a pod joins or changes
+    (`removed` False) or leaves the pool (`removed` True), so it can drop what it keeps
+    about a departed pod at once."""
+
+    def endpoint_changed(self, endpoint: Endpoint, removed: bool) -> None: ...
+
+
 #: Extension points, as named in logs, metrics and `check-config` output.
 EXTENSION_POINTS: dict[str, type] = {
     "Parser": Parser,
@@ -341,6 +365,7 @@ EXTENSION_POINTS: dict[str, type] = {
     "ResponsesStore": ResponsesStoreAPI,
     "DataSource": DataSource,
     "DataExtractor": DataExtractor,
+    "EndpointExtractor": EndpointExtractor,
     "SaturationDetector": SaturationDetector,
     "LoadEstimator": LoadEstimator,
     "FairnessPolicy": FairnessPolicy,

@@ -71,6 +71,7 @@ class PrefixCacheMatchInfo:
 PREFIX_PRODUCER_TYPES = (
     "approx-prefix-cache-producer",
     "precise-prefix-cache-producer",
+    "burst-prefix-cache-producer",
     "precise-prefix-cache-scorer",
 )
 #: The seeds' type of the plugin readers named by default, now a reader itself.

@@ -202,6 +202,14 @@ class InferenceRequest:
     _prompt_text: str | None = None
 
     @property
+    def target_model(self) -> str:
+        """The model the request is sent to: the body's `model` as it stands (a plugin that
+        rewrites it changes it), else the model it asked for. Metrics label it
+        `target_model_name` beside `model_name`, the model asked for."""
+        model = self.data.get("model")
+        return model if isinstance(model, str) and model else self.model
+
+    @property
     def session_token(self) -> str | None:
         return self.headers.get("x-session-token")
 

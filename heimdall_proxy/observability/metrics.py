@@ -109,21 +109,22 @@ class _PoolCollector(Collector):
 
 
 class _SourcesCollector(Collector):
-    """The families of the plugins that export metrics, merged by name: samples with the
-    same name and labels are summed (two instances of one plugin type add up, as they would
-    in one process-wide counter)."""
+    """The families of the plugins that export metrics, merged by name and type: samples
+    with the same name and labels are summed (two instances of one plugin type add up, as
+    they would in one process-wide counter). The type is part of the key: a counter `X_total`
+    and a gauge `X` are both family `X` to prometheus-client (seed 004 exports such pairs)."""
 
     def __init__(self, sources: Iterable[MetricsSource]) -> None:
         self.sources = list(sources)
 
     def collect(self) -> Iterator[Metric]:
-        merged: dict[str, Metric] = {}
+        merged: dict[tuple[str, str], Metric] = {}
         index: dict[tuple[str, tuple[tuple[str, str], ...]], int] = {}
         for source in self.sources:
             for family in source.collect_metrics():
-                into = merged.get(family.name)
+                into = merged.get((family.name, family.type))
                 if into is None:
-                    into = merged[family.name] = Metric(
+                    into = merged[family.name, family.type] = Metric(
                         family.name, family.documentation, family.type, family.unit
                     )
                 for sample in family.samples:
@@ -165,6 +166,12 @@ class _BreakersCollector(Collector):
             opens.add_metric([b.name], b.opened)
         yield state
         yield opens
+
+
+def series_key(model: str, target: str | None = None) -> str:
+    """The key of `GatewayMetrics.models` for a model asked for and the model it is sent as:
+    the model itself in the usual case (no rewrite)."""
+    return model if target is None or target == model else f"{model}\x1f{target}"
 
 
 class GatewayMetrics:
@@ -286,8 +293,11 @@ class GatewayMetrics:
         self._pool_collector = _PoolCollector(pool, pool_name)
         self.registry.register(self._pool_collector)
 
-    def model_series(self, model: str) -> ModelSeries:
-        series = self.models[model] = ModelSeries(self, model)
+    def model_series(self, model: str, target: str | None = None) -> ModelSeries:
+        """The series of requests for `model` sent as `target` (default: the same model),
+        made on first use; read as `metrics.models.get(series_key(model, target)) or
+        metrics.model_series(model, target)`."""
+        series = self.models[series_key(model, target)] = ModelSeries(self, model, target)
         return series
 
     def use_pool(self, pool: EndpointPool) -> None:

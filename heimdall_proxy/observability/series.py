@@ -50,13 +50,16 @@ class ModelSeries:
         "output_tokens",
         "running",
         "served",
+        "target",
         "tpot",
         "ttft",
     )
 
-    def __init__(self, metrics: ModelFamilies, model: str) -> None:
+    def __init__(self, metrics: ModelFamilies, model: str, target: str | None = None) -> None:
         self._metrics = metrics
         self.model = model
+        #: The model the requests are sent as (`target_model_name`): the same unless rewritten.
+        self.target = target or model
         self.running: GaugeChild | None = None
         self.duration: HistogramChild | None = None
         self.ttft: HistogramChild | None = None
@@ -73,13 +76,12 @@ class ModelSeries:
 
     def histogram(self, name: Histogram) -> HistogramChild:
         family = getattr(self._metrics, name)
-        child: HistogramChild = family.labels(self.model, self.model)
+        child: HistogramChild = family.labels(self.model, self.target)
         setattr(self, name, child)
         return child
 
     def served_child(self, pod: str, status: int | None) -> CounterChild:
-        model = self.model
         child = self.served[pod, status] = self._metrics.requests.labels(
-            model, model, pod, str(status)
+            self.model, self.target, pod, str(status)
         )
         return child

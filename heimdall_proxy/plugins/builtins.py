@@ -6,7 +6,16 @@ factory build their registry here."""
 from __future__ import annotations
 
 from heimdall_proxy.framework.registry import Registry
+
+# data layer, producers and reporting added from llm-d (issue 35)
+from heimdall_proxy.plugins.datalayer.core_metrics import CoreMetricsExtractor
+from heimdall_proxy.plugins.datalayer.dcgm_extractor import DcgmExtractor
+from heimdall_proxy.plugins.datalayer.dcgm_source import DcgmDataSource
+from heimdall_proxy.plugins.datalayer.endpoint_notifications import EndpointNotificationSource
+from heimdall_proxy.plugins.datalayer.k8s_notifications import K8sNotificationSource
+from heimdall_proxy.plugins.datalayer.metrics_source import MetricsDataSource
 from heimdall_proxy.plugins.datalayer.models import ModelsDataSource, ModelServerProtocolModels
+from heimdall_proxy.plugins.datalayer.refused import MockMetricsSource, MultiClusterType
 from heimdall_proxy.plugins.datalayer.topology import TopologyExtractor
 from heimdall_proxy.plugins.flowcontrol.edf import EDFOrdering
 from heimdall_proxy.plugins.flowcontrol.fcfs import FCFSOrdering
@@ -31,9 +40,16 @@ from heimdall_proxy.plugins.predicted_latency.slo_headroom_tier import SLOHeadro
 from heimdall_proxy.plugins.prefix_affinity.filter import PrefixCacheAffinityFilter
 from heimdall_proxy.plugins.requestcontrol.admitters.probabilistic import ProbabilisticAdmitter
 from heimdall_proxy.plugins.requestcontrol.agent_identity import AgentIdentity
+from heimdall_proxy.plugins.requestcontrol.attribute_reporter import RequestAttributeReporter
 from heimdall_proxy.plugins.requestcontrol.disagg_headers import DisaggHeadersHandler
 from heimdall_proxy.plugins.requestcontrol.producers.approx_prefix import ApproxPrefixCacheProducer
+from heimdall_proxy.plugins.requestcontrol.producers.burst_prefix import (
+    BurstPrefixCacheProducer,
+)
 from heimdall_proxy.plugins.requestcontrol.producers.inflight_load import InFlightLoadProducer
+from heimdall_proxy.plugins.requestcontrol.producers.mm_embeddings import (
+    MMEmbeddingsCacheProducer,
+)
 from heimdall_proxy.plugins.requestcontrol.producers.session_id import SessionIDProducer
 from heimdall_proxy.plugins.requestcontrol.producers.token import TokenProducer
 from heimdall_proxy.plugins.requestcontrol.producers.tokenizer import TokenizerPlugin
@@ -71,6 +87,9 @@ from heimdall_proxy.plugins.scheduling.scorers.header_label_affinity import (
 from heimdall_proxy.plugins.scheduling.scorers.kv_cache_utilization import KVCacheUtilizationScorer
 from heimdall_proxy.plugins.scheduling.scorers.load_aware import LoadAwareScorer
 from heimdall_proxy.plugins.scheduling.scorers.lora_affinity import LoraAffinityScorer
+from heimdall_proxy.plugins.scheduling.scorers.mm_embeddings_cache import (
+    MMEmbeddingsCacheScorer,
+)
 from heimdall_proxy.plugins.scheduling.scorers.no_hit_lru import NoHitLRUScorer
 from heimdall_proxy.plugins.scheduling.scorers.outstanding_work import OutstandingWorkScorer
 from heimdall_proxy.plugins.scheduling.scorers.prefix_cache import PrefixCacheScorer
@@ -163,6 +182,19 @@ BUILTIN_PLUGINS: tuple[type, ...] = (
     PredictedLatencyScorer,
     SLOHeadroomTierFilter,
     LatencySLOAdmitter,
+    # data layer, producers and reporting added from llm-d (issue 35)
+    MetricsDataSource,
+    CoreMetricsExtractor,
+    DcgmDataSource,
+    DcgmExtractor,
+    EndpointNotificationSource,
+    K8sNotificationSource,
+    MockMetricsSource,
+    MultiClusterType,
+    BurstPrefixCacheProducer,
+    MMEmbeddingsCacheProducer,
+    MMEmbeddingsCacheScorer,
+    RequestAttributeReporter,
 )
 
 

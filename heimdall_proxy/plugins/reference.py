@@ -46,7 +46,7 @@ SECTIONS: tuple[tuple[str, tuple[str, ...]], ...] = (
         "Flow control",
         ("SaturationDetector", "FairnessPolicy", "OrderingPolicy", "UsageLimitPolicy"),
     ),
-    ("Data layer", ("DataSource", "DataExtractor")),
+    ("Data layer", ("DataSource", "DataExtractor", "EndpointExtractor")),
     ("Stores", ("ResponsesStore",)),
 )
 
@@ -75,6 +75,7 @@ SECTION_PRIORITY: tuple[str, ...] = (
     "ResponseReceived",
     "ResponseStreaming",
     "ResponseComplete",
+    "EndpointExtractor",
 )
 
 #: Capabilities that are not extension points but change how a plugin lives in the gateway.

@@ -11,7 +11,7 @@ from multidict import CIMultiDict
 
 from heimdall_proxy.framework.inflight import InFlightLoad
 from heimdall_proxy.framework.types import RequestContext, Usage
-from heimdall_proxy.observability.metrics import GatewayMetrics
+from heimdall_proxy.observability.metrics import GatewayMetrics, series_key
 from heimdall_proxy.observability.series import ModelSeries
 from heimdall_proxy.requesthandling.usage import (
     USAGE_ASKED_KEY,
@@ -84,7 +84,9 @@ class Answers:
 
     def _series(self, ctx: RequestContext) -> ModelSeries:
         model = ctx.request.model or UNKNOWN_MODEL
-        return self.metrics.models.get(model) or self.metrics.model_series(model)
+        target = ctx.request.target_model or model
+        series = self.metrics.models.get(series_key(model, target))
+        return series or self.metrics.model_series(model, target)
 
     @staticmethod
     def _served(series: ModelSeries, ctx: RequestContext) -> None:

@@ -35,7 +35,7 @@ from heimdall_proxy.framework.types import (
     SchedulingError,
     SchedulingResult,
 )
-from heimdall_proxy.observability.metrics import GatewayMetrics
+from heimdall_proxy.observability.metrics import GatewayMetrics, series_key
 from heimdall_proxy.observability.tracing import RequestTrace
 from heimdall_proxy.requesthandling.untrusted import untrusted_fields
 from heimdall_proxy.requesthandling.usage import USAGE_ASKED_KEY, ask_for_usage
@@ -103,17 +103,20 @@ class Director:
         if started is None:
             started = time.perf_counter()
         metrics = self.metrics
-        model = UNKNOWN_MODEL
+        model = target = UNKNOWN_MODEL
         admission: Admission | None = None
         try:
             ireq = self._parse(request.path, body, request.headers, caller, spans)
             model = ireq.model
+            target = ireq.target_model
             candidates = self.candidates(ireq)
             admission = await self.admission.enter(ireq, candidates)
             if admission is not None and admission.waited:
                 candidates = self.candidates(ireq)  # the pool may have changed meanwhile
             decision = await self._schedule(ireq, candidates, None, admission, spans)
-            series = metrics.models.get(model) or metrics.model_series(model)
+            target = ireq.target_model  # a plugin may have rewritten the body's model
+            series = metrics.models.get(series_key(model, target))
+            series = series or metrics.model_series(model, target)
             running = series.running or series.running_child()
             running.inc()
             try:
@@ -124,7 +127,7 @@ class Director:
                     time.perf_counter() - started
                 )
         except RequestError as exc:
-            metrics.errors.labels(model, model, exc.code or str(exc.status)).inc()
+            metrics.errors.labels(model, target, exc.code or str(exc.status)).inc()
             return render(exc, request.path)
         finally:
             if admission is not None:

@@ -81,6 +81,7 @@ class Routing:
             feature_gates=frozenset(config.epp.feature_gates),
             load=load,
             popularity=self.popularity,
+            kubernetes=config.discovery.kubernetes is not None,
         )
         extra = [PluginConfig(type="response-header-handler")] if options.response_header else []
         self.plugins: PluginSet = build_plugins(

@@ -835,3 +835,21 @@ def test_load_config_empty_file_gives_defaults(tmp_path: Path) -> None:
         "max-score-picker",
     ]
     assert cfg.endpoints == []
+
+
+# ---- the data layer's section: llm-d's `dataLayer`, and `data`, its older name -------------
+
+
+def test_data_layer_section_read_under_either_name() -> None:
+    from heimdall_proxy.config.gateway import parse_config
+
+    wiring = {"sources": [{"pluginRef": "models", "extractors": [{"pluginRef": "extract"}]}]}
+    plugins = [
+        {"type": "models-data-source", "name": "models"},
+        {"type": "models-data-extractor", "name": "extract"},
+    ]
+    for key in ("dataLayer", "data"):
+        epp = parse_config({"plugins": plugins, key: wiring}, "<test>").epp
+        assert epp.data_layer is not None and epp.data_layer.sources[0].plugin_ref == "models"
+    with pytest.raises(ConfigError, match="dataLayer and data are the same section"):
+        parse_config({"plugins": plugins, "data": wiring, "dataLayer": wiring}, "<test>")

@@ -13,6 +13,7 @@ from pydantic import field_validator
 from heimdall_proxy.framework.base import BasePlugin
 from heimdall_proxy.framework.handle import PluginHandle
 from heimdall_proxy.framework.params import NoParams, PluginParams
+from heimdall_proxy.framework.plugins import MODEL_LIST_DATA
 from heimdall_proxy.framework.registry import register
 from heimdall_proxy.framework.types import Endpoint, parse_model_list, publish_models
 
@@ -20,11 +21,15 @@ log = logging.getLogger(__name__)
 
 MODELS_DATA_SOURCE_TYPE = "models-data-source"
 MODEL_SERVER_PROTOCOL_MODELS_TYPE = "model-server-protocol-models"
+#: llm-d's current name of the extractor (model-server-protocol-models is its older one).
+MODELS_DATA_EXTRACTOR_TYPE = "models-data-extractor"
+#: The gate these plugins once needed; llm-d has since made its data layer unconditional,
+#: and so is it here (the gate is still accepted, and means nothing).
 DATA_LAYER_GATE = "dataLayer"
 
-#: What models-data-source collects and model-server-protocol-models reads: the decoded
-#: JSON of an OpenAI `/v1/models` answer.
-OPENAI_MODEL_LIST = "openai-model-list"
+#: What models-data-source collects and the extractor reads: the decoded JSON of an OpenAI
+#: `/v1/models` answer.
+OPENAI_MODEL_LIST = MODEL_LIST_DATA
 
 
 class ModelsDataSourceParams(PluginParams):
@@ -42,7 +47,7 @@ class ModelsDataSourceParams(PluginParams):
         return value
 
 
-@register(MODELS_DATA_SOURCE_TYPE, ModelsDataSourceParams, feature_gate=DATA_LAYER_GATE)
+@register(MODELS_DATA_SOURCE_TYPE, ModelsDataSourceParams)
 class ModelsDataSource(BasePlugin[ModelsDataSourceParams]):
     """Data source: GETs `{scheme}://{pod host:port}{path}` from each pod on the data layer's
     model-list interval (`--models-interval`) and hands the decoded JSON to its extractors.
@@ -71,10 +76,11 @@ class ModelsDataSource(BasePlugin[ModelsDataSourceParams]):
             return orjson.loads(await resp.read())
 
 
-@register(MODEL_SERVER_PROTOCOL_MODELS_TYPE, NoParams, feature_gate=DATA_LAYER_GATE)
+@register(MODEL_SERVER_PROTOCOL_MODELS_TYPE, NoParams, aliases=(MODELS_DATA_EXTRACTOR_TYPE,))
 class ModelServerProtocolModels(BasePlugin[NoParams]):
-    """Data extractor: reads an OpenAI model list (`{"data": [{"id": ...}, ...]}`, LoRA
-    adapters included as vLLM lists them) and publishes it as the pod's `models` and
+    """Data extractor (llm-d now names it models-data-extractor): reads an OpenAI model
+    list (`{"data": [{"id": ...}, ...]}`, LoRA adapters included as vLLM lists them) and
+    publishes it as the pod's `models` and
     `model_cards`, which drive the candidate selection by model and `GET /v1/models`."""
 
     type = MODEL_SERVER_PROTOCOL_MODELS_TYPE

@@ -187,6 +187,13 @@ class PreciseIndexOwner(BasePlugin[PreciseParamsT]):
         if self.tokenizer is not None:
             await self.tokenizer.close()
 
+    def endpoint_changed(self, endpoint: Endpoint, removed: bool) -> None:
+        """Wired to an endpoint-notification-source: follow a pod's KV events (or stop) as
+        soon as it joins (or leaves), rather than at the feed's next reconcile tick."""
+        ingest = getattr(self, "ingest", None)
+        if ingest is not None and ingest.ready:
+            ingest.subscriber.reconcile()
+
     @property
     def ready(self) -> bool:
         """Whether the index is reachable and the event feed followed (with conductorConfig:

@@ -2,9 +2,12 @@
 
 The TTFT and TPOT histograms (`inference_objective_request_ttft_seconds`,
 `..._tpot_seconds`) are the gateway's own (observability.GatewayMetrics); everything else
-of the table is here and exported by the producer. The SLO-violation counters keep the
-names of the table (`..._slo_violation_total`) but are exposed as gauges that only grow:
-prometheus-client gives a counter named `X_total` and a gauge named `X` one family name."""
+of the table is here and exported by the producer. The SLO-violation counters are counters
+named as the table names them (`..._slo_violation_total`, TYPE counter in the text
+exposition) beside the 0/1 gauges of the same stem (`..._slo_violation`): prometheus-client
+calls both families `..._slo_violation`, so the plugins' collector tells them apart by type
+(observability/metrics.py). `model_name` is the model asked for, `target_model_name` the
+model the request was sent as (InferenceRequest.target_model)."""
 
 from __future__ import annotations
 
@@ -12,7 +15,7 @@ from collections.abc import Iterator
 
 from prometheus_client.core import Metric
 
-from heimdall_proxy.observability.loop import GaugeFamily, HistogramFamily
+from heimdall_proxy.observability.loop import CounterFamily, GaugeFamily, HistogramFamily
 
 _P = "inference_objective_request_"
 _LABELS = ("model_name", "target_model_name")
@@ -78,9 +81,13 @@ class LatencyMetrics:
             "tpot_prediction_duration_seconds_gauge", "Latest TPOT prediction duration."
         )
         self.ttft_violation = g("ttft_slo_violation", "1 when the last TTFT missed its SLO.")
-        self.ttft_violation_total = g("ttft_slo_violation_total", "TTFT SLO violations.")
+        self.ttft_violation_total = CounterFamily(
+            _P + "ttft_slo_violation", "TTFT SLO violations.", _LABELS
+        )
         self.tpot_violation = g("tpot_slo_violation", "1 when the last TPOT missed its SLO.")
-        self.tpot_violation_total = g("tpot_slo_violation_total", "TPOT SLO violations.")
+        self.tpot_violation_total = CounterFamily(
+            _P + "tpot_slo_violation", "TPOT SLO violations.", _LABELS
+        )
         self.ttft_slo = g("ttft_slo_threshold_seconds", "TTFT SLO of the last request with one.")
         self.tpot_slo = g("tpot_slo_threshold_seconds", "TPOT SLO of the last request with one.")
 
@@ -101,5 +108,5 @@ class LatencyMetrics:
 
     def collect(self) -> Iterator[Metric]:
         for name in self.__slots__:
-            family: GaugeFamily | HistogramFamily = getattr(self, name)
+            family: CounterFamily | GaugeFamily | HistogramFamily = getattr(self, name)
             yield family.collect()

@@ -24,7 +24,7 @@ from heimdall_proxy.framework.params import Duration, PluginParams
 from heimdall_proxy.framework.prefix import prefix_match_reader
 from heimdall_proxy.framework.registry import register
 from heimdall_proxy.framework.types import CycleState, Endpoint, InferenceRequest, RequestContext
-from heimdall_proxy.observability.loop import GaugeFamily, HistogramFamily
+from heimdall_proxy.observability.loop import CounterFamily, GaugeFamily, HistogramFamily
 from heimdall_proxy.plugins.predicted_latency.metrics import LatencyMetrics
 from heimdall_proxy.plugins.predicted_latency.predictor import FeatureMatrix, LatencyPredictor
 from heimdall_proxy.plugins.predicted_latency.remote import (
@@ -126,7 +126,7 @@ def _record(
     predicted: float | None,
     slo: float | None,
     labels: tuple[str, str],
-    families: tuple[GaugeFamily, HistogramFamily, GaugeFamily, GaugeFamily],
+    families: tuple[GaugeFamily, HistogramFamily, GaugeFamily, CounterFamily],
 ) -> None:
     """Export one observed latency (TTFT or TPOT, the same families for each): the last value,
     the prediction's relative error, and whether it missed its SLO."""
@@ -339,7 +339,7 @@ class PredictedLatencyProducer(BasePlugin[PredictedLatencyProducerParams]):
     def _record_duration(
         self, request: InferenceRequest, dt: float, preds: LatencyPredictions
     ) -> None:
-        labels = (request.model, request.model)
+        labels = (request.model, request.target_model)
         self.metrics.ttft_duration.labels(*labels).observe(dt)
         self.metrics.ttft_duration_gauge.labels(*labels).set(dt)
         if any(p.tpot is not None for p in preds.pods.values()):
@@ -380,7 +380,7 @@ class PredictedLatencyProducer(BasePlugin[PredictedLatencyProducerParams]):
                 row[2], round(prompt), round(row[0] * 8), round(row[1] * 32),
                 preds.prefix.get(pod, 0.0),
             )  # fmt: skip
-        labels = (ctx.request.model, ctx.request.model)
+        labels = (ctx.request.model, ctx.request.target_model)
         m = self.metrics
         if preds.ttft_slo is not None:
             m.ttft_slo.labels(*labels).set(preds.ttft_slo)
@@ -425,7 +425,7 @@ class PredictedLatencyProducer(BasePlugin[PredictedLatencyProducerParams]):
             pending.pop(key, None)
         if att is None or ctx.error is not None or not (ctx.status or 0) < 300:
             return
-        labels = (ctx.request.model, ctx.request.model)
+        labels = (ctx.request.model, ctx.request.target_model)
         m = self.metrics
         # the relay timed the answer and read its usage (tokens, else its SSE events)
         generated = ctx.output_tokens or ctx.events_seen

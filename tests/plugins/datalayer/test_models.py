@@ -22,6 +22,7 @@ from heimdall_proxy.framework.registry import Registry
 from heimdall_proxy.framework.types import Endpoint
 from heimdall_proxy.plugins.builtins import load_builtin_plugins
 from heimdall_proxy.plugins.datalayer.models import (
+    MODEL_SERVER_PROTOCOL_MODELS_TYPE,
     ModelsDataSource,
     ModelsDataSourceParams,
     ModelServerProtocolModels,
@@ -234,11 +235,20 @@ def test_extractor_must_read_what_the_source_produces() -> None:
     ) in error
 
 
-def test_without_the_gate_plugins_and_their_wiring_are_skipped(
-    caplog: pytest.LogCaptureFixture,
-) -> None:
+def test_the_data_layer_needs_no_gate_any_more() -> None:
+    # llm-d made its data layer unconditional: its configs no longer list the gate
+    pset = build(data_epp(gates=[]))
+    assert pset.skipped == {}
+    assert [w.name for w in pset.data_sources] == ["models"]
+
+
+def test_a_gated_source_and_its_wiring_are_skipped(caplog: pytest.LogCaptureFixture) -> None:
+    registry = Registry()
+    for spec in BUILTIN:
+        gate = "dataLayer" if spec.type_name.startswith("model") else spec.feature_gate
+        registry.register(spec.type_name, spec.params, feature_gate=gate)(spec.factory)
     with caplog.at_level(logging.WARNING):
-        pset = build(data_epp(gates=[]))
+        pset = build(data_epp(gates=[]), registry)
     assert pset.skipped == {"models": "dataLayer", "extract": "dataLayer"}
     assert pset.data_sources == []
     assert "data.sources[0]: pluginRef 'models' is skipped because feature gate" in caplog.text
@@ -258,7 +268,7 @@ def test_extractor_skipped_alone_leaves_the_source_unpolled(
     # an ungated source whose only extractor is skipped: the source is not polled
     registry = Registry()
     for spec in BUILTIN:
-        gate = None if spec.type_name == "models-data-source" else spec.feature_gate
+        gate = "dataLayer" if spec.type_name == MODEL_SERVER_PROTOCOL_MODELS_TYPE else None
         registry.register(spec.type_name, spec.params, feature_gate=gate)(spec.factory)
     with caplog.at_level(logging.WARNING):
         pset = build(data_epp(gates=[]), registry)

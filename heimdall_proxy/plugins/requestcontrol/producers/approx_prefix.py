@@ -110,6 +110,25 @@ def cache_salt(request: InferenceRequest) -> str | None:
     return salt if isinstance(salt, str) and salt else None
 
 
+def prompt_block_keys(request: InferenceRequest, block_size: int, limit: int | None) -> list[int]:
+    """The chained block keys of a request's prompt, at most `limit` (None: all): of its
+    token ids when a tokenizer left them, else of its text in blocks of `block_size * 4`
+    characters. A prompt shorter than one block has none. The one block hashing of the
+    approximate prefix producers (this one, burst-prefix-cache-producer)."""
+    tokens = request.token_ids
+    if tokens is not None:
+        if len(tokens) < block_size:
+            return []
+        seed = namespace_seed(request.model, cache_salt(request))
+        return block_keys(tokens, block_size, seed, max_blocks=limit)
+    text = request_text(request)
+    chars_per_block = block_size * CHARS_PER_TOKEN
+    if len(text) < chars_per_block:
+        return []
+    seed = namespace_seed(request.model, cache_salt(request))
+    return text_block_keys(text, chars_per_block, seed, max_blocks=limit)
+
+
 @register(APPROX_PREFIX_PRODUCER_TYPE, ApproxPrefixProducerParams)
 class ApproxPrefixCacheProducer(SharesState, BasePlugin[ApproxPrefixProducerParams]):
     """llm-d's approx-prefix-cache-producer, the one owner of an approximate prefix index.
@@ -208,19 +227,7 @@ class ApproxPrefixCacheProducer(SharesState, BasePlugin[ApproxPrefixProducerPara
     def keys(self, request: InferenceRequest, block_size: int) -> list[int]:
         """The chained block keys of the request's prompt (at most maxPrefixBlocksToMatch).
         A prompt shorter than one block has none, and its namespace seed is not computed."""
-        limit = self.params.max_blocks(block_size)
-        tokens = request.token_ids
-        if tokens is not None:
-            if len(tokens) < block_size:
-                return []
-            seed = namespace_seed(request.model, cache_salt(request))
-            return block_keys(tokens, block_size, seed, max_blocks=limit)
-        text = request_text(request)
-        chars_per_block = block_size * CHARS_PER_TOKEN
-        if len(text) < chars_per_block:
-            return []
-        seed = namespace_seed(request.model, cache_salt(request))
-        return text_block_keys(text, chars_per_block, seed, max_blocks=limit)
+        return prompt_block_keys(request, block_size, self.params.max_blocks(block_size))
 
     def match(
         self, state: CycleState, request: InferenceRequest, endpoints: list[Endpoint]
