@@ -19,10 +19,10 @@ def add_parser(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from heimdall_proxy.plugins.builtins import load_builtin_plugins
+    from heimdall_proxy.plugins.builtins import load_builtin_plugins, origin
     from heimdall_proxy.plugins.reference import plugin_reference
 
-    text = plugin_reference(load_builtin_plugins())
+    text = plugin_reference(load_builtin_plugins(), origin)
     if args.out is None:
         sys.stdout.write(text)
     else:

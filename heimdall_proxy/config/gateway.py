@@ -283,7 +283,8 @@ def parse_config(doc: Any, source: str = "<memory>") -> GatewayConfig:
         raise ConfigError(f"{source}: the config must be a YAML mapping")
     epp_doc: Any = doc
     if "config" not in doc and isinstance(doc.get("router"), Mapping):
-        doc = {**doc, "config": _llm_d_values_config(doc["router"], source)}
+        rest = {k: v for k, v in doc.items() if k != "router"}  # `router` is read, not ignored
+        doc = {**rest, "config": _llm_d_values_config(doc["router"], source)}
     if "config" in doc:
         epp_doc = doc["config"]
         if isinstance(epp_doc, str):  # Helm values often embed the EPP config as a string

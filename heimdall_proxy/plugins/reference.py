@@ -14,7 +14,7 @@ import re
 import textwrap
 import types
 import typing
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any, Literal
 
 import annotated_types
@@ -364,9 +364,12 @@ def _primary(spec: PluginSpec) -> str:
     return specs[0].type_name
 
 
-def plugin_reference(registry: Registry) -> str:
+def plugin_reference(
+    registry: Registry, origin: Callable[[str], str] = lambda type_name: ""
+) -> str:
     """The reference page for every plugin type in `registry`, as markdown. Deterministic:
-    types sorted by name within fixed sections."""
+    types sorted by name within fixed sections. `origin` says where a type comes from (the
+    composition root knows: plugins/builtins.py); by default the column is empty."""
     kinds = _Types(registry)
     entries: dict[str, list[PluginSpec]] = {}  # primary type name -> its specs, aliases after
     for spec in registry:
@@ -413,18 +416,23 @@ def plugin_reference(registry: Registry) -> str:
         "",
         "## Index",
         "",
-        "| Type | Section | Extension points |",
-        "| --- | --- | --- |",
+        "Origin: the seeds (Heimdall's plugin set), llm-d's router (llm-d/llm-d-router), or",
+        "this project's own.",
+        "",
+        "| Type | Section | Extension points | Origin |",
+        "| --- | --- | --- | --- |",
     ]
     section_titles = [title for title, _ in SECTIONS] + ["Other"]
     index: list[tuple[str, str]] = []
     for title in section_titles:
         for primary, points in by_section.get(title, []):
-            index.append((primary, f"| [`{primary}`](#{_anchor(primary)}) | {title} | "))
-            index[-1] = (primary, index[-1][1] + (", ".join(points) or "(none)") + " |")
+            row = f"| [`{primary}`](#{_anchor(primary)}) | {title} | "
+            row += (", ".join(points) or "(none)") + f" | {origin(primary)} |"
+            index.append((primary, row))
         for primary, _ in by_section.get(title, []):
             for alias in entries[primary][1:]:
-                index.append((alias.type_name, f"| `{alias.type_name}` | alias of `{primary}` | |"))
+                name = alias.type_name
+                index.append((name, f"| `{name}` | alias of `{primary}` | | {origin(name)} |"))
     out.extend(row for _, row in sorted(index))
 
     for title in section_titles:
@@ -439,6 +447,8 @@ def plugin_reference(registry: Registry) -> str:
             assert isinstance(cls, type)
             out += ["", f"### {primary}", "", summary(spec, primary), ""]
             facts = [f"- Extension points: {', '.join(points) or '(none)'}"]
+            if origin(primary):
+                facts.append(f"- Origin: {origin(primary)}")
             also = class_capabilities(cls)
             if also:
                 facts.append(f"- Also: {', '.join(also)}")

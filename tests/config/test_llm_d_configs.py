@@ -26,7 +26,11 @@ def test_the_configs_are_there() -> None:
     assert {p.stem for p in CONFIGS} >= {
         "default-config", "epp-config", "epp-estimate-prefix-cache-config",
         "optimized-baseline", "pd-epp-config", "random-only-default-parsers",
-        "random-passthrough-parser", "sim-e-p-d-epp-config", "sim-e-pd-epp-config",
+        "random-passthrough-parser", "sim-e-p-d-epp-config", "sim-e-pd-epp-config", "precise-prefix",
+        "dp-epp-config", "pd-topology-epp-config", "probabilistic-admitter-epp-config",
+        "sim-program-aware-config", "soft-reflective-ceiling-epp-config", "sim-epp-gpu-config",
+        "epp-burst-prefix-cache-config", "epp-mm-embeddings-cache-config",
+        "epp-precise-prefix-cache-config", "datalayer-config", "request-attribute-reporter-config",
         "sim-epp-config", "sim-epp-kvcache", "sim-epp-no-hit-lru",
         "sim-epp-tokenizer-vllm-http", "sim-pd-epp-config",
     }  # fmt: skip

@@ -13,7 +13,7 @@ from heimdall_proxy.framework.base import BasePlugin
 from heimdall_proxy.framework.params import Duration, PluginParams
 from heimdall_proxy.framework.plugins import EXTENSION_POINTS
 from heimdall_proxy.framework.registry import Registry, register
-from heimdall_proxy.plugins.builtins import load_builtin_plugins
+from heimdall_proxy.plugins.builtins import load_builtin_plugins, origin
 from heimdall_proxy.plugins.reference import (
     COMMAND,
     SECTION_PRIORITY,
@@ -27,7 +27,7 @@ PAGE = Path(__file__).resolve().parents[2] / "docs" / "plugins.md"
 
 
 def test_the_checked_in_reference_matches_the_code() -> None:
-    expected = plugin_reference(load_builtin_plugins())
+    expected = plugin_reference(load_builtin_plugins(), origin)
     actual = PAGE.read_text(encoding="utf-8") if PAGE.exists() else ""
     assert actual == expected, f"docs/plugins.md is out of date with the code: run {COMMAND}"
 
@@ -39,7 +39,7 @@ def test_every_extension_point_has_a_section() -> None:
 
 
 def test_every_registered_type_has_an_entry() -> None:
-    page = plugin_reference(load_builtin_plugins())
+    page = plugin_reference(load_builtin_plugins(), origin)
     for spec in load_builtin_plugins():
         assert f"`{spec.type_name}`" in page, spec.type_name
 
@@ -92,6 +92,22 @@ def test_durations_are_written_as_go_durations(seconds: float, text: str) -> Non
 def test_the_command_writes_the_page(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "plugins.md"
     assert main(["plugin-reference", "--out", str(out)]) == 0
-    assert out.read_text(encoding="utf-8") == plugin_reference(load_builtin_plugins())
+    assert out.read_text(encoding="utf-8") == plugin_reference(load_builtin_plugins(), origin)
     assert main(["plugin-reference"]) == 0
     assert capsys.readouterr().out == out.read_text(encoding="utf-8")
+
+
+def test_each_type_says_where_it_comes_from() -> None:
+    """The seeds' and llm-d's types as their documents name them; the rest are ours. A name
+    in either list that is no registered type is a stale list."""
+    from heimdall_proxy.plugins.builtins import LLMD_TYPES, SEED_TYPES
+
+    types = set(load_builtin_plugins().types())
+    assert types >= SEED_TYPES and types >= LLMD_TYPES
+    assert origin("queue-scorer") == "seed, llm-d"
+    assert origin("predicted-latency-scorer") == "seed"
+    assert origin("anthropic-parser") == "llm-d"
+    assert origin("outstanding-work-scorer") == "ours"
+    page = plugin_reference(load_builtin_plugins(), origin)
+    assert "| [`outstanding-work-scorer`](#outstanding-work-scorer) | Scorers | " in page
+    assert "- Origin: ours" in page
