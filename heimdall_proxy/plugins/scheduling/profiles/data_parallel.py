@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Mapping
 
 from pydantic import Field
 from yarl import URL
@@ -13,7 +12,6 @@ from yarl import URL
 from heimdall_proxy.framework.base import BasePlugin
 from heimdall_proxy.framework.handle import PluginHandle
 from heimdall_proxy.framework.params import PluginParams
-from heimdall_proxy.framework.plugins import SchedulerProfileView
 from heimdall_proxy.framework.registry import register
 from heimdall_proxy.framework.types import (
     CycleState,
@@ -21,9 +19,9 @@ from heimdall_proxy.framework.types import (
     InferenceRequest,
     ProfileResult,
     RequestContext,
-    SchedulingError,
     SchedulingResult,
 )
+from heimdall_proxy.plugins.scheduling.profiles.single import OneProfile
 
 DATA_PARALLEL_PROFILE_HANDLER_TYPE = "data-parallel-profile-handler"
 #: Upstream request header naming the rank picked (host:port), llm-d's.
@@ -50,7 +48,7 @@ def with_port(endpoint: Endpoint, port: int) -> Endpoint:
 
 
 @register(DATA_PARALLEL_PROFILE_HANDLER_TYPE, DataParallelParams)
-class DataParallelProfileHandler(BasePlugin[DataParallelParams]):
+class DataParallelProfileHandler(OneProfile, BasePlugin[DataParallelParams]):
     """Runs the one scheduling profile. Each rank of a data-parallel server is a pod of the
     pool with its own port; the request is sent to `primaryPort` on the picked pod's host,
     with `x-data-parallel-host-port` naming the rank picked (its own host:port), for the
@@ -72,29 +70,13 @@ class DataParallelProfileHandler(BasePlugin[DataParallelParams]):
             self.type,
         )
 
-    def validate_profiles(self, profiles: Mapping[str, SchedulerProfileView]) -> None:
-        if len(profiles) != 1:
-            raise ValueError(f"needs exactly one scheduling profile, found {len(profiles)}")
-
-    def pick_profiles(
-        self,
-        state: CycleState,
-        request: InferenceRequest,
-        profiles: Mapping[str, SchedulerProfileView],
-        results: Mapping[str, ProfileResult | None],
-    ) -> list[str]:
-        return [] if results else list(profiles)
-
     def process_results(
         self,
         state: CycleState,
         request: InferenceRequest,
         results: dict[str, ProfileResult | None],
     ) -> SchedulingResult:
-        name = next(iter(results))
-        result = results[name]
-        if result is None or not result.targets:
-            raise SchedulingError(f"no endpoint passed the filters of profile {name!r}")
+        name, result = self.the_result(results)
         if self.primary_port:
             port = self.primary_port
             picked = state[PICKED_KEY] = result

@@ -19,11 +19,9 @@ from heimdall_proxy.framework.types import (
 SINGLE_PROFILE_HANDLER_TYPE = "single-profile-handler"
 
 
-@register(SINGLE_PROFILE_HANDLER_TYPE)
-class SingleProfileHandler(BasePlugin[NoParams]):
-    """Runs the single configured profile once; its pick is the primary target."""
-
-    type = SINGLE_PROFILE_HANDLER_TYPE
+class OneProfile:
+    """What a handler of exactly one profile does: check there is one, run it once, and
+    read its result (single-profile-handler, data-parallel-profile-handler)."""
 
     def validate_profiles(self, profiles: Mapping[str, SchedulerProfileView]) -> None:
         if len(profiles) != 1:
@@ -38,14 +36,27 @@ class SingleProfileHandler(BasePlugin[NoParams]):
     ) -> list[str]:
         return [] if results else list(profiles)
 
+    @staticmethod
+    def the_result(results: dict[str, ProfileResult | None]) -> tuple[str, ProfileResult]:
+        """The profile's name and its result; SchedulingError when it kept no pod."""
+        name = next(iter(results))
+        result = results[name]
+        if result is None or not result.targets:
+            raise SchedulingError(f"no endpoint passed the filters of profile {name!r}")
+        return name, result
+
+
+@register(SINGLE_PROFILE_HANDLER_TYPE)
+class SingleProfileHandler(OneProfile, BasePlugin[NoParams]):
+    """Runs the single configured profile once; its pick is the primary target."""
+
+    type = SINGLE_PROFILE_HANDLER_TYPE
+
     def process_results(
         self,
         state: CycleState,
         request: InferenceRequest,
         results: dict[str, ProfileResult | None],
     ) -> SchedulingResult:
-        name = next(iter(results))
-        result = results[name]
-        if result is None or not result.targets:
-            raise SchedulingError(f"no endpoint passed the filters of profile {name!r}")
+        name, _ = self.the_result(results)
         return SchedulingResult(results, name)
