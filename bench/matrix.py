@@ -225,9 +225,12 @@ class ShapeResult:
 DEFAULT_SEED = 42
 
 
-def build_workload(shape: Shape, quick: bool, seed: int = DEFAULT_SEED) -> Workload:
+def build_workload(
+    shape: Shape, quick: bool, seed: int = DEFAULT_SEED, extra: dict[str, str] | None = None
+) -> Workload:
+    """A shape's workload; `extra` overrides its parameters last (e.g. a trace's path)."""
     preset = PRESETS[shape.preset]
-    overrides = {**shape.overrides, **(shape.quick if quick else {})}
+    overrides = {**shape.overrides, **(shape.quick if quick else {}), **(extra or {})}
     params = apply_overrides(preset.params, overrides)
     return preset.builder(params, seed=seed, name=shape.key)
 
@@ -239,8 +242,9 @@ def run_shape(
     pods: int,
     out: Path,
     seed: int = DEFAULT_SEED,
+    extra: dict[str, str] | None = None,
 ) -> ShapeResult:
-    workload = build_workload(shape, quick, seed)
+    workload = build_workload(shape, quick, seed, extra)
     per_pod = list(shape.per_pod) or [((), 1.0)]
     result = ShapeResult(shape, workload, *bounds(shape, workload, pods))
     supported = sim_flags()
@@ -394,6 +398,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     cli.add_output(parser, out_dir="matrix")
     parser.add_argument(
+        "--trace-file",
+        action="append",
+        default=[],
+        metavar="SHAPE=PATH",
+        help="replay a trace shape from this file (a full Mooncake trace is sampled as the "
+        "committed sample was: bench/traces/README.md), e.g. "
+        "mooncake-conversation=conversation_trace.jsonl",
+    )
+    parser.add_argument(
         "--bound-only", action="store_true", help="print the bounds and the oracle, run nothing"
     )
     parser.add_argument(
@@ -407,6 +420,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     unknown = [k for k in keys if k not in SHAPES]
     if unknown:
         parser.error(f"unknown shapes {unknown}; known: {', '.join(SHAPES)}")
+    extra: dict[str, dict[str, str]] = {}
+    for item in args.trace_file:
+        key, sep, path = item.partition("=")
+        if not sep or key not in SHAPES or not SHAPES[key].preset.startswith("mooncake"):
+            parser.error(f"--trace-file takes TRACE-SHAPE=PATH, got {item!r}")
+        extra[key] = {"path": path}
     if args.render:
         doc = json.loads(args.render.read_text(encoding="utf-8"))
         for key, shape in doc["shapes"].items():
@@ -422,7 +441,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.bound_only:
         for k in keys:
             shape = SHAPES[k]
-            wl = build_workload(shape, args.quick, args.seed)
+            wl = build_workload(shape, args.quick, args.seed, extra.get(k))
             bound, orc = bounds(shape, wl, args.pods)
             print(k, wl.describe(), bound.to_json(), "oracle", orc.to_json())
         return 0
@@ -430,7 +449,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     started = dt.datetime.now(dt.UTC)
     load_before = os.getloadavg()[0]
     results = [
-        run_shape(SHAPES[k], targets, args.quick, args.pods, args.out_dir, args.seed) for k in keys
+        run_shape(SHAPES[k], targets, args.quick, args.pods, args.out_dir, args.seed, extra.get(k))
+        for k in keys
     ]
     cmd = "python -m bench.matrix " + " ".join(argv if argv is not None else sys.argv[1:])
     m = machine.machine_info()

@@ -605,7 +605,7 @@ def mooncake(
     """The trace's requests as completions (the seed is unused: the trace is the schedule)."""
     p = params or MooncakeParams()
     reqs = trace_requests(p)
-    texts = BlockTexts(p.path or p.trace, p.block_tokens)
+    texts = BlockTexts(p.trace, p.block_tokens)  # a full trace replays as its sample does
     hits = _trace_hits(reqs, p.block_tokens)
     jobs = [(r.input_length, h, r.output_length) for r, h in zip(reqs, hits, strict=True)]
     span = (reqs[-1].timestamp_ms - reqs[0].timestamp_ms) / 1000 if reqs else 0.0
