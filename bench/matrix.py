@@ -20,6 +20,11 @@ Two bounds are reported: with every prompt computed cold, and with each distinct
 block computed once fleet-wide (the best any cache-aware router could do); each target's
 ratio is to the cached bound, the tighter one.
 
+Issue 36 added shapes (g)-(i) from real traces and inference-perf's shared-prefix workload
+(bench/traces/README.md, bench/harness/workloads.py) and, beside the bound, the oracle
+(bench/harness/oracle.py): the same pods simulated with a greedy dispatcher that knows every
+pod's queue and cache; each target's E2E mean and p95 are also given as ratios to its.
+
 Every target of a shape gets the same request schedule (fixed seed) on a fresh fleet.
 
     python -m bench.matrix --quick                    # a few minutes per shape on 2 cores
@@ -33,7 +38,6 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import json
-import math
 import os
 import sys
 import time
@@ -42,13 +46,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.harness import cli, machine, runner
+from bench.harness import cli, machine, oracle, runner
+from bench.harness.costs import SLOTS, options_from_flags, pod_work, service_time
+from bench.harness.pods import FleetSpec, sim_flags
 from bench.harness.targets import Target, TargetRun, parse_target, run_target
 from bench.harness.workloads import PRESETS, Workload, apply_overrides
 from heimdall_proxy.sim.options import SimOptions
-from heimdall_proxy.sim.tokens import Tokenizer
 
-SLOTS = 2
 SLOW = ("--step-base", "0.016", "--prefill-cost-per-token", "0.00012",
         "--decode-cost-per-seq", "0.0003")  # fmt: skip
 SLOW_FACTOR = 0.5
@@ -101,33 +105,22 @@ SHAPES: dict[str, Shape] = {
                "medium_tokens": "1024,2048", "long_tokens": "4096,5120",
                "output_tokens": "16,64"},
               {"requests": "120"}),
+        # issue 36: real traces (bench/traces/README.md) and inference-perf's shared prefix,
+        # each time scaled so its work is 80% of the 4 pods' capacity (workloads.py)
+        Shape("mooncake-conversation", "(g) Mooncake's conversation trace: a sample of whole "
+              "conversations, hash ids as shared 512-token blocks, 80% load",
+              "mooncake-conversation", {}, {"conversations": "60"}),
+        Shape("mooncake-synthetic", "(h) Mooncake's synthetic trace (public datasets, Poisson "
+              "arrivals): a sample of whole conversations, 80% load",
+              "mooncake-synthetic", {}, {"conversations": "60"}),
+        Shape("shared-prefix", "(i) inference-perf's shared prefix: 8 groups x 12 users, "
+              "2,000-token system prompts, 200-token questions, multi-turn, 80% load",
+              "shared-prefix", {}, {"rounds": "2"}),
     )
 }  # fmt: skip
 
 
 # ---- the lower bound --------------------------------------------------------------------
-
-
-def service_time(prompt: int, cached: int, output: int, o: SimOptions) -> float:
-    """Seconds one request takes alone on a default pod: chunked prefill of its uncached
-    tokens, then one decode step per further output token."""
-    todo = max(0, prompt - cached)
-    steps = max(1, math.ceil(todo / o.max_num_batched_tokens))
-    t = steps * o.step_base + todo * o.prefill_cost_per_token
-    for i in range(max(0, output - 1)):
-        t += o.step_base + o.decode_cost_per_seq + (prompt + i) * o.kv_read_cost_per_token
-    return t
-
-
-def pod_work(prompt: int, cached: int, output: int, o: SimOptions, slots: int = SLOTS) -> float:
-    """Pod-seconds a request costs at best: its prefill tokens and per-sequence decode costs
-    in full, its steps' fixed cost shared with the other sequences a step can carry."""
-    todo = max(0, prompt - cached)
-    steps = max(1, math.ceil(todo / o.max_num_batched_tokens)) + max(0, output - 1)
-    t = todo * o.prefill_cost_per_token + steps * o.step_base / slots
-    for i in range(max(0, output - 1)):
-        t += o.decode_cost_per_seq + (prompt + i) * o.kv_read_cost_per_token
-    return t
 
 
 @dataclass
@@ -163,29 +156,27 @@ def greedy_dispatch(
     return end
 
 
-def lower_bound(workload: Workload, speeds: Sequence[float], slots: int = SLOTS) -> LowerBound:
+def lower_bound(
+    workload: Workload,
+    speeds: Sequence[float],
+    slots: int = SLOTS,
+    requests: Sequence[oracle.OracleRequest] | None = None,
+) -> LowerBound:
     o = SimOptions()
-    tok = Tokenizer()
-    seen: set[tuple[str, int]] = set()
+    reqs = oracle.requests_of(workload) if requests is None else requests
+    # blocks keyed by their chain hash (the model folded in): computed once fleet-wide at best
+    seen: set[int] = set()
     cold = cached = 0.0
     jobs: list[tuple[float, float]] = []
-    for r in workload.requests:
-        api = "chat" if "messages" in r.body else "completions"
-        ids = tok.prompt(api, r.body).ids
-        model = str(r.body.get("model", ""))
-        # blocks keyed by (model, chain hash): a block is computed once fleet-wide at best
+    for r in reqs:
         hits = 0
-        h = 0
-        for b in range(len(ids) // o.block_size):
-            h = hash((h, tuple(ids[b * o.block_size : (b + 1) * o.block_size])))
-            key = (model, h)
+        for b, key in enumerate(r.blocks):
             if key in seen and hits == b:
                 hits += 1
             seen.add(key)
-        output = int(r.body.get("max_tokens") or 16)
-        cold += pod_work(len(ids), 0, output, o, slots)
-        cached += pod_work(len(ids), hits * o.block_size, output, o, slots)
-        jobs.append((r.offset, service_time(len(ids), 0, output, o)))
+        cold += pod_work(r.prompt, 0, r.output, o, slots)
+        cached += pod_work(r.prompt, hits * o.block_size, r.output, o, slots)
+        jobs.append((r.arrival, service_time(r.prompt, 0, r.output, o)))
     capacity = sum(speeds)
     last = workload.duration
     return LowerBound(
@@ -197,6 +188,26 @@ def lower_bound(workload: Workload, speeds: Sequence[float], slots: int = SLOTS)
     )
 
 
+def pod_options(shape: Shape, pods: int) -> list[SimOptions]:
+    """Each pod's options as the fleet starts it: the preset's and the shape's flags, then
+    its own (unequal pods)."""
+    base = [*PRESETS[shape.preset].sim_args, *shape.sim_args]
+    per_pod = list(shape.per_pod) or [((), 1.0)]
+    return [options_from_flags([*base, *per_pod[i % len(per_pod)][0]]) for i in range(pods)]
+
+
+def speeds_of(shape: Shape, pods: int) -> list[float]:
+    per_pod = list(shape.per_pod) or [((), 1.0)]
+    return [per_pod[i % len(per_pod)][1] for i in range(pods)]
+
+
+def bounds(shape: Shape, workload: Workload, pods: int) -> tuple[LowerBound, oracle.OracleResult]:
+    """The lower bound and the oracle's run (bench/harness/oracle.py) of a shape's workload."""
+    reqs = oracle.requests_of(workload)
+    bound = lower_bound(workload, speeds_of(shape, pods), requests=reqs)
+    return bound, oracle.simulate(reqs, pod_options(shape, pods))
+
+
 # ---- running a shape ----------------------------------------------------------------------
 
 
@@ -205,6 +216,7 @@ class ShapeResult:
     shape: Shape
     workload: Workload
     bound: LowerBound
+    oracle: oracle.OracleResult
     runs: list[TargetRun] = field(default_factory=list)
 
 
@@ -213,9 +225,12 @@ class ShapeResult:
 DEFAULT_SEED = 42
 
 
-def build_workload(shape: Shape, quick: bool, seed: int = DEFAULT_SEED) -> Workload:
+def build_workload(
+    shape: Shape, quick: bool, seed: int = DEFAULT_SEED, extra: dict[str, str] | None = None
+) -> Workload:
+    """A shape's workload; `extra` overrides its parameters last (e.g. a trace's path)."""
     preset = PRESETS[shape.preset]
-    overrides = {**shape.overrides, **(shape.quick if quick else {})}
+    overrides = {**shape.overrides, **(shape.quick if quick else {}), **(extra or {})}
     params = apply_overrides(preset.params, overrides)
     return preset.builder(params, seed=seed, name=shape.key)
 
@@ -227,17 +242,17 @@ def run_shape(
     pods: int,
     out: Path,
     seed: int = DEFAULT_SEED,
+    extra: dict[str, str] | None = None,
 ) -> ShapeResult:
-    workload = build_workload(shape, quick, seed)
+    workload = build_workload(shape, quick, seed, extra)
     per_pod = list(shape.per_pod) or [((), 1.0)]
-    speeds = [per_pod[i % len(per_pod)][1] for i in range(pods)]
-    result = ShapeResult(shape, workload, lower_bound(workload, speeds))
-    supported = pods.sim_flags()
+    result = ShapeResult(shape, workload, *bounds(shape, workload, pods))
+    supported = sim_flags()
     sim_args = [*PRESETS[shape.preset].sim_args, *shape.sim_args, "--max-num-seqs", str(SLOTS)]
     # KV events only for targets that read them (the precise scorer): fewer sockets and less CPU
     # spent on the 2-core machine for the others
     kv = "auto" if any("precise" in t.arg for t in targets) else "off"
-    spec = pods.FleetSpec(
+    spec = FleetSpec(
         pods, "sim-model", sim_args, 1.0, seed, kv, supported,
         per_pod_args=[list(a) for a, _ in per_pod] if shape.per_pod else [],
     )  # fmt: skip
@@ -264,6 +279,10 @@ def _f(v: float | None, digits: int = 2) -> str:
     return "-" if v is None else f"{v:.{digits}f}"
 
 
+def _x(v: float | None) -> str:
+    return "-" if v is None else f"{v:.2f}x"
+
+
 def table(shape: dict[str, Any]) -> list[str]:
     """One shape's markdown table, from its entry in the summary JSON."""
     b = shape["lower_bound"]
@@ -279,6 +298,18 @@ def table(shape: dict[str, Any]) -> list[str]:
         if greedy
         else ""
     )
+    orc = shape.get("oracle")
+    o_mean = orc["e2e_mean"] if orc else None
+    o_p95 = orc["e2e_p95"] if orc else None
+    oracle_line = (
+        f" The oracle (a simulation of these pods, each request sent on arrival to the pod "
+        f"that would finish it first, knowing every pod's queue and cache: "
+        f"bench/harness/oracle.py): E2E mean **{orc['e2e_mean']:.2f} s**, p95 "
+        f"**{orc['e2e_p95']:.2f} s**, total {orc['total']:.1f} s, prefix hit rate "
+        f"{orc['prefix_hit_rate']:.1%}."
+        if orc
+        else ""
+    )
     lines = [
         f"### {shape['description']}",
         "",
@@ -286,21 +317,26 @@ def table(shape: dict[str, Any]) -> list[str]:
         f"{b['capacity_pods']:g} pods' speed and the last send): {b['cold']:.1f} s with every "
         "prompt "
         f"computed, **{b['cached']:.1f} s** with each distinct prompt block computed once (the "
-        f"ratio column uses this one).{best}",
+        f"ratio column uses this one).{best}{oracle_line}",
         "",
-        "| target | total (s) | / bound | / RR | TTFT p50 | TTFT p95 | TTFT p99 | E2E p50 "
-        "| E2E p95 | E2E p99 | E2E p95 / RR | prefix hit rate | errors |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| target | total (s) | / bound | E2E mean / oracle | E2E p95 / oracle | / RR "
+        "| TTFT p50 | TTFT p95 | TTFT p99 | E2E mean | E2E p50 | E2E p95 | E2E p99 "
+        "| E2E p95 / RR | prefix hit rate | errors |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for label, t in targets.items():
         total = t["total"]
         rate = t.get("prefix_hit_rate")
         p95 = t["e2e"]["p95"]
+        mean = t["e2e"].get("mean")
         lines.append(
             f"| {label} | {total:.1f} | {total / b['cached']:.2f}x "
-            f"| {_f(total / rr_total if rr_total else None)}x "
+            f"| {_x(mean / o_mean if mean and o_mean else None)} "
+            f"| {_x(p95 / o_p95 if p95 and o_p95 else None)} "
+            f"| {_x(total / rr_total if rr_total else None)} "
             f"| {_f(t['ttft']['p50'])} | {_f(t['ttft']['p95'])} | {_f(t['ttft']['p99'])} "
-            f"| {_f(t['e2e']['p50'])} | {_f(t['e2e']['p95'])} | {_f(t['e2e']['p99'])} "
+            f"| {_f(mean)} | {_f(t['e2e']['p50'])} | {_f(t['e2e']['p95'])} "
+            f"| {_f(t['e2e']['p99'])} "
             f"| {_f(p95 / rr_p95 if p95 and rr_p95 else None)}x "
             f"| {'n/a' if rate is None else f'{rate:.1%}'} | {t['errors']} |"
         )
@@ -315,6 +351,15 @@ def render(doc: dict[str, Any], header: str = "") -> str:
     return "\n".join(lines)
 
 
+def _oracle_ratios(summary: dict[str, Any], orc: oracle.OracleResult) -> dict[str, Any]:
+    e2e = summary["e2e"]
+    return {
+        "e2e_mean": e2e["mean"] / orc.mean() if e2e.get("mean") and orc.mean() else None,
+        "e2e_p95": e2e["p95"] / orc.p95() if e2e.get("p95") and orc.p95() else None,
+        "total": summary["wall_clock"] / orc.total if orc.total else None,
+    }
+
+
 def summary_json(results: Sequence[ShapeResult]) -> dict[str, Any]:
     doc: dict[str, Any] = {"machine": machine.machine_info(), "shapes": {}}
     for res in results:
@@ -322,10 +367,12 @@ def summary_json(results: Sequence[ShapeResult]) -> dict[str, Any]:
             "description": res.shape.description,
             "workload": res.workload.describe(),
             "lower_bound": res.bound.to_json(),
+            "oracle": res.oracle.to_json(),
             "targets": {
                 run.target.label: {
                     "total": run.result.summary["wall_clock"],
                     "ratio_to_bound": run.result.summary["wall_clock"] / res.bound.cached,
+                    "ratio_to_oracle": _oracle_ratios(run.result.summary, res.oracle),
                     "ttft": run.result.summary["ttft"],
                     "e2e": run.result.summary["e2e"],
                     "prefix_hit_rate": run.result.summary.get("prefix_hit_rate"),
@@ -350,7 +397,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         "the request schedule's (and the pods') seed: repeat a claim on other draws",
     )
     cli.add_output(parser, out_dir="matrix")
-    parser.add_argument("--bound-only", action="store_true", help="print the bounds, run nothing")
+    parser.add_argument(
+        "--trace-file",
+        action="append",
+        default=[],
+        metavar="SHAPE=PATH",
+        help="replay a trace shape from this file (a full Mooncake trace is sampled as the "
+        "committed sample was: bench/traces/README.md), e.g. "
+        "mooncake-conversation=conversation_trace.jsonl",
+    )
+    parser.add_argument(
+        "--bound-only", action="store_true", help="print the bounds and the oracle, run nothing"
+    )
     parser.add_argument(
         "--render",
         type=Path,
@@ -362,31 +420,37 @@ def main(argv: Sequence[str] | None = None) -> int:
     unknown = [k for k in keys if k not in SHAPES]
     if unknown:
         parser.error(f"unknown shapes {unknown}; known: {', '.join(SHAPES)}")
+    extra: dict[str, dict[str, str]] = {}
+    for item in args.trace_file:
+        key, sep, path = item.partition("=")
+        if not sep or key not in SHAPES or not SHAPES[key].preset.startswith("mooncake"):
+            parser.error(f"--trace-file takes TRACE-SHAPE=PATH, got {item!r}")
+        extra[key] = {"path": path}
     if args.render:
         doc = json.loads(args.render.read_text(encoding="utf-8"))
         for key, shape in doc["shapes"].items():
-            if key in SHAPES:  # today's bound model (e.g. the greedy-dispatch figure)
+            if key in SHAPES:  # today's bound and oracle models
                 spec = SHAPES[key]
                 quick = "quick" in str(doc.get("mode", ""))
-                per_pod = list(spec.per_pod) or [((), 1.0)]
-                speeds = [per_pod[i % len(per_pod)][1] for i in range(doc.get("pods", 4))]
                 wl = build_workload(spec, quick, doc.get("seed", DEFAULT_SEED))
-                shape["lower_bound"] = lower_bound(wl, speeds).to_json()
+                bound, orc = bounds(spec, wl, doc.get("pods", 4))
+                shape["lower_bound"] = bound.to_json()
+                shape["oracle"] = orc.to_json()
         print(render(doc))
         return 0
     if args.bound_only:
         for k in keys:
             shape = SHAPES[k]
-            wl = build_workload(shape, args.quick, args.seed)
-            per_pod = list(shape.per_pod) or [((), 1.0)]
-            speeds = [per_pod[i % len(per_pod)][1] for i in range(args.pods)]
-            print(k, wl.describe(), lower_bound(wl, speeds).to_json())
+            wl = build_workload(shape, args.quick, args.seed, extra.get(k))
+            bound, orc = bounds(shape, wl, args.pods)
+            print(k, wl.describe(), bound.to_json(), "oracle", orc.to_json())
         return 0
     targets = [parse_target(t) for t in args.targets]
     started = dt.datetime.now(dt.UTC)
     load_before = os.getloadavg()[0]
     results = [
-        run_shape(SHAPES[k], targets, args.quick, args.pods, args.out_dir, args.seed) for k in keys
+        run_shape(SHAPES[k], targets, args.quick, args.pods, args.out_dir, args.seed, extra.get(k))
+        for k in keys
     ]
     cmd = "python -m bench.matrix " + " ".join(argv if argv is not None else sys.argv[1:])
     m = machine.machine_info()

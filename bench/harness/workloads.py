@@ -17,6 +17,11 @@ Workloads:
   keeps a conversation (and a system prompt) on one pod gets prefix-cache hits.
 * ``context-mix``: completions with short, medium and very long prompts arriving as a Poisson
   process, for context-length-aware routing.
+* ``mooncake-conversation`` and ``mooncake-synthetic``: Mooncake's FAST'25 traces replayed
+  (bench/traces/README.md): every hash id one fixed text block, so prompts share exactly the
+  prefixes the trace says; time scaled to a target utilisation of the pods.
+* ``shared-prefix``: inference-perf's shared-prefix workload (groups of users sharing a
+  system prompt, each asking a question, optionally over several rounds), time likewise scaled.
 
 ``*-small`` presets are scaled-down versions sized for a simulated fleet on a 2-core machine.
 
@@ -34,9 +39,12 @@ import sys
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
-from bench.harness import cli
+from bench.harness import cli, traces
+from bench.harness.costs import SLOTS, pod_work
+from heimdall_proxy.sim.options import SimOptions
 
 DEFAULT_MODEL = "sim-model"
 COMPLETIONS = "/v1/completions"
@@ -482,6 +490,216 @@ def mixed(
     return Workload(name, {"seed": seed, "model": model, **_params_json(p)}, requests)
 
 
+# ---- time scaled to the pods' capacity -------------------------------------------------
+
+
+def utilisation_span(
+    jobs: Sequence[tuple[int, int, int]], utilisation: float, pods: int, slots: int = SLOTS
+) -> float:
+    """Seconds over which `jobs` (prompt tokens, tokens cached at best, output tokens) keep
+    `pods` default simulated pods busy `utilisation` of the time: their pod work, by the
+    cost model of the matrix's lower bound (bench/harness/costs.py), over the pods' capacity.
+    A trace replayed over this span offers the pods that load on average (bursts above it)."""
+    o = SimOptions()
+    work = sum(pod_work(p, c, out, o, slots) for p, c, out in jobs)
+    return work / (max(1e-9, utilisation) * max(1, pods))
+
+
+# ---- Mooncake's traces ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class MooncakeParams:
+    """A Mooncake trace replayed: the committed sample of `trace` ("conversation" or
+    "synthetic"), or the file at `path` (a full trace is sampled as the committed sample was,
+    to `sample_requests` requests; 0 keeps it whole); its first `conversations` conversations
+    (0: all); arrival times compressed so that the offered work is `utilisation` of `pods`
+    pods' capacity (`utilisation_span`); `block_tokens` tokens per hash id."""
+
+    trace: str = "conversation"
+    path: str = ""
+    sample_requests: int = traces.SAMPLE_REQUESTS
+    conversations: int = 0
+    utilisation: float = 0.8
+    pods: int = 4
+    block_tokens: int = traces.BLOCK_TOKENS
+
+
+def trace_requests(p: MooncakeParams) -> list[traces.TraceRequest]:
+    if p.path:
+        reqs = traces.load(Path(p.path))
+        if reqs and all(r.conversation < 0 for r in reqs):  # a full trace: sample it
+            reqs = traces.sample(reqs, p.sample_requests or len(reqs))
+    else:
+        if p.trace not in traces.SAMPLES:
+            raise ValueError(f"unknown trace {p.trace!r}; known: {', '.join(traces.SAMPLES)}")
+        reqs = traces.load(traces.SAMPLES[p.trace])
+    return traces.first_conversations(reqs, p.conversations)
+
+
+def _base36(n: int) -> str:
+    digits = "0123456789abcdefghijklmnopqrstuvwxyz"
+    out = ""
+    n %= 36**4
+    while True:
+        n, d = divmod(n, 36)
+        out = digits[d] + out
+        if not n:
+            return out
+
+
+class BlockTexts:
+    """One fixed text per hash id: `block_tokens` words (one simulator token each), the id
+    in base 36 and then VOCAB words drawn from a generator seeded by the trace's name and
+    the id alone."""
+
+    def __init__(self, name: str, block_tokens: int) -> None:
+        self.name = name
+        self.block_tokens = block_tokens
+        self._words: dict[int, list[str]] = {}
+
+    def words(self, hash_id: int) -> list[str]:
+        w = self._words.get(hash_id)
+        if w is None:
+            # the id itself leads (base 36, at most 4 characters: one token), so two blocks
+            # part on their first token, not on whichever word the draws first differ at
+            rng = _rng(0, "trace-block", self.name, hash_id)
+            w = [_base36(hash_id), *rng.choices(VOCAB, k=max(0, self.block_tokens - 1))]
+            self._words[hash_id] = w
+        return w
+
+    def prompt(self, hash_ids: Sequence[int], input_length: int) -> str:
+        """The blocks' texts in order, the last cut to the `input_length` the trace gives."""
+        out: list[str] = []
+        for h in hash_ids:
+            room = input_length - len(out)
+            if room <= 0:
+                break
+            out.extend(self.words(h)[:room])
+        return " ".join(out)
+
+
+def _trace_hits(reqs: Sequence[traces.TraceRequest], block_tokens: int) -> list[int]:
+    """Tokens of each request computed before by some request (each block once, fleet-wide)."""
+    seen: set[tuple[int, ...]] = set()
+    out = []
+    for r in reqs:
+        hits = 0
+        for k in range(1, len(r.hash_ids) + 1):
+            key = r.hash_ids[:k]
+            if key in seen and hits == k - 1:
+                hits = k
+            seen.add(key)
+        out.append(min(hits * block_tokens, r.input_length))
+    return out
+
+
+def mooncake(
+    params: MooncakeParams | None = None,
+    *,
+    seed: int = 42,
+    model: str = DEFAULT_MODEL,
+    stream: bool = True,
+    name: str = "mooncake",
+) -> Workload:
+    """The trace's requests as completions (the seed is unused: the trace is the schedule)."""
+    p = params or MooncakeParams()
+    reqs = trace_requests(p)
+    texts = BlockTexts(p.trace, p.block_tokens)  # a full trace replays as its sample does
+    hits = _trace_hits(reqs, p.block_tokens)
+    jobs = [(r.input_length, h, r.output_length) for r, h in zip(reqs, hits, strict=True)]
+    span = (reqs[-1].timestamp_ms - reqs[0].timestamp_ms) / 1000 if reqs else 0.0
+    scale = utilisation_span(jobs, p.utilisation, p.pods) / span if span > 0 else 1.0
+    t0 = reqs[0].timestamp_ms if reqs else 0.0
+    seen: set[int] = set()
+    requests = []
+    for i, r in enumerate(reqs):
+        tag = "follow-up" if r.conversation in seen else "first-turn"
+        seen.add(r.conversation)
+        body = {
+            "model": model,
+            "prompt": texts.prompt(r.hash_ids, r.input_length),
+            **_sampling(max(1, r.output_length), stream),
+        }
+        offset = (r.timestamp_ms - t0) / 1000 * scale
+        requests.append(
+            TimedRequest(f"c{r.conversation:04d}-{i:05d}", round(offset, 6), COMPLETIONS, body, tag)
+        )
+    meta = {"seed": seed, "model": model, "time_scale": scale, "trace_seconds": span}
+    return Workload(name, {**meta, **_params_json(p)}, requests)
+
+
+# ---- inference-perf's shared-prefix workload ---------------------------------------------
+
+
+@dataclass(frozen=True)
+class SharedPrefixParams:
+    """inference-perf's shared-prefix data generator: `groups` system prompts of
+    `system_prompt_len` tokens, `prompts_per_group` users per group each with one question
+    of `question_len` tokens, `output_len` tokens out. Users are shuffled (seeded) and served
+    in turn at a constant rate; with `multi_turn` each user is a session whose context (the
+    system prompt at first) grows by its question and the reply's stand-in every round, for
+    `rounds` rounds. `rate` 0 derives the rate from `utilisation` of `pods` pods."""
+
+    groups: int = 8
+    prompts_per_group: int = 12
+    system_prompt_len: int = 2000
+    question_len: int = 200
+    output_len: int = 100
+    multi_turn: bool = True
+    rounds: int = 4
+    rate: float = 0.0
+    utilisation: float = 0.8
+    pods: int = 4
+
+
+def shared_prefix(
+    params: SharedPrefixParams | None = None,
+    *,
+    seed: int = 42,
+    model: str = DEFAULT_MODEL,
+    stream: bool = True,
+    name: str = "shared-prefix",
+) -> Workload:
+    p = params or SharedPrefixParams()
+    systems = [words_text(_rng(seed, "sp-system", g), p.system_prompt_len) for g in range(p.groups)]
+    users = [(g, u) for g in range(p.groups) for u in range(p.prompts_per_group)]
+    _rng(seed, "sp-order").shuffle(users)
+    questions = {gu: words_text(_rng(seed, "sp-question", *gu), p.question_len) for gu in users}
+    context = {gu: systems[gu[0]] for gu in users}
+    rounds = max(1, p.rounds) if p.multi_turn else 1
+    plan: list[tuple[str, str, str, int, int]] = []  # id, prompt, tag, prompt and cached tokens
+    seen_groups: set[int] = set()
+    prev_len: dict[tuple[int, int], int] = {}
+    for r in range(rounds):
+        for gu in users:
+            prompt = context[gu] + " " + questions[gu]
+            tokens = len(prompt.split())
+            if r and p.multi_turn:
+                cached = prev_len[gu]
+            else:
+                cached = p.system_prompt_len if gu[0] in seen_groups else 0
+            seen_groups.add(gu[0])
+            prev_len[gu] = tokens
+            tag = "first-round" if r == 0 else "follow-up"
+            plan.append((f"g{gu[0]:02d}-u{gu[1]:03d}-r{r}", prompt, tag, tokens, cached))
+            if p.multi_turn:
+                reply = words_text(_rng(seed, "sp-reply", *gu, r), p.output_len)
+                context[gu] = prompt + " " + reply
+    if p.rate > 0:
+        interval = 1.0 / p.rate
+    else:
+        jobs = [(tok, cached, p.output_len) for *_, tok, cached in plan]
+        interval = utilisation_span(jobs, p.utilisation, p.pods) / max(1, len(plan))
+    requests = [
+        TimedRequest(rid, round(i * interval, 6), COMPLETIONS,
+                     {"model": model, "prompt": prompt, **_sampling(p.output_len, stream)}, tag)
+        for i, (rid, prompt, tag, _, _) in enumerate(plan)
+    ]  # fmt: skip
+    meta = {"seed": seed, "model": model, "interval": interval}
+    return Workload(name, {**meta, **_params_json(p)}, requests)
+
+
 # ---- presets and CLI ------------------------------------------------------------------------
 
 
@@ -544,6 +762,23 @@ PRESETS: dict[str, Preset] = {
     ),
     "context-mix": Preset(
         context_mix, ContextMixParams(), "300 completions, 60/30/10 short/medium/long, 4 req/s"
+    ),
+    "mooncake-conversation": Preset(
+        mooncake,
+        MooncakeParams("conversation"),
+        "Mooncake's FAST'25 conversation trace, the committed sample of whole conversations, "
+        "time scaled to 80% of 4 pods",
+    ),
+    "mooncake-synthetic": Preset(
+        mooncake,
+        MooncakeParams("synthetic"),
+        "Mooncake's FAST'25 synthetic trace, the committed sample, time scaled to 80% of 4 pods",
+    ),
+    "shared-prefix": Preset(
+        shared_prefix,
+        SharedPrefixParams(),
+        "inference-perf's shared prefix: 8 groups x 12 users, 2000-token system prompts, "
+        "4 rounds, 80% of 4 pods",
     ),
     "context-mix-small": Preset(
         context_mix,

@@ -1,0 +1,126 @@
+"""bench/harness/oracle.py: the greedy full-knowledge dispatcher on simulated pods."""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+
+import pytest
+
+from bench import matrix
+from bench.harness import costs, oracle
+from heimdall_proxy.sim.options import SimOptions
+
+POD = SimOptions()  # the default pod options
+
+
+def req(arrival: float, blocks: tuple[int, ...], output: int, extra: int = 1):
+    """A request whose prompt is `blocks` full blocks plus `extra` tokens."""
+    return oracle.OracleRequest(arrival, len(blocks) * POD.block_size + extra, output, blocks)
+
+
+def test_one_request_alone_takes_the_engine_steps_by_hand() -> None:
+    r = oracle.OracleRequest(0.0, 100, 3, tuple(range(6)))
+    res = oracle.simulate([r], [POD])
+    prefill = 0.008 + 100 * 0.00006  # one step: the whole prompt, first token at its end
+    decode = [0.008 + 0.00015 + ctx * 6e-8 for ctx in (100, 101)]
+    assert res.ttft == [pytest.approx(prefill)]
+    assert res.e2e == [pytest.approx(prefill + sum(decode))]
+    assert res.e2e[0] == pytest.approx(costs.service_time(100, 0, 3, POD))
+
+
+def test_two_requests_on_one_pod_share_its_steps() -> None:
+    a = oracle.OracleRequest(0.0, 100, 2, ())
+    b = oracle.OracleRequest(0.0, 300, 2, ())
+    res = oracle.simulate([a, b], [POD])
+    step1 = 0.008 + 400 * 0.00006  # both admitted: one step prefills both prompts
+    step2 = 0.008 + 2 * 0.00015 + (100 + 300) * 6e-8
+    assert res.e2e == [pytest.approx(step1 + step2)] * 2
+    # a third waits for a slot (FIFO)
+    c = oracle.OracleRequest(0.0, 100, 1, ())
+    res = oracle.simulate([a, b, c], [POD])
+    assert res.ttft[2] > res.e2e[0] - 1e-12
+
+
+def test_greedy_spreads_a_burst_and_follows_the_cache() -> None:
+    burst = [req(0.0, (1, 2, 3), 50), req(0.0, (4, 5, 6), 50)]
+    assert oracle.simulate(burst, [POD, POD]).per_pod == [1, 1]
+    long = tuple(range(100, 200))  # 1,600 tokens of prefix
+    warm = [req(0.0, long, 2), req(0.5, (7,), 2), req(1.0, (*long, 9), 2)]
+    res = oracle.simulate(warm, [POD, POD])
+    # the second goes to pod 0 (idle, ties to the lower pod), the third back to its cache
+    assert res.per_pod == [3, 0]
+    assert res.hit_tokens == len(long) * POD.block_size
+
+
+def test_lru_hits_follow_the_trace_and_the_pods_capacity() -> None:
+    small = dataclasses.replace(POD, num_gpu_blocks=4)  # an LRU of 4 blocks
+    seq = [
+        req(0.0, (1, 2, 3), 1),  # miss; LRU 1 2 3
+        req(1.0, (1, 2, 4), 1),  # hits 1 2 (32 tokens); LRU 3 1 2 4
+        req(2.0, (5, 6, 7), 1),  # miss; LRU 4 5 6 7 (3, 1, 2 evicted)
+        req(3.0, (1, 2, 3), 1),  # miss: evicted; LRU 7 1 2 3
+        req(4.0, (1, 2, 9), 1),  # hits 1 2 (32 tokens)
+    ]
+    res = oracle.simulate(seq, [small])
+    assert res.hit_tokens == 64
+    assert res.prompt_tokens == 5 * 49
+    # a prompt of exactly its full blocks computes its last token: at most 1 block hits
+    exact = [oracle.OracleRequest(0.0, 32, 1, (1, 2)), oracle.OracleRequest(1.0, 32, 1, (1, 2))]
+    assert oracle.simulate(exact, [POD]).hit_tokens == 16
+
+
+def test_decode_spans_in_closed_form_equal_step_by_step(monkeypatch: pytest.MonkeyPatch) -> None:
+    rng = random.Random(3)
+    reqs = [
+        req(rng.uniform(0, 3), tuple(rng.getrandbits(40) for _ in range(rng.randint(1, 40))),
+            rng.randint(1, 300))
+        for _ in range(30)
+    ]  # fmt: skip
+    reqs.sort(key=lambda r: r.arrival)
+    fast = oracle.simulate(reqs, [POD] * 2)
+    monkeypatch.setattr(oracle.Pod, "_decode_span", lambda self, limit: False)
+    slow = oracle.simulate(reqs, [POD] * 2)
+    assert fast.per_pod == slow.per_pod
+    assert fast.e2e == pytest.approx(slow.e2e, rel=1e-9)
+
+
+def _random_workload(seed: int) -> list[oracle.OracleRequest]:
+    rng = random.Random(seed)
+    prefixes = [tuple(rng.getrandbits(60) for _ in range(rng.randint(5, 120))) for _ in range(6)]
+    out, t = [], 0.0
+    for _ in range(rng.randint(30, 120)):
+        t += rng.expovariate(rng.choice([2, 5, 10]))
+        own = tuple(rng.getrandbits(60) for _ in range(rng.randint(1, 60)))
+        out.append(req(t, rng.choice(prefixes) + own, rng.randint(1, 200), rng.randint(1, 15)))
+    return out
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_the_oracle_is_no_worse_than_round_robin_in_its_own_simulation(seed: int) -> None:
+    reqs = _random_workload(seed)
+    greedy = oracle.simulate(reqs, [POD] * 4)
+    rr = oracle.simulate(reqs, [POD] * 4, "round_robin")
+    assert greedy.mean() <= rr.mean()
+    assert greedy.hit_rate >= rr.hit_rate - 0.02
+
+
+@pytest.mark.parametrize("key", ["mooncake-conversation", "mooncake-synthetic", "shared-prefix"])
+def test_the_oracle_beats_round_robin_on_the_real_trace_shapes(key: str) -> None:
+    shape = matrix.SHAPES[key]
+    w = matrix.build_workload(shape, quick=True)
+    reqs = oracle.requests_of(w)
+    pods = matrix.pod_options(shape, 4)
+    greedy = oracle.simulate(reqs, pods)
+    rr = oracle.simulate(reqs, pods, "round_robin")
+    assert greedy.mean() <= rr.mean()
+    assert greedy.p95() <= rr.p95()
+    assert greedy.hit_rate >= rr.hit_rate
+    bound, _ = matrix.bounds(shape, w, 4)
+    assert greedy.total >= bound.cached - 1e-6  # the bound is one
+
+
+def test_pod_options_read_the_shapes_flags() -> None:
+    slow = matrix.pod_options(matrix.SHAPES["unequal"], 4)
+    assert [o.step_base for o in slow] == [0.008, 0.008, 0.016, 0.016]
+    assert matrix.pod_options(matrix.SHAPES["cold-burst"], 1)[0].num_gpu_blocks == 1024
