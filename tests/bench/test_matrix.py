@@ -124,6 +124,7 @@ def test_the_cold_mixed_shape_is_all_cold_and_spans_twenty_times() -> None:
     assert sizes[-1] >= 10 * sizes[0]
 
 
+@pytest.mark.slow  # simulates whole shapes: seconds of CPU
 def test_the_real_trace_shapes_are_in_the_matrix() -> None:
     for key in ("mooncake-conversation", "mooncake-synthetic", "shared-prefix"):
         shape = matrix.SHAPES[key]

@@ -105,6 +105,7 @@ def test_the_oracle_is_no_worse_than_round_robin_in_its_own_simulation(seed: int
     assert greedy.hit_rate >= rr.hit_rate - 0.02
 
 
+@pytest.mark.slow  # simulates whole shapes: seconds of CPU
 @pytest.mark.parametrize("key", ["mooncake-conversation", "mooncake-synthetic", "shared-prefix"])
 def test_the_oracle_beats_round_robin_on_the_real_trace_shapes(key: str) -> None:
     shape = matrix.SHAPES[key]

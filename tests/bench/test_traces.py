@@ -63,6 +63,7 @@ def test_the_committed_samples_are_small_whole_and_fit_the_pods(name: str) -> No
     assert path.name in readme and "Apache-2.0" in readme
 
 
+@pytest.mark.slow  # simulates whole shapes: seconds of CPU
 def test_trace_prompts_share_exactly_the_blocks_the_trace_shares() -> None:
     w = wl.build("mooncake-conversation", overrides={"conversations": "40"})
     reqs = traces.first_conversations(traces.load(traces.SAMPLES["conversation"]), 40)
