@@ -139,6 +139,12 @@ def add_server(p: argparse.ArgumentParser, default_port: int = 8000) -> None:
         help="serve POST /debug/route/v1/...: the scheduling decision for a body, not forwarded",
     )
     p.add_argument(
+        "--live-page",
+        action="store_true",
+        help="serve GET /live: the pool, recent picks and decisions drawn, updated live "
+        "(its data needs an admin key when keys are on)",
+    )
+    p.add_argument(
         "--metrics-interval",
         "--refresh-metrics-interval",
         dest="metrics_interval",
@@ -223,6 +229,7 @@ def server_options(args: argparse.Namespace) -> ServerOptions:
         port=args.port,
         response_header=args.response_header,
         debug_routes=args.debug_routes,
+        live_page=args.live_page,
         api_keys=tuple(args.api_key) + env_list("HEIMDALL_API_KEYS"),
         admin_api_keys=tuple(args.admin_api_key) + env_list("HEIMDALL_ADMIN_API_KEYS"),
         owner_header=args.owner_header,

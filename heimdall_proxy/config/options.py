@@ -36,6 +36,9 @@ class ServerOptions:
     #: Serve POST /debug/route/v1/... (see server/debug.py). Off by default: it shows pod
     #: names and scores to whoever can reach the gateway.
     debug_routes: bool = False
+    #: Serve the live page, GET /live (see server/live.py): the pool, recent picks and
+    #: drawn decisions; its data needs an admin key when keys are on. Off by default.
+    live_page: bool = False
     #: API keys (Bearer) every route but /health, /ready and /metrics needs; empty: open.
     api_keys: tuple[str, ...] = field(default=(), repr=False)
     #: Keys that may also use the allowlisted and debug routes.

@@ -81,6 +81,14 @@ class OutlierDetector:
         state = self._pods.get(pod)
         return state is not None and state.until > self._clock()
 
+    def ejection(self, pod: str) -> tuple[float, int]:
+        """Seconds left of `pod`'s ejection (0: in rotation) and how many times in a row it
+        was ejected (the live page shows both)."""
+        state = self._pods.get(pod)
+        if state is None:
+            return 0.0, 0
+        return max(0.0, state.until - self._clock()), state.ejections
+
     def filter(self, candidates: list[Endpoint]) -> list[Endpoint]:
         """The candidates not ejected; all of them when every one is (panic mode)."""
         if not self.any_ejected:

@@ -26,6 +26,7 @@ from heimdall_proxy.server.connections import protocol_factory
 from heimdall_proxy.server.debug import DEBUG_PREFIX, DEBUG_ROUTES, debug_handler
 from heimdall_proxy.server.errors import error_response, render
 from heimdall_proxy.server.gateway import GATEWAY, Gateway
+from heimdall_proxy.server.live import live_routes
 from heimdall_proxy.server.stored import delete_response, get_response, list_input_items
 
 log = logging.getLogger(__name__)
@@ -190,6 +191,11 @@ def create_app(
     if options.debug_routes:
         routes += [
             ("POST", DEBUG_PREFIX + path, admin(debug_handler(path))) for path in DEBUG_ROUTES
+        ]
+    if options.live_page:
+        routes += [
+            (method, path, admin(handler) if guarded else handler)
+            for method, path, handler, guarded in live_routes()
         ]
     for method, path, handler in routes:
         if method == "GET":  # and HEAD, as aiohttp's add_get does

@@ -2,10 +2,11 @@
 stored responses.
 
 - With keys (`--api-key`, repeatable, or `HEIMDALL_API_KEYS`), every route but `/health`,
-  `/ready` and `/metrics` needs `Authorization: Bearer <key>`; a missing or wrong key gets an
-  OpenAI-shaped 401. Routes forwarded only because an operator allowlisted them need an admin
-  key (`--admin-api-key`). Keys are compared in constant time and never logged: the caller
-  is known by a digest of its key.
+  `/ready`, `/metrics` and the live page's own HTML (`--live-page`: it holds no data, and
+  its data routes need an admin key) needs `Authorization: Bearer <key>`; a missing or wrong
+  key gets an OpenAI-shaped 401. Routes forwarded only because an operator allowlisted them
+  need an admin key (`--admin-api-key`). Keys are compared in constant time and never
+  logged: the caller is known by a digest of its key.
 - Without keys, the caller is the value of the owner header when one is configured
   (`--owner-header`, e.g. a header an authenticating proxy in front sets), else one shared
   owner ("")."""

@@ -24,6 +24,7 @@ from aiohttp import web
 from heimdall_proxy.config.build import PluginSet
 from heimdall_proxy.datalayer.pool import EndpointPool, ModelNotFoundError, NoEndpointsError
 from heimdall_proxy.flowcontrol.controller import Admission, FlowController
+from heimdall_proxy.framework.disagg import find_prefix_match
 from heimdall_proxy.framework.errors import RequestError
 from heimdall_proxy.framework.spans import SPANS_KEY
 from heimdall_proxy.framework.trace import TRACE_KEY, ScheduleTrace
@@ -44,6 +45,7 @@ from heimdall_proxy.resilience.retry import RetryBudget, backoff, failure_reason
 from heimdall_proxy.server.admission import AdmissionControl
 from heimdall_proxy.server.answers import UNKNOWN_MODEL
 from heimdall_proxy.server.errors import render
+from heimdall_proxy.server.picks import PickLog
 from heimdall_proxy.server.relay import Relay
 
 log = logging.getLogger(__name__)
@@ -86,6 +88,8 @@ class Director:
         #: Sends to the pods; set when the routing starts (it needs the upstream client).
         self.relay: Relay | None = None
         self._has_prepare = bool(plugins.prepare_data or plugins.producers)
+        #: The recent picks of the live page (server/picks.py); None while it is off.
+        self.picks: PickLog | None = None
 
     # -- the whole life ----------------------------------------------------------------
 
@@ -113,7 +117,11 @@ class Director:
             admission = await self.admission.enter(ireq, candidates)
             if admission is not None and admission.waited:
                 candidates = self.candidates(ireq)  # the pool may have changed meanwhile
-            decision = await self._schedule(ireq, candidates, None, admission, spans)
+            picks = self.picks
+            trace = None if picks is None else picks.want_trace()
+            decision = await self._schedule(ireq, candidates, trace, admission, spans)
+            if picks is not None:
+                self._record(picks, decision, trace)
             target = ireq.target_model  # a plugin may have rewritten the body's model
             series = metrics.models.get(series_key(model, target))
             series = series or metrics.model_series(model, target)
@@ -243,6 +251,14 @@ class Director:
             ) from exc
         self.metrics.scheduler_duration.observe(time.perf_counter() - t0)
         return Decision(ireq, state, result, admission)
+
+    @staticmethod
+    def _record(picks: PickLog, decision: Decision, trace: ScheduleTrace | None) -> None:
+        result = decision.result
+        pod = result.primary.targets[0].name
+        match = find_prefix_match(decision.state)
+        prefix = None if match is None else match.ratio(pod)
+        picks.record(decision.request.model, result.primary_profile, pod, prefix, trace)
 
     async def _prepare(
         self, ireq: InferenceRequest, state: CycleState, candidates: list[Endpoint]

@@ -33,6 +33,7 @@ from heimdall_proxy.server.answers import UNKNOWN_MODEL
 from heimdall_proxy.server.director import Director
 from heimdall_proxy.server.errors import render
 from heimdall_proxy.server.hooks import Hooks
+from heimdall_proxy.server.picks import PickLog
 from heimdall_proxy.server.relay import Relay
 from heimdall_proxy.server.routing import Routing
 from heimdall_proxy.upstream import KEEPALIVE, UpstreamClient, UpstreamTimeouts
@@ -64,6 +65,9 @@ class Gateway:
         self.routing = Routing(
             config, options, registry, self.metrics, self.flow_metrics, self.load
         )
+        #: The live page's recent picks (`--live-page`), kept across reloads.
+        self.picks = PickLog() if options.live_page else None
+        self.routing.director.picks = self.picks
         self.routing.publish()
         self._data_session: aiohttp.ClientSession | None = None
         self._upstream: UpstreamClient | None = None
@@ -167,6 +171,7 @@ class Gateway:
                 config, self.options, self.registry, self.metrics, self.flow_metrics,
                 self.load, previous=old,
             )  # fmt: skip
+            new.director.picks = self.picks
             await new.start(self._upstream, self._data_session, self._timeouts)
             new.inherit(old)
             old.unpublish()
