@@ -34,11 +34,12 @@ def demo_banner(options: ServerOptions, model: str, pods: int) -> str:
     base = f"http://{host}:{options.port}/v1"
     auth = ' -H "Authorization: Bearer $KEY"' if options.api_keys else ""
     body = f'{{"model": "{model}", "messages": [{{"role": "user", "content": "hello"}}]}}'
+    live = f"\n  live page: http://{host}:{options.port}/live" if options.live_page else ""
     return (
         f"heimdall-proxy demo: {pods} simulated pods behind {base} (model {model!r})\n"
         f"  curl -s {base}/chat/completions -H 'Content-Type: application/json'{auth} "
         f"-d '{body}'\n"
-        f"  OpenAI SDK: OpenAI(base_url={base!r}, api_key='unused')"
+        f"  OpenAI SDK: OpenAI(base_url={base!r}, api_key='unused')" + live
     )
 
 
