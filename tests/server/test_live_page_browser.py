@@ -107,14 +107,20 @@ class DevTools:
         return result["result"].get("value")
 
     async def until(self, expression: str, within: float = 20.0) -> Any:
-        """Poll `expression` until it is truthy; its value."""
+        """Poll `expression` until it is truthy (an exception counts as false: the page may
+        still be loading); its value."""
         deadline = asyncio.get_running_loop().time() + within
         while True:
-            value = await self.js(expression)
+            try:
+                value = await self.js(expression)
+            except RuntimeError as exc:
+                value, error = None, exc
+            else:
+                error = None
             if value:
                 return value
             if asyncio.get_running_loop().time() > deadline:
-                raise AssertionError(f"never true in the page: {expression}")
+                raise AssertionError(f"never true in the page: {expression} ({error})")
             await asyncio.sleep(0.2)
 
     async def close(self) -> None:
@@ -258,3 +264,27 @@ async def test_live_page_in_chromium(start_pod: PodFactory, start_gateway: Gatew
     target = os.environ.get("HEIMDALL_LIVE_SCREENSHOT")
     if target:
         await asyncio.to_thread(Path(target).write_bytes, png)
+
+
+async def test_live_page_asks_for_the_admin_key(
+    start_pod: PodFactory, start_gateway: GatewayFactory
+) -> None:
+    pod = await start_pod()
+    gw = await start_gateway(
+        make_config([pod]), live_page=True, api_keys=("user",), admin_api_keys=("admin",)
+    )
+    async with chromium() as page:
+        await page.send("Page.navigate", url=gw.url + "/live")
+        await page.until("getComputedStyle(document.getElementById('keybox')).display !== 'none'")
+        assert await page.js("document.querySelectorAll('#pods .pod').length") == 0
+        await page.js(
+            "document.getElementById('key').value = 'user';document.getElementById('keygo').click()"
+        )
+        await page.until("document.getElementById('err').textContent.includes('not an admin key')")
+        await page.js(
+            "document.getElementById('key').value = 'admin';"
+            "document.getElementById('keygo').click()"
+        )
+        await page.until("document.querySelectorAll('#pods .pod').length === 1")
+        # only the refused polls (401, then 403) were reported, nothing else went wrong
+        assert all(" 40" in e for e in page.errors), page.errors
