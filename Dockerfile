@@ -10,10 +10,10 @@ COPY pyproject.toml setup.py README.md ./
 COPY heimdall_proxy ./heimdall_proxy
 COPY config ./config
 # a C compiler only while installing the C extensions (setup.py); native/_chain.c links the
-# image's own libxxhash
+# image's own libxxhash. The `kubernetes` extra: discovery.kubernetes (deploy/kubernetes).
 RUN apt-get update \
     && apt-get install -y --no-install-recommends gcc libc6-dev \
-    && pip install . \
+    && pip install '.[kubernetes]' \
     && python -P -c "from heimdall_proxy.kvcache.hashing import NATIVE; assert NATIVE" \
     && python -P -c "from heimdall_proxy.kvcache.events import PACKS_TOKENS; assert PACKS_TOKENS" \
     && python -P -c "from heimdall_proxy.conductor.tables import NATIVE; assert NATIVE" \
