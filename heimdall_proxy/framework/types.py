@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
@@ -9,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal, NamedTuple, Protocol, overload
 
 import orjson
+from yarl import URL
 
 #: What a parser made of a request: an OpenAI route (completions, chat, responses; "other"
 #: for the rest it claims, e.g. embeddings), Anthropic's Messages API ("messages",
@@ -98,6 +100,14 @@ class Endpoint:
     def hostport(self) -> str:
         """`host:port` as written into routing headers."""
         return f"{self.host}:{self.port}"
+
+    def with_port(self, port: int) -> Endpoint:
+        """This pod reached on `port` (a data-parallel server's primary port): a copy with
+        the same name, so the ledger and the metrics still count it as the pod it is, and
+        the same attributes; itself when `port` is 0 or its own."""
+        if not port or self.port == port:
+            return self
+        return dataclasses.replace(self, port=port, url=str(URL(self.url).with_port(port)))
 
     def __repr__(self) -> str:
         return f"Endpoint({self.name!r}, {self.url!r})"

@@ -3,11 +3,9 @@ pod's primary port, which is told the rank the profile picked."""
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 
 from pydantic import Field
-from yarl import URL
 
 from heimdall_proxy.framework.base import BasePlugin
 from heimdall_proxy.framework.handle import PluginHandle
@@ -36,15 +34,6 @@ log = logging.getLogger(__name__)
 class DataParallelParams(PluginParams):
     #: The port every request is sent to; 0 keeps each pick's own port.
     primary_port: int = Field(default=8000, ge=0, le=65535)
-
-
-def with_port(endpoint: Endpoint, port: int) -> Endpoint:
-    """A copy of `endpoint` reached on `port` (same name, so the ledger and the metrics
-    still count it as the pod it is; same attributes)."""
-    if not port or endpoint.port == port:
-        return endpoint
-    url = str(URL(endpoint.url).with_port(port))
-    return dataclasses.replace(endpoint, port=port, url=url)
 
 
 @register(DATA_PARALLEL_PROFILE_HANDLER_TYPE, DataParallelParams)
@@ -82,9 +71,9 @@ class DataParallelProfileHandler(OneProfile, BasePlugin[DataParallelParams]):
             picked = state[PICKED_KEY] = result
 
             def rank() -> list[Endpoint]:
-                return [with_port(e, port) for e in picked.ranked]
+                return [e.with_port(port) for e in picked.ranked]
 
-            results = {name: ProfileResult([with_port(e, port) for e in result.targets], rank=rank)}
+            results = {name: ProfileResult([e.with_port(port) for e in result.targets], rank=rank)}
         return SchedulingResult(results, name)
 
     async def pre_request(self, ctx: RequestContext) -> None:

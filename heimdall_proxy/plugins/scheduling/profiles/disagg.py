@@ -3,13 +3,11 @@ then the encode and prefill stages their deciders ask for."""
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from collections.abc import Mapping
 from typing import ClassVar, Self
 
 from pydantic import Field, model_validator
-from yarl import URL
 
 from heimdall_proxy.framework.base import BasePlugin
 from heimdall_proxy.framework.disagg import (
@@ -287,8 +285,8 @@ class _DisaggHandler:
                 f"no endpoint passed the filters of the decode profile {self.decode_profile!r}"
             )
         if self.primary_port:
-            decode.targets = [self._with_port(e) for e in decode.targets]
-            decode.ranked = [self._with_port(e) for e in decode.ranked]
+            decode.targets = [e.with_port(self.primary_port) for e in decode.targets]
+            decode.ranked = [e.with_port(self.primary_port) for e in decode.ranked]
         plan = DisaggPlan(self.settings)
         if self.prefill_profile in results and self.prefill_profile != self.decode_profile:
             prefill = results[self.prefill_profile]
@@ -311,12 +309,6 @@ class _DisaggHandler:
                 )
         state[DISAGG_PLAN_KEY] = plan
         return SchedulingResult(results, self.decode_profile)
-
-    def _with_port(self, endpoint: Endpoint) -> Endpoint:
-        if endpoint.port == self.primary_port:
-            return endpoint
-        url = str(URL(endpoint.url).with_port(self.primary_port))
-        return dataclasses.replace(endpoint, port=self.primary_port, url=url)
 
 
 @register(DISAGG_PROFILE_HANDLER_TYPE, DisaggProfileHandlerParams)
