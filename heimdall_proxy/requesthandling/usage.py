@@ -42,6 +42,19 @@ def usage_counts(usage: Any) -> Usage:
 
 
 NO_USAGE = Usage(None, None)
+
+
+def counts_under(doc: Any, prompt: str, output: str, cached: str) -> Usage | None:
+    """The integer counts a usage mapping holds under an API's own three names (Anthropic's
+    `input_tokens`..., SGLang's `meta_info`); None when it is no mapping or holds neither
+    the prompt's count nor the output's."""
+    if not isinstance(doc, DICT_OR_MAPPING):
+        return None
+    values = [doc.get(k) for k in (prompt, output, cached)]
+    counts = Usage(*(v if isinstance(v, int) else None for v in values))
+    return None if counts.prompt is None and counts.output is None else counts
+
+
 _ABSENT: Any = object()
 _BLANK = b" \t\r\n"
 

@@ -19,8 +19,9 @@ import orjson
 from heimdall_proxy.framework.base import BasePlugin
 from heimdall_proxy.framework.params import NoParams
 from heimdall_proxy.framework.registry import register
-from heimdall_proxy.framework.types import DICT_OR_MAPPING, InferenceRequest, Usage
+from heimdall_proxy.framework.types import InferenceRequest, Usage
 from heimdall_proxy.requesthandling.parse import invalid, json_object
+from heimdall_proxy.requesthandling.usage import counts_under
 
 ANTHROPIC_PARSER_TYPE = "anthropic-parser"
 MESSAGES = "messages"
@@ -28,13 +29,7 @@ COUNT_TOKENS = "messages/count_tokens"
 
 
 def _usage(doc: Any) -> Usage | None:
-    if not isinstance(doc, DICT_OR_MAPPING):
-        return None
-    values = [doc.get(k) for k in ("input_tokens", "output_tokens", "cache_read_input_tokens")]
-    prompt, output, cached = (v if isinstance(v, int) else None for v in values)
-    if prompt is None and output is None:
-        return None
-    return Usage(prompt, output, cached)
+    return counts_under(doc, "input_tokens", "output_tokens", "cache_read_input_tokens")
 
 
 @register(ANTHROPIC_PARSER_TYPE, NoParams)

@@ -16,19 +16,14 @@ from heimdall_proxy.framework.registry import register
 from heimdall_proxy.framework.types import DICT_OR_MAPPING, InferenceRequest, Usage
 from heimdall_proxy.plugins.requesthandling.parsers.vllmhttp import generate_request, token_ids
 from heimdall_proxy.requesthandling.parse import invalid, json_object
+from heimdall_proxy.requesthandling.usage import counts_under
 
 SGLANGHTTP_PARSER_TYPE = "sglanghttp-parser"
 
 
 def _meta_usage(doc: Any) -> Usage | None:
     meta = doc.get("meta_info") if isinstance(doc, DICT_OR_MAPPING) else None
-    if not isinstance(meta, DICT_OR_MAPPING):
-        return None
-    values = [meta.get(k) for k in ("prompt_tokens", "completion_tokens", "cached_tokens")]
-    prompt, output, cached = (v if isinstance(v, int) else None for v in values)
-    if prompt is None and output is None:
-        return None
-    return Usage(prompt, output, cached)
+    return counts_under(meta, "prompt_tokens", "completion_tokens", "cached_tokens")
 
 
 @register(SGLANGHTTP_PARSER_TYPE, NoParams)
