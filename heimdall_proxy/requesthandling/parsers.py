@@ -17,7 +17,7 @@ its defaults are openai-parser, anthropic-parser, vllmhttp-parser and passthroug
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from heimdall_proxy.framework.plugins import Parser
 
@@ -37,6 +37,19 @@ STANDARD_ROUTES = (
 #: Paths resolved so far are kept (the gateway routes a handful of paths); a client sending
 #: endless distinct paths (only allow-listed ones reach here) cannot grow it past this.
 MAX_CACHED_PATHS = 4096
+
+
+def longest_suffix(path: str, suffixes: Iterable[str]) -> str | None:
+    """The longest of `suffixes` that `path` ends with as whole path segments (llm-d's rule:
+    "chat/completions" before "completions"), the first listed on a tie; None when none."""
+    stripped = path.rstrip("/")
+    best: str | None = None
+    for suffix in suffixes:
+        if (best is None or len(suffix) > len(best)) and (
+            stripped == suffix or stripped.endswith("/" + suffix)
+        ):
+            best = suffix
+    return best
 
 
 class ParserTable:
@@ -86,13 +99,8 @@ class ParserTable:
             return self._cache[path]
         except KeyError:
             pass
-        best: Parser | None = None
-        best_len = -1
-        stripped = path.rstrip("/")
-        for suffix, candidate in self._by_suffix.items():
-            if len(suffix) > best_len and (stripped == suffix or stripped.endswith("/" + suffix)):
-                best, best_len = candidate, len(suffix)
-        found = best or self.fallback
+        suffix = longest_suffix(path, self._by_suffix)
+        found = self._by_suffix[suffix] if suffix is not None else self.fallback
         if len(self._cache) < MAX_CACHED_PATHS:
             self._cache[path] = found
         return found

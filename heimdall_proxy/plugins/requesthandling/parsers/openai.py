@@ -12,6 +12,7 @@ from heimdall_proxy.framework.params import NoParams
 from heimdall_proxy.framework.registry import register
 from heimdall_proxy.framework.types import ApiKind, InferenceRequest, Usage
 from heimdall_proxy.requesthandling.parse import parse_body
+from heimdall_proxy.requesthandling.parsers import longest_suffix
 from heimdall_proxy.requesthandling.usage import body_usage, stream_usage
 
 OPENAI_PARSER_TYPE = "openai-parser"
@@ -39,12 +40,8 @@ def api_of(path: str) -> ApiKind:
     api = API_OF_ROUTE.get(path)
     if api is not None:
         return api
-    stripped = path.rstrip("/")
-    best, best_len = "completions", -1
-    for suffix, api in API_OF.items():
-        if len(suffix) > best_len and (stripped == suffix or stripped.endswith("/" + suffix)):
-            best, best_len = api, len(suffix)
-    return best  # type: ignore[return-value]
+    suffix = longest_suffix(path, API_OF)
+    return API_OF[suffix] if suffix is not None else "completions"
 
 
 @register(OPENAI_PARSER_TYPE, NoParams)
