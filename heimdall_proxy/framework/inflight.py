@@ -218,6 +218,8 @@ class InFlightLoad:
         if mine is None:
             mine = self._by_pod[pod] = {}
         mine[key] = attempt
+        requests_ahead = self.requests.get(pod, 0)  # every replica's, when shared
+        ahead_keys = list(mine)[:-1] if self._prices else ()  # this one came in last
         own = self.own_requests
         own[pod] = own.get(pod, 0) + 1
         self.sent[pod] = self.sent.get(pod, 0) + 1
@@ -227,7 +229,8 @@ class InFlightLoad:
                 there = (
                     ahead if price.elsewhere is None else ahead + price.elsewhere().get(pod, 0.0)
                 )
-                price.sent(key, pod, there, prompt, start)
+                predicted = price.predicted(pod, ahead_keys, start)
+                price.sent(key, pod, there, prompt, start, requests_ahead, predicted)
         if prompt or output:
             self.own_tokens[pod] = self.own_tokens.get(pod, 0) + prompt + output
         if whole:
@@ -242,6 +245,12 @@ class InFlightLoad:
             self._earliest = start
         elif self.timeout > 0 and start - self.timeout >= self._earliest:
             self.expire(start)  # one comparison per attempt until something is that old
+
+    def keys_on(self, pod: str) -> list[str]:
+        """This gateway's attempts in flight on `pod`, oldest first (what the queue price's
+        replay of the pod reads)."""
+        mine = self._by_pod.get(pod)
+        return list(mine) if mine else []
 
     def prompt_done(self, key: str, now: float | None = None) -> None:
         """A stream's first chunk (arrived at `now`): the pod has prefilled the prompt; its

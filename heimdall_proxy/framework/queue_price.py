@@ -1,6 +1,9 @@
-"""The learned per-pod queue price: seconds of first-token delay per prompt token in flight on a
-pod, learned from the streamed attempts this gateway sends (and, when shared, from every
-replica's).
+"""The learned per-pod queue cost: how long a request sent to a pod now would wait for what is in
+flight there, learned from the streamed attempts this gateway sends (and, when shared, from
+every replica's): seconds of first-token delay per prompt token in flight beyond the pod's
+free depth (queue_delay.py), or, on a pod seen to queue behind its slots, a replay of those
+slots from the ages of the attempts in flight and the pod's learned service time
+(service_time.py).
 
 It is learned from the in-flight ledger's own data (the prompt tokens in flight on the pod
 when an attempt started, the attempt's uncached prompt, the time to its stream's first
@@ -8,8 +11,9 @@ chunk), so the ledger owns it and feeds it once per attempt from the request pat
 the attempt is acquired, `first_token` at the stream's first chunk (`prompt_done`), `forget`
 as the attempt ends, expires or its pod leaves. A price therefore outlives config reloads
 with the ledger, and forgetting a pod that left the pool happens once, in the ledger. Any
-plugin reads it (`InFlightLoad.queue_price(seconds_per_token).price(pod)`): the affinity
-filter prices each candidate's queue with it.
+plugin reads it (`InFlightLoad.queue_price(seconds_per_token).wait(pod, ...)`, or `.price(pod)`
+for the price alone): the affinity filter prices each candidate's queue with it. The ends of
+attempts teach the service time (`forget` after a first chunk).
 
 queue_delay.py holds the arithmetic (decayed sums per pod). Replica sharing: each replica
 learning from its own half of the first tokens alone priced the same pod up to 15% apart from
@@ -19,12 +23,18 @@ sync hub's ticks that run anyway, and the other replicas' are applied (`learned`
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Protocol
 
-from heimdall_proxy.framework.queue_delay import QueueDelay
+from heimdall_proxy.framework.queue_delay import Fitted, QueueDelay, counted_share
+from heimdall_proxy.framework.service_time import ServiceTime, residual_wait
 
 __all__ = ["QueuePrice", "SampleJournal"]
+
+#: A request ahead that delays the next first token by less than this share of a service time
+#: on average does not hold it up (it runs beside it): what sets a pod's free depth.
+FREE_SHARE = 0.1
 
 
 class SampleJournal(Protocol):
@@ -34,20 +44,36 @@ class SampleJournal(Protocol):
 
 
 class QueuePrice:
-    """Per-pod price of the prompt tokens in flight, learned from first tokens.
+    """Per-pod cost of the work in flight, learned from first tokens: a price per prompt
+    token beyond the pod's free depth, and where it explains the first tokens better, the
+    wait a replay of the pod foresees from its requests' ages and its service time.
 
     `seconds_per_token` is the price before anything is learned (the pods' nominal prefill
     rate) and what a request's own uncached prompt is taken to cost (subtracted from its
     time to first token: the rest is the wait for what was ahead of it)."""
 
-    __slots__ = ("_seconds_per_token", "_waiting", "delay", "elsewhere", "journal", "last")
+    __slots__ = (
+        "_seconds_per_token",
+        "_serving",
+        "_waiting",
+        "delay",
+        "elsewhere",
+        "journal",
+        "last",
+        "service",
+    )
 
     def __init__(self, seconds_per_token: float) -> None:
         self._seconds_per_token = seconds_per_token
         self.delay = QueueDelay()
-        #: attempt key -> (pod, prompt tokens ahead, own prefill seconds, sent at), for the
-        #: attempts whose first chunk has not been seen yet
-        self._waiting: dict[str, tuple[str, float, float, float]] = {}
+        #: How long each pod holds a request (first chunk to end, plus its prefill).
+        self.service = ServiceTime()
+        #: attempt key -> (pod, prompt tokens ahead, requests ahead, the replay's predicted
+        #: wait or None, own prefill seconds, sent at), for the attempts whose first chunk has
+        #: not been seen yet
+        self._waiting: dict[str, tuple[str, float, int, float | None, float, float]] = {}
+        #: attempt key -> (pod, when its prefill started), for the attempts streaming
+        self._serving: dict[str, tuple[str, float]] = {}
         #: The journal the samples are shared through (None: not shared); set by `share`.
         self.journal: SampleJournal | None = None
         #: The prompt tokens the other gateway replicas have in flight, per pod, when the
@@ -62,10 +88,60 @@ class QueuePrice:
     def price(self, pod: str) -> float:
         """Seconds of first-token delay per prompt token in flight on `pod`: learned there,
         else the fleet's, else the nominal prefill rate."""
-        return self.delay.seconds_per_token(pod, self._seconds_per_token)
+        learned = self.fitted(pod)
+        return self._seconds_per_token if learned is None else learned.price
 
     #: The same, under the name the affinity filter's estimate uses.
     seconds_per_token = price
+
+    def wait(
+        self,
+        pod: str,
+        ahead_tokens: float,
+        requests_ahead: int,
+        keys: Iterable[str] = (),
+        now: float | None = None,
+    ) -> float:
+        """Seconds a request sent to `pod` now would wait for the `requests_ahead` requests
+        (of `ahead_tokens` prompt tokens; this gateway's are attempts `keys`, oldest first)
+        in flight there: the replayed wait where it explains the pod's first tokens best,
+        else the tokens beyond the pod's learned free depth at its learned price
+        (queue_delay.py); all of them at the nominal prefill rate while nothing is learned."""
+        fitted = self.fitted(pod)
+        if fitted is None:
+            return ahead_tokens * self._seconds_per_token
+        if fitted.replay and requests_ahead > fitted.depth:
+            replayed = self.predicted(pod, keys, time.monotonic() if now is None else now)
+            if replayed is not None:
+                return replayed
+        return ahead_tokens * counted_share(requests_ahead, fitted.depth) * fitted.price
+
+    def predicted(self, pod: str, keys: Iterable[str], now: float) -> float | None:
+        """The wait a replay of `pod` foresees for a request sent now behind attempts `keys`
+        (oldest first): those streaming hold a slot for what is left of the pod's service
+        time, those still waiting for their first chunk take the free slots in order or queue
+        (None while the pod's service time is not learned)."""
+        service = self.service.of(pod)
+        if service is None:
+            return None
+        fitted = self.fitted(pod)
+        remaining: list[float] = []
+        queued = 0
+        serving = self._serving
+        for key in keys:
+            entry = serving.get(key)
+            if entry is None:
+                queued += 1
+            else:
+                remaining.append(max(0.0, service - (now - entry[1])))
+        return residual_wait(remaining, queued, fitted.depth if fitted else 0, service)
+
+    def fitted(self, pod: str) -> Fitted | None:
+        """What is learned of `pod`'s queue (queue_delay.py): a count of requests ahead whose
+        first tokens waited less than FREE_SHARE of the pod's service time on average is
+        within its free depth."""
+        service = self.service.of(pod)
+        return self.delay.fit(pod, None if service is None else FREE_SHARE * service)
 
     @property
     def nominal(self) -> float:
@@ -74,10 +150,21 @@ class QueuePrice:
 
     # ---- fed by the ledger -----------------------------------------------------------------
 
-    def sent(self, key: str, pod: str, ahead: float, own_tokens: float, now: float) -> None:
-        """Attempt `key` went to `pod` at `now` with `ahead` prompt tokens in flight there and
-        `own_tokens` of its own prompt to prefill."""
-        self._waiting[key] = (pod, ahead, own_tokens * self._seconds_per_token, now)
+    def sent(
+        self,
+        key: str,
+        pod: str,
+        ahead: float,
+        own_tokens: float,
+        now: float,
+        requests_ahead: int = 0,
+        predicted: float | None = None,
+    ) -> None:
+        """Attempt `key` went to `pod` at `now` with `ahead` prompt tokens of
+        `requests_ahead` requests in flight there (the replay foreseeing `predicted` seconds
+        of wait) and `own_tokens` of its own prompt to prefill."""
+        own = own_tokens * self._seconds_per_token
+        self._waiting[key] = (pod, ahead, requests_ahead, predicted, own, now)
 
     @property
     def waiting(self) -> bool:
@@ -90,18 +177,24 @@ class QueuePrice:
         entry = self._waiting.pop(key, None)
         if entry is None:
             return None
-        pod, ahead, own, sent = entry
+        pod, ahead, requests, predicted, own, sent = entry
         delay = now - sent - own
-        self.delay.observe(pod, ahead, delay)
+        self.delay.observe(pod, ahead, delay, requests, predicted)
+        self._serving[key] = (pod, now - own)
         self.last = (key, pod, ahead, delay)
         if self.journal is not None and ahead > 0.0:
             # rides on the next tick: the price moves slowly, no tick of its own needed
-            self.journal.append([pod, ahead, delay], poke=False)
+            self.journal.append([pod, ahead, delay, requests, predicted], poke=False)
         return pod, ahead, delay
 
     def forget(self, key: str) -> None:
-        """The attempt ended (its first chunk seen or never to come)."""
+        """The attempt ended (its first chunk seen or never to come): a streamed one teaches
+        its pod's service time."""
         self._waiting.pop(key, None)
+        serving = self._serving.pop(key, None)
+        if serving is not None:
+            pod, began = serving
+            self.service.observe(pod, time.monotonic() - began)
 
     def forget_pods(self, pods: Iterable[str]) -> None:
         """Pods that left the pool: their samples and waiting attempts go (a pod back under the
@@ -109,8 +202,11 @@ class QueuePrice:
         gone = frozenset(pods)
         for pod in gone:
             self.delay.forget(pod)
+            self.service.forget(pod)
         for key in [k for k, entry in self._waiting.items() if entry[0] in gone]:
             del self._waiting[key]
+        for key in [k for k, (pod, _) in self._serving.items() if pod in gone]:
+            del self._serving[key]
 
     # ---- replica sharing -------------------------------------------------------------------
 
@@ -126,6 +222,9 @@ class QueuePrice:
         self.elsewhere = elsewhere
 
     def learned(self, record: list[Any]) -> None:
-        """Another replica's sample (pod, tokens ahead, delay seconds)."""
-        pod, ahead, delay = record
-        self.delay.observe(str(pod), float(ahead), float(delay))
+        """Another replica's sample (pod, tokens ahead, delay seconds[, requests ahead,
+        predicted wait]: an older replica's has neither)."""
+        pod, ahead, delay = record[:3]
+        requests = int(record[3]) if len(record) > 3 and record[3] is not None else None
+        predicted = float(record[4]) if len(record) > 4 and record[4] is not None else None
+        self.delay.observe(str(pod), float(ahead), float(delay), requests, predicted)

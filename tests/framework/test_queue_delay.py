@@ -35,3 +35,60 @@ def test_recent_samples_weigh_most() -> None:
     for _ in range(40):
         q.observe("a", 1000.0, 1.0)
     assert q.seconds_per_token("a", 0.0) == pytest.approx(1e-3, rel=0.01)
+
+
+def test_counts_of_requests_ahead_that_delay_nobody_are_the_free_depth() -> None:
+    # A two-slot pod: one request ahead never delays, two delay by about a reply.
+    q = QueueDelay(min_samples=3)
+    for _ in range(5):
+        q.observe("a", 1000.0, 0.01, requests_ahead=1)
+        q.observe("a", 2000.0, 0.4, requests_ahead=2)
+    assert q.fit("a") == (
+        0,
+        pytest.approx(0.41 / 3000, rel=0.02),
+        False,
+    )  # no service time: depth 0
+    fitted = q.fit("a", free_below=0.1)
+    assert fitted is not None
+    assert fitted.depth == 1 and fitted.replay  # bounded: two ahead were seen to delay
+    # only the tokens beyond the free depth count: half of the 2000 with two ahead
+    assert fitted.price == pytest.approx(0.4 / 1000, rel=0.02)
+
+
+def test_a_pod_never_seen_to_delay_is_unbounded_and_priced() -> None:
+    q = QueueDelay(min_samples=2)
+    for k in range(1, 8):
+        for _ in range(3):
+            q.observe("big", 1000.0 * k, 0.001 * k, requests_ahead=k)
+    fitted = q.fit("big", free_below=0.1)
+    assert fitted is not None and not fitted.replay
+    assert fitted.depth == 7
+
+
+def test_a_count_a_pod_has_not_seen_is_judged_by_the_fleet() -> None:
+    q = QueueDelay(min_samples=3)
+    for _ in range(4):
+        q.observe("a", 1000.0, 0.0, requests_ahead=1)
+        q.observe("a", 2000.0, 0.5, requests_ahead=2)
+    for _ in range(4):
+        q.observe("b", 2000.0, 0.5, requests_ahead=2)  # "b" never had just one ahead
+    fitted = q.fit("b", free_below=0.1)
+    assert fitted is not None and fitted.depth == 1 and fitted.replay
+
+
+def test_the_replay_gives_way_when_the_price_foresaw_clearly_better() -> None:
+    q = QueueDelay(min_samples=3)
+    for _ in range(4):
+        q.observe("a", 1000.0, 0.0, requests_ahead=1)
+        q.observe("a", 2000.0, 0.5, requests_ahead=2)
+    assert q.fit("a", free_below=0.1).replay  # type: ignore[union-attr]
+    for _ in range(10):  # the replay foresaw 2 s each time; the price about 0.5 s
+        q.observe("a", 2000.0, 0.5, requests_ahead=2, predicted=2.0)
+    assert not q.fit("a", free_below=0.1).replay  # type: ignore[union-attr]
+
+
+def test_an_older_replicas_sample_without_a_count_still_teaches_the_price() -> None:
+    q = QueueDelay(min_samples=2)
+    q.observe("a", 1000.0, 0.5)
+    q.observe("a", 1000.0, 0.5)
+    assert q.seconds_per_token("a", 0.0, free_below=0.1) == pytest.approx(5e-4)

@@ -10,6 +10,7 @@ import time
 import pytest
 
 from heimdall_proxy.framework.inflight import InFlightLoad
+from heimdall_proxy.framework.queue_delay import counted_share
 from heimdall_proxy.framework.queue_price import QueuePrice
 from tests.plugins.helpers import ctx, req, sent
 from tests.plugins.prefix_affinity.test_prefix_affinity import PODS, make, names, occupy, state
@@ -148,3 +149,55 @@ async def test_a_filter_that_learns_nothing_asks_for_no_price(clock: Clock) -> N
     await occupy(f, 0, 1)
     assert f.queue_price is None and f.load.queue_prices() == []
     assert f.estimated_ttft("a", None, 0) == pytest.approx(1600 * NOMINAL)
+
+
+def test_on_a_pod_with_two_slots_the_replay_foresees_each_wait(clock: Clock) -> None:
+    # A pod running two requests at once, each for 0.9 s after its 2000-token prefill, fed
+    # Poisson arrivals through the ledger as the relay would (acquire, first chunk, end).
+    # Once the service time and the free depth are learned, the wait it foresees for each
+    # new request is within a prefill of the one the pod then gives it, which a price per
+    # token cannot know (it sees how much is ahead, not how soon it ends).
+    import heapq
+    import random
+
+    rng = random.Random(3)
+    load = InFlightLoad()
+    price = load.queue_price(NOMINAL)
+    own = 2000 * NOMINAL
+    slots = [0.0, 0.0]
+    events: list[tuple[float, int, int]] = []
+    starts: dict[int, float] = {}
+    at = 0.0
+    for i in range(300):
+        at += rng.expovariate(1.8)
+        start = max(at, heapq.heappop(slots))
+        heapq.heappush(slots, start + own + 0.9)
+        starts[i] = start
+        events += [(at, 0, i), (start + own, 1, i), (start + own + 0.9, 2, i)]
+    misses: list[float] = []
+    flat: list[float] = []
+    for when, kind, i in sorted(events):
+        clock.now = when
+        key = str(i)
+        if kind == 0:
+            if i >= 100:
+                foreseen = price.wait("p", load.prompts.get("p", 0), load.requests.get("p", 0),
+                                      load.keys_on("p"))  # fmt: skip
+                misses.append(abs(foreseen - (starts[i] - when)))
+                fitted = price.fitted("p")
+                assert fitted is not None
+                share = counted_share(load.requests.get("p", 0), fitted.depth)
+                priced = load.prompts.get("p", 0) * share * fitted.price
+                flat.append(abs(priced - (starts[i] - when)))
+            load.acquire(key, "p", prompt=2000, whole=2000)
+        elif kind == 1:
+            load.prompt_done(key)
+        else:
+            load.release(key)
+    fitted = price.fitted("p")
+    assert fitted is not None and fitted.depth == 1 and fitted.replay
+    assert price.service.of("p") == pytest.approx(own + 0.9)
+    # Off by at most a prefill: a request still prefilling (no first chunk yet) is taken to
+    # hold its slot for a whole service time from now.
+    assert max(misses) <= own + 1e-9
+    assert sum(flat) > 20 * sum(misses)

@@ -224,8 +224,9 @@ async def test_a_price_sample_counts_the_other_replicas_prompts_ahead(ns: str) -
         c = ctx(completion("word " * 400, stream=True), ep("p0"))
         await b.pre_request(sent(b.load, c))
         assert b.queue_price is not None
-        _, ahead, _, _ = b.queue_price._waiting[c.key]
+        _, ahead, requests, *_ = b.queue_price._waiting[c.key]
         assert ahead == 5000.0  # a's 20000 characters, none of b's own
+        assert requests == 1  # and a's request: the free depth counts every replica's
     finally:
         await a.stop()
         await b.stop()

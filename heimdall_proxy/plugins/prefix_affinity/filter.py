@@ -232,11 +232,21 @@ class PrefixCacheAffinityFilter(SharesState, BasePlugin[PrefixCacheAffinityParam
         """Seconds until `pod` could answer a request of `prompt_tokens` (info: what it
         holds of it), from the prompt tokens this gateway has in flight there."""
         own = info.uncached_tokens(pod) if info is not None else prompt_tokens
-        return self._busy(pod) * self._queue_price(pod) + own * self._seconds_per_token
+        return self._wait(pod) + own * self._seconds_per_token
 
     def _busy(self, pod: str) -> float:
         """Prompt tokens in flight on `pod` (every replica's, when shared)."""
         return float(self.load.prompts.get(pod, 0))
+
+    def _wait(self, pod: str) -> float:
+        """Seconds a request sent to `pod` now waits for what is in flight there: by the
+        ledger's learned price and free depth (a pod running several requests at once delays
+        nobody until they fill it), else at `peakPrefillThroughput`."""
+        if self.queue_price is None:
+            return self._busy(pod) * self._seconds_per_token
+        return self.queue_price.wait(
+            pod, self._busy(pod), self.load.requests.get(pod, 0), self.load.keys_on(pod)
+        )
 
     def _queue_price(self, pod: str) -> float:
         """Seconds of delay per prompt token in flight on `pod`."""

@@ -1,7 +1,9 @@
 """prefix-cache-affinity-filter's picks pinned on fixed request sequences: recorded before the
 learned queue price and the prefix popularity moved out of the filter to their owners (the
 in-flight ledger, framework/queue_price.py; framework/popularity.py), and must not change
-with the move.
+with a refactoring. Re-recorded once since, on purpose: when the queue price learned the pods'
+free depth and the replay of their slots (framework/queue_delay.py, service_time.py), three
+cases changed in their later picks.
 
 The clock is a fake one (time.monotonic patched, advanced by hand), so the queue price is
 learned from the same delays on every run; each streamed request's first chunk and end come
@@ -144,15 +146,15 @@ PINNED: dict[str, tuple[dict[str, Any], str]] = {
     ),
     "discount": (
         {"maxTTFTPenaltyMs": 2000, "sharedPrefixDiscount": 1.0},
-        "302121230221132203231200213020122300321130220213231202300110232103203110302211230031213200",
+        "302121230221132203231200213020122300321130220213231202300110232103203110302211320013231300",
     ),
     "half-life": (
         {"maxTTFTPenaltyMs": 2000, "sharedPrefixDiscount": 1.0, "popularityHalfLife": 8},
-        "302121230221132203231200210320122033021100232213031022320110232103200130102322011022132210",
+        "302121230221132203231200213020122300321130220213231220323121230213013223130022103312021203",
     ),
     "slow-prefill": (
         {"maxTTFTPenaltyMs": 400, "peakPrefillThroughput": 4000},
-        "302121230221132203231000213020122300321130220213231202300110232103203110302211203301210213",
+        "302121230221132203231000213020122300321130220213231220323121030213013223130022103312021203",
     ),
     "no-learning": (
         {"maxTTFTPenaltyMs": 20, "learnQueueDelay": False},
