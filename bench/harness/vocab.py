@@ -127,7 +127,7 @@ def adversarial_json() -> str:
     """Tekken with what could break a cut: an NFKC normalizer (it turns fullwidth text into
     anchors' characters), added tokens that are prefixes of an anchor, matched after
     normalization, stripping their neighbours' whitespace, or matched as whole words only."""
-    tok = Tokenizer.from_str(tekken_json())
+    tok = Tokenizer.from_str(tekken_json(32_768))
     tok.normalizer = normalizers.NFKC()
     tok.add_tokens(
         [

@@ -19,13 +19,22 @@ from heimdall_proxy.tokenization.incremental import IncrementalEncoder, anchor_t
 from heimdall_proxy.tokenization.local import LocalTokenizer
 from tests.tokenization.model import CHAT_TEMPLATE, SPECIALS, make_model_dir
 
+
+def _tekken() -> str:
+    """Tekken's first 32k ranks: its merges, regex and byte-level alphabet, loaded faster."""
+    return vocab.tekken_json(32_768)
+
+
 MODELS: dict[str, tuple[Callable[[], str], str]] = {
-    "tekken-chatml": (vocab.tekken_json, vocab.CHATML),
-    "tekken-llama3": (vocab.tekken_json, vocab.LLAMA3),
-    "tekken-mistral-v3": (vocab.tekken_json, vocab.MISTRAL_V3),
+    "tekken-chatml": (_tekken, vocab.CHATML),
+    "tekken-llama3": (_tekken, vocab.LLAMA3),
+    "tekken-mistral-v3": (_tekken, vocab.MISTRAL_V3),
     "spm-llama2": (vocab.spm_json, vocab.LLAMA2),
     "adversarial-chatml": (vocab.adversarial_json, vocab.CHATML),
 }
+#: In the fast suite: one byte-level BPE, one Metaspace; the rest with the slow tests.
+FAST = ("tekken-chatml", "spm-llama2")
+
 
 #: Text that stresses the cuts: anchors' own text inside messages, whitespace runs at the
 #: edges, words cut in two, emoji sequences, combining marks, scripts without spaces.
@@ -115,7 +124,13 @@ def conversation(
         messages.append({"role": "assistant", "content": random_text(rng, 60)})
 
 
-@pytest.fixture(scope="module", params=sorted(MODELS))
+@pytest.fixture(
+    scope="module",
+    params=[
+        pytest.param(name, marks=() if name in FAST else (pytest.mark.slow,))
+        for name in sorted(MODELS)
+    ],
+)
 def model(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> LocalTokenizer:
