@@ -15,7 +15,8 @@ template, or `--tokenizer DIR` for any model directory holding tokenizer.json an
 tokenizer_config.json.
 
 CPU is `time.process_time()` of the whole process around each call (the tokenizer's own
-threads included); encodings run one at a time.
+threads included); encodings run one at a time, each after emptying the BPE model's word
+cache (so the second way does not reuse the first one's work: both pay for every word).
 
     python -m bench.tokenize_turns                       # 4 conversations, 10k -> 100k tokens
     python -m bench.tokenize_turns --template llama3 --markdown
@@ -149,7 +150,12 @@ def conversation(rng: random.Random, system: str, tools: list[Any], start: int, 
     return requests
 
 
-def _cpu_ms(fn: Any, *args: Any) -> tuple[Any, float]:
+def _cpu_ms(fn: Any, *args: Any, model: Any = None) -> tuple[Any, float]:
+    """`fn(*args)` and its CPU ms; `model`'s BPE word cache emptied first, so neither way of
+    encoding profits from the words the other one just encoded."""
+    clear = getattr(model, "_clear_cache", None)
+    if clear is not None:
+        clear()
     t = time.process_time()
     out = fn(*args)
     return out, (time.process_time() - t) * 1000
@@ -185,15 +191,15 @@ def run(args: Any) -> dict[str, Any]:
             if turn >= len(c):
                 continue
             text, render_ms = _cpu_ms(lambda m=c[turn]: tok.render_chat(m, tools=tools))
-            full, full_ms = _cpu_ms(tok.encode, text, False)
+            full, full_ms = _cpu_ms(tok.encode, text, False, model=tok.tokenizer.model)
             hits = enc.stats.hits
             reused = enc.stats.reused_tokens
-            incr, incr_ms = _cpu_ms(enc.encode, text)
+            incr, incr_ms = _cpu_ms(enc.encode, text, model=tok.tokenizer.model)
             if incr != full:
                 raise SystemExit(f"conversation {n} turn {turn}: incremental ids differ")
             hit, reencoded = enc.stats.hits > hits, len(full) - (enc.stats.reused_tokens - reused)
             # the same prompt again (a retry): what a turn costs beyond its new text
-            again, again_ms = _cpu_ms(enc.encode, text)
+            again, again_ms = _cpu_ms(enc.encode, text, model=tok.tokenizer.model)
             assert again == full
             rows.append(
                 {
@@ -215,11 +221,11 @@ def run(args: Any) -> dict[str, Any]:
     cold = []
     for c in convs:
         text = tok.render_chat(c[-1], tools=tools)
-        full, full_ms = _cpu_ms(tok.encode, text, False)
+        full, full_ms = _cpu_ms(tok.encode, text, False, model=tok.tokenizer.model)
         fresh = IncrementalEncoder(
             tok.tokenizer, lambda t: tok.tokenizer.encode_batch_fast(t, add_special_tokens=False)
         )
-        parts, parts_ms = _cpu_ms(fresh.encode, text)
+        parts, parts_ms = _cpu_ms(fresh.encode, text, model=tok.tokenizer.model)
         assert parts == full
         cold.append({"tokens": len(full), "full_ms": full_ms, "parts_ms": parts_ms})
     return {"rows": rows, "cold": cold, "stats": enc.stats, "max_bytes": enc.max_bytes}
