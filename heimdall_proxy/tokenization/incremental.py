@@ -43,8 +43,8 @@ from typing import Any
 import xxhash
 from tokenizers import Tokenizer
 
-#: Default bytes of cached prompts (text and ids) per tokenizer: about 60 conversations of
-#: 100k tokens of English text.
+#: Default bytes of cached prompts (text and ids) per tokenizer: about 75 conversations of
+#: 100k tokens of English text and code (0.85 MiB each, bench/tokenize_turns.py).
 DEFAULT_CACHE_BYTES = 64 << 20
 #: Prompt characters per digest of the prefix index. Prompts shorter than one chunk are not
 #: cached (they tokenize in well under a millisecond); the match itself is exact to the
@@ -101,8 +101,8 @@ def _overlaps(other: str, anchor: str) -> bool:
 
 @dataclass(slots=True, eq=False)
 class _Entry:
-    """One cached prompt: its text, its ids, and where each part begins (`cuts`: character
-    offsets of the anchors, `starts`: the index of each anchor's id)."""
+    """One cached prompt: its text, its ids, and where each part begins (`cuts`: its first
+    character, 0 then each anchor's offset; `starts`: the index of its first id)."""
 
     text: str
     ids: array[int]
