@@ -140,6 +140,18 @@ def adversarial_json() -> str:
     return str(tok.to_str())
 
 
+@cache
+def spm_legacy_json() -> str:
+    """The SentencePiece vocabulary as Llama 2's later tokenizer.json spells it: no
+    pre-tokenizer, a normalizer that prepends "▁" to every piece and turns spaces into "▁"."""
+    tok = Tokenizer.from_str(spm_json())
+    tok.pre_tokenizer = None  # type: ignore[assignment]
+    tok.normalizer = normalizers.Sequence(
+        [normalizers.Prepend("\u2581"), normalizers.Replace(" ", "\u2581")]
+    )
+    return str(tok.to_str())
+
+
 # ---- chat templates, in the formats of the model families ---------------------------------
 
 #: ChatML with tools, tool calls and tool results (Qwen 2.5's format).

@@ -30,6 +30,7 @@ MODELS: dict[str, tuple[Callable[[], str], str]] = {
     "tekken-llama3": (_tekken, vocab.LLAMA3),
     "tekken-mistral-v3": (_tekken, vocab.MISTRAL_V3),
     "spm-llama2": (vocab.spm_json, vocab.LLAMA2),
+    "spm-legacy-llama2": (vocab.spm_legacy_json, vocab.LLAMA2),
     "adversarial-chatml": (vocab.adversarial_json, vocab.CHATML),
 }
 #: In the fast suite: one byte-level BPE, one Metaspace; the rest with the slow tests.
