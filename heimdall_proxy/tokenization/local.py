@@ -38,6 +38,8 @@ import jinja2.parser
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer
 
+from heimdall_proxy.tokenization.incremental import DEFAULT_CACHE_BYTES, IncrementalEncoder
+
 SPECIAL_TOKEN_NAMES = (
     "bos_token",
     "eos_token",
@@ -154,14 +156,25 @@ class LocalTokenizer(OpenAIRequestTokenizer):
     """A tokenizer.json plus, from the same directory, its tokenizer_config.json (special
     tokens, chat template) or chat_template.jinja. Thread-safe for encoding (the Rust
     tokenizer is), so one instance serves a pool of worker threads; encoding releases the
-    GIL, so those threads do not hold up the event loop."""
+    GIL, so those threads do not hold up the event loop.
 
-    def __init__(self, tokenizer_file: str | Path) -> None:
+    Chat prompts go through `conversations` (tokenization/incremental.py): a conversation's
+    next turn encodes only what follows its last turn, with the same ids; at most
+    `conversation_cache_bytes` of recent prompts are kept (0: none)."""
+
+    def __init__(
+        self, tokenizer_file: str | Path, conversation_cache_bytes: int = DEFAULT_CACHE_BYTES
+    ) -> None:
         path = Path(tokenizer_file)
         self.path = path
         self.tokenizer = Tokenizer.from_file(str(path))
         self._encode_batch = getattr(self.tokenizer, "encode_batch_fast", None) or (
             self.tokenizer.encode_batch
+        )
+        self.conversations = IncrementalEncoder(
+            self.tokenizer,
+            lambda texts: self._encode_batch(texts, add_special_tokens=False),
+            max_bytes=conversation_cache_bytes,
         )
         directory = path.parent
         config: dict[str, Any] = {}
@@ -314,7 +327,9 @@ class LocalTokenizer(OpenAIRequestTokenizer):
             chat_template_kwargs=kwargs if isinstance(kwargs, Mapping) else None,
             chat_template=template if isinstance(template, str) else None,
         )
-        return self.encode(text, add_special_tokens=data.get("add_special_tokens") is True)
+        if data.get("add_special_tokens") is True:
+            return self.encode(text, add_special_tokens=True)
+        return self.conversations.encode(text)
 
 
 def completion_prompt(data: Mapping[str, Any]) -> str | list[int]:

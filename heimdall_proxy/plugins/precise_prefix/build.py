@@ -85,7 +85,11 @@ def build_tokenizer(cfg: TokenizersPoolConfig) -> RequestTokenizer:
                 f"either ({type(hub_exc).__name__}: {hub_exc})"
             ) from exc
     try:
-        tokenizer = MistralRequestTokenizer(path) if mistral else LocalTokenizer(path)
+        tokenizer = (
+            MistralRequestTokenizer(path)
+            if mistral
+            else LocalTokenizer(path, cfg.conversation_cache_bytes)
+        )
     except ImportError as exc:
         raise ValueError(f"indexerConfig.tokenizersPoolConfig: {exc}") from exc
     return InProcessTokenizer(

@@ -13,6 +13,7 @@ from heimdall_proxy.kvcache.index import parse_bytes, tier_weights
 from heimdall_proxy.kvcache.prepare import default_processes
 from heimdall_proxy.plugins.scheduling.scorers.shared_state import RedisConfig
 from heimdall_proxy.tokenization import DEFAULT_MAX_PROMPT_CHARS
+from heimdall_proxy.tokenization.incremental import DEFAULT_CACHE_BYTES
 
 
 class TokenProcessorConfig(PluginParams):
@@ -107,6 +108,9 @@ class TokenizersPoolConfig(PluginParams):
     workers_count: int = Field(default=5, gt=0)
     #: Extension: prompts longer than this (characters) are not tokenized (score 0).
     max_prompt_chars: int = Field(default=DEFAULT_MAX_PROMPT_CHARS, gt=0)
+    #: Extension: bytes of recent chat prompts (text and token ids) kept so a conversation's
+    #: next turn tokenizes only its new text (tokenization/incremental.py); 0: none.
+    conversation_cache_bytes: int = Field(default=DEFAULT_CACHE_BYTES, ge=0)
     hf: HFTokenizerConfig | None = None
     local: LocalTokenizerConfig | None = None
     uds: UDSTokenizerPoolConfig | None = None

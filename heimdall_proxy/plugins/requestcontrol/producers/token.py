@@ -43,6 +43,7 @@ from heimdall_proxy.plugins.requestcontrol.producers.tokenizer import (
 from heimdall_proxy.resilience.breaker import CircuitBreaker
 from heimdall_proxy.tokenization import DEFAULT_MAX_PROMPT_CHARS
 from heimdall_proxy.tokenization.estimate import EstimateTokenizer, given_ids
+from heimdall_proxy.tokenization.incremental import DEFAULT_CACHE_BYTES
 from heimdall_proxy.tokenization.render import VLLMRenderTokenizer
 
 TOKEN_PRODUCER_TYPE = "token-producer"
@@ -66,6 +67,10 @@ class TokenProducerParams(PluginParams):
     estimate: dict[str, Any] | None = None
     #: Extension: prompts longer than this (characters) go on untokenized.
     max_prompt_chars: int = Field(default=DEFAULT_MAX_PROMPT_CHARS, gt=0)
+    #: Extension (`modelName` alone, in-process): bytes of recent chat prompts (text and
+    #: token ids) kept so a conversation's next turn tokenizes only its new text
+    #: (tokenization/incremental.py); 0: none.
+    conversation_cache_bytes: int = Field(default=DEFAULT_CACHE_BYTES, ge=0)
 
 
 @register(TOKEN_PRODUCER_TYPE, TokenProducerParams)
@@ -110,6 +115,7 @@ class TokenProducer(Tokenizing, BasePlugin[TokenProducerParams]):
                 params.model_name,
                 params.max_prompt_chars,
                 " (or give `vllm.url`, a vLLM that renders prompts for this model)",
+                params.conversation_cache_bytes,
             )
         else:
             self.backend = "estimate"

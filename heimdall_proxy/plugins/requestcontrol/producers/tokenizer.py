@@ -20,6 +20,7 @@ from heimdall_proxy.tokenization import (
     RequestTokenizer,
     TokenizeSkippedError,
 )
+from heimdall_proxy.tokenization.incremental import DEFAULT_CACHE_BYTES
 from heimdall_proxy.tokenization.resolve import TokenizerNotFoundError, find_tokenizer
 from heimdall_proxy.tokenization.uds import UDSTokenizerClient
 
@@ -39,6 +40,9 @@ class TokenizerParams(PluginParams):
     uds_tokenizer_config: UDSTokenizerConfig | None = None
     #: Extension: prompts longer than this (characters) go on untokenized.
     max_prompt_chars: int = Field(default=DEFAULT_MAX_PROMPT_CHARS, gt=0)
+    #: Extension: bytes of recent chat prompts (text and token ids) kept so a conversation's
+    #: next turn tokenizes only its new text (tokenization/incremental.py); 0: none.
+    conversation_cache_bytes: int = Field(default=DEFAULT_CACHE_BYTES, ge=0)
 
 
 def uds_tokenizer(socket_file: str, model: str, max_prompt_chars: int) -> RequestTokenizer:
@@ -46,14 +50,21 @@ def uds_tokenizer(socket_file: str, model: str, max_prompt_chars: int) -> Reques
     return UDSTokenizerClient(socket_file, model, timeout=1.0, max_prompt_chars=max_prompt_chars)
 
 
-def local_tokenizer(model: str, max_prompt_chars: int, hint: str = "") -> RequestTokenizer:
+def local_tokenizer(
+    model: str,
+    max_prompt_chars: int,
+    hint: str = "",
+    conversation_cache_bytes: int = DEFAULT_CACHE_BYTES,
+) -> RequestTokenizer:
     """`model`'s own tokenizer, in-process on a worker thread. Raises ValueError (a config
     error, followed by `hint`) when no tokenizer file can be found for it."""
     try:
         path = find_tokenizer(model)
     except TokenizerNotFoundError as exc:
         raise ValueError(f"{exc}{hint}") from exc
-    return InProcessTokenizer(LocalTokenizer(path), max_prompt_chars=max_prompt_chars)
+    return InProcessTokenizer(
+        LocalTokenizer(path, conversation_cache_bytes), max_prompt_chars=max_prompt_chars
+    )
 
 
 class Tokenizing:
@@ -132,7 +143,11 @@ class TokenizerPlugin(Tokenizing, BasePlugin[TokenizerParams]):
     256k tokens) is not tokenized, nor, in-process, a request that arrives while the worker
     has 4 x `maxPromptChars` characters of prompts queued; both go on without token ids at
     once, counted in `skipped` and logged at debug level (not failures: the breaker is not
-    told). Later plugins then estimate the prompt's tokens from its characters."""
+    told). Later plugins then estimate the prompt's tokens from its characters.
+
+    Incremental (an extension): in-process, a chat request whose conversation was tokenized
+    before tokenizes only its new text, with the same ids; `conversationCacheBytes` (default
+    64 MiB) bounds the prompts kept for that (0: none)."""
 
     type = TOKENIZER_TYPE
 
@@ -146,4 +161,8 @@ class TokenizerPlugin(Tokenizing, BasePlugin[TokenizerParams]):
                 params.uds_tokenizer_config.socket_file, params.model_name, params.max_prompt_chars
             )
         else:
-            self.tokenizer = local_tokenizer(params.model_name, params.max_prompt_chars)
+            self.tokenizer = local_tokenizer(
+                params.model_name,
+                params.max_prompt_chars,
+                conversation_cache_bytes=params.conversation_cache_bytes,
+            )

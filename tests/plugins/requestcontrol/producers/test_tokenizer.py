@@ -127,6 +127,28 @@ async def test_prompts_over_max_prompt_chars_go_on_untokenized(
         await uds.stop()
 
 
+async def test_a_conversations_next_turn_reuses_its_tokens(model_dir: Path) -> None:
+    on = make(modelName=str(model_dir))
+    off = make(modelName=str(model_dir), conversationCacheBytes=0)
+    messages = [{"role": "system", "content": "the gateway is a router " * 300}]
+    try:
+        for turn in range(3):
+            messages.append({"role": "user", "content": f"question {turn} please " * 50})
+            ids = []
+            for plugin in (on, off):
+                r = req("chat", {"messages": list(messages)})
+                await plugin.prepare_data(r, [])
+                ids.append(r.token_ids)
+            assert ids[0] is not None and ids[0] == ids[1]
+            messages.append({"role": "assistant", "content": "the answer is yes " * 40})
+        local = [p.tokenizer.tokenizer.conversations for p in (on, off)]  # type: ignore[union-attr]
+        assert (local[0].stats.hits, local[0].stats.misses) == (2, 1)
+        assert not local[1].enabled and local[1].stats.hits == 0
+    finally:
+        await on.stop()
+        await off.stop()
+
+
 async def test_uds_mode_and_service_down(model_dir: Path, tmp_path: Path) -> None:
     sock = f"/tmp/hp-tokp-{os.getpid()}-{tmp_path.name[-8:]}.sock"
     plugin = make(modelName="tiny", udsTokenizerConfig={"socketFile": sock})
