@@ -95,8 +95,11 @@ STOP_TIMEOUT = 5.0
 #: socket), a replay DEALER while a gap is repaired, the bound socket.
 MAX_SOCKETS = 1 << 16
 #: Start-up catch-ups (a replay DEALER and its TCP connection each) run at once at most: a
-#: thousand pods joining together would otherwise open a thousand sockets for a moment.
-CATCH_UP_AT_ONCE = 32
+#: thousand pods joining together would otherwise open a thousand sockets for a moment. A
+#: pod without a replay socket holds its slot for `replay_timeout`, so a fleet of 1,024
+#: such pods takes 16 of them to catch up (its messages held meanwhile; catch_up_wait
+#: bounds how long start-up waits): set replayPortOffset 0 for pods without one.
+CATCH_UP_AT_ONCE = 64
 #: Descriptors a subscriber holds besides its pods' TCP connections and its replay DEALERs:
 #: libzmq's context (reaper and I/O thread: an epoll and a mailbox each, the context's own
 #: mailbox) and the shared socket's mailbox, with room to spare.
@@ -106,13 +109,15 @@ FD_CONSTANT = 16
 def fd_budget(pods: int, catching_up: bool = True) -> int:
     """The most descriptors a subscriber with the shared socket holds for `pods` pods: one
     TCP connection each, a constant, and while catch-ups (or a gap replay) run, a replay
-    DEALER and its connection per replay at once, counted twice: libzmq's reaper closes a
-    finished one's descriptors a little after the next has opened (bench/kv_fds.py measured
-    N + 6 followed, N + 93 to N + 104 at the peak of 1,024 catch-ups). Without the shared
+    DEALER and its connection per replay at once, and room for as many again, and half
+    that, of finished ones: libzmq's reaper closes their descriptors a little after the next
+    replays have opened theirs, later on a loaded machine (bench/kv_fds.py, 1,024 pods:
+    N + 6 followed; at the peak of the catch-ups, N + 146 to N + 210 at load 4-5, budget
+    N + 336). Without the shared
     socket a pod costs two (its SUB socket's mailbox and its connection), so 1,024 pods
     alone passed a soft limit of 1,024; with it, the CLI still raises the soft limit to the
     hard one at start-up (a thousand pods and the process's own descriptors pass 1,024)."""
-    return pods + FD_CONSTANT + (4 * CATCH_UP_AT_ONCE if catching_up else 4)
+    return pods + FD_CONSTANT + (5 * CATCH_UP_AT_ONCE if catching_up else 5)
 
 
 @dataclass(slots=True)
@@ -210,7 +215,10 @@ class KVEventsSubscriber:
         self._floor: dict[str, int] = {}
         #: Topics already warned about for naming no followed pod.
         self._unnamed: set[bytes] = set()
-        self._catch_ups = asyncio.Semaphore(CATCH_UP_AT_ONCE)
+        #: Replays (catch-ups and gap repairs) running on the shared socket's pods at once.
+        self._replays = asyncio.Semaphore(CATCH_UP_AT_ONCE)
+        #: Gap repairs under way: each holds its pod's messages until its replay is applied.
+        self._repairs: set[asyncio.Task[None]] = set()
 
     # ---- lifecycle -----------------------------------------------------------------------
 
@@ -261,7 +269,7 @@ class KVEventsSubscriber:
                         self.options.catch_up_wait)  # fmt: skip
 
     async def stop(self) -> None:
-        tasks = [t for _, t in self._subs.values()] + self._tasks
+        tasks = [t for _, t in self._subs.values()] + self._tasks + list(self._repairs)
         self._subs.clear()
         self._failing.clear()
         self._malformed.clear()
@@ -428,14 +436,11 @@ class KVEventsSubscriber:
         try:
             if self.options.catch_up:
                 self._holding[pod] = []
-                async with self._catch_ups:  # a held message's gap replays inside it too
+                async with self._replays:  # a held message's gap replays inside it too
                     caught = await self._catch_up(pod, endpoint)
                     if caught is not None:
                         self._floor[pod] = self._expected[pod] = caught
-                    held = self._holding[pod]
-                    while held:  # the reader adds to it while a message is handled
-                        await self._on_shared(pod, endpoint, held.pop(0))
-                    del self._holding[pod]
+                    await self._release(pod, endpoint, self._holding[pod])
             self._caught_up.setdefault(pod, asyncio.Event()).set()
             await asyncio.Future()  # connected until cancelled
         finally:
@@ -460,8 +465,41 @@ class KVEventsSubscriber:
             held = self._holding.get(pod)
             if held is not None:
                 held.append(frames)
-                continue
-            await self._on_shared(pod, endpoint, frames)
+            elif self._gap_ahead(pod, frames):
+                # replayed aside, so one pod's replay does not stall every other pod's events
+                held = self._holding[pod] = [frames]
+                repair = asyncio.create_task(
+                    self._repair(pod, endpoint, held), name=f"kv-gap-{pod}"
+                )
+                self._repairs.add(repair)
+                repair.add_done_callback(self._repairs.discard)
+            else:
+                await self._on_shared(pod, endpoint, frames)
+
+    def _gap_ahead(self, pod: str, frames: list[bytes]) -> bool:
+        expected = self._expected.get(pod)
+        return (
+            expected is not None
+            and len(frames) == 3
+            and len(frames[1]) == 8
+            and int.from_bytes(frames[1], "big") > expected
+            and pod not in self._floor
+        )
+
+    async def _repair(self, pod: str, endpoint: str, held: list[list[bytes]]) -> None:
+        """Handle `pod`'s held messages, the first of which revealed a gap (its replay runs
+        in one of the replay slots), then let its messages through again."""
+        async with self._replays:
+            await self._release(pod, endpoint, held)
+
+    async def _release(self, pod: str, endpoint: str, held: list[list[bytes]]) -> None:
+        """Handle `pod`'s held messages in order, then stop holding them."""
+        try:
+            while held:  # the reader adds to it while a message is handled
+                await self._on_shared(pod, endpoint, held.pop(0))
+        finally:
+            if self._holding.get(pod) is held:
+                del self._holding[pod]
 
     async def _on_shared(self, pod: str, endpoint: str, frames: list[bytes]) -> None:
         """One message of `pod` from the shared socket: recovery, catch-up floor, sequence."""

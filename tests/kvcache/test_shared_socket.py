@@ -135,3 +135,28 @@ async def test_a_gap_of_one_pod_does_not_touch_another(
         await sub.stop()
         await a.close()
         await b.close()
+
+
+async def test_a_pod_waiting_on_its_replay_holds_back_no_other(ctx: zmq.asyncio.Context) -> None:
+    slow = Publisher(ctx, replay=False, topic="kv@a@m")  # its replay never answers
+    quick = Publisher(ctx, replay=False, topic="kv@b@m")
+    sink = Sink()
+    pool = Pool([pod("a", slow.endpoint), pod("b", quick.endpoint)])
+    sub = await follow(pool, sink, replay_timeout=0.5)
+    try:
+        await until_live(slow, sub.received, "a")
+        await until_live(quick, sub.received, "b")
+        await slow.publish(ev(1))
+        await slow.publish(ev(2), send=False)
+        await slow.publish(ev(3))  # a gap: a's replay is asked, and waited for
+        await eventually(lambda: sub.stats.gaps == 1)
+        await quick.publish(ev(5))
+        await eventually(lambda: 3 in tokens_of(sink, "a") and 5 in tokens_of(sink, "b"))
+        order = [e.token_ids[0] for _, b in sink.batches for e in b.events
+                 if isinstance(e, BlockStored)]  # fmt: skip
+        assert order.index(5) < order.index(3)  # b's batch went by while a's waited
+        assert tokens_of(sink, "a") == [1, 3] and sub.stats.missed_batches == 1
+    finally:
+        await sub.stop()
+        await slow.close()
+        await quick.close()
