@@ -444,11 +444,12 @@ class KVEventsSubscriber:
             self._caught_up.setdefault(pod, asyncio.Event()).set()
             await asyncio.Future()  # connected until cancelled
         finally:
-            self._routes.remove(pod)
-            self._attached.pop(pod, None)
-            self._expected.pop(pod, None)
-            self._floor.pop(pod, None)
-            self._holding.pop(pod, None)
+            if self._attached.get(pod) == endpoint:  # not yet the pod's next attachment's
+                self._routes.remove(pod)
+                del self._attached[pod]
+                self._expected.pop(pod, None)
+                self._floor.pop(pod, None)
+                self._holding.pop(pod, None)
             if self._shared is sock:  # not closed by stop() meanwhile
                 with contextlib.suppress(zmq.ZMQError):
                     sock.disconnect(endpoint)

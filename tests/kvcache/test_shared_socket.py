@@ -160,3 +160,24 @@ async def test_a_pod_waiting_on_its_replay_holds_back_no_other(ctx: zmq.asyncio.
         await sub.stop()
         await slow.close()
         await quick.close()
+
+
+async def test_a_pod_that_moves_is_followed_at_its_new_address(ctx: zmq.asyncio.Context) -> None:
+    old = Publisher(ctx, replay=False, topic="kv@a@m")
+    new = Publisher(ctx, replay=False, topic="kv@a@m")
+    other = Publisher(ctx, replay=False, topic="kv@b@m")
+    pool = Pool([pod("a", old.endpoint), pod("b", other.endpoint)])
+    sink = Sink()
+    sub = await follow(pool, sink, reconcile_interval=0.05)
+    try:
+        await until_live(old, sub.received, "a")
+        pool.list = [pod("a", new.endpoint), pod("b", other.endpoint)]
+        await eventually(lambda: sub.subscriptions().get("a") == new.endpoint)
+        sub.received.pop("a", None)
+        await until_live(new, sub.received, "a")  # heard at its new address
+        await new.publish(ev(9))
+        await eventually(lambda: 9 in tokens_of(sink, "a"))
+    finally:
+        await sub.stop()
+        for p in (old, new, other):
+            await p.close()
