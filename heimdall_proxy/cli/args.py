@@ -274,10 +274,11 @@ def load_or_embedded(path: str | None) -> GatewayConfig:
 
 
 def raise_open_files_limit() -> None:
-    """Raise this process's soft limit of open files to its hard limit. A gateway holds a
-    scrape connection, upstream connections and, with KV events, a subscription per pod, so
-    a thousand pods pass the usual soft limit of 1,024; Go's runtime raises it the same way
-    for GIE's and llm-d's EPP, so their users never met it."""
+    """Raise this process's soft limit of open files to its hard limit (logged). A gateway
+    holds a scrape connection, upstream connections and, with KV events, a TCP connection per
+    pod (kvcache.subscriber.fd_budget), so a thousand pods pass the usual soft limit of
+    1,024; Go's runtime raises it the same way for GIE's and llm-d's EPP, so their users
+    never met it."""
     try:
         import resource
     except ImportError:  # pragma: no cover - not on Windows
@@ -291,6 +292,9 @@ def raise_open_files_limit() -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
     except (ValueError, OSError) as exc:
         log.warning("could not raise the open files limit from %d to %d: %s", soft, target, exc)
+    else:
+        # said, so an operator reading a descriptor count knows the ceiling it is under
+        log.info("raised the open files soft limit from %d to %d (the hard limit)", soft, target)
 
 
 def run_loop(coro: Coroutine[Any, Any, None]) -> None:

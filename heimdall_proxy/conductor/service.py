@@ -113,6 +113,9 @@ class Conductor:
             reconcile_interval=5.0,
             duplicate_window=self.options.duplicate_window,
             topic_filter="",
+            # publishers register by key and their topics are free (any engine, any format):
+            # a socket each tells them apart, where one shared socket would need the topic to
+            shared_socket=False,
         )
         #: per publisher, bumped whenever its blocks are dropped (conductor.prepare orders
         #: the workers' engine-hash maps by it)

@@ -2,9 +2,19 @@
 
 Two ways in, as in llm-d's kv-cache indexer:
 
-- per pod (`discoverPods`, the default): one SUB socket connected to each pod's publisher,
-  the endpoint's `kvEvents` address or `tcp://<pod host>:<socketPort>`; pods are followed as
-  they join and leave the pool (a departed pod's blocks are forgotten);
+- per pod (`discoverPods`, the default): the gateway connects to each pod's publisher, the
+  endpoint's `kvEvents` address or `tcp://<pod host>:<socketPort>`; pods are followed as
+  they join and leave the pool (a departed pod's blocks are forgotten). All of them are
+  connected to ONE shared SUB socket (`shared_socket`), so following N pods costs one
+  socket, N TCP connections and a constant (the context's threads, a replay DEALER while a
+  gap is repaired), not a socket and its descriptors per pod; 1,024 pods fit in the
+  descriptors of a default soft limit's worth of pods plus a few. A message on the shared
+  socket says nothing of its connection, so the pod is named by its topic,
+  `kv@<pod>@<model>` (kvcache.topics: the pod's name, publisher or serving `host:port`, or a
+  host no other followed pod has; llm-d names pods in the topic the same way); a topic that
+  names no followed pod (or several) is counted (`unattributed_batches`), warned about once,
+  and dropped. With `shared_socket` off (the conductor, whose publishers' topics are free)
+  each pod has a SUB socket of its own and its messages are its own whatever the topic;
 - one bound SUB socket (`zmqEndpoint`) that publishers connect to; the pod is named by the
   topic, `kv@<pod>@<model>` (matched to an endpoint by name, host or host:port).
 
@@ -49,6 +59,7 @@ from heimdall_proxy.framework.types import Endpoint
 from heimdall_proxy.kvcache.backoff import Backoff
 from heimdall_proxy.kvcache.events import EventBatch, decode_payloads
 from heimdall_proxy.kvcache.index import KVCacheStats
+from heimdall_proxy.kvcache.topics import TopicRoutes
 
 log = logging.getLogger(__name__)
 
@@ -80,9 +91,33 @@ APPLY_SLICE = 0.0005
 STOP_TIMEOUT = 5.0
 
 
-#: Sockets one subscriber's ZMQ context may open: one SUB per pod, a replay DEALER while a
-#: gap is repaired, the bound socket.
+#: Sockets one subscriber's ZMQ context may open: one SUB per pod (without the shared
+#: socket), a replay DEALER while a gap is repaired, the bound socket.
 MAX_SOCKETS = 1 << 16
+#: Start-up catch-ups (a replay DEALER and its TCP connection each) run at once at most: a
+#: thousand pods joining together would otherwise open a thousand sockets for a moment. A
+#: pod without a replay socket holds its slot for `replay_timeout`, so a fleet of 1,024
+#: such pods takes 16 of them to catch up (its messages held meanwhile; catch_up_wait
+#: bounds how long start-up waits): set replayPortOffset 0 for pods without one.
+CATCH_UP_AT_ONCE = 64
+#: Descriptors a subscriber holds besides its pods' TCP connections and its replay DEALERs:
+#: libzmq's context (reaper and I/O thread: an epoll and a mailbox each, the context's own
+#: mailbox) and the shared socket's mailbox, with room to spare.
+FD_CONSTANT = 16
+
+
+def fd_budget(pods: int, catching_up: bool = True) -> int:
+    """The most descriptors a subscriber with the shared socket holds for `pods` pods: one
+    TCP connection each, a constant, and while catch-ups (or a gap replay) run, a replay
+    DEALER and its connection per replay at once, and room for as many again, and half
+    that, of finished ones: libzmq's reaper closes their descriptors a little after the next
+    replays have opened theirs, later on a loaded machine (bench/kv_fds.py, 1,024 pods:
+    N + 6 followed; at the peak of the catch-ups, N + 146 to N + 210 at load 4-5, budget
+    N + 336). Without the shared
+    socket a pod costs two (its SUB socket's mailbox and its connection), so 1,024 pods
+    alone passed a soft limit of 1,024; with it, the CLI still raises the soft limit to the
+    hard one at start-up (a thousand pods and the process's own descriptors pass 1,024)."""
+    return pods + FD_CONSTANT + (5 * CATCH_UP_AT_ONCE if catching_up else 5)
 
 
 @dataclass(slots=True)
@@ -107,6 +142,9 @@ class SubscriberOptions:
     #: up to `retry_max` (seconds).
     retry_interval: float = 1.0
     retry_max: float = 60.0
+    #: Connect every pod to one SUB socket, naming the pod by its topic (kvcache.topics);
+    #: off: a SUB socket per pod, whose messages are the pod's whatever their topic.
+    shared_socket: bool = True
 
 
 async def decode_inline(payloads: list[bytes]) -> Iterable[EventBatch | str]:
@@ -166,6 +204,21 @@ class KVEventsSubscriber:
         self._failing: dict[str, Backoff] = {}
         #: Pods already warned about for sending malformed events.
         self._malformed: set[str] = set()
+        #: The shared SUB socket and what it knows of each pod connected to it: the topics
+        #: naming them, the next sequence number expected, the messages held while the
+        #: pod's catch-up runs, the sequence below which messages repeat the catch-up.
+        self._shared: zmq.asyncio.Socket | None = None
+        self._routes = TopicRoutes()
+        self._attached: dict[str, str] = {}
+        self._expected: dict[str, int] = {}
+        self._holding: dict[str, list[list[bytes]]] = {}
+        self._floor: dict[str, int] = {}
+        #: Topics already warned about for naming no followed pod.
+        self._unnamed: set[bytes] = set()
+        #: Replays (catch-ups and gap repairs) running on the shared socket's pods at once.
+        self._replays = asyncio.Semaphore(CATCH_UP_AT_ONCE)
+        #: Gap repairs under way: each holds its pod's messages until its replay is applied.
+        self._repairs: set[asyncio.Task[None]] = set()
 
     # ---- lifecycle -----------------------------------------------------------------------
 
@@ -190,6 +243,13 @@ class KVEventsSubscriber:
             sock.setsockopt(zmq.SUBSCRIBE, self.options.topic_filter.encode())
             self._tasks.append(asyncio.create_task(self._bound(sock), name="kv-events-bound"))
         if self.options.discover_pods:
+            if self.options.shared_socket:
+                sock = self._shared = self._ctx.socket(zmq.SUB)
+                sock.setsockopt(zmq.LINGER, 0)
+                sock.setsockopt(zmq.RCVHWM, 100_000)
+                sock.setsockopt(zmq.SUBSCRIBE, self.options.topic_filter.encode())
+                self._tasks.append(asyncio.create_task(self._shared_reader(sock),
+                                                       name="kv-events-shared"))  # fmt: skip
             self.reconcile()
             self._tasks.append(asyncio.create_task(self._reconcile_loop(), name="kv-events-pods"))
             await self._first_catch_up()
@@ -209,10 +269,11 @@ class KVEventsSubscriber:
                         self.options.catch_up_wait)  # fmt: skip
 
     async def stop(self) -> None:
-        tasks = [t for _, t in self._subs.values()] + self._tasks
+        tasks = [t for _, t in self._subs.values()] + self._tasks + list(self._repairs)
         self._subs.clear()
         self._failing.clear()
         self._malformed.clear()
+        self._unnamed.clear()
         self._tasks = []
         for task in tasks:
             task.cancel()
@@ -223,6 +284,9 @@ class KVEventsSubscriber:
             for task in tasks:
                 if task.done() and not task.cancelled():
                     task.exception()  # retrieved: it was logged where it happened
+        if self._shared is not None:
+            self._shared.close(linger=0)
+            self._shared = None
         if self._ctx is not None:
             self._ctx.destroy(linger=0)
             self._ctx = None
@@ -244,7 +308,8 @@ class KVEventsSubscriber:
 
     def reconcile(self) -> None:
         """Subscribe to new pods, drop departed ones, follow changed addresses."""
-        wanted = {e.name: self.endpoint_of(e) for e in self.pool.endpoints()}
+        pods = {e.name: e for e in self.pool.endpoints()}
+        wanted = {name: self.endpoint_of(e) for name, e in pods.items()}
         for pod, (endpoint, task) in list(self._subs.items()):
             if wanted.get(pod) != endpoint:
                 task.cancel()
@@ -259,7 +324,8 @@ class KVEventsSubscriber:
             current = self._subs.get(pod)
             if current is None or current[1].done():  # new, or its subscription failed
                 self._caught_up[pod] = asyncio.Event()
-                task = asyncio.create_task(self._follow(pod, endpoint), name=f"kv-events-{pod}")
+                follow = self._follow(pod, endpoint, pods[pod])
+                task = asyncio.create_task(follow, name=f"kv-events-{pod}")
                 self._subs[pod] = (endpoint, task)
                 log.info("following KV events of %s at %s", pod, endpoint)
 
@@ -278,12 +344,15 @@ class KVEventsSubscriber:
 
     # ---- receiving -----------------------------------------------------------------------
 
-    async def _follow(self, pod: str, endpoint: str) -> None:
+    async def _follow(self, pod: str, endpoint: str, where: Endpoint) -> None:
         """Follow `pod`'s publisher at `endpoint` until cancelled, trying a failed
         subscription again after its backoff."""
         while self._ctx is not None:  # None: stopped (a task that outlived stop() ends)
             try:
-                await self._subscription(pod, endpoint)
+                if self._shared is not None:
+                    await self._attachment(pod, endpoint, where)
+                else:
+                    await self._subscription(pod, endpoint)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
@@ -334,14 +403,7 @@ class KVEventsSubscriber:
                 frames = await sock.recv_multipart()
                 if not recovered:  # a run of failures ends with a message, not a connect
                     recovered = True
-                    run = self._failing.pop(pod, None)
-                    if run is not None and run.target == endpoint:
-                        log.info("KV events subscription of %s at %s recovered after %d "
-                                 "failure(s)", pod, endpoint, run.failures)  # fmt: skip
-                    elif run is not None:
-                        log.info("KV events subscription of %s at %s receives (%d failure(s) "
-                                 "at its former address %s)", pod, endpoint, run.failures,
-                                 run.target)  # fmt: skip
+                    self._recovered(pod, endpoint)
                 if floor is not None and len(frames) == 3 and len(frames[1]) == 8:
                     seq = int.from_bytes(frames[1], "big")
                     if 0 < seq < floor:
@@ -351,6 +413,118 @@ class KVEventsSubscriber:
         finally:
             if sock is not None:
                 sock.close(linger=0)
+
+    def _recovered(self, pod: str, endpoint: str) -> None:
+        """End `pod`'s run of failures, if any, with its first message (logged once)."""
+        run = self._failing.pop(pod, None)
+        if run is not None and run.target == endpoint:
+            log.info("KV events subscription of %s at %s recovered after %d failure(s)",
+                     pod, endpoint, run.failures)  # fmt: skip
+        elif run is not None:
+            log.info("KV events subscription of %s at %s receives (%d failure(s) at its "
+                     "former address %s)", pod, endpoint, run.failures, run.target)  # fmt: skip
+
+    async def _attachment(self, pod: str, endpoint: str, where: Endpoint) -> None:
+        """`pod`'s publisher connected to the shared socket until cancelled (then
+        disconnected); raises when ZMQ refuses the address. Messages the pod sends while its
+        catch-up runs are held, and handled after the replayed batches."""
+        sock = self._shared
+        assert sock is not None
+        sock.connect(endpoint)
+        self._attached[pod] = endpoint
+        self._routes.add(pod, where.host, where.hostport, endpoint)
+        try:
+            if self.options.catch_up:
+                self._holding[pod] = []
+                async with self._replays:  # a held message's gap replays inside it too
+                    caught = await self._catch_up(pod, endpoint)
+                    if caught is not None:
+                        self._floor[pod] = self._expected[pod] = caught
+                    await self._release(pod, endpoint, self._holding[pod])
+            self._caught_up.setdefault(pod, asyncio.Event()).set()
+            await asyncio.Future()  # connected until cancelled
+        finally:
+            if self._attached.get(pod) == endpoint:  # not yet the pod's next attachment's
+                self._routes.remove(pod)
+                del self._attached[pod]
+                self._expected.pop(pod, None)
+                self._floor.pop(pod, None)
+                self._holding.pop(pod, None)
+            if self._shared is sock:  # not closed by stop() meanwhile
+                with contextlib.suppress(zmq.ZMQError):
+                    sock.disconnect(endpoint)
+
+    async def _shared_reader(self, sock: zmq.asyncio.Socket) -> None:
+        """Read the shared socket: each message goes to the pod its topic names."""
+        while True:
+            frames = await sock.recv_multipart()
+            pod = self._routes.pod_of(frames[0]) if frames else None
+            endpoint = self._attached.get(pod) if pod is not None else None
+            if pod is None or endpoint is None:
+                self._unattributed(frames[0] if frames else b"")
+                continue
+            held = self._holding.get(pod)
+            if held is not None:
+                held.append(frames)
+            elif self._gap_ahead(pod, frames):
+                # replayed aside, so one pod's replay does not stall every other pod's events
+                held = self._holding[pod] = [frames]
+                repair = asyncio.create_task(
+                    self._repair(pod, endpoint, held), name=f"kv-gap-{pod}"
+                )
+                self._repairs.add(repair)
+                repair.add_done_callback(self._repairs.discard)
+            else:
+                await self._on_shared(pod, endpoint, frames)
+
+    def _gap_ahead(self, pod: str, frames: list[bytes]) -> bool:
+        expected = self._expected.get(pod)
+        return (
+            expected is not None
+            and len(frames) == 3
+            and len(frames[1]) == 8
+            and int.from_bytes(frames[1], "big") > expected
+            and pod not in self._floor
+        )
+
+    async def _repair(self, pod: str, endpoint: str, held: list[list[bytes]]) -> None:
+        """Handle `pod`'s held messages, the first of which revealed a gap (its replay runs
+        in one of the replay slots), then let its messages through again."""
+        async with self._replays:
+            await self._release(pod, endpoint, held)
+
+    async def _release(self, pod: str, endpoint: str, held: list[list[bytes]]) -> None:
+        """Handle `pod`'s held messages in order, then stop holding them."""
+        try:
+            while held:  # the reader adds to it while a message is handled
+                await self._on_shared(pod, endpoint, held.pop(0))
+        finally:
+            if self._holding.get(pod) is held:
+                del self._holding[pod]
+
+    async def _on_shared(self, pod: str, endpoint: str, frames: list[bytes]) -> None:
+        """One message of `pod` from the shared socket: recovery, catch-up floor, sequence."""
+        if pod in self._failing:
+            self._recovered(pod, endpoint)
+        floor = self._floor.get(pod)
+        if floor is not None and len(frames) == 3 and len(frames[1]) == 8:
+            seq = int.from_bytes(frames[1], "big")
+            if 0 < seq < floor:
+                return  # the catch-up's replay already had it
+            del self._floor[pod]
+        nxt = await self._received(pod, endpoint, frames, self._expected.get(pod))
+        if nxt is not None and pod in self._attached:  # not departed while it was handled
+            self._expected[pod] = nxt
+
+    def _unattributed(self, topic: bytes) -> None:
+        self.stats.unattributed_batches += 1
+        if topic not in self._unnamed and len(self._unnamed) < 1024:
+            self._unnamed.add(topic)
+            log.warning(
+                "KV events with topic %r name no followed pod (or several): dropped; name the "
+                "pod in the topic, kv@<pod name, IP or host:port>@<model>, as llm-d does",
+                topic.decode("utf-8", "replace"),
+            )
 
     async def _catch_up(self, pod: str, endpoint: str) -> int | None:
         """Ask the pod's replay socket for every batch it still buffers and apply them: what

@@ -166,6 +166,11 @@ class KVEventPublisher:
         sock.bind(f"tcp://{bind_host}:{port}")
         return port
 
+    def set_topic(self, topic: str) -> None:
+        """Publish under `topic` from now on: a topic naming the publisher's own address is
+        only known once its random port is bound (sim.kvfleet)."""
+        self._topic = topic.encode()
+
     def start(self) -> None:
         if self._replay is not None and self._task is None:
             self._task = asyncio.create_task(self._serve_replay(), name="sim-kv-replay")

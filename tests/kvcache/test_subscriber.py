@@ -312,11 +312,11 @@ async def test_stop_ends_a_worker_whose_apply_absorbed_the_cancellation(
 @pytest.mark.slow
 async def test_a_thousand_and_more_pods_are_all_followed(ctx: zmq.asyncio.Context) -> None:
     # libzmq's default of 1,023 sockets per context used to fail every subscription past it.
-    # A socket takes two descriptors or more: raise the soft limit as the CLI does.
+    # A connection takes a descriptor: raise the soft limit as the CLI does.
     raise_open_files_limit()
     if resource.getrlimit(resource.RLIMIT_NOFILE)[0] < 4 * 1100:
         pytest.skip("the open files limit cannot be raised to what 1,100 sockets take")
-    pub = Publisher(ctx, replay=False)
+    pub = Publisher(ctx, replay=False, topic="kv@last@m")  # the shared socket reads the pod
     silent = [pod(f"p{i}", "tcp://127.0.0.1:9") for i in range(1100)]  # nothing listens
     sink = Sink()
     sub = await follow(Pool([*silent, pod("last", pub.endpoint)]), sink, replay_port_offset=0)

@@ -27,6 +27,8 @@ class KVCacheStats:
     publisher_restarts: int = 0
     #: batches whose sequence number was seen already (SubscriberOptions.duplicate_window)
     duplicate_batches: int = 0
+    #: batches on the shared socket whose topic named no followed pod (kvcache.topics)
+    unattributed_batches: int = 0
     evicted_keys: int = 0
     speculative_blocks: int = 0
     lookups: int = 0
