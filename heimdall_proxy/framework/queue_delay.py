@@ -17,7 +17,7 @@ looks busy and a full one looks idler than it is; the filter then keeps a shared
 full pod while another has a slot free (bench/RESULTS.md, inference-perf's shared prefix). So
 the price is learned together with a free depth `d`: the number of requests in flight that
 delay nobody, the largest count of requests ahead whose first tokens waited, on average, less
-than a tenth of the pod's service time (and every smaller count too; queue_price.py passes
+than 15% of the pod's service time (and every smaller count too; queue_price.py passes
 the bar). With `k` requests ahead, the tokens that count are the share `(k - d) / k` of those
 in flight (none while `k <= d`). A pod seen to run 7 at once without delay is unbounded and
 keeps the price alone; so does every pod while its service time is unknown (depth 0: the

@@ -33,8 +33,11 @@ from heimdall_proxy.framework.service_time import ServiceTime, residual_wait
 __all__ = ["QueuePrice", "SampleJournal"]
 
 #: A request ahead that delays the next first token by less than this share of a service time
-#: on average does not hold it up (it runs beside it): what sets a pod's free depth.
-FREE_SHARE = 0.1
+#: on average does not hold it up (it runs beside it): what sets a pod's free depth. A full
+#: two-slot pod delays by about a third of a service time (the expected rest of the sooner of
+#: two replies), a free slot by a prefill's interleaving: 0.15 sits between with room for
+#: noise (0.1 flipped depths back and forth on the shared-prefix trace).
+FREE_SHARE = 0.15
 
 
 class SampleJournal(Protocol):
