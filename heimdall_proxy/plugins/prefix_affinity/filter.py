@@ -244,9 +244,10 @@ class PrefixCacheAffinityFilter(SharesState, BasePlugin[PrefixCacheAffinityParam
         nobody until they fill it), else at `peakPrefillThroughput`."""
         if self.queue_price is None:
             return self._busy(pod) * self._seconds_per_token
-        return self.queue_price.wait(
-            pod, self._busy(pod), self.load.requests.get(pod, 0), self.load.keys_on(pod)
-        )
+        requests = self.load.requests.get(pod, 0)
+        if not requests:  # nothing in flight there: no wait (and no lookups, at 1,024 pods)
+            return 0.0
+        return self.queue_price.wait(pod, self._busy(pod), requests, self.load.keys_on(pod))
 
     def _queue_price(self, pod: str) -> float:
         """Seconds of delay per prompt token in flight on `pod`."""
