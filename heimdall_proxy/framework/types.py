@@ -410,6 +410,40 @@ class DefaultScores(Mapping[str, float]):
         return f"DefaultScores(default={self.default!r}, changed={self.changed!r})"
 
 
+class AlignedScores(Mapping[str, float]):
+    """A scorer's answer with its own score for most endpoints, in the candidates' order:
+    `ordered[i]` is the score of `endpoints[i]`. The scheduler adds `ordered` to its sums
+    position by position; a dict of a thousand names built by the scorer and looked up again
+    by the scheduler was a tenth of a decision per such scorer at 1,024 pods. To everything
+    else it is the full Mapping the Scorer contract promises (built on first use)."""
+
+    __slots__ = ("_map", "endpoints", "ordered")
+
+    def __init__(self, endpoints: list[Endpoint], ordered: list[float]) -> None:
+        if len(ordered) != len(endpoints):
+            raise ValueError(f"{len(ordered)} scores for {len(endpoints)} endpoints")
+        self.endpoints = endpoints
+        self.ordered = ordered
+        self._map: dict[str, float] | None = None
+
+    def _dict(self) -> dict[str, float]:
+        if self._map is None:
+            self._map = dict(zip((e.name for e in self.endpoints), self.ordered, strict=True))
+        return self._map
+
+    def __getitem__(self, name: str) -> float:
+        return self._dict()[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._dict())
+
+    def __len__(self) -> int:
+        return len(self._dict())
+
+    def __repr__(self) -> str:
+        return f"AlignedScores({self._dict()!r})"
+
+
 class ScoredEndpoints(Sequence[ScoredEndpoint]):
     """The candidates a picker chooses among, with their total scores: `endpoints[i]` scored
     `totals[i]`. A Sequence of ScoredEndpoint for pickers that want one (made on first use);
