@@ -32,6 +32,10 @@ FEATURES = (
 )
 #: Column scales, in FEATURES order.
 _SCALE = (8.0, 32.0, 1.0, 1000.0, 1000.0, 8.0, 4000.0, 100.0)
+#: The scales of the waiting and in-flight columns: powers of two, so a column times its
+#: scale is the count again, exactly (readers recover the counts from the rows).
+WAITING_SCALE = _SCALE[0]
+INFLIGHT_SCALE = _SCALE[5]
 
 
 def features(
@@ -72,9 +76,9 @@ class FeatureMatrix:
         self,
         endpoints: Sequence[Endpoint],
         prompt_tokens: int,
-        uncached_tokens: Sequence[float] | None,
-        inflight: Sequence[int],
-        inflight_tokens: Sequence[float],
+        uncached_tokens: Sequence[float] | np.ndarray | None,
+        inflight: Sequence[int] | np.ndarray,
+        inflight_tokens: Sequence[float] | np.ndarray,
         output_tokens: int,
     ) -> np.ndarray:
         """Rows in `endpoints` order; `uncached_tokens` None means no pod holds any of the

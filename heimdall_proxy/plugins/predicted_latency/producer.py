@@ -13,6 +13,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 from prometheus_client.core import Metric
 from pydantic import Field, field_validator
 
@@ -23,7 +24,13 @@ from heimdall_proxy.framework.inherit import changed
 from heimdall_proxy.framework.params import Duration, PluginParams
 from heimdall_proxy.framework.prefix import prefix_match_reader
 from heimdall_proxy.framework.registry import register
-from heimdall_proxy.framework.types import CycleState, Endpoint, InferenceRequest, RequestContext
+from heimdall_proxy.framework.types import (
+    CandidateNames,
+    CycleState,
+    Endpoint,
+    InferenceRequest,
+    RequestContext,
+)
 from heimdall_proxy.observability.loop import CounterFamily, GaugeFamily, HistogramFamily
 from heimdall_proxy.plugins.predicted_latency.metrics import LatencyMetrics
 from heimdall_proxy.plugins.predicted_latency.predictor import FeatureMatrix, LatencyPredictor
@@ -186,7 +193,7 @@ class PredictedLatencyProducer(BasePlugin[PredictedLatencyProducerParams]):
         self._attempts: dict[str, _Attempt] = {}
         self._max_tpot_samples = params.max_tpot_samples
         self._sampler = TokenSampler(params.sampling_mean)
-        #: per pod, its attempts in start order (the oldest first)
+        #: per pod with requests in flight, its attempts in start order (the oldest first)
         self._pending: dict[str, dict[str, _Attempt]] = {}
 
     def inherit(self, previous: PredictedLatencyProducer, gone: frozenset[str]) -> str | None:
@@ -287,23 +294,40 @@ class PredictedLatencyProducer(BasePlugin[PredictedLatencyProducerParams]):
         )
         now = time.monotonic()
         self._censored(now)
-        names = [e.name for e in endpoints]
-        requests, prompts = self.load.requests, self.load.prompts
-        counts = [requests.get(n, 0) for n in names]
-        tokens = [
-            float(prompts.get(n, 0)) if c else 0.0 for n, c in zip(names, counts, strict=True)
-        ]
-        uncached: list[int] | None = None
+        known = CandidateNames.of(endpoints)
+        names = known.names
+        index = known.index()
+        if index is None:  # two candidates share a name (not in a pool): one row each
+            index = {n: i for i, n in enumerate(names)}
+        # Only the pods with requests in flight or a prefix match differ from the rest: the
+        # columns are filled with the common value and those pods set one by one, so the
+        # cost follows the pods that can differ, not the pool (at 1,024 pods a per-pod
+        # lookup of each was most of a decision).
+        n = len(names)
+        counts = np.zeros(n)
+        tokens = np.zeros(n)
+        inflight: dict[str, int] = {}
+        prompts = self.load.prompts
+        for pod, c in self.load.requests.items():
+            i = index.get(pod)
+            if i is not None and c:
+                counts[i] = c
+                tokens[i] = float(prompts.get(pod, 0))
+                inflight[pod] = c
+        uncached: np.ndarray | None = None
+        ratios: dict[str, float] = {}
         if info is not None:
-            ratios = [info.ratio(n) for n in names]
-            uncached = [info.uncached_tokens(n) for n in names]
-        else:
-            ratios = [0.0] * len(names)
+            uncached = np.full(n, float(info.prompt_tokens))
+            for pod in info.matched_blocks:
+                i = index.get(pod)
+                if i is not None:
+                    ratios[pod] = info.ratio(pod)
+                    uncached[i] = info.uncached_tokens(pod)
         rows = self._features.build(endpoints, prompt, uncached, counts, tokens, out)
-        preds.inflight = dict(zip(names, counts, strict=True))
-        preds.prefix = dict(zip(names, ratios, strict=True))
+        preds.inflight = inflight
+        preds.prefix = ratios
         preds.rows = rows
-        preds.row_index = {n: i for i, n in enumerate(names)}
+        preds.row_index = index
         ttft, tpot = self.predictor.predict(names, rows)
         if ttft is not None:
             self._set_predictions(
@@ -423,6 +447,8 @@ class PredictedLatencyProducer(BasePlugin[PredictedLatencyProducerParams]):
         pending = self._pending.get(ctx.target.name)
         if pending is not None:
             pending.pop(key, None)
+            if not pending:  # only pods with requests in flight are listed (_censored)
+                del self._pending[ctx.target.name]
         if att is None or ctx.error is not None or not (ctx.status or 0) < 300:
             return
         labels = (ctx.request.model, ctx.request.target_model)

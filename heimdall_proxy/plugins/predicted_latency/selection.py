@@ -10,10 +10,13 @@ meets the SLO outranks every one that does not."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Literal
+from collections.abc import Mapping, Sequence
+from typing import Literal, cast
 
-from heimdall_proxy.framework.types import Endpoint
+import numpy as np
+
+from heimdall_proxy.framework.types import AlignedScores, Endpoint
+from heimdall_proxy.plugins.predicted_latency.predictor import INFLIGHT_SCALE, WAITING_SCALE
 from heimdall_proxy.plugins.predicted_latency.state import LatencyPredictions, PodPrediction
 
 Strategy = Literal["least", "most"]
@@ -74,14 +77,32 @@ def composite_scores(
     queue_weight: float = 1.0,
     prefix_weight: float = 1.0,
     inflight: dict[str, int] | None = None,
-) -> dict[str, float]:
+    preds: LatencyPredictions | None = None,
+) -> Mapping[str, float]:
     """The fallback without predictions: a weighted mean of free KV cache, a short queue
     (relative to the longest among the candidates) and the prefix-cache match. The queue is
     the scraped one plus what this gateway has in flight there (`inflight`), which a scrape
-    shows late and which grows on a slow pod before its queue does."""
+    shows late and which grows on a slow pod before its queue does.
+
+    With `preds` (whose `inflight` and `prefix` these are) the scraped queue, KV use and
+    in-flight count are read from its feature rows, one numpy pass over the candidates: the
+    same numbers (the rows hold them scaled by powers of two, exactly) and the same
+    arithmetic, in the same order, as pod by pod."""
     total = kv_weight + queue_weight + prefix_weight
     if total <= 0.0:
         return {e.name: 0.0 for e in endpoints}
+    if preds is not None and preds.rows is not None and len(endpoints):
+        names = [e.name for e in endpoints]
+        found = list(map(preds.row_index.get, names))
+        if None not in found:  # every one was predicted for: its row holds its load
+            picked = cast(list[int], found)
+            return _composite_rows(
+                list(endpoints),
+                preds,
+                picked,
+                prefix_ratio,
+                (kv_weight, queue_weight, prefix_weight),
+            )
     inflight = inflight or {}
     queues = {e.name: e.metrics.waiting + inflight.get(e.name, 0) for e in endpoints}
     longest = max(queues.values(), default=0)
@@ -92,3 +113,34 @@ def composite_scores(
         prefix = prefix_ratio.get(e.name, 0.0)
         out[e.name] = (kv_weight * kv + queue_weight * queue + prefix_weight * prefix) / total
     return out
+
+
+def _composite_rows(
+    endpoints: list[Endpoint],
+    preds: LatencyPredictions,
+    picked: list[int],
+    prefix_ratio: dict[str, float],
+    weights: tuple[float, float, float],
+) -> AlignedScores:
+    """composite_scores of `endpoints`, whose rows of `preds.rows` are `picked`."""
+    full = preds.rows
+    assert full is not None
+    rows = full
+    kv_weight, queue_weight, prefix_weight = weights
+    total = kv_weight + queue_weight + prefix_weight
+    whole = len(picked) == len(rows) and picked == list(range(len(rows)))
+    if not whole:
+        rows = rows[picked]
+    queues = rows[:, 0] * WAITING_SCALE + rows[:, 5] * INFLIGHT_SCALE
+    longest = float(queues.max())
+    queue = 1.0 - queues / longest if longest > 0 else np.ones(len(endpoints))
+    kv = 1.0 - np.minimum(np.maximum(rows[:, 2], 0.0), 1.0)
+    prefix = np.zeros(len(full))
+    for pod, r in prefix_ratio.items():  # the pods with a match: few
+        i = preds.row_index.get(pod)
+        if i is not None:
+            prefix[i] = r
+    if not whole:
+        prefix = prefix[picked]
+    out = (kv_weight * kv + queue_weight * queue + prefix_weight * prefix) / total
+    return AlignedScores(endpoints, out.tolist())

@@ -66,9 +66,11 @@ class LatencyPredictions:
     #: Output tokens the request is expected to produce (for latency without SLOs).
     output_tokens: int
     pods: dict[str, PodPrediction] = field(default_factory=dict)
-    #: Prefix-cache match ratio by pod, in [0, 1], whether or not there are predictions.
+    #: Prefix-cache match ratio by pod, in [0, 1], whether or not there are predictions;
+    #: only the pods with a match are listed (read with `.get(pod, 0.0)`).
     prefix: dict[str, float] = field(default_factory=dict)
-    #: Requests this gateway has in flight on each pod, whether or not there are predictions.
+    #: Requests this gateway has in flight on each pod, whether or not there are
+    #: predictions; only the pods with some are listed (read with `.get(pod, 0)`).
     inflight: dict[str, int] = field(default_factory=dict)
     #: The candidates' feature rows and each pod's row in it, kept so the training hooks
     #: learn from what was predicted on.
