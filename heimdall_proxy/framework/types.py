@@ -55,6 +55,7 @@ class Metrics:
 
 
 _MEMBERSHIP_FIELDS = frozenset({"healthy", "models"})
+_WATCHED_FIELDS = _MEMBERSHIP_FIELDS | {"metrics"}
 _UNSET = object()
 
 
@@ -90,10 +91,19 @@ class Endpoint:
     #: Bumped whenever any endpoint's `healthy` or `models` changes, so the pool can cache
     #: the candidates of a model instead of scanning every pod on every request.
     membership_generation: ClassVar[int] = 0
+    #: Bumped whenever a scrape reports a different KV block size for any endpoint (rare: it
+    #: is the server's configuration), so what is derived from the pool's block sizes is
+    #: kept until then instead of read from every pod per request.
+    block_size_generation: ClassVar[int] = 0
 
     def __setattr__(self, name: str, value: Any) -> None:
-        if name in _MEMBERSHIP_FIELDS and getattr(self, name, _UNSET) != value:
-            Endpoint.membership_generation += 1
+        if name in _WATCHED_FIELDS:
+            old = getattr(self, name, _UNSET)
+            if name == "metrics":
+                if not isinstance(old, Metrics) or old.block_size != value.block_size:
+                    Endpoint.block_size_generation += 1
+            elif old != value:
+                Endpoint.membership_generation += 1
         object.__setattr__(self, name, value)
 
     @property
@@ -439,6 +449,9 @@ class AlignedScores(Mapping[str, float]):
 
     def __len__(self) -> int:
         return len(self._dict())
+
+    def __bool__(self) -> bool:  # without building the dict
+        return bool(self.ordered)
 
     def __repr__(self) -> str:
         return f"AlignedScores({self._dict()!r})"

@@ -24,6 +24,9 @@ import numpy as np
 
 #: Predictions never go below this (seconds): a linear model may extrapolate below zero.
 MIN_PREDICTION = 1e-4
+#: Factor changes remembered for factors_changed_since (about a second of changes at
+#: thousands of responses per second; a reader further behind reads every factor again).
+_CHANGES_KEPT = 8192
 
 
 class OnlineLatencyModel:
@@ -31,6 +34,8 @@ class OnlineLatencyModel:
     from its event loop only."""
 
     __slots__ = (
+        "_changed",
+        "_changed_base",
         "_pending_x",
         "_pending_y",
         "batch_size",
@@ -73,6 +78,9 @@ class OnlineLatencyModel:
         self.factors: dict[str, float] = {}
         #: counts changes of `factors`, for readers that cache arrays derived from them
         self.factors_version = 0
+        #: the pod of each change, the first one being change number _changed_base + 1
+        self._changed: list[str] = []
+        self._changed_base = 0
         #: the regression's coefficients and intercept as of the last training step, and a
         #: counter of those steps (readers that cache derived arrays compare it)
         self.coef = np.zeros(n_features)
@@ -110,7 +118,7 @@ class OnlineLatencyModel:
                 (1 - self.factor_alpha) * math.log(factor) + self.factor_alpha * math.log(ratio)
             )
             self.factors[pod] = factor
-            self.factors_version += 1
+            self._factor_changed(pod)
         self._pending_x.append(features)
         self._pending_y.append(actual / factor)
         if len(self._pending_y) >= self.batch_size:
@@ -119,7 +127,7 @@ class OnlineLatencyModel:
     def forget(self, pod: str) -> None:
         """Drop `pod`'s speed factor (it is back at the fleet's reference speed)."""
         if self.factors.pop(pod, None) is not None:
-            self.factors_version += 1
+            self._factor_changed(pod)
 
     def raise_factor(self, pod: str, elapsed: float, base: float) -> None:
         """A censored observation: a request on `pod` whose shared prediction was `base` has
@@ -130,7 +138,22 @@ class OnlineLatencyModel:
             floor = min(elapsed / base, 20.0)
             if floor > self.factors.get(pod, 1.0):
                 self.factors[pod] = floor
-                self.factors_version += 1
+                self._factor_changed(pod)
+
+    def _factor_changed(self, pod: str) -> None:
+        self.factors_version += 1
+        self._changed.append(pod)
+        if len(self._changed) > _CHANGES_KEPT:
+            del self._changed[: _CHANGES_KEPT // 2]
+            self._changed_base += _CHANGES_KEPT // 2
+
+    def factors_changed_since(self, version: int) -> list[str] | None:
+        """The pods whose factor changed after `factors_version` was `version` (a pod once
+        per change), or None when that is too long ago to say: a reader that keeps the
+        factors of many pods updates those instead of reading every pod's again."""
+        if version < self._changed_base or version > self.factors_version:
+            return None
+        return self._changed[version - self._changed_base :]
 
     def flush(self) -> None:
         """Train on the buffered observations (one SGD pass) and publish the coefficients."""

@@ -46,7 +46,7 @@ from heimdall_proxy.plugins.predicted_latency.state import (
     TPOT_SLO_HEADER,
     TTFT_SLO_HEADER,
     LatencyPredictions,
-    PodPrediction,
+    PodPredictions,
     read_predictions,
     slo_seconds,
 )
@@ -242,6 +242,7 @@ class PredictedLatencyProducer(BasePlugin[PredictedLatencyProducerParams]):
         if got is not None:
             self._set_predictions(
                 preds,
+                endpoints,
                 [e.name for e in endpoints],
                 [t for t, _ in got],
                 [tp for _, tp in got] if self.params.streaming_mode else None,
@@ -328,11 +329,9 @@ class PredictedLatencyProducer(BasePlugin[PredictedLatencyProducerParams]):
         preds.prefix = ratios
         preds.rows = rows
         preds.row_index = index
-        ttft, tpot = self.predictor.predict(names, rows)
+        ttft, tpot = self.predictor.predict(names, rows, index)
         if ttft is not None:
-            self._set_predictions(
-                preds, names, ttft.tolist(), tpot.tolist() if tpot is not None else None
-            )
+            self._set_predictions(preds, endpoints, names, ttft, tpot)
             if record:
                 self._record_duration(request, time.perf_counter() - t0, preds)
         state[PREDICTIONS_KEY] = preds
@@ -341,24 +340,20 @@ class PredictedLatencyProducer(BasePlugin[PredictedLatencyProducerParams]):
     @staticmethod
     def _set_predictions(
         preds: LatencyPredictions,
+        endpoints: list[Endpoint],
         names: list[str],
-        ttfts: list[float],
-        tpots: list[float] | None,
+        ttfts: list[float] | np.ndarray,
+        tpots: list[float] | np.ndarray | None,
     ) -> None:
         """Fill `preds.pods` (headrooms against the request's SLOs) from seconds per pod."""
-        ttft_slo, tpot_slo = preds.ttft_slo, preds.tpot_slo
-        tps: list[float | None] = list(tpots) if tpots is not None else [None] * len(names)
-        pods = preds.pods
-        prefix, inflight = preds.prefix, preds.inflight
-        for n, t, tp in zip(names, ttfts, tps, strict=True):
-            pods[n] = PodPrediction(
-                t,
-                tp,
-                ttft_slo - t if ttft_slo is not None else None,
-                tpot_slo - tp if tpot_slo is not None and tp is not None else None,
-                prefix.get(n, 0.0),
-                inflight.get(n, 0),
-            )
+        preds.pods = PodPredictions(
+            endpoints,
+            names,
+            preds.row_index,
+            np.asarray(ttfts, dtype=float),
+            np.asarray(tpots, dtype=float) if tpots is not None else None,
+            preds,
+        )
 
     def _record_duration(
         self, request: InferenceRequest, dt: float, preds: LatencyPredictions
@@ -366,7 +361,12 @@ class PredictedLatencyProducer(BasePlugin[PredictedLatencyProducerParams]):
         labels = (request.model, request.target_model)
         self.metrics.ttft_duration.labels(*labels).observe(dt)
         self.metrics.ttft_duration_gauge.labels(*labels).set(dt)
-        if any(p.tpot is not None for p in preds.pods.values()):
+        pods = preds.pods
+        if (
+            pods.tpot is not None
+            if isinstance(pods, PodPredictions)
+            else any(p.tpot is not None for p in pods.values())
+        ):
             self.metrics.tpot_duration.labels(*labels).observe(dt)
             self.metrics.tpot_duration_gauge.labels(*labels).set(dt)
 

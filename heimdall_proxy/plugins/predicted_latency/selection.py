@@ -17,7 +17,11 @@ import numpy as np
 
 from heimdall_proxy.framework.types import AlignedScores, Endpoint
 from heimdall_proxy.plugins.predicted_latency.predictor import INFLIGHT_SCALE, WAITING_SCALE
-from heimdall_proxy.plugins.predicted_latency.state import LatencyPredictions, PodPrediction
+from heimdall_proxy.plugins.predicted_latency.state import (
+    LatencyPredictions,
+    PodPrediction,
+    PodPredictions,
+)
 
 Strategy = Literal["least", "most"]
 
@@ -45,12 +49,17 @@ def latency_scores(
     strategy: Strategy = "least",
     ttft_weight: float = 0.8,
     tpot_weight: float = 0.2,
-) -> dict[str, float]:
+) -> Mapping[str, float]:
     """Scores in [0, 1] by name for the endpoints that have a prediction (see module doc).
     `least` prefers the smallest positive headroom (bin-packing), `most` the largest; among
     pods missing the SLO the smallest deficit is preferred with either strategy."""
     out: dict[str, float] = {}
     if not preds.has_slo:
+        pods = preds.pods
+        if isinstance(pods, PodPredictions) and isinstance(endpoints, list) and endpoints:
+            aligned = _latency_scores_aligned(pods, endpoints, preds.output_tokens)
+            if aligned is not None:
+                return aligned
         lat = {e.name: preds.latency(e.name) for e in endpoints}
         known = [v for v in lat.values() if v is not None and v > 0.0]
         if not known:
@@ -68,6 +77,30 @@ def latency_scores(
             d = _blend(p, preds, ttft_weight, tpot_weight, -1)
             out[e.name] = 0.49 * (1.0 - d)
     return out
+
+
+def _latency_scores_aligned(
+    pods: PodPredictions, endpoints: list[Endpoint], output_tokens: int
+) -> AlignedScores | None:
+    """latency_scores without SLOs from the prediction arrays, in one numpy pass: the same
+    arithmetic as pod by pod. None when a candidate has no prediction or no positive latency
+    (the pod-by-pod rule leaves such pods out)."""
+    if endpoints is pods.endpoints:  # no filter narrowed them: every row, in order
+        lat = pods.ttft
+        if pods.tpot is not None:
+            lat = lat + pods.tpot * output_tokens
+    else:
+        found = list(map(pods.index.get, [e.name for e in endpoints]))
+        if None in found:
+            return None
+        picked = cast(list[int], found)
+        lat = pods.ttft[picked]
+        if pods.tpot is not None:
+            lat = lat + pods.tpot[picked] * output_tokens
+    if not bool(np.all(lat > 0.0)):
+        return None
+    best = float(lat.min())
+    return AlignedScores(endpoints, ((best / lat) ** 2).tolist())
 
 
 def composite_scores(
