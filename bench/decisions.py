@@ -7,7 +7,8 @@ context-length configs keep their shape. Requests are chat bodies drawn from 16 
 prompts and varied user turns; after each decision the pre-request hooks run (so prefix
 indexes and in-flight counters fill up as in service), and min(64, N) requests are kept in
 flight, the oldest completed as a streamed answer with first-token and end times (so the
-latency models train and are timed predicting, not falling back). Only `Director.decide` is timed, in CPU time of the calling thread.
+latency models train and are timed predicting, not falling back). Only `Director.decide` is
+timed, in CPU time of the calling thread, with the collector set as the server sets it.
 
     python -m bench.decisions                       # every config in config/, 8/64/256/1024
     python -m bench.decisions --configs config/recommended.yaml --pods 1024 --profile

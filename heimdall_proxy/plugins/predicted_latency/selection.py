@@ -43,6 +43,10 @@ def _blend(
     return total / weight if weight > 0.0 else 0.0
 
 
+def _squared(x: float) -> float:
+    return x * x
+
+
 def latency_scores(
     preds: LatencyPredictions,
     endpoints: Sequence[Endpoint],
@@ -65,7 +69,9 @@ def latency_scores(
         if not known:
             return out
         best = min(known)
-        return {n: (best / v) ** 2 for n, v in lat.items() if v is not None and v > 0.0}
+        # squared as a product (not `** 2`, which is libm's pow): the numpy pass squares the
+        # same way, so both give the same floats
+        return {n: _squared(best / v) for n, v in lat.items() if v is not None and v > 0.0}
     for e in endpoints:
         p = preds.pods.get(e.name)
         if p is None:
@@ -100,7 +106,8 @@ def _latency_scores_aligned(
     if not bool(np.all(lat > 0.0)):
         return None
     best = float(lat.min())
-    return AlignedScores(endpoints, ((best / lat) ** 2).tolist())
+    ratio = best / lat
+    return AlignedScores(endpoints, (ratio * ratio).tolist())
 
 
 def composite_scores(
