@@ -14,6 +14,7 @@ one matrix product."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from concurrent.futures import Executor
 from operator import attrgetter
 
 import numpy as np
@@ -147,6 +148,11 @@ class LatencyPredictor:
         self._factors = np.empty((0, 2))
         self._factors_at: tuple[Sequence[str], int, int] = ((), -1, -1)
 
+    def train_on(self, trainer: Executor | None) -> None:
+        """Fit full batches of both models on `trainer` (one worker), not where they fill up."""
+        self.ttft.trainer = trainer
+        self.tpot.trainer = trainer
+
     def forget(self, pod: str) -> None:
         """Drop what was learned of `pod` alone (its speed factors): a config reload took it
         out, or put a new server under its name."""
@@ -161,11 +167,12 @@ class LatencyPredictor:
     def _weights(self) -> np.ndarray:
         """Both models' coefficients as one (features + 1) x 2 matrix, the last row the
         intercepts; rebuilt only after a training step changed either model."""
-        at = (self.ttft.version, self.tpot.version)
+        ttft, tpot = self.ttft.fitted, self.tpot.fitted  # each one fit, read at once
+        at = (ttft[3], tpot[3])
         if at != self._stacked_at:
             w = self._stacked
-            w[:-1, 0], w[-1, 0] = self.ttft.coef, self.ttft.intercept
-            w[:-1, 1], w[-1, 1] = self.tpot.coef, self.tpot.intercept
+            w[:-1, 0], w[-1, 0] = ttft[0], ttft[1]
+            w[:-1, 1], w[-1, 1] = tpot[0], tpot[1]
             self._stacked_at = at
         return self._stacked
 

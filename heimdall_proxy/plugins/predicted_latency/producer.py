@@ -7,9 +7,11 @@ over all candidates, so scoring needs no round trip to a sidecar."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -193,6 +195,7 @@ class PredictedLatencyProducer(BasePlugin[PredictedLatencyProducerParams]):
         self._attempts: dict[str, _Attempt] = {}
         self._max_tpot_samples = params.max_tpot_samples
         self._sampler = TokenSampler(params.sampling_mean)
+        self._trainer: ThreadPoolExecutor | None = None
         #: per pod with requests in flight, its attempts in start order (the oldest first)
         self._pending: dict[str, dict[str, _Attempt]] = {}
 
@@ -219,12 +222,21 @@ class PredictedLatencyProducer(BasePlugin[PredictedLatencyProducerParams]):
         return self.params.streaming_mode
 
     async def start(self) -> None:
+        # Fits run on a thread of their own, never on the event loop that schedules: the
+        # predictions keep reading the last published fit meanwhile (model.py).
+        self._trainer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="latency-fit")
+        self.predictor.train_on(self._trainer)
         if self.remote is not None:
             await self.remote.start()
 
     async def stop(self) -> None:
         if self.remote is not None:
             await self.remote.stop()
+        trainer, self._trainer = self._trainer, None
+        if trainer is not None:
+            # the batches handed over are fitted; then a reload's successor (which holds
+            # this predictor) fits on its own thread, or where batches fill up
+            await asyncio.get_running_loop().run_in_executor(None, trainer.shutdown)
 
     async def produce(
         self, state: CycleState, request: InferenceRequest, endpoints: list[Endpoint]
