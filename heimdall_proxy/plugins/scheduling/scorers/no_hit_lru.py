@@ -32,6 +32,9 @@ from heimdall_proxy.plugins.scheduling.scorers.shared_state import (
 )
 
 NO_HIT_LRU_SCORER_TYPE = "no-hit-lru-scorer"
+#: Candidates from which the ranks are computed with numpy (below, its per-call cost is the
+#: larger; both rank alike).
+_NUMPY_FROM = 48
 
 
 class NoHitLRUParams(SharedJournalParams):
@@ -138,7 +141,7 @@ class NoHitLRUScorer(SharesState, BasePlugin[NoHitLRUParams]):
         n = len(endpoints)
         if n == 1:
             return {endpoints[0].name: 1.0}
-        index = CandidateNames.of(endpoints).index()
+        index = CandidateNames.of(endpoints).index() if n >= _NUMPY_FROM else None
         if index is not None:
             # the same ranks in numpy: the candidates the LRU holds, in its order, after
             # the ones it does not hold, in theirs (no dict or sort of the pool per request)
