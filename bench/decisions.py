@@ -6,7 +6,9 @@ fresh metrics snapshot, their labels cycled from the config's own `endpoints:` s
 context-length configs keep their shape. Requests are chat bodies drawn from 16 system
 prompts and varied user turns; after each decision the pre-request hooks run (so prefix
 indexes and in-flight counters fill up as in service), and min(64, N) requests are kept in
-flight, the oldest completed. Only `Director.decide` is timed, in CPU time of the calling thread.
+flight, the oldest completed as a streamed answer with first-token and end times (so the
+latency models train and are timed predicting, not falling back). Only `Director.decide` is
+timed, in CPU time of the calling thread, with the collector set as the server sets it.
 
     python -m bench.decisions                       # every config in config/, 8/64/256/1024
     python -m bench.decisions --configs config/recommended.yaml --pods 1024 --profile
@@ -34,6 +36,7 @@ from heimdall_proxy.config.options import ServerOptions
 from heimdall_proxy.framework.inflight import LoadEstimate
 from heimdall_proxy.framework.types import Metrics, RequestContext
 from heimdall_proxy.plugins.builtins import load_builtin_plugins
+from heimdall_proxy.server.collector import settle
 from heimdall_proxy.server.gateway import Gateway
 
 MODEL = "bench-model"
@@ -95,6 +98,7 @@ async def measure(path: Path, pods: int, requests: int, profile: bool) -> dict[s
         )
     for plugin in gw.plugins.lifecycle:
         await plugin.start()
+    settle()  # the collector as the server sets it once it is up (server/collector.py)
     bodies = _bodies(requests + 200, rng)
     headers: dict[str, str] = {"content-type": "application/json"}
     flight: collections.deque[RequestContext] = collections.deque()
@@ -142,7 +146,15 @@ async def measure(path: Path, pods: int, requests: int, profile: bool) -> dict[s
             if len(flight) > min(IN_FLIGHT, pods):
                 old = flight.popleft()
                 gw.load.release(old.key)
+                # a streamed answer, timed as the relay times one: the first token after a
+                # delay growing with the pod's queue, then 64 tokens (so the latency
+                # producers train and their predictions, not their fallbacks, are timed)
+                m = old.target.metrics
                 old.status = 200
+                old.started_at = old.started_at or time.monotonic()
+                old.first_chunk_at = old.started_at + 0.02 + 0.01 * (m.waiting + m.running / 8)
+                old.last_chunk_at = old.first_chunk_at + 0.63
+                old.events_seen = old.output_tokens = 64
                 if gw.hooks.response_complete:
                     await gw.hooks.response_complete.run(old)
     finally:

@@ -373,6 +373,14 @@ class InFlightLoad:
 
     # ---- readers ------------------------------------------------------------------------
 
+    def busy_pods(self) -> set[str]:
+        """The pods with requests in flight, through this replica or (shared) another: every
+        other pod has none, so a reader visits these instead of the whole pool."""
+        busy = set(self._by_pod)
+        if "r" in self._others:
+            busy.update(pod for pod, n in self._others["r"].items() if round(n))
+        return busy
+
     def requests_since(self, pod: str, cutoff: float) -> int:
         """Requests in flight on `pod` that started after `cutoff` (monotonic seconds): this
         replica's by their start, plus (shared) the other replicas' in flight there, whose

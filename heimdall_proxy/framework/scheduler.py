@@ -14,6 +14,7 @@ from heimdall_proxy.framework.plugins import Filter, Picker, ProfileHandler, Sco
 from heimdall_proxy.framework.spans import SPANS_KEY, RequestSpans
 from heimdall_proxy.framework.trace import TRACE_KEY, ScheduleTrace, ScorerTrace
 from heimdall_proxy.framework.types import (
+    AlignedScores,
     CandidateNames,
     CycleState,
     DefaultScores,
@@ -134,6 +135,38 @@ class _Sums:
     ) -> None:
         self._totals = _add_dense(self.list(), weight, default, scores, names)
 
+    def add(
+        self,
+        weight: float,
+        scores: Mapping[str, float],
+        endpoints: list[Endpoint],
+        known: CandidateNames,
+    ) -> None:
+        """Add a scorer's answer by name: a DefaultScores as its default plus the pods it
+        names, any other Mapping pod by pod; sparsely when it names few pods."""
+        table: Mapping[str, float]
+        # most scorers answer a plain dict: tell it apart without the ABC check
+        if (
+            type(scores) is not dict
+            and isinstance(scores, DefaultScores)
+            and scores.endpoints is endpoints
+        ):
+            default, table = scores.default, scores.changed
+        else:
+            default, table = 0.0, scores
+        names = known.names
+        if len(table) * 4 < len(names) and (index := known.index()) is not None:
+            self.add_sparse(weight, default, table, index)
+        else:
+            self.add_dense(weight, default, table, names)
+
+    def add_aligned(self, weight: float, values: list[float]) -> None:
+        """`values[i]` is the score of the i-th candidate (clamped as `_add_dense` does)."""
+        self._totals = [
+            t + weight * (1.0 if v > 1.0 else v) if v > 0.0 else t
+            for t, v in zip(self.list(), values, strict=True)
+        ]
+
     def list(self) -> list[float]:
         """Every pod's sum, in candidate order."""
         if self._totals is None:
@@ -232,20 +265,10 @@ class SchedulerProfile:
             if pt is not None:
                 raw = {e.name: float(scores.get(e.name, 0.0)) for e in endpoints}
                 pt.scorers.append(ScorerTrace(name, weight, raw))
-            table: Mapping[str, float]
-            # most scorers answer a plain dict: tell it apart without the ABC check
-            if (
-                type(scores) is not dict
-                and isinstance(scores, DefaultScores)
-                and scores.endpoints is endpoints
-            ):
-                default, table = scores.default, scores.changed
+            if type(scores) is AlignedScores and scores.endpoints is endpoints:
+                sums.add_aligned(weight, scores.ordered)
             else:
-                default, table = 0.0, scores
-            if len(table) * 4 < len(names) and (index := known.index()) is not None:
-                sums.add_sparse(weight, default, table, index)
-            else:
-                sums.add_dense(weight, default, table, names)
+                sums.add(weight, scores, endpoints, known)
             if verbose and log.isEnabledFor(V5):
                 log.log(
                     V5, "Scores", extra={"scorer": name, "scores": dict(scores), "request_id": rid}

@@ -55,6 +55,7 @@ class Metrics:
 
 
 _MEMBERSHIP_FIELDS = frozenset({"healthy", "models"})
+_WATCHED_FIELDS = _MEMBERSHIP_FIELDS | {"metrics"}
 _UNSET = object()
 
 
@@ -90,10 +91,19 @@ class Endpoint:
     #: Bumped whenever any endpoint's `healthy` or `models` changes, so the pool can cache
     #: the candidates of a model instead of scanning every pod on every request.
     membership_generation: ClassVar[int] = 0
+    #: Bumped whenever a scrape reports a different KV block size for any endpoint (rare: it
+    #: is the server's configuration), so what is derived from the pool's block sizes is
+    #: kept until then instead of read from every pod per request.
+    block_size_generation: ClassVar[int] = 0
 
     def __setattr__(self, name: str, value: Any) -> None:
-        if name in _MEMBERSHIP_FIELDS and getattr(self, name, _UNSET) != value:
-            Endpoint.membership_generation += 1
+        if name in _WATCHED_FIELDS:
+            old = getattr(self, name, _UNSET)
+            if name == "metrics":
+                if not isinstance(old, Metrics) or old.block_size != value.block_size:
+                    Endpoint.block_size_generation += 1
+            elif old != value:
+                Endpoint.membership_generation += 1
         object.__setattr__(self, name, value)
 
     @property
@@ -408,6 +418,43 @@ class DefaultScores(Mapping[str, float]):
 
     def __repr__(self) -> str:
         return f"DefaultScores(default={self.default!r}, changed={self.changed!r})"
+
+
+class AlignedScores(Mapping[str, float]):
+    """A scorer's answer with its own score for most endpoints, in the candidates' order:
+    `ordered[i]` is the score of `endpoints[i]`. The scheduler adds `ordered` to its sums
+    position by position; a dict of a thousand names built by the scorer and looked up again
+    by the scheduler was a tenth of a decision per such scorer at 1,024 pods. To everything
+    else it is the full Mapping the Scorer contract promises (built on first use)."""
+
+    __slots__ = ("_map", "endpoints", "ordered")
+
+    def __init__(self, endpoints: list[Endpoint], ordered: list[float]) -> None:
+        if len(ordered) != len(endpoints):
+            raise ValueError(f"{len(ordered)} scores for {len(endpoints)} endpoints")
+        self.endpoints = endpoints
+        self.ordered = ordered
+        self._map: dict[str, float] | None = None
+
+    def _dict(self) -> dict[str, float]:
+        if self._map is None:
+            self._map = dict(zip((e.name for e in self.endpoints), self.ordered, strict=True))
+        return self._map
+
+    def __getitem__(self, name: str) -> float:
+        return self._dict()[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._dict())
+
+    def __len__(self) -> int:
+        return len(self._dict())
+
+    def __bool__(self) -> bool:  # without building the dict
+        return bool(self.ordered)
+
+    def __repr__(self) -> str:
+        return f"AlignedScores({self._dict()!r})"
 
 
 class ScoredEndpoints(Sequence[ScoredEndpoint]):

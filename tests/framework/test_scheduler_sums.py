@@ -1,5 +1,6 @@
-"""The scheduler's weighted sums: the sparse and dense paths (and DefaultScores) give the same
-floats, in the same order, as adding each pod's clamped score one scorer at a time."""
+"""The scheduler's weighted sums: the sparse, dense and aligned paths (DefaultScores,
+AlignedScores) give the same floats, in the same order, as adding each pod's clamped score one
+scorer at a time."""
 
 from __future__ import annotations
 
@@ -7,8 +8,11 @@ import math
 import random
 from collections.abc import Mapping, Sequence
 
+import pytest
+
 from heimdall_proxy.framework.scheduler import SchedulerProfile, WeightedScorer
 from heimdall_proxy.framework.types import (
+    AlignedScores,
     CycleState,
     DefaultScores,
     Endpoint,
@@ -87,7 +91,17 @@ def test_every_path_sums_exactly_as_pod_by_pod() -> None:
             table = {name: value(rng) for name in named}
             if rng.random() < 0.3:
                 table["not-a-candidate"] = 0.9  # ignored: names no candidate
-            if rng.random() < 0.5:
+            kind = rng.random()
+            if kind < 0.25:  # a score for every pod, in candidate order
+                ordered = [value(rng) for _ in pods]
+                full = {e.name: v for e, v in zip(pods, ordered, strict=True)}
+
+                def aligned(eps: list[Endpoint], o: list[float] = ordered) -> object:
+                    return AlignedScores(eps, list(o))
+
+                scorers.append(WeightedScorer(Canned(f"s{s}", aligned), weight))  # type: ignore[arg-type]
+                answers.append((weight, full))
+            elif kind < 0.6:
                 default = value(rng)
                 full = {e.name: table.get(e.name, default) for e in pods}
 
@@ -127,3 +141,25 @@ def test_scores_built_for_other_endpoints_are_read_as_a_mapping() -> None:
         CycleState(), REQ, [a, b, c]
     )
     assert picker.seen[0][1] == [0.5, 0.5, 0.0]
+
+
+def test_aligned_scores_is_the_full_mapping() -> None:
+    pods = [ep("a"), ep("b"), ep("c")]
+    scores = AlignedScores(pods, [0.1, 0.0, 0.7])
+    assert scores == {"a": 0.1, "b": 0.0, "c": 0.7}
+    assert len(scores) == 3 and bool(scores) and not AlignedScores([], [])
+    assert scores.get("gone", 0.0) == 0.0 and "gone" not in scores
+    with pytest.raises(ValueError, match="1 scores for 3 endpoints"):
+        AlignedScores(pods, [0.1])
+
+
+def test_aligned_scores_for_other_endpoints_are_read_as_a_mapping() -> None:
+    """An AlignedScores over another list than the scorer was given scores by name."""
+    a, b, c = ep("a"), ep("b"), ep("c")
+    other = AlignedScores([c, a], [0.25, 0.75])
+    picker = Keep()
+    scorer = Canned("s", lambda _: other)
+    SchedulerProfile("p", [], [WeightedScorer(scorer, 1.0)], picker).run(  # type: ignore[arg-type]
+        CycleState(), REQ, [a, b, c]
+    )
+    assert picker.seen[0][1] == [0.75, 0.0, 0.25]

@@ -82,4 +82,5 @@ class LatencyScorer(BasePlugin[LatencyScorerParams]):
             p.composite_queue_weight,
             p.composite_prefix_weight,
             inflight,
+            preds,
         )

@@ -12,18 +12,29 @@ a fast pod and a slow one, so one shared regression averages them. Latency on a 
 times slower per token is that many times higher at the same load, so each pod's prediction
 is the shared regression times a factor learned online for that pod: an exponentially
 weighted mean of actual / shared prediction. The shared regression is trained on actual /
-factor, i.e. on what the pod would have taken at the fleet's reference speed."""
+factor, i.e. on what the pod would have taken at the fleet's reference speed.
+
+Training off the event loop: with a `trainer` (one worker thread, the producer's), a full
+batch is fitted there and the new coefficients, intercept, sample count and version are
+published as one tuple, so a reader on the loop sees the old fit or the new one, never half
+of each. A fit is ~0.3 ms (the first one ~8 ms); on the loop each one delayed every request
+waiting behind it. Without a trainer (tests, tools) batches are fitted where they fill up."""
 
 from __future__ import annotations
 
 import math
+import threading
 import warnings
 from collections.abc import Sequence
+from concurrent.futures import Executor, Future
 
 import numpy as np
 
 #: Predictions never go below this (seconds): a linear model may extrapolate below zero.
 MIN_PREDICTION = 1e-4
+#: Factor changes remembered for factors_changed_since (about a second of changes at
+#: thousands of responses per second; a reader further behind reads every factor again).
+_CHANGES_KEPT = 8192
 
 
 class OnlineLatencyModel:
@@ -31,18 +42,20 @@ class OnlineLatencyModel:
     from its event loop only."""
 
     __slots__ = (
+        "_changed",
+        "_changed_base",
+        "_fit_lock",
+        "_fitted",
+        "_fitting",
         "_pending_x",
         "_pending_y",
         "batch_size",
-        "coef",
         "factor_alpha",
         "factors",
         "factors_version",
-        "intercept",
         "min_samples",
         "regressor",
-        "samples",
-        "version",
+        "trainer",
     )
 
     def __init__(
@@ -69,26 +82,56 @@ class OnlineLatencyModel:
         self.batch_size = batch_size
         self.min_samples = min_samples
         self.factor_alpha = factor_alpha
-        self.samples = 0
         self.factors: dict[str, float] = {}
         #: counts changes of `factors`, for readers that cache arrays derived from them
         self.factors_version = 0
-        #: the regression's coefficients and intercept as of the last training step, and a
-        #: counter of those steps (readers that cache derived arrays compare it)
-        self.coef = np.zeros(n_features)
-        self.intercept = 0.0
-        self.version = 0
+        #: the pod of each change, the first one being change number _changed_base + 1
+        self._changed: list[str] = []
+        self._changed_base = 0
+        #: (coefficients, intercept, observations trained on, training steps) as of the last
+        #: step: replaced whole, by the trainer's thread when there is one
+        self._fitted: tuple[np.ndarray, float, int, int] = (np.zeros(n_features), 0.0, 0, 0)
+        #: where full batches are fitted (None: where they fill up); one worker, so batches
+        #: are fitted in order and the regressor is only ever touched by one thread
+        self.trainer: Executor | None = None
+        self._fitting: Future[None] | None = None
+        self._fit_lock = threading.Lock()
         self._pending_x: list[Sequence[float]] = []
         self._pending_y: list[float] = []
 
     @property
+    def fitted(self) -> tuple[np.ndarray, float, int, int]:
+        """(coefficients, intercept, samples, version) of one training step, read at once."""
+        return self._fitted
+
+    @property
+    def coef(self) -> np.ndarray:
+        """The regression's coefficients as of the last training step."""
+        return self._fitted[0]
+
+    @property
+    def intercept(self) -> float:
+        return self._fitted[1]
+
+    @property
+    def samples(self) -> int:
+        """Observations the regression was trained on."""
+        return self._fitted[2]
+
+    @property
+    def version(self) -> int:
+        """Training steps so far (readers that cache derived arrays compare it)."""
+        return self._fitted[3]
+
+    @property
     def ready(self) -> bool:
         """True once the shared regression has seen `min_samples` observations."""
-        return self.samples >= self.min_samples
+        return self._fitted[2] >= self.min_samples
 
     def base(self, features: np.ndarray) -> np.ndarray:
         """The shared regression over rows of features, floored at MIN_PREDICTION."""
-        out = np.asarray(features @ self.coef + self.intercept, dtype=float)
+        coef, intercept, _, _ = self._fitted  # one fit, whichever thread published it
+        out = np.asarray(features @ coef + intercept, dtype=float)
         return np.asarray(np.maximum(out, MIN_PREDICTION), dtype=float)
 
     def predict(self, pods: Sequence[str], features: np.ndarray) -> np.ndarray:
@@ -103,23 +146,24 @@ class OnlineLatencyModel:
             return
         factor = self.factors.get(pod, 1.0)
         if self.ready:
-            base = max(float(np.dot(self.coef, features)) + self.intercept, MIN_PREDICTION)
+            coef, intercept, _, _ = self._fitted
+            base = max(float(np.dot(coef, features)) + intercept, MIN_PREDICTION)
             ratio = min(max(actual / base, 0.05), 20.0)
             # a geometric mean: a pod twice as slow and one twice as fast weigh alike
             factor = math.exp(
                 (1 - self.factor_alpha) * math.log(factor) + self.factor_alpha * math.log(ratio)
             )
             self.factors[pod] = factor
-            self.factors_version += 1
+            self._factor_changed(pod)
         self._pending_x.append(features)
         self._pending_y.append(actual / factor)
         if len(self._pending_y) >= self.batch_size:
-            self.flush()
+            self._train(wait=False)
 
     def forget(self, pod: str) -> None:
         """Drop `pod`'s speed factor (it is back at the fleet's reference speed)."""
         if self.factors.pop(pod, None) is not None:
-            self.factors_version += 1
+            self._factor_changed(pod)
 
     def raise_factor(self, pod: str, elapsed: float, base: float) -> None:
         """A censored observation: a request on `pod` whose shared prediction was `base` has
@@ -130,22 +174,59 @@ class OnlineLatencyModel:
             floor = min(elapsed / base, 20.0)
             if floor > self.factors.get(pod, 1.0):
                 self.factors[pod] = floor
-                self.factors_version += 1
+                self._factor_changed(pod)
+
+    def _factor_changed(self, pod: str) -> None:
+        self.factors_version += 1
+        self._changed.append(pod)
+        if len(self._changed) > _CHANGES_KEPT:
+            del self._changed[: _CHANGES_KEPT // 2]
+            self._changed_base += _CHANGES_KEPT // 2
+
+    def factors_changed_since(self, version: int) -> list[str] | None:
+        """The pods whose factor changed after `factors_version` was `version` (a pod once
+        per change), or None when that is too long ago to say: a reader that keeps the
+        factors of many pods updates those instead of reading every pod's again."""
+        if version < self._changed_base or version > self.factors_version:
+            return None
+        return self._changed[version - self._changed_base :]
 
     def flush(self) -> None:
-        """Train on the buffered observations (one SGD pass) and publish the coefficients."""
-        if not self._pending_y:
-            return
-        x = np.asarray(self._pending_x, dtype=float)
-        y = np.asarray(self._pending_y, dtype=float)
-        self._pending_x.clear()
-        self._pending_y.clear()
+        """Train on the buffered observations (one SGD pass) and publish the coefficients;
+        returns once every batch handed to the trainer so far is fitted too."""
+        self._train(wait=True)
+
+    def _train(self, *, wait: bool) -> None:
+        if self._pending_y:
+            x = np.asarray(self._pending_x, dtype=float)
+            y = np.asarray(self._pending_y, dtype=float)
+            self._pending_x.clear()
+            self._pending_y.clear()
+            trainer = self.trainer
+            if trainer is None:
+                self._fit(x, y)
+            else:
+                try:
+                    self._fitting = trainer.submit(self._fit, x, y)
+                except RuntimeError:  # the trainer was shut down (a reload's old plugin)
+                    self.trainer = None
+                    self._fit(x, y)
+        fitting = self._fitting
+        if wait and fitting is not None:
+            fitting.result()  # one worker: the last batch handed over is fitted last
+
+    def _fit(self, x: np.ndarray, y: np.ndarray) -> None:
+        """One SGD pass over a batch, then the new fit published whole."""
         from sklearn.exceptions import ConvergenceWarning
 
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", ConvergenceWarning)
-            self.regressor.partial_fit(x, y)
-        self.samples += len(y)
-        self.coef = np.asarray(self.regressor.coef_, dtype=float).copy()
-        self.intercept = float(np.asarray(self.regressor.intercept_).ravel()[0])
-        self.version += 1
+        with self._fit_lock:  # a batch fitted here while the trainer fits another
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", ConvergenceWarning)
+                self.regressor.partial_fit(x, y)
+            _, _, samples, version = self._fitted
+            self._fitted = (
+                np.asarray(self.regressor.coef_, dtype=float).copy(),
+                float(np.asarray(self.regressor.intercept_).ravel()[0]),
+                samples + len(y),
+                version + 1,
+            )

@@ -13,7 +13,9 @@ one matrix product."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from concurrent.futures import Executor
+from operator import attrgetter
 
 import numpy as np
 
@@ -30,8 +32,16 @@ FEATURES = (
     "inflight_prompt_tokens/4000",
     "output_tokens/100",
 )
+_METRICS = attrgetter("metrics")
+_WAITING = attrgetter("waiting")
+_RUNNING = attrgetter("running")
+_KV = attrgetter("kv_cache_usage")
 #: Column scales, in FEATURES order.
 _SCALE = (8.0, 32.0, 1.0, 1000.0, 1000.0, 8.0, 4000.0, 100.0)
+#: The scales of the waiting and in-flight columns: powers of two, so a column times its
+#: scale is the count again, exactly (readers recover the counts from the rows).
+WAITING_SCALE = _SCALE[0]
+INFLIGHT_SCALE = _SCALE[5]
 
 
 def features(
@@ -59,36 +69,55 @@ def features(
 class FeatureMatrix:
     """Builds the feature rows of all candidates at once. The scraped columns change only
     when a pod's Metrics object is replaced (every scrape replaces it whole), so those of
-    the last candidate list are kept with the Metrics objects they came from and reused
-    until one of them changes."""
+    the last candidate list are kept with the Metrics objects they came from, and only the
+    rows whose object was replaced are read again (pods are scraped one by one: at 1,024
+    pods rebuilding every row per request was a fifth of a decision)."""
 
-    __slots__ = ("_metrics", "_scraped")
+    __slots__ = ("_ids", "_metrics", "_scraped")
 
     def __init__(self) -> None:
         self._metrics: list[Metrics] = []
+        #: id() of each of `_metrics`, which holds them: a new snapshot cannot reuse one
+        self._ids = np.empty(0, dtype=np.uint64)
         self._scraped = np.empty((0, 3))
+
+    def _scraped_columns(self, endpoints: Sequence[Endpoint]) -> np.ndarray:
+        metrics = list(map(_METRICS, endpoints))
+        if metrics == self._metrics:  # identity first: the same snapshots compare in C
+            return self._scraped
+        n = len(metrics)
+        ids = np.fromiter(map(id, metrics), np.uint64, n)
+        changed = np.flatnonzero(ids != self._ids).tolist() if n == len(self._ids) else None
+        if changed is None or len(changed) * 4 > n:
+            scraped = np.empty((n, 3))
+            scraped[:, 0] = np.fromiter(map(_WAITING, metrics), float, n)
+            scraped[:, 1] = np.fromiter(map(_RUNNING, metrics), float, n)
+            scraped[:, 2] = np.fromiter(map(_KV, metrics), float, n)
+            scraped /= _SCALE[:3]
+            self._scraped = scraped
+        else:
+            scraped = self._scraped
+            for i in changed:
+                m = metrics[i]
+                scraped[i] = (m.waiting, m.running, m.kv_cache_usage)
+                scraped[i] /= _SCALE[:3]
+        self._metrics, self._ids = metrics, ids
+        return self._scraped
 
     def build(
         self,
         endpoints: Sequence[Endpoint],
         prompt_tokens: int,
-        uncached_tokens: Sequence[float] | None,
-        inflight: Sequence[int],
-        inflight_tokens: Sequence[float],
+        uncached_tokens: Sequence[float] | np.ndarray | None,
+        inflight: Sequence[int] | np.ndarray,
+        inflight_tokens: Sequence[float] | np.ndarray,
         output_tokens: int,
     ) -> np.ndarray:
         """Rows in `endpoints` order; `uncached_tokens` None means no pod holds any of the
         prompt."""
-        metrics = [e.metrics for e in endpoints]
-        # list equality tests identity first: the same snapshots compare in C, no __eq__
-        if metrics != self._metrics:
-            self._scraped = np.array(
-                [(m.waiting, m.running, m.kv_cache_usage) for m in metrics], dtype=float
-            ).reshape(-1, 3)
-            self._scraped /= _SCALE[:3]
-            self._metrics = metrics
+        scraped = self._scraped_columns(endpoints)
         x = np.empty((len(endpoints), len(FEATURES)))
-        x[:, 0:3] = self._scraped
+        x[:, 0:3] = scraped
         x[:, 3] = prompt_tokens / _SCALE[3]
         if uncached_tokens is None:
             x[:, 4] = prompt_tokens / _SCALE[4]
@@ -119,6 +148,11 @@ class LatencyPredictor:
         self._factors = np.empty((0, 2))
         self._factors_at: tuple[Sequence[str], int, int] = ((), -1, -1)
 
+    def train_on(self, trainer: Executor | None) -> None:
+        """Fit full batches of both models on `trainer` (one worker), not where they fill up."""
+        self.ttft.trainer = trainer
+        self.tpot.trainer = trainer
+
     def forget(self, pod: str) -> None:
         """Drop what was learned of `pod` alone (its speed factors): a config reload took it
         out, or put a new server under its name."""
@@ -133,40 +167,57 @@ class LatencyPredictor:
     def _weights(self) -> np.ndarray:
         """Both models' coefficients as one (features + 1) x 2 matrix, the last row the
         intercepts; rebuilt only after a training step changed either model."""
-        at = (self.ttft.version, self.tpot.version)
+        ttft, tpot = self.ttft.fitted, self.tpot.fitted  # each one fit, read at once
+        at = (ttft[3], tpot[3])
         if at != self._stacked_at:
             w = self._stacked
-            w[:-1, 0], w[-1, 0] = self.ttft.coef, self.ttft.intercept
-            w[:-1, 1], w[-1, 1] = self.tpot.coef, self.tpot.intercept
+            w[:-1, 0], w[-1, 0] = ttft[0], ttft[1]
+            w[:-1, 1], w[-1, 1] = tpot[0], tpot[1]
             self._stacked_at = at
         return self._stacked
 
-    def _pod_factors(self, pods: Sequence[str]) -> np.ndarray:
-        """Both models' speed factors of `pods`, one row each; kept until the candidates or
-        a factor change."""
+    def _pod_factors(self, pods: Sequence[str], index: Mapping[str, int] | None) -> np.ndarray:
+        """Both models' speed factors of `pods`, one row each; kept until the candidates
+        change, and updated for the pods whose factor changed since (every response changes
+        its pod's: reading all 1,024 again per request was a fifth of a decision)."""
         seen, ttft_at, tpot_at = self._factors_at
-        if (
-            ttft_at != self.ttft.factors_version
-            or tpot_at != self.tpot.factors_version
-            or (seen != pods)
-        ):
-            tf, pf = self.ttft.factors, self.tpot.factors
+        ttft, tpot = self.ttft, self.tpot
+        tf, pf = ttft.factors, tpot.factors
+        if ttft_at == ttft.factors_version and tpot_at == tpot.factors_version and seen == pods:
+            return self._factors
+        changed: list[str] | None = None
+        if seen == pods and index is not None and len(index) == len(pods):
+            a, b = ttft.factors_changed_since(ttft_at), tpot.factors_changed_since(tpot_at)
+            if a is not None and b is not None:
+                changed = a + b
+        if changed is None or len(changed) > len(pods):
             self._factors = np.array(
                 [(tf.get(p, 1.0), pf.get(p, 1.0)) for p in pods], dtype=float
             ).reshape(-1, 2)
-            self._factors_at = (list(pods), self.ttft.factors_version, self.tpot.factors_version)
+        else:
+            factors = self._factors
+            for pod in changed:
+                i = index.get(pod) if index is not None else None
+                if i is not None:
+                    factors[i, 0] = tf.get(pod, 1.0)
+                    factors[i, 1] = pf.get(pod, 1.0)
+        self._factors_at = (
+            pods if isinstance(pods, list) else list(pods),
+            ttft.factors_version,
+            tpot.factors_version,
+        )
         return self._factors
 
     def predict(
-        self, pods: Sequence[str], x: np.ndarray
+        self, pods: Sequence[str], x: np.ndarray, index: Mapping[str, int] | None = None
     ) -> tuple[np.ndarray | None, np.ndarray | None]:
         """(TTFT seconds per pod or None while untrained, TPOT seconds or None), from the
-        rows of `x` (one per pod, FEATURES order)."""
+        rows of `x` (one per pod, FEATURES order); `index` is pod -> position in `pods`."""
         if not self.ttft.ready:
             return None, None
         w = self._weights()
         base = x @ w[:-1]
         base += w[-1]
         np.maximum(base, MIN_PREDICTION, out=base)
-        base *= self._pod_factors(pods)
+        base *= self._pod_factors(pods, index)
         return base[:, 0], base[:, 1] if self.tpot.ready else None

@@ -7,12 +7,15 @@ over all candidates, so scoring needs no round trip to a sidecar."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 from prometheus_client.core import Metric
 from pydantic import Field, field_validator
 
@@ -23,7 +26,13 @@ from heimdall_proxy.framework.inherit import changed
 from heimdall_proxy.framework.params import Duration, PluginParams
 from heimdall_proxy.framework.prefix import prefix_match_reader
 from heimdall_proxy.framework.registry import register
-from heimdall_proxy.framework.types import CycleState, Endpoint, InferenceRequest, RequestContext
+from heimdall_proxy.framework.types import (
+    CandidateNames,
+    CycleState,
+    Endpoint,
+    InferenceRequest,
+    RequestContext,
+)
 from heimdall_proxy.observability.loop import CounterFamily, GaugeFamily, HistogramFamily
 from heimdall_proxy.plugins.predicted_latency.metrics import LatencyMetrics
 from heimdall_proxy.plugins.predicted_latency.predictor import FeatureMatrix, LatencyPredictor
@@ -39,7 +48,7 @@ from heimdall_proxy.plugins.predicted_latency.state import (
     TPOT_SLO_HEADER,
     TTFT_SLO_HEADER,
     LatencyPredictions,
-    PodPrediction,
+    PodPredictions,
     read_predictions,
     slo_seconds,
 )
@@ -186,7 +195,8 @@ class PredictedLatencyProducer(BasePlugin[PredictedLatencyProducerParams]):
         self._attempts: dict[str, _Attempt] = {}
         self._max_tpot_samples = params.max_tpot_samples
         self._sampler = TokenSampler(params.sampling_mean)
-        #: per pod, its attempts in start order (the oldest first)
+        self._trainer: ThreadPoolExecutor | None = None
+        #: per pod with requests in flight, its attempts in start order (the oldest first)
         self._pending: dict[str, dict[str, _Attempt]] = {}
 
     def inherit(self, previous: PredictedLatencyProducer, gone: frozenset[str]) -> str | None:
@@ -212,12 +222,21 @@ class PredictedLatencyProducer(BasePlugin[PredictedLatencyProducerParams]):
         return self.params.streaming_mode
 
     async def start(self) -> None:
+        # Fits run on a thread of their own, never on the event loop that schedules: the
+        # predictions keep reading the last published fit meanwhile (model.py).
+        self._trainer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="latency-fit")
+        self.predictor.train_on(self._trainer)
         if self.remote is not None:
             await self.remote.start()
 
     async def stop(self) -> None:
         if self.remote is not None:
             await self.remote.stop()
+        trainer, self._trainer = self._trainer, None
+        if trainer is not None:
+            # the batches handed over are fitted; then a reload's successor (which holds
+            # this predictor) fits on its own thread, or where batches fill up
+            await asyncio.get_running_loop().run_in_executor(None, trainer.shutdown)
 
     async def produce(
         self, state: CycleState, request: InferenceRequest, endpoints: list[Endpoint]
@@ -235,6 +254,7 @@ class PredictedLatencyProducer(BasePlugin[PredictedLatencyProducerParams]):
         if got is not None:
             self._set_predictions(
                 preds,
+                endpoints,
                 [e.name for e in endpoints],
                 [t for t, _ in got],
                 [tp for _, tp in got] if self.params.streaming_mode else None,
@@ -287,28 +307,43 @@ class PredictedLatencyProducer(BasePlugin[PredictedLatencyProducerParams]):
         )
         now = time.monotonic()
         self._censored(now)
-        names = [e.name for e in endpoints]
-        requests, prompts = self.load.requests, self.load.prompts
-        counts = [requests.get(n, 0) for n in names]
-        tokens = [
-            float(prompts.get(n, 0)) if c else 0.0 for n, c in zip(names, counts, strict=True)
-        ]
-        uncached: list[int] | None = None
+        known = CandidateNames.of(endpoints)
+        names = known.names
+        index = known.index()
+        if index is None:  # two candidates share a name (not in a pool): one row each
+            index = {n: i for i, n in enumerate(names)}
+        # Only the pods with requests in flight or a prefix match differ from the rest: the
+        # columns are filled with the common value and those pods set one by one, so the
+        # cost follows the pods that can differ, not the pool (at 1,024 pods a per-pod
+        # lookup of each was most of a decision).
+        n = len(names)
+        counts = np.zeros(n)
+        tokens = np.zeros(n)
+        inflight: dict[str, int] = {}
+        prompts = self.load.prompts
+        for pod, c in self.load.requests.items():
+            i = index.get(pod)
+            if i is not None and c:
+                counts[i] = c
+                tokens[i] = float(prompts.get(pod, 0))
+                inflight[pod] = c
+        uncached: np.ndarray | None = None
+        ratios: dict[str, float] = {}
         if info is not None:
-            ratios = [info.ratio(n) for n in names]
-            uncached = [info.uncached_tokens(n) for n in names]
-        else:
-            ratios = [0.0] * len(names)
+            uncached = np.full(n, float(info.prompt_tokens))
+            for pod in info.matched_blocks:
+                i = index.get(pod)
+                if i is not None:
+                    ratios[pod] = info.ratio(pod)
+                    uncached[i] = info.uncached_tokens(pod)
         rows = self._features.build(endpoints, prompt, uncached, counts, tokens, out)
-        preds.inflight = dict(zip(names, counts, strict=True))
-        preds.prefix = dict(zip(names, ratios, strict=True))
+        preds.inflight = inflight
+        preds.prefix = ratios
         preds.rows = rows
-        preds.row_index = {n: i for i, n in enumerate(names)}
-        ttft, tpot = self.predictor.predict(names, rows)
+        preds.row_index = index
+        ttft, tpot = self.predictor.predict(names, rows, index)
         if ttft is not None:
-            self._set_predictions(
-                preds, names, ttft.tolist(), tpot.tolist() if tpot is not None else None
-            )
+            self._set_predictions(preds, endpoints, names, ttft, tpot)
             if record:
                 self._record_duration(request, time.perf_counter() - t0, preds)
         state[PREDICTIONS_KEY] = preds
@@ -317,24 +352,20 @@ class PredictedLatencyProducer(BasePlugin[PredictedLatencyProducerParams]):
     @staticmethod
     def _set_predictions(
         preds: LatencyPredictions,
+        endpoints: list[Endpoint],
         names: list[str],
-        ttfts: list[float],
-        tpots: list[float] | None,
+        ttfts: list[float] | np.ndarray,
+        tpots: list[float] | np.ndarray | None,
     ) -> None:
         """Fill `preds.pods` (headrooms against the request's SLOs) from seconds per pod."""
-        ttft_slo, tpot_slo = preds.ttft_slo, preds.tpot_slo
-        tps: list[float | None] = list(tpots) if tpots is not None else [None] * len(names)
-        pods = preds.pods
-        prefix, inflight = preds.prefix, preds.inflight
-        for n, t, tp in zip(names, ttfts, tps, strict=True):
-            pods[n] = PodPrediction(
-                t,
-                tp,
-                ttft_slo - t if ttft_slo is not None else None,
-                tpot_slo - tp if tpot_slo is not None and tp is not None else None,
-                prefix.get(n, 0.0),
-                inflight.get(n, 0),
-            )
+        preds.pods = PodPredictions(
+            endpoints,
+            names,
+            preds.row_index,
+            np.asarray(ttfts, dtype=float),
+            np.asarray(tpots, dtype=float) if tpots is not None else None,
+            preds,
+        )
 
     def _record_duration(
         self, request: InferenceRequest, dt: float, preds: LatencyPredictions
@@ -342,7 +373,12 @@ class PredictedLatencyProducer(BasePlugin[PredictedLatencyProducerParams]):
         labels = (request.model, request.target_model)
         self.metrics.ttft_duration.labels(*labels).observe(dt)
         self.metrics.ttft_duration_gauge.labels(*labels).set(dt)
-        if any(p.tpot is not None for p in preds.pods.values()):
+        pods = preds.pods
+        if (
+            pods.tpot is not None
+            if isinstance(pods, PodPredictions)
+            else any(p.tpot is not None for p in pods.values())
+        ):
             self.metrics.tpot_duration.labels(*labels).observe(dt)
             self.metrics.tpot_duration_gauge.labels(*labels).set(dt)
 
@@ -423,6 +459,8 @@ class PredictedLatencyProducer(BasePlugin[PredictedLatencyProducerParams]):
         pending = self._pending.get(ctx.target.name)
         if pending is not None:
             pending.pop(key, None)
+            if not pending:  # only pods with requests in flight are listed (_censored)
+                del self._pending[ctx.target.name]
         if att is None or ctx.error is not None or not (ctx.status or 0) < 300:
             return
         labels = (ctx.request.model, ctx.request.target_model)

@@ -108,7 +108,7 @@ class PredictedLatencyScorer(PredictedLatencyProducer):
 
     def _composite(
         self, cands: list[Endpoint], preds: LatencyPredictions, *, invert: bool = False
-    ) -> dict[str, float]:
+    ) -> Mapping[str, float]:
         p = self.params
         comp = composite_scores(
             cands,
@@ -117,6 +117,7 @@ class PredictedLatencyScorer(PredictedLatencyProducer):
             p.composite_queue_weight,
             p.composite_prefix_weight,
             preds.inflight,
+            preds,
         )
         return {n: 1.0 - v for n, v in comp.items()} if invert else comp
 
@@ -137,6 +138,7 @@ class PredictedLatencyScorer(PredictedLatencyProducer):
                 p.composite_queue_weight,
                 p.composite_prefix_weight,
                 preds.inflight,
+                preds,
             )
             best = max(endpoints, key=lambda e: comp.get(e.name, 0.0))
             return {best.name: 1.0}
@@ -146,6 +148,7 @@ class PredictedLatencyScorer(PredictedLatencyProducer):
             return {self._draw(cands, self._composite(cands, preds)).name: 1.0}
         if not preds.has_slo:
             return {self._draw(cands, latency_scores(preds, cands)).name: 1.0}
+        weights: Mapping[str, float]
         positive = [e for e in cands if preds.pods[e.name].meets_slo]
         negative = [e for e in cands if not preds.pods[e.name].meets_slo]
         if positive and (not negative or self._rng.random() >= p.epsilon_explore_neg):

@@ -3,12 +3,12 @@ that read predictions, and the request's SLOs as its headers give them."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from heimdall_proxy.framework.types import CycleState
+from heimdall_proxy.framework.types import CycleState, Endpoint
 
 #: CycleState key of the LatencyPredictions of the request (one producer per gateway).
 PREDICTIONS_KEY = "heimdall/latency-predictions"
@@ -56,6 +56,67 @@ class PodPrediction:
         )
 
 
+class PodPredictions(Mapping[str, PodPrediction]):
+    """Every candidate's predictions as the producer computed them, in candidate order:
+    `ttft[i]` (and `tpot[i]`, when TPOT is modelled) are the seconds of the pod at `index`
+    position i. A PodPrediction is made when one pod is read; readers of all of them
+    (latency-scorer) read the arrays. At 1,024 pods an object per pod per request was most
+    of a decision."""
+
+    __slots__ = (
+        "_inflight",
+        "_prefix",
+        "_tpot_slo",
+        "_ttft_slo",
+        "endpoints",
+        "index",
+        "names",
+        "tpot",
+        "ttft",
+    )
+
+    def __init__(
+        self,
+        endpoints: Sequence[Endpoint],
+        names: list[str],
+        index: Mapping[str, int],
+        ttft: np.ndarray,
+        tpot: np.ndarray | None,
+        preds: LatencyPredictions,
+    ) -> None:
+        #: the candidates predicted for, in the order of the arrays
+        self.endpoints = endpoints
+        self.names = names
+        self.index = index
+        self.ttft = ttft
+        self.tpot = tpot
+        self._ttft_slo, self._tpot_slo = preds.ttft_slo, preds.tpot_slo
+        self._prefix, self._inflight = preds.prefix, preds.inflight
+
+    def __getitem__(self, pod: str) -> PodPrediction:
+        i = self.index[pod]
+        t = float(self.ttft[i])
+        tp = float(self.tpot[i]) if self.tpot is not None else None
+        ttft_slo, tpot_slo = self._ttft_slo, self._tpot_slo
+        return PodPrediction(
+            t,
+            tp,
+            ttft_slo - t if ttft_slo is not None else None,
+            tpot_slo - tp if tpot_slo is not None and tp is not None else None,
+            self._prefix.get(pod, 0.0),
+            self._inflight.get(pod, 0),
+        )
+
+    def __contains__(self, pod: object) -> bool:
+        return pod in self.index
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.index)
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+
 @dataclass(slots=True)
 class LatencyPredictions:
     """Predictions for every candidate of one request, or for none (`pods` empty) when the
@@ -65,10 +126,12 @@ class LatencyPredictions:
     tpot_slo: float | None
     #: Output tokens the request is expected to produce (for latency without SLOs).
     output_tokens: int
-    pods: dict[str, PodPrediction] = field(default_factory=dict)
-    #: Prefix-cache match ratio by pod, in [0, 1], whether or not there are predictions.
+    pods: Mapping[str, PodPrediction] = field(default_factory=dict)
+    #: Prefix-cache match ratio by pod, in [0, 1], whether or not there are predictions;
+    #: only the pods with a match are listed (read with `.get(pod, 0.0)`).
     prefix: dict[str, float] = field(default_factory=dict)
-    #: Requests this gateway has in flight on each pod, whether or not there are predictions.
+    #: Requests this gateway has in flight on each pod, whether or not there are
+    #: predictions; only the pods with some are listed (read with `.get(pod, 0)`).
     inflight: dict[str, int] = field(default_factory=dict)
     #: The candidates' feature rows and each pod's row in it, kept so the training hooks
     #: learn from what was predicted on.

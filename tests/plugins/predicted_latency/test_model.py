@@ -4,6 +4,8 @@ one from observations alone (scikit-learn's SGD underneath, nothing mocked)."""
 from __future__ import annotations
 
 import random
+import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -52,3 +54,32 @@ def test_an_unanswered_request_raises_its_pods_factor() -> None:
     assert model.factors["a"] == 4.0
     model.raise_factor("a", elapsed=1.0, base=0.5)  # a floor, never lowered by it
     assert model.factors["a"] == 4.0
+
+
+def test_batches_fitted_on_the_trainer_thread_publish_the_same_fit() -> None:
+    """With a trainer, a full batch is fitted off the caller's thread and published whole,
+    batch for batch as where the batches fill up; observe returns while the trainer is busy,
+    predictions read the last published fit meanwhile, and flush waits for every batch."""
+    rng = random.Random(38)
+    rows = [[rng.random() for _ in range(3)] for _ in range(40)]
+    inline = OnlineLatencyModel(3, batch_size=8, min_samples=8)
+    threaded = OnlineLatencyModel(3, batch_size=8, min_samples=8)
+    with ThreadPoolExecutor(max_workers=1) as trainer:
+        threaded.trainer = trainer
+        for i, row in enumerate(rows[:16]):
+            inline.observe(f"p{i % 3}", row, 0.1 + sum(row))
+            threaded.observe(f"p{i % 3}", row, 0.1 + sum(row))
+        threaded.flush()
+        assert threaded.fitted[2:] == inline.fitted[2:] == (16, 2)
+        hold = threading.Event()
+        trainer.submit(hold.wait, 30.0)  # the trainer is busy (at most 30 s if this fails)
+        before = threaded.fitted
+        assert np.array_equal(threaded.coef, threaded.regressor.coef_)  # the fit, published
+        for i, row in enumerate(rows[16:]):
+            threaded.observe(f"p{i % 3}", row, 0.1 + sum(row))
+        assert threaded.fitted is before  # three batches handed over, none fitted yet
+        assert threaded.predict(["p0"], np.array([rows[0]]))[0] > 0.0
+        hold.set()
+        threaded.flush()
+    assert threaded.fitted[2:] == (40, 5)
+    assert np.array_equal(threaded.coef, threaded.regressor.coef_)

@@ -48,3 +48,61 @@ def test_predictions_follow_factor_changes() -> None:
     # the candidates in another order: rows and factors follow the names
     ttft2, _ = predictor.predict(["b", "a"], np.ascontiguousarray(x[::-1]))
     assert ttft2 is not None and ttft2.tolist() == pytest.approx(ttft[::-1].tolist())
+
+
+def test_matrix_kept_across_scrapes_equals_one_built_afresh() -> None:
+    """Updated row by row (a few pods scraped) or rebuilt (most of them), the kept scraped
+    columns are always those a new FeatureMatrix reads."""
+    rng = random.Random(38)
+    pods = [ep(f"p{i}", waiting=i % 5, running=i % 17, kv_cache_usage=i / 300) for i in range(300)]
+    kept = FeatureMatrix()
+    for _ in range(60):
+        share = rng.choice([0.0, 0.01, 0.1, 0.5, 1.0])
+        for e in pods:
+            if rng.random() < share:
+                e.metrics = replace(
+                    e.metrics,
+                    waiting=rng.randrange(0, 9),
+                    running=rng.randrange(0, 40),
+                    kv_cache_usage=rng.random(),
+                )
+        cands = pods if rng.random() < 0.8 else pods[: rng.randrange(1, 300)]
+        counts = [rng.randrange(0, 3) for _ in cands]
+        args = (500, None, counts, [100.0 * c for c in counts], 64)
+        got = kept.build(cands, *args)
+        want = FeatureMatrix().build(cands, *args)
+        assert np.array_equal(got, want)
+
+
+def test_speed_factors_kept_by_change_equal_a_reading_of_every_pod() -> None:
+    """The factors the predictor keeps for the candidates, updated for the pods whose factor
+    changed, equal every pod's factor read afresh, after random observations, censored raises
+    and forgotten pods (and past the changes the model remembers)."""
+    rng = random.Random(38)
+    predictor = LatencyPredictor(min_samples=1, batch_size=1)
+    names = [f"p{i}" for i in range(120)]
+    index = {n: i for i, n in enumerate(names)}
+    row = [0.1] * 8
+    for model in (predictor.ttft, predictor.tpot):
+        model.observe("p0", row, 0.5)  # trained (ready): observations now move factors
+        model.batch_size = 10**9  # and train no further: only the factors are under test
+    for step in range(300):
+        for _ in range(rng.choice([0, 1, 5, 50, 3000])):
+            pod = rng.choice(names)
+            what = rng.random()
+            if what < 0.5:
+                predictor.ttft.observe(pod, row, rng.uniform(0.05, 2.0))
+                predictor.tpot.observe(pod, row, rng.uniform(0.001, 0.05))
+            elif what < 0.9:
+                predictor.ttft.raise_factor(pod, rng.uniform(0.0, 5.0), 0.1)
+            else:
+                predictor.ttft.forget(pod)
+        got = predictor._pod_factors(names, index)
+        tf, pf = predictor.ttft.factors, predictor.tpot.factors
+        want = np.array([(tf.get(p, 1.0), pf.get(p, 1.0)) for p in names])
+        assert np.array_equal(got, want), step
+    assert predictor.ttft.factors_changed_since(-1) is None
+    predictor.ttft.forget("p0")
+    version = predictor.ttft.factors_version
+    predictor.ttft.raise_factor("p0", 1e9, 1.0)
+    assert predictor.ttft.factors_changed_since(version) == ["p0"]

@@ -13,7 +13,9 @@ from heimdall_proxy.framework.handle import PluginHandle
 from heimdall_proxy.framework.params import Duration
 from heimdall_proxy.framework.registry import register
 from heimdall_proxy.framework.types import (
+    CandidateNames,
     CycleState,
+    DefaultScores,
     Endpoint,
     InferenceRequest,
 )
@@ -73,11 +75,13 @@ class ActiveRequestScorer(SharesState, BasePlugin[ActiveRequestParams]):
     def score(
         self, state: CycleState, request: InferenceRequest, endpoints: list[Endpoint]
     ) -> Mapping[str, float]:
+        # Only pods with requests in flight can score below 1.0 (a count of 0 is within any
+        # idleThreshold): those are visited, the others share the default.
         cutoff = self._cutoff()
         since = self.load.requests_since
-        counts = [since(e.name, cutoff) for e in endpoints]
-        top = max(counts) if counts else 0
-        out = {}
-        for e, n in zip(endpoints, counts, strict=True):
-            out[e.name] = 1.0 if n <= self._idle else self._busy * (top - n) / top
-        return out
+        candidates = CandidateNames.of(endpoints).name_set()
+        counts = {pod: since(pod, cutoff) for pod in self.load.busy_pods() if pod in candidates}
+        top = max(counts.values()) if counts else 0
+        idle, busy = self._idle, self._busy
+        changed = {pod: busy * (top - n) / top for pod, n in counts.items() if n > idle}
+        return DefaultScores(endpoints, 1.0, changed)

@@ -11,6 +11,7 @@ from heimdall_proxy.framework.handle import PluginHandle
 from heimdall_proxy.framework.params import PluginParams
 from heimdall_proxy.framework.registry import register
 from heimdall_proxy.framework.types import (
+    AlignedScores,
     CycleState,
     DefaultScores,
     Endpoint,
@@ -52,14 +53,19 @@ class LoadAwareScorer(BasePlugin[LoadAwareParams]):
         # each queue length's score computed once (at 1,024 pods the arithmetic per pod was
         # most of this scorer's time).
         known = self._known
-        return DefaultScores(
-            endpoints,
-            0.5,
-            {
-                e.name: known[w] if w in known else self._score(w)
-                for e in endpoints
-                if (w := e.metrics.waiting)
-            },
+        waits = [e.metrics.waiting for e in endpoints]
+        if (len(waits) - waits.count(0)) * 4 < len(waits):  # few queues: name those
+            return DefaultScores(
+                endpoints,
+                0.5,
+                {
+                    e.name: known[w] if w in known else self._score(w)
+                    for e, w in zip(endpoints, waits, strict=True)
+                    if w
+                },
+            )
+        return AlignedScores(
+            endpoints, [(known[w] if w in known else self._score(w)) if w else 0.5 for w in waits]
         )
 
     def _score(self, waiting: int) -> float:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from heimdall_proxy.framework.types import DefaultScores, Endpoint
+from heimdall_proxy.framework.types import AlignedScores, DefaultScores, Endpoint
 
 
 def inverted_min_max(endpoints: list[Endpoint], values: list[float]) -> Mapping[str, float]:
@@ -22,4 +22,4 @@ def inverted_min_max(endpoints: list[Endpoint], values: list[float]) -> Mapping[
     if hi == lo:
         return DefaultScores(endpoints, 1.0, {})
     span = hi - lo
-    return {e.name: (hi - v) / span for e, v in zip(endpoints, values, strict=True)}
+    return AlignedScores(endpoints, [(hi - v) / span for v in values])

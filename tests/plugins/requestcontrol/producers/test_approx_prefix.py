@@ -3,6 +3,7 @@ readers read its match; the seeds' shape (index parameters on the scorer) keeps 
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import aiohttp
@@ -243,3 +244,21 @@ async def test_the_llm_d_shape_routes_a_repeated_prefix_to_its_pod(
             async with http.post(f"{gw.url}/v1/completions", json=cold) as r:
                 assert r.status == 200
     assert len(set(served)) == 1
+
+
+def test_the_block_size_kept_for_the_candidates_follows_a_pod_reporting_another() -> None:
+    """Read once per candidate list, the block size still changes as soon as one pod's
+    scrape reports another (Endpoint.block_size_generation), and a scrape that reports the
+    same size keeps it."""
+    p = producer(autoTune=True)
+    pods = [ep(f"p{i}", block_size=16) for i in range(9)]
+    assert p._block_size(pods) == 16
+    generation = Endpoint.block_size_generation
+    pods[0].metrics = dataclasses.replace(pods[0].metrics, waiting=3)  # same block size
+    assert Endpoint.block_size_generation == generation
+    assert p._block_size(pods) == 16
+    for e in pods[:5]:
+        e.metrics = dataclasses.replace(e.metrics, block_size=64)
+    assert Endpoint.block_size_generation > generation
+    assert p._block_size(pods) == 64  # the most common size now
+    assert p._block_size(pods[5:]) == 16  # another candidate list, read afresh

@@ -116,3 +116,39 @@ def test_rng_returning_zero_still_prefers_heavier_weight() -> None:
     # order, which would put "light" first); the picker substitutes a tiny u instead.
     result = p.pick(CycleState(), REQ, scored(heavy=3.0, light=1.5))
     assert [e.name for e in result.ranked] == ["heavy", "light"]
+
+
+def reference_ranking(rng: random.Random, scores: list[float]) -> list[int]:
+    """A-Res pod by pod, as the picker is defined: one draw per candidate in order, key
+    u ** (1 / w) for w > 0 (u = 0 read as the smallest positive float), -1 - u otherwise,
+    then the keys in descending order (ties: the later candidate first)."""
+    keyed = []
+    for i, w in enumerate(scores):
+        if w > 0.0:
+            u = rng.random() or 5e-324
+            keyed.append((u ** (1.0 / w), i))
+        else:
+            keyed.append((-1.0 - rng.random(), i))
+    keyed.sort(reverse=True)
+    return [i for _, i in keyed]
+
+
+def test_the_ranking_is_the_pod_by_pod_rule_on_the_same_draws() -> None:
+    """The numpy keys and order are those of the definition above, for the same seed: a
+    seeded picker picks exactly what the loop it replaced picked."""
+    rng = random.Random(38)
+    for trial in range(200):
+        n = rng.choice([1, 2, 7, 64, 300])
+        scores = [
+            rng.choice([0.0, -1.0, math.nan, 1e-9, rng.random(), 3 * rng.random()])
+            for _ in range(n)
+        ]
+        cands = [
+            ScoredEndpoint(Endpoint(name=f"p{i}", url=f"http://p{i}:80", host=f"p{i}", port=80), w)
+            for i, w in enumerate(scores)
+        ]
+        p = picker(k=2, seed=trial)
+        got = p.pick(CycleState(), REQ, cands)
+        want = reference_ranking(random.Random(trial), scores)
+        assert [e.name for e in got.ranked] == [f"p{i}" for i in want], trial
+        assert got.targets == got.ranked[:2]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import time
 
 import pytest
@@ -80,3 +81,30 @@ def test_params_defaults_and_validation() -> None:
     assert ActiveRequestParams.model_validate({"requestTimeout": "30s"}).request_timeout == 30.0
     with pytest.raises(ValueError, match="less than or equal"):
         ActiveRequestParams.model_validate({"maxBusyScore": 1.5})
+
+
+def test_visiting_the_busy_pods_scores_as_every_pod() -> None:
+    """Scored from the pods with requests in flight only, every candidate gets what the rule
+    gives it pod by pod, after random dispatches and ends, on pods in and out of the
+    candidates."""
+    rng = random.Random(38)
+    for trial in range(50):
+        scorer = make(idleThreshold=rng.choice([0, 1, 3]), maxBusyScore=rng.choice([1.0, 0.5]))
+        load = scorer.load
+        pool = [ep(f"p{i}") for i in range(60)]
+        live: list[str] = []
+        for k in range(rng.randrange(0, 200)):
+            if live and rng.random() < 0.4:
+                load.release(live.pop(rng.randrange(len(live))))
+            else:
+                key = f"r{k}:0"
+                load.acquire(key, rng.choice(pool).name)
+                live.append(key)
+        cands = [e for e in pool if rng.random() < 0.5]
+        counts = [scorer.count(e.name) for e in cands]
+        top = max(counts, default=0)
+        want = {
+            e.name: 1.0 if n <= scorer._idle else scorer._busy * (top - n) / top
+            for e, n in zip(cands, counts, strict=True)
+        }
+        assert dict(scorer.score(CycleState(), req(), cands)) == want, trial

@@ -35,3 +35,14 @@ def test_threshold_must_be_positive() -> None:
     with pytest.raises(ValidationError):
         LoadAwareParams.model_validate({"threshold": 0})
     assert LoadAwareParams.model_validate({}).threshold == 128
+
+
+def test_few_queues_or_many_score_alike() -> None:
+    """Named sparsely (few queues) or in candidate order (many), each pod scores the rule."""
+    scorer = LoadAwareScorer("l", LoadAwareParams(threshold=10), None)  # type: ignore[arg-type]
+    for busy in (0.05, 0.5, 1.0):
+        pods = [ep(f"p{i}", waiting=(i % 13 if i % 100 < busy * 100 else 0)) for i in range(400)]
+        got = scorer.score(CycleState(), req(), pods)
+        assert dict(got) == {
+            e.name: 0.5 * (1.0 - min(float(e.metrics.waiting), 10.0) / 10.0) for e in pods
+        }

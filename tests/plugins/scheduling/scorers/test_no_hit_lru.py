@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from heimdall_proxy.framework.prefix import PrefixCacheMatchInfo, prefix_match_key
@@ -127,3 +129,25 @@ def test_a_prefix_plugin_it_cannot_read_fails_the_config_saying_what_to_set() ->
         {"type": "no-hit-lru-scorer", "parameters": {"prefixPluginName": "pc"}},
         {"type": "prefix-cache-scorer", "name": "pc"},
     ])  # fmt: skip
+
+
+def test_cold_ranks_are_the_lru_rule_at_any_pool_size() -> None:
+    """The numpy ranking equals the rule pod by pod: the candidates the LRU does not hold
+    first, in candidate order, then the ones it holds, least recently used first; rank r of
+    n scores 1 - r / (n - 1). Over random LRU states and candidate subsets."""
+    rng = random.Random(38)
+    for trial in range(100):
+        pool = [ep(f"p{i}") for i in range(rng.choice([2, 5, 40, 300]))]
+        scorer = make(lruSize=rng.choice([3, 50, 1024]))
+        for _ in range(rng.randrange(0, 3 * len(pool))):
+            scorer._touch(rng.choice(pool).name)
+        cands = [e for e in pool if rng.random() < 0.7] or pool[:2]
+        if len(cands) < 2:
+            cands = pool[:2]
+        lru = scorer.last_used()
+        never = [e.name for e in cands if e.name not in lru]
+        used = sorted((e.name for e in cands if e.name in lru), key=lru.index)
+        n = len(cands)
+        want = {pod: 1.0 - rank / (n - 1) for rank, pod in enumerate(never + used)}
+        got = scorer.score(state_with({}), req(), cands)
+        assert dict(got) == want, trial
