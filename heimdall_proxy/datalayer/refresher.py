@@ -15,8 +15,8 @@ import aiohttp
 import orjson
 
 from heimdall_proxy.datalayer.cadence import ScrapeCadence
-from heimdall_proxy.datalayer.pool import EndpointPool
 from heimdall_proxy.datalayer.pages import PageReader
+from heimdall_proxy.datalayer.pool import EndpointPool
 from heimdall_proxy.datalayer.rescan import PageScanner
 from heimdall_proxy.datalayer.scan import Sample, scan_families
 from heimdall_proxy.datalayer.vllm_metrics import ALL_FAMILIES, metrics_from_families
@@ -380,7 +380,9 @@ class PoolRefresher:
     async def _refresh_models(self, endpoint: Endpoint) -> None:
         url = f"{endpoint.url}{self.options.models_path}"
         try:
-            cards = parse_model_list(orjson.loads(await self.pages.get(url, self._models_timeout())))
+            cards = parse_model_list(
+                orjson.loads(await self.pages.get(url, self._models_timeout()))
+            )
         except (OSError, TimeoutError, ValueError, aiohttp.ClientError) as exc:
             log.debug("model list refresh failed for %s: %r", endpoint.name, exc)
             return

@@ -95,7 +95,7 @@ async def test_what_a_scrape_counts_as_failed_is_raised(server: _Server) -> None
         with socket.socket() as s:  # a port nobody listens on
             s.bind(("127.0.0.1", 0))
             free = s.getsockname()[1]
-        with pytest.raises(OSError):
+        with pytest.raises(OSError, match="connect"):
             await reader.get(f"http://127.0.0.1:{free}/metrics", 2.0)
         with pytest.raises(ValueError, match="not an http"):
             await reader.get("ftp://127.0.0.1/metrics", 2.0)
