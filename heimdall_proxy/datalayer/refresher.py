@@ -8,14 +8,16 @@ import logging
 import random
 import time
 from collections.abc import Coroutine
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from ssl import SSLContext
 
 import aiohttp
 import orjson
 
 from heimdall_proxy.datalayer.cadence import ScrapeCadence
+from heimdall_proxy.datalayer.pages import PageReader
 from heimdall_proxy.datalayer.pool import EndpointPool
+from heimdall_proxy.datalayer.rescan import PageScanner
 from heimdall_proxy.datalayer.scan import Sample, scan_families
 from heimdall_proxy.datalayer.vllm_metrics import ALL_FAMILIES, metrics_from_families
 from heimdall_proxy.framework.inflight import InFlightLoad
@@ -87,6 +89,9 @@ class RefreshOptions:
     idle_metrics_interval: float = 1.0
     #: The metric families read from each page (the plugins' union; vllm_metrics.py).
     families: frozenset[str] = ALL_FAMILIES
+    #: Those of `families` read only when a page lacks the one they stand in for
+    #: (vllm_metrics.py `stand_ins`).
+    stand_ins: dict[str, str] = field(default_factory=dict)
 
 
 #: Failed health checks in a row that take a pod out of rotation; one success brings it back.
@@ -156,6 +161,9 @@ class PoolRefresher:
         self._next_models: dict[str, float] = {}
         #: Completed scrapes per pod (tests and the bench read them).
         self.scrapes: dict[str, int] = {}
+        #: How the pods' pages are read (pages.py), and each pod's page scanner (rescan.py).
+        self.pages = PageReader(session)
+        self._scanners: dict[str, PageScanner] = {}
         self._running = False
 
     async def refresh_once(self) -> None:
@@ -184,6 +192,7 @@ class PoolRefresher:
         for name in [n for n in self._next_models if n not in current]:
             del self._next_models[name]
             self.cadence.forget(name)
+            self._scanners.pop(name, None)
         now = time.monotonic()
         for name in current:  # a pod that joined learns its models on the next tick
             self._next_models.setdefault(name, now)
@@ -217,14 +226,11 @@ class PoolRefresher:
 
     async def probe(self, endpoint: Endpoint) -> None:
         """One active health check of `endpoint`."""
-        timeout = aiohttp.ClientTimeout(total=self.options.health_timeout)
+        url = f"{endpoint.url}{self.options.health_path}"
         try:
-            async with self.session.get(
-                f"{endpoint.url}{self.options.health_path}", timeout=timeout
-            ) as resp:
-                ok = resp.status == 200
-                why = f"HTTP {resp.status}"
-        except (aiohttp.ClientError, TimeoutError) as exc:
+            await self.pages.get(url, self.options.health_timeout)
+            ok, why = True, ""
+        except (OSError, TimeoutError, ValueError, aiohttp.ClientError) as exc:
             ok, why = False, repr(exc)
         if ok:
             endpoint.probe_failures = 0
@@ -254,6 +260,7 @@ class PoolRefresher:
         for task in tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        await self.pages.close()
 
     async def _tick_loop(self) -> None:
         opts = self.options
@@ -338,18 +345,23 @@ class PoolRefresher:
                 url, ssl = source.url(endpoint), source.ssl  # type: ignore[attr-defined]
             else:
                 url, ssl = f"{endpoint.url}/metrics", None
-            found = await fetch_families(
-                self.session, url, self.options.families, self.options.metrics_timeout, ssl
-            )
+            page = await self.pages.get(url, self.options.metrics_timeout, ssl)
+            scanner = self._scanners.get(endpoint.name)
+            if scanner is None:
+                scanner = PageScanner(self.options.families, self.options.stand_ins)
+                self._scanners[endpoint.name] = scanner
+            found = scanner.scan(page)
             snapshot = metrics_from_families(found)
-        except (aiohttp.ClientError, TimeoutError, ValueError, UnicodeDecodeError) as exc:
+        except (OSError, TimeoutError, ValueError, aiohttp.ClientError) as exc:
             self._failed(endpoint, f"metrics scrape failed: {exc!r}")
             return False
         endpoint.metrics = snapshot
         if self.page_extractors:
             _extract("metrics scrape", self.page_extractors, endpoint, found)
-        endpoint.consecutive_failures = 0
-        endpoint.scrape_ok = True
+        if endpoint.consecutive_failures:
+            endpoint.consecutive_failures = 0
+        if not endpoint.scrape_ok:
+            endpoint.scrape_ok = True
         _set_health(endpoint)
         return True
 
@@ -366,15 +378,12 @@ class PoolRefresher:
             )
 
     async def _refresh_models(self, endpoint: Endpoint) -> None:
-        timeout = aiohttp.ClientTimeout(total=self._models_timeout())
+        url = f"{endpoint.url}{self.options.models_path}"
         try:
-            async with self.session.get(
-                f"{endpoint.url}{self.options.models_path}", timeout=timeout
-            ) as resp:
-                if resp.status != 200:
-                    raise ValueError(f"HTTP {resp.status}")
-                cards = parse_model_list(orjson.loads(await resp.read()))
-        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+            cards = parse_model_list(
+                orjson.loads(await self.pages.get(url, self._models_timeout()))
+            )
+        except (OSError, TimeoutError, ValueError, aiohttp.ClientError) as exc:
             log.debug("model list refresh failed for %s: %r", endpoint.name, exc)
             return
         if publish_models(endpoint, cards):

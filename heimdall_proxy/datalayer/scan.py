@@ -19,7 +19,7 @@ from collections.abc import Iterable
 Sample = tuple[dict[str, str], float]
 
 #: Bytes that may continue a metric name: after the family's name they mean another family.
-_NAME_BYTES = frozenset(
+NAME_BYTES = frozenset(
     bytes([c]) for c in b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_:"
 )
 
@@ -72,8 +72,8 @@ def _labels(line: str, start: int) -> tuple[dict[str, str], int]:
         labels[key] = "".join(out)
 
 
-def _sample(line: str, name_len: int) -> Sample:
-    """Parse one sample line whose metric name is `line[:name_len]`."""
+def parse_sample(line: str, name_len: int) -> Sample:
+    """Parse one sample line whose metric name is `line[:name_len]`. Raises ValueError."""
     labels: dict[str, str] = {}
     rest = name_len
     if line[rest : rest + 1] == "{":
@@ -101,10 +101,10 @@ def scan_families(page: bytes, families: Iterable[str]) -> dict[str, list[Sample
             start = hit + 1 if hit >= 0 else -1
         while start >= 0:
             after = page[start + len(name) : start + len(name) + 1]
-            if after not in _NAME_BYTES:
+            if after not in NAME_BYTES:
                 end = page.find(b"\n", start)
                 raw = page[start:] if end < 0 else page[start:end]
-                samples.append(_sample(raw.decode("utf-8"), len(name)))
+                samples.append(parse_sample(raw.decode("utf-8"), len(name)))
             hit = page.find(needle, start)
             start = hit + 1 if hit >= 0 else -1
         if samples:

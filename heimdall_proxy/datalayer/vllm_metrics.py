@@ -22,12 +22,26 @@ CORE_FAMILIES = frozenset({WAITING, RUNNING, KV_USAGE, KV_USAGE_LEGACY})
 ALL_FAMILIES = CORE_FAMILIES | {LORA_INFO, CACHE_CONFIG}
 
 
+def _plugin_families(plugins: Iterable[object]) -> set[str]:
+    return {f for plugin in plugins for f in getattr(plugin, "metric_families", ())}
+
+
 def needed_families(plugins: Iterable[object]) -> frozenset[str]:
     """The families to scrape: the core ones and every plugin's `metric_families`."""
-    out = set(CORE_FAMILIES)
-    for plugin in plugins:
-        out.update(getattr(plugin, "metric_families", ()))
-    return frozenset(out)
+    return frozenset(CORE_FAMILIES | _plugin_families(plugins))
+
+
+#: A family read only to stand in for another one its page lacks (an older vLLM's KV usage
+#: gauge): family -> the one it stands in for.
+STAND_INS = {KV_USAGE_LEGACY: KV_USAGE}
+
+
+def stand_ins(plugins: Iterable[object]) -> dict[str, str]:
+    """The stand-in families no plugin reads for themselves: a page is searched for them
+    only when it lacks what they stand in for (metrics_from_families reads them no
+    otherwise), which spares a scrape of today's vLLM a search of the whole page."""
+    asked = _plugin_families(plugins)
+    return {f: primary for f, primary in STAND_INS.items() if f not in asked}
 
 
 def _adapters(value: str | None) -> tuple[str, ...]:

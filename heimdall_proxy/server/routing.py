@@ -25,7 +25,7 @@ from heimdall_proxy.datalayer.kubernetes import (
 )
 from heimdall_proxy.datalayer.pool import EndpointPool
 from heimdall_proxy.datalayer.refresher import PoolRefresher, RefreshOptions
-from heimdall_proxy.datalayer.vllm_metrics import needed_families
+from heimdall_proxy.datalayer.vllm_metrics import needed_families, stand_ins
 from heimdall_proxy.flowcontrol.controller import FlowController
 from heimdall_proxy.flowcontrol.metrics import FlowMetrics
 from heimdall_proxy.framework.handle import PluginHandle
@@ -164,6 +164,7 @@ class Routing:
                 health_timeout=opts.health_timeout,
                 idle_metrics_interval=opts.idle_metrics_interval,
                 families=needed_families(self.plugins.plugins.values()),
+                stand_ins=stand_ins(self.plugins.plugins.values()),
             ),
             self.plugins.data_sources,
             self.load,

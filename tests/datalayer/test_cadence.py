@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from heimdall_proxy.datalayer.cadence import ScrapeCadence
+import dataclasses
+
+from heimdall_proxy.datalayer.cadence import ScrapeCadence, _vouched
 from heimdall_proxy.framework.inflight import InFlightLoad
 from heimdall_proxy.framework.types import Endpoint, Metrics
 from tests.helpers import ep
@@ -92,3 +94,22 @@ def test_a_pod_that_left_and_came_back_starts_afresh() -> None:
     cadence.forget("a")
     assert cadence.due([pod], 0.61) == [pod]  # due at once, at the base interval
     assert cadence.pod("a").interval == 0.1
+
+
+def test_a_vouched_snapshot_is_the_old_one_taken_again() -> None:
+    """_vouched builds the snapshot field by field: a field added to Metrics must not be
+    dropped or shifted."""
+    full = Metrics(3, 2, 0.5, ("a",), ("b",), 4, 16, 1000, 7.0)
+    assert _vouched(full, 9.0) == dataclasses.replace(full, updated_at=9.0)
+    assert [f.name for f in dataclasses.fields(Metrics)][-1] == "updated_at"
+
+
+def test_a_quiet_pods_snapshot_is_taken_again_only_once_an_interval_old() -> None:
+    cadence = ScrapeCadence(InFlightLoad(), 0.1, 1.0)
+    pod = ep("a", updated_at=5.0)
+    _scrape(cadence, pod, 5.0)
+    first = pod.metrics
+    assert cadence.due([pod], 5.05) == []
+    assert pod.metrics is first  # younger than an interval: left as it is
+    assert cadence.due([pod], 5.125) == []
+    assert pod.metrics.updated_at == 5.125
