@@ -1,16 +1,23 @@
 """The Anthropic SDK as the client, through the gateway, on the Messages API (stream and
 not) and count_tokens: llm-d's anthropic-parser reads the requests (in the default parser
 list), the gateway reads the answers' usage into its metrics, and errors come back in
-Anthropic's shape."""
+Anthropic's shape.
+
+Slow-marked: importing the Anthropic SDK alone takes about 3 s, a thirteenth of the fast
+suite's budget; CI runs it, and tests/e2e runs the same SDK against real vLLM."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import anthropic
 import pytest
 
 from tests.conftest import GatewayFactory, PodFactory, make_config
+
+if TYPE_CHECKING:
+    import anthropic
+
+pytestmark = pytest.mark.slow
 
 
 @pytest.fixture
@@ -21,6 +28,8 @@ async def gw(start_pod: PodFactory, start_gateway: GatewayFactory) -> Any:
 
 @pytest.fixture
 async def client(gw: Any) -> anthropic.AsyncAnthropic:
+    import anthropic  # here, not at the top: the fast suite collects this module
+
     sdk = anthropic.AsyncAnthropic(base_url=gw.url, api_key="test", max_retries=0)
     yield sdk
     await sdk.close()
@@ -59,6 +68,8 @@ async def test_count_tokens(client: anthropic.AsyncAnthropic) -> None:
 
 
 async def test_a_bad_request_gets_anthropics_error_shape(client: anthropic.AsyncAnthropic) -> None:
+    import anthropic
+
     with pytest.raises(anthropic.BadRequestError) as info:
         await client.messages.create(model="sim-model", max_tokens=4, messages=[])
     body = info.value.body
