@@ -67,12 +67,12 @@ class PrefixCacheAffinityParams(SharedCountsParams, SharedJournalParams):
     #: llm-d's calibration recipe does); the default is ours, about what the simulator and
     #: a mid-size model on one H100 do.
     peak_prefill_throughput: float = Field(default=16000.0, gt=0.0)
-    #: Price the prompt tokens in flight on a pod at the delay they were seen to cause
-    #: (learned per pod from streamed responses' first tokens by the in-flight ledger, see
-    #: framework/queue_price.py) rather
-    #: than at `peakPrefillThroughput`, which then prices only the request's own prefill.
-    #: Pods that make requests wait for a decode slot delay a first token by a whole reply
-    #: per request ahead, several times its prefill.
+    #: Take the wait for what is in flight on a pod from what the in-flight ledger learned
+    #: there from streamed responses' first tokens (framework/queue_price.py: a price per
+    #: prompt token beyond the pod's free depth, or a replay of its slots) rather than at
+    #: `peakPrefillThroughput`, which then prices only the request's own prefill. Pods that
+    #: make requests wait for a decode slot delay a first token by a whole reply per request
+    #: ahead, several times its prefill, and not at all while a slot is free.
     learn_queue_delay: bool = True
     #: Release a prefix that many recent requests shared at a smaller margin: when n recent
     #: requests (decayed, this one included) shared the longest prefix a sticky pod holds,
@@ -109,8 +109,11 @@ class PrefixCacheAffinityFilter(SharesState, BasePlugin[PrefixCacheAffinityParam
     `maxTTFTPenaltyMs` above the best other candidate's, or the request is drawn for
     exploration (`explorationProbability`). Estimated TTFT of a pod = (prompt tokens of the
     requests this gateway has in flight there + the prompt tokens this request would not
-    find cached there) / `peakPrefillThroughput`, the tokens in flight priced instead at
-    the delay they were seen to cause on that pod once it is learned (`learnQueueDelay`).
+    find cached there) / `peakPrefillThroughput`; with `learnQueueDelay`, the wait for what
+    is in flight is the ledger's learned one instead: the tokens beyond the pod's free depth
+    (the requests it runs without delaying the next) at the delay they were seen to cause
+    there, or, on a pod seen to queue behind its slots, a replay of those slots from the ages
+    of its requests and its service time (framework/queue_delay.py, service_time.py).
     A cold request (no pod reaches the threshold) is not narrowed. With
     `sharedPrefixDiscount` (ours), the margin shrinks for a prefix many recent requests
     shared.
