@@ -2,7 +2,7 @@
 parameters on prefix-cache-scorer, readers naming the scorer): the picks were recorded before
 the approximate index moved from prefix-cache-scorer into approx-prefix-cache-producer, and
 must not change with it. recommended.yaml's were re-recorded when its maxTTFTPenaltyMs went
-from 400 to 150 ms (issue 36): from the ninth request on, pods 2 and 3 (tied) trade places."""
+from 400 to 150 ms (issue 36): the picks differ from the ninth request on."""
 
 from __future__ import annotations
 
