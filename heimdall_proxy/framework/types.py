@@ -425,11 +425,12 @@ class AlignedScores(Mapping[str, float]):
     `ordered[i]` is the score of `endpoints[i]`. The scheduler adds `ordered` to its sums
     position by position; a dict of a thousand names built by the scorer and looked up again
     by the scheduler was a tenth of a decision per such scorer at 1,024 pods. To everything
-    else it is the full Mapping the Scorer contract promises (built on first use)."""
+    else it is the full Mapping the Scorer contract promises (built on first use).
+    `ordered` may be a numpy array of floats, which the scheduler adds in one numpy pass."""
 
     __slots__ = ("_map", "endpoints", "ordered")
 
-    def __init__(self, endpoints: list[Endpoint], ordered: list[float]) -> None:
+    def __init__(self, endpoints: list[Endpoint], ordered: list[float] | Any) -> None:
         if len(ordered) != len(endpoints):
             raise ValueError(f"{len(ordered)} scores for {len(endpoints)} endpoints")
         self.endpoints = endpoints
@@ -438,7 +439,10 @@ class AlignedScores(Mapping[str, float]):
 
     def _dict(self) -> dict[str, float]:
         if self._map is None:
-            self._map = dict(zip((e.name for e in self.endpoints), self.ordered, strict=True))
+            ordered = self.ordered
+            if not isinstance(ordered, list):  # an array: its Python floats
+                ordered = ordered.tolist()
+            self._map = dict(zip((e.name for e in self.endpoints), ordered, strict=True))
         return self._map
 
     def __getitem__(self, name: str) -> float:
@@ -451,7 +455,7 @@ class AlignedScores(Mapping[str, float]):
         return len(self._dict())
 
     def __bool__(self) -> bool:  # without building the dict
-        return bool(self.ordered)
+        return len(self.ordered) > 0
 
     def __repr__(self) -> str:
         return f"AlignedScores({self._dict()!r})"
