@@ -85,7 +85,7 @@ def _top(endpoints: list[Endpoint], keys: np.ndarray, k: int) -> list[Endpoint]:
     rest: every key at least the k-th largest (ties included, so the tie-break by position
     is that of the full ranking) is sorted as `_rank` sorts, and the first k taken."""
     n = len(keys)
-    bar = keys[np.argpartition(keys, n - k)[n - k]]
+    bar = keys.max() if k == 1 else keys[np.argpartition(keys, n - k)[n - k]]
     near = np.flatnonzero(keys >= bar)
     # lexsort: by key, then by position, ascending; reversed as in `_rank`
     order = near[np.lexsort((near, keys[near]))[::-1][:k]].tolist()
