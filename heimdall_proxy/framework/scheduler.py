@@ -9,6 +9,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from itertools import repeat
 
+import numpy as np
+
 from heimdall_proxy.framework.log import V4, V5
 from heimdall_proxy.framework.plugins import Filter, Picker, ProfileHandler, Scorer
 from heimdall_proxy.framework.spans import SPANS_KEY, RequestSpans
@@ -160,8 +162,18 @@ class _Sums:
         else:
             self.add_dense(weight, default, table, names)
 
-    def add_aligned(self, weight: float, values: list[float]) -> None:
+    def add_aligned(self, weight: float, values: list[float] | np.ndarray) -> None:
         """`values[i]` is the score of the i-th candidate (clamped as `_add_dense` does)."""
+        if isinstance(values, np.ndarray):
+            # the same operations per pod (clamp, times weight, plus the sum; nothing added
+            # for a score <= 0 or NaN), in one numpy pass instead of a loop over the pool
+            if self._totals is None and not self.own:
+                sums = np.full(self._n, self.base)
+            else:
+                sums = np.asarray(self.list(), dtype=float)
+            added = sums + weight * np.minimum(values, 1.0)
+            self._totals = np.where(values > 0.0, added, sums).tolist()
+            return
         self._totals = [
             t + weight * (1.0 if v > 1.0 else v) if v > 0.0 else t
             for t, v in zip(self.list(), values, strict=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import random
 import time
+import weakref
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal, NamedTuple, Protocol, overload
@@ -59,6 +60,25 @@ _WATCHED_FIELDS = _MEMBERSHIP_FIELDS | {"metrics"}
 _UNSET = object()
 
 
+class MetricsWatcher(Protocol):
+    """Told of every replaced snapshot, by the writer, as it is replaced."""
+
+    def metrics_replaced(self, endpoint: Endpoint, metrics: Metrics) -> None: ...
+
+
+#: Held weakly: a watcher that is gone is no longer told.
+_METRICS_WATCHERS: weakref.WeakSet[MetricsWatcher] = weakref.WeakSet()
+
+
+def watch_metrics(watcher: MetricsWatcher) -> None:
+    """Call `watcher.metrics_replaced(endpoint, metrics)` whenever any endpoint's `metrics`
+    is replaced, right after it is. A reader that keeps columns of many pods' snapshots
+    updates the rows of the pods scraped as they are scraped (the scraper's cost, one pod at
+    a time), instead of finding and re-reading them per request: at 1,024 pods re-reading
+    them all after a pool-wide refresh was a third of a decision."""
+    _METRICS_WATCHERS.add(watcher)
+
+
 @dataclass(slots=True, eq=False)
 class Endpoint:
     """A model-server pod. Identity (not value) equality: the pool owns exactly one object
@@ -102,7 +122,11 @@ class Endpoint:
             if name == "metrics":
                 if not isinstance(old, Metrics) or old.block_size != value.block_size:
                     Endpoint.block_size_generation += 1
-            elif old != value:
+                object.__setattr__(self, name, value)
+                for watcher in _METRICS_WATCHERS:
+                    watcher.metrics_replaced(self, value)
+                return
+            if old != value:
                 Endpoint.membership_generation += 1
         object.__setattr__(self, name, value)
 
@@ -425,11 +449,12 @@ class AlignedScores(Mapping[str, float]):
     `ordered[i]` is the score of `endpoints[i]`. The scheduler adds `ordered` to its sums
     position by position; a dict of a thousand names built by the scorer and looked up again
     by the scheduler was a tenth of a decision per such scorer at 1,024 pods. To everything
-    else it is the full Mapping the Scorer contract promises (built on first use)."""
+    else it is the full Mapping the Scorer contract promises (built on first use).
+    `ordered` may be a numpy array of floats, which the scheduler adds in one numpy pass."""
 
     __slots__ = ("_map", "endpoints", "ordered")
 
-    def __init__(self, endpoints: list[Endpoint], ordered: list[float]) -> None:
+    def __init__(self, endpoints: list[Endpoint], ordered: list[float] | Any) -> None:
         if len(ordered) != len(endpoints):
             raise ValueError(f"{len(ordered)} scores for {len(endpoints)} endpoints")
         self.endpoints = endpoints
@@ -438,7 +463,10 @@ class AlignedScores(Mapping[str, float]):
 
     def _dict(self) -> dict[str, float]:
         if self._map is None:
-            self._map = dict(zip((e.name for e in self.endpoints), self.ordered, strict=True))
+            ordered = self.ordered
+            if not isinstance(ordered, list):  # an array: its Python floats
+                ordered = ordered.tolist()
+            self._map = dict(zip((e.name for e in self.endpoints), ordered, strict=True))
         return self._map
 
     def __getitem__(self, name: str) -> float:
@@ -451,7 +479,7 @@ class AlignedScores(Mapping[str, float]):
         return len(self._dict())
 
     def __bool__(self) -> bool:  # without building the dict
-        return bool(self.ordered)
+        return len(self.ordered) > 0
 
     def __repr__(self) -> str:
         return f"AlignedScores({self._dict()!r})"

@@ -8,6 +8,7 @@ import math
 import random
 from collections.abc import Mapping, Sequence
 
+import numpy as np
 import pytest
 
 from heimdall_proxy.framework.scheduler import SchedulerProfile, WeightedScorer
@@ -96,8 +97,10 @@ def test_every_path_sums_exactly_as_pod_by_pod() -> None:
                 ordered = [value(rng) for _ in pods]
                 full = {e.name: v for e, v in zip(pods, ordered, strict=True)}
 
-                def aligned(eps: list[Endpoint], o: list[float] = ordered) -> object:
-                    return AlignedScores(eps, list(o))
+                def aligned(
+                    eps: list[Endpoint], o: list[float] = ordered, array: bool = rng.random() < 0.5
+                ) -> object:  # a list or a numpy array: the scheduler adds either
+                    return AlignedScores(eps, np.array(o) if array else list(o))
 
                 scorers.append(WeightedScorer(Canned(f"s{s}", aligned), weight))  # type: ignore[arg-type]
                 answers.append((weight, full))
@@ -148,6 +151,10 @@ def test_aligned_scores_is_the_full_mapping() -> None:
     scores = AlignedScores(pods, [0.1, 0.0, 0.7])
     assert scores == {"a": 0.1, "b": 0.0, "c": 0.7}
     assert len(scores) == 3 and bool(scores) and not AlignedScores([], [])
+    as_array = AlignedScores(pods, np.array([0.1, 0.0, 0.7]))
+    assert dict(as_array) == dict(scores) and bool(as_array)
+    assert all(type(v) is float for v in as_array.values())
+    assert not AlignedScores([], np.array([]))
     assert scores.get("gone", 0.0) == 0.0 and "gone" not in scores
     with pytest.raises(ValueError, match="1 scores for 3 endpoints"):
         AlignedScores(pods, [0.1])

@@ -15,11 +15,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Executor
-from operator import attrgetter
+from itertools import compress
+from operator import attrgetter, is_not
 
 import numpy as np
 
-from heimdall_proxy.framework.types import Endpoint, Metrics
+from heimdall_proxy.framework.types import Endpoint, Metrics, watch_metrics
 from heimdall_proxy.plugins.predicted_latency.model import MIN_PREDICTION, OnlineLatencyModel
 
 FEATURES = (
@@ -69,39 +70,65 @@ def features(
 class FeatureMatrix:
     """Builds the feature rows of all candidates at once. The scraped columns change only
     when a pod's Metrics object is replaced (every scrape replaces it whole), so those of
-    the last candidate list are kept with the Metrics objects they came from, and only the
-    rows whose object was replaced are read again (pods are scraped one by one: at 1,024
-    pods rebuilding every row per request was a fifth of a decision)."""
+    the last candidate list are kept, and updated by the writer as it replaces a snapshot
+    (`metrics_replaced`, via `watch_metrics`): while the candidates are the same list, a
+    request reads no pod's snapshot at all (right after a pool-wide refresh re-reading 1,024
+    rows was a third of a decision). Another list is compared by snapshot identity with the
+    kept one, and only the rows whose object differs are read again."""
 
-    __slots__ = ("_ids", "_metrics", "_scraped")
+    __slots__ = ("__weakref__", "_endpoints", "_metrics", "_rows", "_scraped")
 
     def __init__(self) -> None:
+        #: the snapshots the rows were read from, held so that a new one is another object
         self._metrics: list[Metrics] = []
-        #: id() of each of `_metrics`, which holds them: a new snapshot cannot reuse one
-        self._ids = np.empty(0, dtype=np.uint64)
         self._scraped = np.empty((0, 3))
+        #: the candidate list the rows are of, kept current as its pods are scraped
+        self._endpoints: Sequence[Endpoint] | None = None
+        self._rows: dict[Endpoint, int] = {}
+        watch_metrics(self)
+
+    def metrics_replaced(self, endpoint: Endpoint, metrics: Metrics) -> None:
+        """A scrape replaced `endpoint`'s snapshot: its row, if it has one, is read now."""
+        i = self._rows.get(endpoint)
+        if i is not None:
+            self._metrics[i] = metrics
+            row = self._scraped[i]
+            row[0] = metrics.waiting / _SCALE[0]
+            row[1] = metrics.running / _SCALE[1]
+            row[2] = metrics.kv_cache_usage / _SCALE[2]
 
     def _scraped_columns(self, endpoints: Sequence[Endpoint]) -> np.ndarray:
+        if endpoints is self._endpoints and len(endpoints) == len(self._metrics):
+            return self._scraped  # kept current as its pods were scraped
         metrics = list(map(_METRICS, endpoints))
-        if metrics == self._metrics:  # identity first: the same snapshots compare in C
-            return self._scraped
         n = len(metrics)
-        ids = np.fromiter(map(id, metrics), np.uint64, n)
-        changed = np.flatnonzero(ids != self._ids).tolist() if n == len(self._ids) else None
-        if changed is None or len(changed) * 4 > n:
-            scraped = np.empty((n, 3))
-            scraped[:, 0] = np.fromiter(map(_WAITING, metrics), float, n)
-            scraped[:, 1] = np.fromiter(map(_RUNNING, metrics), float, n)
-            scraped[:, 2] = np.fromiter(map(_KV, metrics), float, n)
-            scraped /= _SCALE[:3]
-            self._scraped = scraped
+        if metrics != self._metrics:  # identity first: the same snapshots compare in C
+            # the positions whose snapshot is another object: compared in C, no id() per pod
+            changed = (
+                list(compress(range(n), map(is_not, metrics, self._metrics)))
+                if n == len(self._metrics)
+                else None
+            )
+            if changed is None or len(changed) * 4 > n:
+                scraped = np.empty((n, 3))
+                scraped[:, 0] = np.fromiter(map(_WAITING, metrics), float, n)
+                scraped[:, 1] = np.fromiter(map(_RUNNING, metrics), float, n)
+                scraped[:, 2] = np.fromiter(map(_KV, metrics), float, n)
+                scraped /= _SCALE[:3]
+                self._scraped = scraped
+            else:
+                scraped = self._scraped
+                for i in changed:
+                    m = metrics[i]
+                    scraped[i] = (m.waiting, m.running, m.kv_cache_usage)
+                    scraped[i] /= _SCALE[:3]
+            self._metrics = metrics
+        # follow this list's pods from now on (a pod listed twice: compared per request)
+        rows = {e: i for i, e in enumerate(endpoints)}
+        if len(rows) == n:
+            self._endpoints, self._rows = endpoints, rows
         else:
-            scraped = self._scraped
-            for i in changed:
-                m = metrics[i]
-                scraped[i] = (m.waiting, m.running, m.kv_cache_usage)
-                scraped[i] /= _SCALE[:3]
-        self._metrics, self._ids = metrics, ids
+            self._endpoints, self._rows = None, {}
         return self._scraped
 
     def build(

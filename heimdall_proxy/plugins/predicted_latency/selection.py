@@ -107,7 +107,7 @@ def _latency_scores_aligned(
         return None
     best = float(lat.min())
     ratio = best / lat
-    return AlignedScores(endpoints, (ratio * ratio).tolist())
+    return AlignedScores(endpoints, ratio * ratio)  # the scheduler adds the array as one
 
 
 def composite_scores(

@@ -74,6 +74,32 @@ def test_matrix_kept_across_scrapes_equals_one_built_afresh() -> None:
         assert np.array_equal(got, want)
 
 
+def test_rows_kept_by_the_scrapes_themselves_equal_a_fresh_reading() -> None:
+    """While the candidates are the same list, the rows are kept current by the writer as
+    it replaces snapshots (nothing is read per request): after random scrapes (a few pods,
+    all of them, one pod several times, an old snapshot put back) they are the rows a new
+    FeatureMatrix reads; and so after the candidates change (a narrower list, a pod twice)."""
+    rng = random.Random(3800)
+    pods = [ep(f"p{i}", waiting=i % 5, running=i % 17, kv_cache_usage=i / 300) for i in range(200)]
+    kept = FeatureMatrix()
+    old = [e.metrics for e in pods]
+    cands: list = pods
+    for step in range(80):
+        for _ in range(rng.choice([0, 1, 3, 50, 400])):
+            e = rng.choice(pods)
+            if rng.random() < 0.1:
+                e.metrics = rng.choice(old)  # an earlier snapshot object, assigned again
+            else:
+                e.metrics = replace(
+                    e.metrics, waiting=rng.randrange(0, 9), kv_cache_usage=rng.random()
+                )
+        if step % 10 == 9:
+            cands = rng.choice([pods, pods[: rng.randrange(1, 200)], pods[:5] + pods[:5]])
+        counts = [0] * len(cands)
+        args = (500, None, counts, [0.0] * len(cands), 64)
+        assert np.array_equal(kept.build(cands, *args), FeatureMatrix().build(cands, *args))
+
+
 def test_speed_factors_kept_by_change_equal_a_reading_of_every_pod() -> None:
     """The factors the predictor keeps for the candidates, updated for the pods whose factor
     changed, equal every pod's factor read afresh, after random observations, censored raises

@@ -152,3 +152,38 @@ def test_the_ranking_is_the_pod_by_pod_rule_on_the_same_draws() -> None:
         want = reference_ranking(random.Random(trial), scores)
         assert [e.name for e in got.ranked] == [f"p{i}" for i in want], trial
         assert got.targets == got.ranked[:2]
+
+
+class _Repeating(random.Random):
+    """Draws from a few values only, so that many keys tie."""
+
+    def random(self) -> float:
+        return super().random() // 0.25 * 0.25
+
+
+@pytest.mark.parametrize("k", [1, 2, 3, 5])
+def test_the_top_k_without_a_full_ranking_is_the_pod_by_pod_rule(k: int) -> None:
+    """The targets are selected from the keys without ranking every pod (the ranking is made
+    when first read): they are the first k of the pod-by-pod rule, ties at the k-th key
+    included (tiny weights give key 0.0 to most pods, repeated draws equal keys)."""
+    rng = random.Random(k)
+    for trial in range(40):
+        n = rng.choice([48, 64, 300, 1024])
+        tiny = rng.random() < 0.5
+        scores = [
+            rng.choice([0.0, 1e-9, 1e-9, 1.0, 0.5] if tiny else [0.0, rng.random(), 2.0])
+            for _ in range(n)
+        ]
+        cands = [
+            ScoredEndpoint(Endpoint(name=f"p{i}", url=f"http://p{i}:80", host=f"p{i}", port=80), w)
+            for i, w in enumerate(scores)
+        ]
+        repeating = trial % 3 == 0
+        p = picker(k=k, seed=trial)
+        if repeating:
+            p.rng = _Repeating(trial)
+        got = p.pick(CycleState(), REQ, cands)
+        targets = [e.name for e in got.targets]  # read before the ranking is made
+        want = reference_ranking(_Repeating(trial) if repeating else random.Random(trial), scores)
+        assert targets == [f"p{i}" for i in want[:k]], (k, trial)
+        assert [e.name for e in got.ranked] == [f"p{i}" for i in want], (k, trial)
