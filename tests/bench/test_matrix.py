@@ -10,6 +10,7 @@ import pytest
 
 from bench import matrix
 from bench.harness import workloads as wl
+from bench.harness.targets import parse_target
 from heimdall_proxy.sim.options import SimOptions
 
 
@@ -188,3 +189,16 @@ def test_render_merges_files_from_the_command_line(
     assert matrix.main(["--render", *paths, "--brief"]) == 0
     out = capsys.readouterr().out.splitlines()
     assert [line.split(" | ")[1] for line in out[3:]] == ["round_robin", "x.yaml"]
+
+
+@pytest.mark.slow  # starts a simulated pod and, twice, a gateway that exits
+def test_a_target_that_cannot_start_is_a_row_not_the_end_of_the_matrix(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("plugins:\n- type: no-such-plugin\n")
+    res = matrix.run_shape(
+        matrix.SHAPES["shared-prefix"], [parse_target(str(bad))], True, 1, tmp_path
+    )
+    assert not res.runs
+    assert list(res.not_run) == ["heimdall-proxy bad.yaml"]
+    assert "exited" in res.not_run["heimdall-proxy bad.yaml"]
+    assert "| bad.yaml | not run: " in "\n".join(matrix.oracle_table(matrix.summary_json([res])))
