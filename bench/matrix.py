@@ -515,6 +515,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             doc = merge([json.loads(p.read_text(encoding="utf-8")) for p in args.render])
         except ValueError as exc:
             parser.error(str(exc))
+        order = list(SHAPES)  # the matrix's order, whichever file named a shape first
+        doc["shapes"] = dict(
+            sorted(
+                doc["shapes"].items(),
+                key=lambda kv: order.index(kv[0]) if kv[0] in order else len(order),
+            )
+        )
         for key, shape in doc["shapes"].items():
             if key in SHAPES:  # today's bound and oracle models
                 spec = SHAPES[key]
