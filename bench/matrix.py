@@ -355,7 +355,7 @@ def table(shape: dict[str, Any]) -> list[str]:
             f"| {_f(t['ttft']['p50'])} | {_f(t['ttft']['p95'])} | {_f(t['ttft']['p99'])} "
             f"| {_f(mean)} | {_f(t['e2e']['p50'])} | {_f(t['e2e']['p95'])} "
             f"| {_f(t['e2e']['p99'])} "
-            f"| {_f(p95 / rr_p95 if p95 and rr_p95 else None)}x "
+            f"| {_x(p95 / rr_p95 if p95 and rr_p95 else None)} "
             f"| {'n/a' if rate is None else f'{rate:.1%}'} | {t['errors']} |"
         )
     return lines
