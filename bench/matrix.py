@@ -36,6 +36,7 @@ Every target of a shape gets the same request schedule (fixed seed) on a fresh f
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime as dt
 import json
 import os
@@ -218,6 +219,8 @@ class ShapeResult:
     bound: LowerBound
     oracle: oracle.OracleResult
     runs: list[TargetRun] = field(default_factory=list)
+    #: targets that could not run on this shape, with why (the table says so; the rest run)
+    not_run: dict[str, str] = field(default_factory=dict)
 
 
 #: The request schedule's seed unless --seed says otherwise (every figure in RESULTS before
@@ -249,11 +252,8 @@ def run_shape(
     result = ShapeResult(shape, workload, *bounds(shape, workload, pods))
     supported = sim_flags()
     sim_args = [*PRESETS[shape.preset].sim_args, *shape.sim_args, "--max-num-seqs", str(SLOTS)]
-    # KV events only for targets that read them (the precise scorer): fewer sockets and less CPU
-    # spent on the 2-core machine for the others
-    kv = "auto" if any("precise" in t.arg for t in targets) else "off"
     spec = FleetSpec(
-        pods, "sim-model", sim_args, 1.0, seed, kv, supported,
+        pods, "sim-model", sim_args, 1.0, seed, "off", supported,
         per_pod_args=[list(a) for a, _ in per_pod] if shape.per_pod else [],
     )  # fmt: skip
     print(f"== {shape.key}: {workload.describe()}", file=sys.stderr)
@@ -261,15 +261,29 @@ def run_shape(
         if i:
             time.sleep(1.0)
         print(f"-- {target.label}", file=sys.stderr)
+        # KV events only for a target that reads them (the precise scorer): fewer sockets and
+        # less CPU on the 2-core machine for the others, whatever else runs beside it
+        spec = dataclasses.replace(spec, kv_events="auto" if "precise" in target.arg else "off")
         try:
             run = run_target(target, workload, spec, out / shape.key, progress=False)
         except RuntimeError as exc:  # a pod or router that failed to start (a port race)
             print(f"   failed to start, trying once more: {exc}", file=sys.stderr)
             time.sleep(2.0)
-            run = run_target(target, workload, spec, out / shape.key, progress=False)
+            try:
+                run = run_target(target, workload, spec, out / shape.key, progress=False)
+            except RuntimeError as again:  # HarnessError included: a missing tool
+                result.not_run[target.label] = _first_line(again)
+                print(f"   not run: {again}", file=sys.stderr)
+                continue
         print(runner.format_summary(run.result.summary), file=sys.stderr)
         result.runs.append(run)
     return result
+
+
+def _first_line(exc: BaseException) -> str:
+    """An exception's first line, for a table cell (the log holds the rest)."""
+    text = str(exc).strip().splitlines()
+    return (text[0] if text else type(exc).__name__).replace("|", "/")[:160]
 
 
 # ---- the report ---------------------------------------------------------------------------
@@ -288,6 +302,7 @@ def table(shape: dict[str, Any]) -> list[str]:
     b = shape["lower_bound"]
     targets: dict[str, dict[str, Any]] = shape["targets"]
     rr = targets.get("vllm-router round_robin")
+    rr = None if rr is None or "not_run" in rr else rr
     rr_total = rr["total"] if rr else None
     rr_p95 = rr["e2e"]["p95"] if rr else None
     greedy = b.get("greedy_dispatch")
@@ -325,6 +340,9 @@ def table(shape: dict[str, Any]) -> list[str]:
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for label, t in targets.items():
+        if "not_run" in t:
+            lines.append(f"| {label} | not run: {t['not_run']} |" + " |" * 15)
+            continue
         total = t["total"]
         rate = t.get("prefix_hit_rate")
         p95 = t["e2e"]["p95"]
@@ -337,10 +355,66 @@ def table(shape: dict[str, Any]) -> list[str]:
             f"| {_f(t['ttft']['p50'])} | {_f(t['ttft']['p95'])} | {_f(t['ttft']['p99'])} "
             f"| {_f(mean)} | {_f(t['e2e']['p50'])} | {_f(t['e2e']['p95'])} "
             f"| {_f(t['e2e']['p99'])} "
-            f"| {_f(p95 / rr_p95 if p95 and rr_p95 else None)}x "
+            f"| {_x(p95 / rr_p95 if p95 and rr_p95 else None)} "
             f"| {'n/a' if rate is None else f'{rate:.1%}'} | {t['errors']} |"
         )
     return lines
+
+
+_SHAPE_NAMES = {
+    "mooncake-conversation": "(g) Mooncake conversation",
+    "mooncake-synthetic": "(h) Mooncake synthetic",
+    "shared-prefix": "(i) inference-perf shared prefix",
+}
+
+
+def oracle_table(doc: dict[str, Any]) -> list[str]:
+    """One table of every shape with an oracle: each target's E2E mean and p95 over the
+    oracle's, total over the cached bound, prefix hit rate and errors (RESULTS.md, issue 36)."""
+    lines = [
+        "| shape | target | E2E mean / oracle | E2E p95 / oracle | total / bound "
+        "| prefix hit rate | errors |",
+        "|---|---|---:|---:|---:|---:|---:|",
+    ]
+    for key, shape in doc["shapes"].items():
+        orc = shape.get("oracle")
+        if not orc:
+            continue
+        name = _SHAPE_NAMES.get(key, key)
+        cached = shape["lower_bound"]["cached"]
+        lines.append(
+            f"| {name} | oracle (simulated) | {orc['e2e_mean']:.2f} s | {orc['e2e_p95']:.2f} s "
+            f"| {orc['total'] / cached:.2f}x | {orc['prefix_hit_rate']:.1%} | - |"
+        )
+        for label, t in shape["targets"].items():
+            short = label.removeprefix("vllm-router ").removeprefix("heimdall-proxy ")
+            if "not_run" in t:
+                lines.append(f"| {name} | {short} | not run: {t['not_run']} | | | | |")
+                continue
+            mean, p95 = t["e2e"].get("mean"), t["e2e"].get("p95")
+            rate = t.get("prefix_hit_rate")
+            lines.append(
+                f"| {name} | {short} | {_x(mean / orc['e2e_mean'] if mean else None)} "
+                f"| {_x(p95 / orc['e2e_p95'] if p95 else None)} | {_x(t['total'] / cached)} "
+                f"| {'n/a' if rate is None else f'{rate:.1%}'} | {t['errors']} |"
+            )
+    return lines
+
+
+def merge(docs: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Several summaries of one schedule (split invocations) as one: shapes in first-seen
+    order, each shape's targets in file order (a later file's run of a target replaces an
+    earlier one's). Refuses summaries of different schedules (mode, seed or pods)."""
+    out: dict[str, Any] = {"shapes": {}}
+    for doc in docs:
+        for key in ("mode", "seed", "pods"):
+            if key in doc and out.setdefault(key, doc[key]) != doc[key]:
+                raise ValueError(f"summaries differ in {key}: {out[key]!r} and {doc[key]!r}")
+        out.setdefault("machine", doc.get("machine"))
+        for key, shape in doc["shapes"].items():
+            into = out["shapes"].setdefault(key, {**shape, "targets": {}})
+            into["targets"].update(shape["targets"])
+    return out
 
 
 def render(doc: dict[str, Any], header: str = "") -> str:
@@ -382,6 +456,9 @@ def summary_json(results: Sequence[ShapeResult]) -> dict[str, Any]:
                 for run in res.runs
             },
         }
+        doc["shapes"][res.shape.key]["targets"].update(
+            {label: {"not_run": why} for label, why in res.not_run.items()}
+        )
     return doc
 
 
@@ -412,8 +489,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--render",
         type=Path,
+        nargs="+",
         metavar="JSON",
-        help="print the tables of a saved summary (bounds recomputed), run nothing",
+        help="print the tables of saved summaries (several: one schedule split over "
+        "invocations, merged; bounds and oracle recomputed), run nothing",
+    )
+    parser.add_argument(
+        "--brief",
+        action="store_true",
+        help="with --render: only the table of every shape against the oracle",
     )
     args = parser.parse_args(argv)
     keys = [k.strip() for k in args.shapes.split(",") if k.strip()]
@@ -427,7 +511,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             parser.error(f"--trace-file takes TRACE-SHAPE=PATH, got {item!r}")
         extra[key] = {"path": path}
     if args.render:
-        doc = json.loads(args.render.read_text(encoding="utf-8"))
+        try:
+            doc = merge([json.loads(p.read_text(encoding="utf-8")) for p in args.render])
+        except ValueError as exc:
+            parser.error(str(exc))
+        order = list(SHAPES)  # the matrix's order, whichever file named a shape first
+        doc["shapes"] = dict(
+            sorted(
+                doc["shapes"].items(),
+                key=lambda kv: order.index(kv[0]) if kv[0] in order else len(order),
+            )
+        )
         for key, shape in doc["shapes"].items():
             if key in SHAPES:  # today's bound and oracle models
                 spec = SHAPES[key]
@@ -436,7 +530,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 bound, orc = bounds(spec, wl, doc.get("pods", 4))
                 shape["lower_bound"] = bound.to_json()
                 shape["oracle"] = orc.to_json()
-        print(render(doc))
+        print("\n".join(oracle_table(doc)) if args.brief else render(doc))
         return 0
     if args.bound_only:
         for k in keys:
@@ -467,7 +561,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     cli.write_markdown(args.markdown, text, printed=True)
     doc.update(mode="quick" if args.quick else "full", pods=args.pods, seed=args.seed)
     cli.write_json(args.json, doc, indent=1)
-    return 0 if all(r.result.summary["errors"] == 0 for s in results for r in s.runs) else 2
+    clean = all(r.result.summary["errors"] == 0 for s in results for r in s.runs)
+    return 0 if clean and not any(s.not_run for s in results) else 2
 
 
 if __name__ == "__main__":

@@ -36,6 +36,27 @@ def gateway_config(doc: Mapping[str, Any], pods: Sequence[Pod]) -> dict[str, Any
     return out
 
 
+#: The label disaggregation filters read, and the roles `heimdall-proxy sim --role` takes.
+ROLE_LABEL = "mif.moreh.io/role"
+SIM_ROLES = ("both", "prefill", "decode", "encode")
+
+
+def pod_roles(doc: Mapping[str, Any], n_pods: int) -> list[str | None]:
+    """Each of `n_pods` pods' disaggregation role, from the label of the config's endpoint it
+    stands for (i % len(endpoints), as `gateway_config` cycles them); None without one.
+
+    An encode pod must run as one (`sim --role encode` serves only the encoder); prefill and
+    decode pods act on kv_transfer_params whatever their role, but are started as labelled."""
+    old = doc.get("endpoints") or []
+    roles: list[str | None] = []
+    for i in range(n_pods):
+        src = old[i % len(old)] if old else None
+        labels = src.get("labels") if isinstance(src, Mapping) else None
+        role = labels.get(ROLE_LABEL) if isinstance(labels, Mapping) else None
+        roles.append(role if role in SIM_ROLES else None)
+    return roles
+
+
 def profile_summary(doc: Mapping[str, Any]) -> str:
     """`profile: plugin xweight, ...` of a gateway config, for the record."""
     epp = doc.get("config") if isinstance(doc.get("config"), Mapping) else doc

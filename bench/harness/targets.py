@@ -8,14 +8,17 @@ of its own fresh simulated fleet, loaded with a workload by the runner, then sto
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import dataclasses
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import yaml
 
-from bench.harness import gateway, peers, runner
+from bench.harness import gateway, peers, runner, sidecars
 from bench.harness.peers import ROUTER_POLICIES
 from bench.harness.pods import FleetSpec, Pod, fleet, sim_command
 from bench.harness.procs import HOST, Proc, free_port, wait_until
@@ -84,6 +87,19 @@ class TargetRun:
     commands: dict[str, list[str]]
 
 
+def with_roles(spec: FleetSpec, roles: Sequence[str | None]) -> FleetSpec:
+    """`spec` with pod i started as `--role roles[i]` (a disaggregated config's pods), after
+    its own per-pod flags; unchanged when no pod has a role."""
+    if not any(roles):
+        return spec
+    own = spec.per_pod_args
+    per_pod = [
+        [*(own[i % len(own)] if own else []), *(["--role", r] if r else [])]
+        for i, r in enumerate(roles)
+    ]
+    return dataclasses.replace(spec, per_pod_args=per_pod)
+
+
 def run_target(
     target: Target,
     workload: Workload,
@@ -98,16 +114,21 @@ def run_target(
 ) -> TargetRun:
     logs = out_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
-    with fleet(spec, logs, target.slug, spec.kv_events_for(target)) as pods:
+    doc: dict[str, Any] = {}
+    if target.kind == "gateway":
+        with open(target.arg, encoding="utf-8") as f:
+            doc = yaml.safe_load(f) or {}
+        spec = with_roles(spec, gateway.pod_roles(doc, spec.pods))
+    with contextlib.ExitStack() as stack:
+        pods = stack.enter_context(fleet(spec, logs, target.slug, spec.kv_events_for(target)))
         config_path = None
         profiles = None
         if target.kind == "gateway":
-            with open(target.arg, encoding="utf-8") as f:
-                doc = yaml.safe_load(f) or {}
             profiles = gateway.profile_summary(doc)
+            served = stack.enter_context(sidecars.started(doc, logs, target.slug))
             config_path = out_dir / f"{target.slug}.config.yaml"
             config_path.write_text(
-                yaml.safe_dump(gateway.gateway_config(doc, pods), sort_keys=False)
+                yaml.safe_dump(gateway.gateway_config(served, pods), sort_keys=False)
             )
         port = free_port()
         extra = router_args if target.kind == "vllm-router" else gateway_args

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import json
 from collections import Counter
+from pathlib import Path
 
 import pytest
 
 from bench import matrix
 from bench.harness import workloads as wl
+from bench.harness.targets import parse_target
 from heimdall_proxy.sim.options import SimOptions
 
 
@@ -132,3 +135,70 @@ def test_the_real_trace_shapes_are_in_the_matrix() -> None:
         full = matrix.build_workload(shape, quick=False)
         assert 90 <= len(quick.requests) < len(full.requests)
         assert quick.duration < 90  # a couple of minutes per target with the drain
+
+
+def _summary(targets: dict[str, object], seed: int = 42) -> dict[str, object]:
+    return {
+        "mode": "quick", "seed": seed, "pods": 4,
+        "shapes": {"shared-prefix": {
+            "description": "(i) shared prefix", "workload": "w",
+            "lower_bound": {"cold": 10.0, "cached": 8.0, "capacity_pods": 4, "last_send": 5.0},
+            "oracle": {"e2e_mean": 2.0, "e2e_p95": 4.0, "total": 8.8, "prefix_hit_rate": 0.8},
+            "targets": targets,
+        }},
+    }  # fmt: skip
+
+
+RUN = {"total": 12.0, "ttft": {"p50": 1, "p95": 2, "p99": 3},
+       "e2e": {"mean": 2.2, "p50": 1, "p95": 5.0, "p99": 6}, "prefix_hit_rate": 0.75,
+       "errors": 1}  # fmt: skip
+
+
+def test_split_summaries_merge_into_one_oracle_table() -> None:
+    a = _summary({"vllm-router round_robin": RUN})
+    b = _summary({"heimdall-proxy pd.yaml": {"not_run": "pod-0 exited"}})
+    doc = matrix.merge([a, b])
+    assert list(doc["shapes"]["shared-prefix"]["targets"]) == [
+        "vllm-router round_robin", "heimdall-proxy pd.yaml",
+    ]  # fmt: skip
+    lines = matrix.oracle_table(doc)
+    assert (
+        "| (i) inference-perf shared prefix | oracle (simulated) | 2.00 s | 4.00 s | 1.10x"
+        in (lines[2])
+    )
+    assert lines[3] == (
+        "| (i) inference-perf shared prefix | round_robin | 1.10x | 1.25x | 1.50x | 75.0% | 1 |"
+    )
+    assert lines[4].startswith("| (i) inference-perf shared prefix | pd.yaml | not run: pod-0")
+    # the full tables say so too, and do not take a run that did not happen as the RR baseline
+    text = matrix.render(doc)
+    assert "| heimdall-proxy pd.yaml | not run: pod-0 exited |" in text
+    with pytest.raises(ValueError, match="seed"):
+        matrix.merge([a, _summary({}, seed=7)])
+
+
+def test_render_merges_files_from_the_command_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    paths = []
+    for i, targets in enumerate(({"vllm-router round_robin": RUN}, {"heimdall-proxy x.yaml": RUN})):
+        path = tmp_path / f"{i}.json"
+        path.write_text(json.dumps({**_summary(targets), "shapes": {"unknown-shape": _summary(
+            targets)["shapes"]["shared-prefix"]}}))  # fmt: skip
+        paths.append(str(path))
+    assert matrix.main(["--render", *paths, "--brief"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert [line.split(" | ")[1] for line in out[3:]] == ["round_robin", "x.yaml"]
+
+
+@pytest.mark.slow  # starts a simulated pod and, twice, a gateway that exits
+def test_a_target_that_cannot_start_is_a_row_not_the_end_of_the_matrix(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("plugins:\n- type: no-such-plugin\n")
+    res = matrix.run_shape(
+        matrix.SHAPES["shared-prefix"], [parse_target(str(bad))], True, 1, tmp_path
+    )
+    assert not res.runs
+    assert list(res.not_run) == ["heimdall-proxy bad.yaml"]
+    assert "exited" in res.not_run["heimdall-proxy bad.yaml"]
+    assert "| bad.yaml | not run: " in "\n".join(matrix.oracle_table(matrix.summary_json([res])))
