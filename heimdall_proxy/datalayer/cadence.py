@@ -32,6 +32,9 @@ from dataclasses import dataclass
 from heimdall_proxy.framework.inflight import InFlightLoad
 from heimdall_proxy.framework.types import Endpoint, Metrics
 
+#: How far before a grid point a time still counts as on it (`ScrapeCadence.on_grid`).
+GRID_SLACK = 0.01
+
 
 def _stamped(m: Metrics, at: float, held: bool) -> Metrics:
     """`m` dated `at`, held or not (dataclasses.replace, without its per-call
@@ -83,10 +86,13 @@ class ScrapeCadence:
 
     def on_grid(self, when: float, interval: float) -> float:
         """`when`, rounded down to the grid when `interval` (the time since the last run) is
-        at least two grid steps long (so the run stays at least a step after the last)."""
+        at least two grid steps long (so the run stays at least a step after the last).
+        Within GRID_SLACK before a grid point counts as on it: a run that started a hair
+        early (its timer fired early, or its pass took what was due within TIMER_EARLY) is
+        due again a whole interval on, not a grid step sooner every time."""
         if interval < 2 * self.grid:
             return when
-        return math.floor(when / self.grid) * self.grid
+        return math.floor((when + GRID_SLACK) / self.grid) * self.grid
 
     def is_quiet(self, name: str) -> bool:
         state = self._pods.get(name)

@@ -33,6 +33,17 @@ def test_a_quiet_pod_backs_off_to_the_idle_interval_on_the_grid() -> None:
     assert now == 6.25
 
 
+def test_a_scrape_started_a_hair_early_keeps_the_whole_interval() -> None:
+    cadence = ScrapeCadence(InFlightLoad(), 0.1, 1.0)
+    pod = ep("a", updated_at=1.0)
+    for now in (0.0, 0.2, 0.6):
+        _scrape(cadence, pod, now)
+    assert cadence.pod("a").due == 1.25
+    _scrape(cadence, pod, 1.249)  # its pass ran a millisecond before the grid point
+    assert cadence.pod("a").due == 2.25  # not 2.0: the period stays the idle interval
+    assert cadence.on_grid(3.2, 1.0) == 3.0  # later than a grid point: rounded down
+
+
 def test_quiet_pods_fall_onto_one_grid_whatever_their_phase() -> None:
     cadence = ScrapeCadence(InFlightLoad(), 0.1, 1.0)
     pods = [ep(f"p{i}", updated_at=1.0) for i in range(7)]
