@@ -5,9 +5,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import random
 import time
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from ssl import SSLContext
 
@@ -31,6 +32,10 @@ from heimdall_proxy.framework.plugins import (
 from heimdall_proxy.framework.types import Endpoint, parse_model_list, publish_models
 
 log = logging.getLogger(__name__)
+
+#: How much sooner than planned a timer may fire (uvloop's count whole milliseconds): a pass
+#: treats what is due within it as due, rather than waking again for it.
+TIMER_EARLY = 0.002
 
 #: Consecutive failed scrapes after which a pod is taken out of rotation.
 UNHEALTHY_AFTER = 3
@@ -108,8 +113,9 @@ def _set_health(endpoint: Endpoint) -> None:
 
 class PoolRefresher:
     """Keeps every pod's metrics snapshot, health and model list fresh: one scheduler task
-    ticks every metrics interval and starts the scrapes that are due (cadence.py decides);
-    health probes run one task per pod on their own, longer interval.
+    starts the scrapes that are due (cadence.py decides) and sleeps until the next is due,
+    or until the in-flight ledger tells it of a send to a quiet pod; health probes run one
+    task per pod on their own, longer interval, on the cadence's grid.
 
     The model list comes from the pod's `/v1/models`, unless data-layer sources are wired
     (`data.sources` in the config): then those sources are polled instead, on the same
@@ -159,12 +165,21 @@ class PoolRefresher:
         #: Scrapes and model refreshes under way (kept so they are not garbage collected).
         self._jobs: set[asyncio.Task[None]] = set()
         self._next_models: dict[str, float] = {}
-        #: Completed scrapes per pod (tests and the bench read them).
+        #: Completed scrapes per pod, and passes of the scrape loop (tests and the bench
+        #: read them).
         self.scrapes: dict[str, int] = {}
+        self.passes = 0
         #: How the pods' pages are read (pages.py), and each pod's page scanner (rescan.py).
         self.pages = PageReader(session)
         self._scanners: dict[str, PageScanner] = {}
         self._running = False
+        #: The pass loop's sleep: its future, timer and planned wake, and the last pass.
+        self._waiter: asyncio.Future[None] | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._wake_at = math.inf
+        self._last_pass = -math.inf
+        #: Removes the ledger send listener (`start` adds it).
+        self._unlisten: Callable[[], None] | None = None
 
     async def refresh_once(self) -> None:
         """Scrape every pod once, concurrently (used at start-up before serving)."""
@@ -176,6 +191,7 @@ class PoolRefresher:
 
     def start(self) -> None:
         self._running = True
+        self._unlisten = self.cadence.load.on_send(self._sent)
         self._tick = asyncio.create_task(self._tick_loop(), name="refresh-metrics")
         self.sync()
 
@@ -194,8 +210,9 @@ class PoolRefresher:
             self.cadence.forget(name)
             self._scanners.pop(name, None)
         now = time.monotonic()
-        for name in current:  # a pod that joined learns its models on the next tick
+        for name in current:  # a pod that joined learns its models on the next pass
             self._next_models.setdefault(name, now)
+        self._rouse(now)  # and is scraped on it (its cadence starts due)
         if self.options.health_interval <= 0:
             return
         for name, endpoint in current.items():
@@ -219,10 +236,14 @@ class PoolRefresher:
 
     async def _probe_loop(self, endpoint: Endpoint) -> None:
         interval = self.options.health_interval
-        await asyncio.sleep(random.uniform(0, interval))
+        on_grid = self.cadence.on_grid
+        now = time.monotonic()
+        await asyncio.sleep(max(0.0, on_grid(now + random.uniform(0, interval), interval) - now))
         while True:
             await self.probe(endpoint)
-            await asyncio.sleep(interval)
+            now = time.monotonic()
+            # On the scrapes' grid, the probes of many pods share one wake-up of the loop.
+            await asyncio.sleep(on_grid(now + interval, interval) - now)
 
     async def probe(self, endpoint: Endpoint) -> None:
         """One active health check of `endpoint`."""
@@ -249,6 +270,9 @@ class PoolRefresher:
 
     async def stop(self) -> None:
         self._running = False
+        if self._unlisten is not None:
+            self._unlisten()
+            self._unlisten = None
         tasks = [*(t for _, t in self._probes.values()), *self._jobs]
         if self._tick is not None:
             tasks.append(self._tick)
@@ -264,16 +288,68 @@ class PoolRefresher:
 
     async def _tick_loop(self) -> None:
         opts = self.options
+        cadence = self.cadence
         now = time.monotonic()
         # Spread the pods' first scrapes and model refreshes over an interval each instead of
         # firing them together; the cadence keeps them spread afterwards.
         for ep in self.pool.endpoints():
-            self.cadence.pod(ep.name).due = now + random.uniform(0, opts.metrics_interval)
-            self._next_models[ep.name] = now + random.uniform(0, opts.models_interval)
+            cadence.pod(ep.name).due = now + random.uniform(0, opts.metrics_interval)
+            later = now + random.uniform(0, opts.models_interval)
+            self._next_models[ep.name] = max(now, cadence.on_grid(later, opts.models_interval))
+        # At most one pass a quarter interval (a busy pod's period stays within 1.25
+        # intervals), and none while nothing is due: a send to a quiet pod wakes the loop.
+        gap = opts.metrics_interval / 4
         while True:
-            # A quarter interval: a busy pod's period stays within 1.25 intervals.
-            await asyncio.sleep(opts.metrics_interval / 4)
-            self.tick(time.monotonic())
+            now = time.monotonic()
+            self.tick(now + TIMER_EARLY)
+            self._last_pass = now
+            self.passes += 1
+            await self._sleep_until(max(self._next_pass(), now + gap))
+
+    def _next_pass(self) -> float:
+        """When something is next due: a scrape, a polled source, a model list."""
+        soonest = min(self.cadence.next_due, min(self._next_models.values(), default=math.inf))
+        for wired in self.polled:
+            soonest = min(soonest, self._next_poll.get(wired.name, 0.0))
+        return soonest
+
+    async def _sleep_until(self, when: float) -> None:
+        loop = asyncio.get_running_loop()
+        waiter = self._waiter = loop.create_future()
+        self._wake_at = when
+        self._timer = loop.call_later(max(0.0, when - time.monotonic()), _release, waiter)
+        try:
+            await waiter
+        finally:
+            self._timer.cancel()
+            self._timer = self._waiter = None
+
+    def _rouse(self, when: float | None = None) -> None:
+        """Run the next pass at `when` if that is sooner than planned (no sooner than a
+        quarter interval after the last pass); at once when None (a quiet pod was sent
+        work)."""
+        waiter = self._waiter
+        if waiter is None or waiter.done():
+            return
+        if when is None:
+            waiter.set_result(None)
+            return
+        when = max(when, self._last_pass + self.options.metrics_interval / 4)
+        if when < self._wake_at and self._timer is not None:
+            self._timer.cancel()
+            self._wake_at = when
+            self._timer = asyncio.get_running_loop().call_later(
+                max(0.0, when - time.monotonic()), _release, waiter
+            )
+
+    def _sent(self, pod: str) -> None:
+        """The ledger's send listener: a quiet pod sent work is woken and scraped at once."""
+        if not self.cadence.is_quiet(pod):
+            return
+        endpoint = self.pool.get(pod)
+        if endpoint is not None:
+            self.cadence.wake(endpoint, time.monotonic())
+            self._rouse()
 
     def tick(self, now: float) -> None:
         """Start the scrapes, polled sources and model refreshes that are due at `now`."""
@@ -288,7 +364,9 @@ class PoolRefresher:
         if now >= min(self._next_models.values(), default=float("inf")):
             for ep in self.pool.endpoints():
                 if now >= self._next_models.get(ep.name, now):
-                    self._next_models[ep.name] = now + self.options.models_interval
+                    self._next_models[ep.name] = self.cadence.on_grid(
+                        now + self.options.models_interval, self.options.models_interval
+                    )
                     self._spawn(self._refresh_models_of(ep))
 
     def _spawn(self, coro: Coroutine[None, None, None]) -> None:
@@ -336,7 +414,7 @@ class PoolRefresher:
             ok = await self._scrape_once(endpoint)
         finally:
             self.scrapes[endpoint.name] = self.scrapes.get(endpoint.name, 0) + 1
-            self.cadence.finished(endpoint, ok, time.monotonic())
+            self._rouse(self.cadence.finished(endpoint, ok, time.monotonic()))
 
     async def _scrape_once(self, endpoint: Endpoint) -> bool:
         source = self.metrics_source
@@ -392,6 +470,11 @@ class PoolRefresher:
                 ", ".join(sorted(cards)),
                 extra={"endpoint": endpoint.name},
             )
+
+
+def _release(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
 
 
 def _extract(

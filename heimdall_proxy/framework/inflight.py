@@ -145,6 +145,7 @@ class InFlightLoad:
         "_measures",
         "_others",
         "_prices",
+        "_senders",
         "_split",
         "count_tokens",
         "own_prompts",
@@ -186,6 +187,8 @@ class InFlightLoad:
         #: Requests ever sent to each pod: the data layer compares it between scrapes to
         #: tell a pod nobody has touched (datalayer/cadence.py).
         self.sent: dict[str, int] = {}
+        #: Told the pod's name whenever work is sent to it (`on_send`).
+        self._senders: tuple[Callable[[str], None], ...] = ()
         self._attempts: dict[str, _Attempt] = {}
         self._measures: dict[str, Measure] = {}
         #: nominal seconds per token -> the queue price learned from that starting point
@@ -241,10 +244,26 @@ class InFlightLoad:
             _put(self.prompts, pod, whole)
         if self.poke is not None:
             self.poke()
+        for listener in self._senders:
+            listener(pod)
         if start < self._earliest:
             self._earliest = start
         elif self.timeout > 0 and start - self.timeout >= self._earliest:
             self.expire(start)  # one comparison per attempt until something is that old
+
+    def on_send(self, listener: Callable[[str], None]) -> Callable[[], None]:
+        """Call `listener(pod)` whenever work is sent to `pod`: an attempt of this gateway
+        starts there (`acquire`), or, shared, the other replicas' count of requests on it
+        rises (`share_others`). Any number of listeners, each told in the order they came;
+        one must be cheap and must not raise (it runs inside `acquire`). Returns the call
+        that removes it. The data layer wakes its scrape loop this way (a pod quiet until
+        now is scraped at once, not on a timer that ticks in case one is sent to)."""
+        self._senders = (*self._senders, listener)
+
+        def remove() -> None:
+            self._senders = tuple(f for f in self._senders if f is not listener)
+
+        return remove
 
     def keys_on(self, pod: str) -> list[str]:
         """This gateway's attempts in flight on `pod`, oldest first (what the queue price's
@@ -357,10 +376,15 @@ class InFlightLoad:
             series, sep, pod = key.partition(SEP)
             if sep and value > 0:
                 others.setdefault(series, {})[pod] = value
-        self._others = others
-        if not others and not self._split:
-            return
-        self._split = bool(others)
+        before, self._others = self._others.get("r") or {}, others
+        if others or self._split:
+            self._split = bool(others)
+            self._sum_others(others)
+        if self._senders:  # once the sums include the rise
+            self._tell_rises(before, others.get("r") or {})
+
+    def _sum_others(self, others: dict[str, dict[str, float]]) -> None:
+        """Every reader's counts from this replica's and `others`'."""
         if others:
             self.requests = _sum(self.own_requests, others.get("r"))
             self.tokens = _sum(self.own_tokens, others.get("t"))
@@ -430,6 +454,14 @@ class InFlightLoad:
             _take(self.prompts, pod, attempt.whole)
         if self.poke is not None:
             self.poke()
+
+    def _tell_rises(self, before: Mapping[str, float], after: Mapping[str, float]) -> None:
+        """Tell the send listeners of the pods where the other replicas now have more
+        requests than before (one of them sent work there)."""
+        for pod, n in after.items():
+            if round(n) > round(before.get(pod, 0.0)):
+                for listener in self._senders:
+                    listener(pod)
 
     def _take_tokens(self, pod: str, n: int) -> None:
         _take(self.own_tokens, pod, n)

@@ -47,11 +47,17 @@ class Metrics:
     num_gpu_blocks: int | None = None
     #: time.monotonic() of the scrape; 0.0 means never scraped.
     updated_at: float = 0.0
+    #: The data layer vouches for this snapshot until it replaces it: the pod was empty at
+    #: the scrape and nothing was sent to it since, and a send replaces the snapshot first
+    #: (datalayer/cadence.py). Its age is then 0: as fresh as the gateway can know.
+    held: bool = False
 
     def age(self, now: float | None = None) -> float:
-        """Seconds since this snapshot was taken (inf when never scraped)."""
+        """Seconds since this snapshot was taken (inf when never scraped, 0 while held)."""
         if self.updated_at == 0.0:
             return float("inf")
+        if self.held:
+            return 0.0
         return (time.monotonic() if now is None else now) - self.updated_at
 
 

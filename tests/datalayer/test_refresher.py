@@ -5,6 +5,7 @@ families the plugins need are read."""
 from __future__ import annotations
 
 import asyncio
+import time
 
 import aiohttp
 import pytest
@@ -57,6 +58,43 @@ async def test_a_request_wakes_a_quiet_pod(
             assert r.status == 200
     await eventually(lambda: endpoint.metrics.waiting == 4, within=0.5)
     assert state.interval == 0.02
+
+
+@pytest.mark.slow
+async def test_the_loop_sleeps_while_every_pod_is_quiet_and_a_send_wakes_it(
+    start_pod: PodFactory, start_gateway: GatewayFactory
+) -> None:
+    pods = [await start_pod() for _ in range(3)]
+    gw = await start_gateway(
+        make_config(pods), metrics_interval=0.02, idle_metrics_interval=2.0, models_interval=5.0
+    )
+    refresher = gw.gateway.refresher
+    assert refresher is not None
+    states = [refresher.cadence.pod(p.name) for p in pods]
+    await eventually(lambda: all(s.quiet and s.interval == 2.0 for s in states), within=10.0)
+    # Every pod quiet: a pass at each grid step (0.5 s) at most, not one every 5 ms.
+    passes = refresher.passes
+    await asyncio.sleep(1.0)
+    assert refresher.passes - passes <= 3
+    pool = gw.gateway.pool
+    assert all(e.metrics.held for e in pool.endpoints())
+    # Asleep with nothing due for a while: only the send can make a scrape happen now.
+    await eventually(lambda: refresher._wake_at - time.monotonic() > 0.3)
+    planned, scraped = refresher._wake_at, dict(refresher.scrapes)
+    for p in pods:  # what only a scrape can show
+        p.pod.metrics_override = {"waiting": 3}
+    async with aiohttp.ClientSession() as http:
+        async with http.post(f"{gw.url}/v1/chat/completions", json=CHAT) as r:
+            assert r.status == 200
+    (sent,) = gw.gateway.load.sent  # the pod the request went to
+    endpoint = pool.get(sent)
+    assert endpoint is not None
+    await eventually(lambda: endpoint.metrics.waiting == 3, within=0.25)
+    assert time.monotonic() < planned and refresher.scrapes[sent] > scraped[sent]
+    assert not endpoint.metrics.held and not refresher.cadence.is_quiet(sent)
+    others = [e for e in pool.endpoints() if e is not endpoint]
+    assert all(e.metrics.held and e.metrics.waiting == 0 for e in others)  # asleep still
+    assert all(refresher.scrapes[e.name] == scraped[e.name] for e in others)
 
 
 async def test_the_families_read_are_the_plugins_union(

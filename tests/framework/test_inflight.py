@@ -108,3 +108,39 @@ def test_the_other_replicas_sums_are_in_every_read_and_only_its_own_are_publishe
     assert load.tokens == {} and work.total("p1") == 0.0
     load.share_others({})  # the others gone (or stale): the ledger counts alone again
     assert load.requests == {} and load.requests is load.own_requests
+
+
+def test_every_send_listener_hears_of_each_send_beside_the_poke() -> None:
+    load = InFlightLoad()
+    heard: list[str] = []
+    pokes: list[None] = []
+    load.poke = lambda: pokes.append(None)  # the replica sharing's slot, kept apart
+    removers = [load.on_send(lambda pod, i=i: heard.append(f"{i}:{pod}")) for i in range(3)]
+    load.acquire("r:0", "a")
+    load.acquire("r:0", "a")  # the same attempt again: no send
+    load.acquire("s:0", "b")
+    assert heard == ["0:a", "1:a", "2:a", "0:b", "1:b", "2:b"]
+    assert len(pokes) == 2
+    load.prompt_done("r:0")
+    load.release("r:0")
+    load.release("s:0")
+    assert len(heard) == 6 and len(pokes) == 4  # ends are no sends; the poke hears them
+    removers[1]()
+    removers[1]()  # removing twice is harmless
+    load.acquire("t:0", "c")
+    assert heard[6:] == ["0:c", "2:c"]
+
+
+def test_a_rise_in_the_other_replicas_requests_is_a_send() -> None:
+    load = InFlightLoad()
+    load.acquire("r:0", "a")
+    seen: list[tuple[str, int]] = []
+    load.on_send(lambda pod: seen.append((pod, load.requests.get(pod, 0))))
+    load.share_others({"r\x1fa": 1.0, "r\x1fb": 2.0, "t\x1fc": 5.0})
+    assert sorted(seen) == [("a", 2), ("b", 2)]  # told once the sums include the rise
+    seen.clear()
+    load.share_others({"r\x1fa": 1.0, "r\x1fb": 1.0})  # unchanged, or fewer: no send
+    load.share_others({"r\x1fa": 1.2})
+    assert seen == []
+    load.share_others({"r\x1fa": 2.0})
+    assert seen == [("a", 3)]

@@ -267,6 +267,35 @@ async def test_a_reloaded_replica_counts_its_requests_once_on_every_side(ns: str
 
 
 @pytest.mark.slow
+async def test_the_replica_poke_and_the_send_listeners_both_hear_a_send(ns: str) -> None:
+    """The data layer listens to the ledger's sends (`on_send`) beside the replica sharing's
+    poke: a's acquire still pokes its hub into pushing (60 s interval, no hand sync), and
+    b's listeners hear of the pod once b counts a's request."""
+    params = ActiveRequestParams.model_validate(shared(ns))
+    mine, theirs = InFlightLoad(), InFlightLoad()
+    a = ActiveRequestScorer("a", params, ledger_handle(mine))
+    b = ActiveRequestScorer("a", params, ledger_handle(theirs))
+    heard: dict[str, list[tuple[str, int]]] = {"mine": [], "theirs": []}
+    for side, load in (("mine", mine), ("theirs", theirs)):
+        for _ in range(2):
+            load.on_send(lambda pod, h=heard[side], load=load: h.append((pod, load.requests[pod])))
+    await a.start()
+    await b.start()
+    try:
+        await asyncio.sleep(LISTEN_POLL * 2)  # the hub's listener has subscribed
+        assert mine.poke is not None  # the sharing holds its slot
+        mine.acquire("r:0", "p0")
+        assert heard["mine"] == [("p0", 1), ("p0", 1)]
+        async with asyncio.timeout(10.0):
+            while b.count("p0") != 1:  # noqa: ASYNC110
+                await asyncio.sleep(0.01)
+        assert heard["theirs"] == [("p0", 1), ("p0", 1)]
+    finally:
+        await a.stop()
+        await b.stop()
+
+
+@pytest.mark.slow
 async def test_the_affinity_filters_popularity_counts_every_replicas_requests(ns: str) -> None:
     """The filters' hub ticks only when poked (60 s interval): a's requests reach b's count
     in the pushes a's counters send anyway."""

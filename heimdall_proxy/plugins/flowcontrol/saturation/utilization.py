@@ -53,7 +53,9 @@ class UtilizationDetector(BasePlugin[UtilizationDetectorParams]):
     def _score(self, ep: Endpoint, now: float, extra_queue: float) -> float:
         p = self.params
         m = ep.metrics
-        if m.updated_at == 0.0 or now - m.updated_at > p.metrics_staleness_threshold:
+        if m.updated_at == 0.0 or (
+            not m.held and now - m.updated_at > p.metrics_staleness_threshold
+        ):
             return 1.0
         queue = (self._queue(ep) + extra_queue) / p.queue_depth_threshold
         kv = m.kv_cache_usage / p.kv_cache_util_threshold
@@ -77,7 +79,7 @@ class UtilizationDetector(BasePlugin[UtilizationDetectorParams]):
             ep
             for ep in endpoints
             if ep.metrics.updated_at != 0.0
-            and now - ep.metrics.updated_at <= p.metrics_staleness_threshold
+            and (ep.metrics.held or now - ep.metrics.updated_at <= p.metrics_staleness_threshold)
             and self._queue(ep) <= max_queue
             and ep.metrics.kv_cache_usage <= max_kv
         ]
