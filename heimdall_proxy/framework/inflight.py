@@ -265,11 +265,10 @@ class InFlightLoad:
 
         return remove
 
-    def keys_on(self, pod: str) -> list[str]:
+    def keys_on(self, pod: str) -> Iterable[str]:
         """This gateway's attempts in flight on `pod`, oldest first (what the queue price's
-        replay of the pod reads)."""
-        mine = self._by_pod.get(pod)
-        return list(mine) if mine else []
+        replay of the pod reads): a live view, read before the next attempt starts or ends."""
+        return self._by_pod.get(pod, {}).keys()
 
     def prompt_done(self, key: str, now: float | None = None) -> None:
         """A stream's first chunk (arrived at `now`): the pod has prefilled the prompt; its

@@ -87,7 +87,6 @@ class _Fit:
     price_miss: float = 0.0
     time_miss: float = 0.0
     compared: int = 0
-    samples: int = 0
     #: best()'s answer since the last sample, and the free_below it was made for (the filter
     #: asks for every candidate, per request)
     cached: Fitted | None = None
@@ -102,7 +101,6 @@ class _Fit:
         predicted: float | None,
         keep: float,
     ) -> None:
-        self.samples += 1
         self.fresh = False
         self.price_miss *= keep
         self.time_miss *= keep

@@ -110,24 +110,29 @@ class QueuePrice:
         in flight there: the replayed wait where it explains the pod's first tokens best,
         else the tokens beyond the pod's learned free depth at its learned price
         (queue_delay.py); all of them at the nominal prefill rate while nothing is learned."""
-        fitted = self.fitted(pod)
+        service = self.service.of(pod)
+        fitted = self._fitted(pod, service)
         if fitted is None:
             return ahead_tokens * self._seconds_per_token
-        if fitted.replay and requests_ahead > fitted.depth:
-            replayed = self.predicted(pod, keys, time.monotonic() if now is None else now)
-            if replayed is not None:
-                return replayed
+        if fitted.replay and service is not None and requests_ahead > fitted.depth:
+            return self._replay(
+                keys, fitted.depth, service, time.monotonic() if now is None else now
+            )
         return ahead_tokens * counted_share(requests_ahead, fitted.depth) * fitted.price
 
     def predicted(self, pod: str, keys: Iterable[str], now: float) -> float | None:
         """The wait a replay of `pod` foresees for a request sent now behind attempts `keys`
-        (oldest first): those streaming hold a slot for what is left of the pod's service
-        time, those still waiting for their first chunk take the free slots in order or queue
-        (None while the pod's service time is not learned)."""
+        (oldest first), None while the pod's service time is not learned."""
         service = self.service.of(pod)
         if service is None:
             return None
-        fitted = self.fitted(pod)
+        fitted = self._fitted(pod, service)
+        return self._replay(keys, fitted.depth if fitted else 0, service, now)
+
+    def _replay(self, keys: Iterable[str], depth: int, service: float, now: float) -> float:
+        """The replay itself: attempts `keys` that are streaming hold a slot for what is left
+        of `service`, those still waiting for their first chunk take the free slots in order
+        or queue (service_time.py)."""
         remaining: list[float] = []
         queued = 0
         serving = self._serving
@@ -137,13 +142,15 @@ class QueuePrice:
                 queued += 1
             else:
                 remaining.append(max(0.0, service - (now - entry[1])))
-        return residual_wait(remaining, queued, fitted.depth if fitted else 0, service)
+        return residual_wait(remaining, queued, depth, service)
 
     def fitted(self, pod: str) -> Fitted | None:
         """What is learned of `pod`'s queue (queue_delay.py): a count of requests ahead whose
         first tokens waited less than FREE_SHARE of the pod's service time on average is
         within its free depth."""
-        service = self.service.of(pod)
+        return self._fitted(pod, self.service.of(pod))
+
+    def _fitted(self, pod: str, service: float | None) -> Fitted | None:
         return self.delay.fit(pod, None if service is None else FREE_SHARE * service)
 
     @property
