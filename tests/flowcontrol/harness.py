@@ -39,7 +39,10 @@ def controller(
     ordering: OrderingPolicy | None = None,
     usage_limit: UsageLimitPolicy | None = None,
     max_concurrency: int = 1,
+    queues: bool = True,
 ) -> FlowController:
+    """A controller over a concurrency-detector of `max_concurrency`; `queues` False: no
+    flowControl section at all (requests over the limit are refused, not queued)."""
     handle = PluginHandle(EndpointPool([]))
     detector = ConcurrencyDetector(
         "d", ConcurrencyDetectorParams(maxConcurrency=max_concurrency), handle
@@ -54,7 +57,7 @@ def controller(
         detector,
         handle.load,
         Objectives(OBJECTIVES),
-        FlowControlConfig.model_validate(flow or {}),
+        FlowControlConfig.model_validate(flow or {}) if queues else None,
         policies,
         FlowMetrics(None),
         usage_limit=usage_limit,

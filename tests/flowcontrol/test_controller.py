@@ -10,30 +10,17 @@ from typing import Any
 
 import pytest
 
-from heimdall_proxy.config.flow import FlowControlConfig, ObjectiveConfig, PriorityBandConfig
 from heimdall_proxy.datalayer.pool import EndpointPool
 from heimdall_proxy.flowcontrol.controller import Admission, FlowController
-from heimdall_proxy.flowcontrol.metrics import FlowMetrics
 from heimdall_proxy.flowcontrol.objectives import Objectives
 from heimdall_proxy.framework.errors import RequestError
-from heimdall_proxy.framework.flowcontrol import FairnessPolicy, OrderingPolicy
+from heimdall_proxy.framework.flowcontrol import FairnessPolicy
 from heimdall_proxy.framework.handle import PluginHandle
 from heimdall_proxy.framework.params import NoParams
 from heimdall_proxy.framework.types import Endpoint, InferenceRequest
-from heimdall_proxy.plugins.flowcontrol.fcfs import FCFSOrdering
-from heimdall_proxy.plugins.flowcontrol.global_strict import GlobalStrictFairness
 from heimdall_proxy.plugins.flowcontrol.round_robin import RoundRobinFairness
-from heimdall_proxy.plugins.flowcontrol.saturation.concurrency import (
-    ConcurrencyDetector,
-    ConcurrencyDetectorParams,
-)
+from tests.flowcontrol.harness import OBJECTIVES, POD, controller
 from tests.helpers import ep
-
-POD = ep("pod-a")
-OBJECTIVES = [
-    ObjectiveConfig(name="gold", priority=10),
-    ObjectiveConfig(name="batch", priority=-1),
-]
 
 
 def make(
@@ -43,24 +30,10 @@ def make(
     fairness: str = "global-strict",
     max_concurrency: int = 1,
 ) -> FlowController:
-    handle = PluginHandle(EndpointPool([]))
-    detector = ConcurrencyDetector(
-        "d", ConcurrencyDetectorParams(maxConcurrency=max_concurrency), handle
-    )
-    fair: FairnessPolicy = (
-        RoundRobinFairness("rr", NoParams(), handle)
-        if fairness == "round-robin"
-        else GlobalStrictFairness("gs", NoParams(), handle)
-    )
-    ordering: OrderingPolicy = FCFSOrdering("fcfs", NoParams(), handle)
-
-    def policies(band: PriorityBandConfig) -> tuple[FairnessPolicy, OrderingPolicy]:
-        return fair, ordering
-
-    cfg = FlowControlConfig.model_validate(flow or {}) if queues else None
-    return FlowController(
-        detector, handle.load, Objectives(OBJECTIVES), cfg, policies, FlowMetrics(None)
-    )
+    policy: FairnessPolicy | None = None
+    if fairness == "round-robin":
+        policy = RoundRobinFairness("rr", NoParams(), PluginHandle(EndpointPool([])))
+    return controller(flow, fairness=policy, max_concurrency=max_concurrency, queues=queues)
 
 
 def req(
