@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
 _DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|μs|ms|s|m|h)")
@@ -72,6 +72,16 @@ def _duration_validator(value: Any) -> Any:
 
 #: A Go duration string in the YAML, seconds (float) in Python.
 Duration = Annotated[float, BeforeValidator(_duration_validator)]
+
+
+def _request_path(value: str) -> str:
+    if not value.startswith("/"):
+        raise ValueError(f"path must start with '/', got {value!r}")
+    return value
+
+
+#: An HTTP request path on a pod (a data source's `path`): absolute, starting with '/'.
+RequestPath = Annotated[str, AfterValidator(_request_path)]
 
 
 class PluginParams(BaseModel):

@@ -7,15 +7,15 @@ from __future__ import annotations
 import ssl
 from typing import Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, model_validator
 
-from heimdall_proxy.framework.params import Duration, PluginParams
+from heimdall_proxy.framework.params import Duration, PluginParams, RequestPath
 from heimdall_proxy.framework.types import Endpoint
 
 
 class HttpSourceParams(PluginParams):
     scheme: Literal["http", "https"] = "http"
-    path: str = "/metrics"
+    path: RequestPath = "/metrics"
     #: Unset: the pod's own port.
     port: int | None = Field(default=None, ge=1, le=65535)
     insecure_skip_verify: bool = True
@@ -26,13 +26,6 @@ class HttpSourceParams(PluginParams):
     client_key_path: str = ""
     #: Read period; unset: the data layer's metrics interval.
     interval: Duration | None = None
-
-    @field_validator("path")
-    @classmethod
-    def _path(cls, value: str) -> str:
-        if not value.startswith("/"):
-            raise ValueError(f"path must start with '/', got {value!r}")
-        return value
 
     @model_validator(mode="after")
     def _client_pair(self) -> HttpSourceParams:

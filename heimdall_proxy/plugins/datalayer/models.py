@@ -8,11 +8,10 @@ from typing import Literal
 
 import aiohttp
 import orjson
-from pydantic import field_validator
 
 from heimdall_proxy.framework.base import BasePlugin
 from heimdall_proxy.framework.handle import PluginHandle
-from heimdall_proxy.framework.params import NoParams, PluginParams
+from heimdall_proxy.framework.params import NoParams, PluginParams, RequestPath
 from heimdall_proxy.framework.plugins import MODEL_LIST_DATA
 from heimdall_proxy.framework.registry import register
 from heimdall_proxy.framework.types import Endpoint, parse_model_list, publish_models
@@ -36,15 +35,8 @@ class ModelsDataSourceParams(PluginParams):
     #: Unset: the endpoint URL's own scheme, which is "http" (the reference's default) for
     #: every plain endpoint; set it to force one.
     scheme: Literal["http", "https"] | None = None
-    path: str = "/v1/models"
+    path: RequestPath = "/v1/models"
     insecure_skip_verify: bool = True
-
-    @field_validator("path")
-    @classmethod
-    def _path(cls, value: str) -> str:
-        if not value.startswith("/"):
-            raise ValueError(f"path must start with '/', got {value!r}")
-        return value
 
 
 @register(MODELS_DATA_SOURCE_TYPE, ModelsDataSourceParams)
