@@ -28,11 +28,6 @@ from heimdall_proxy.datalayer.scan import NAME_BYTES, Sample, parse_sample
 WINDOW = 2048
 
 
-def _line_end(page: bytes, pos: int) -> int:
-    end = page.find(b"\n", pos)
-    return len(page) if end < 0 else end
-
-
 class PageScanner:
     """Scans the successive pages of one pod for a fixed set of families. The samples it
     returns may be the very objects it returned for an earlier page (an unchanged line is
