@@ -419,11 +419,6 @@ class InFlightLoad:
             old += 1
         return len(mine) - old + others
 
-    def whole_of(self, key: str) -> int:
-        """The prompt tokens attempt `key` counts in `prompts` (0 when not in flight)."""
-        attempt = self._attempts.get(key)
-        return attempt.whole if attempt is not None else 0
-
     def attempts(self) -> int:
         """Attempts in flight, over every pod."""
         return len(self._attempts)
