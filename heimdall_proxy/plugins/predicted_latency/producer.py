@@ -150,13 +150,7 @@ def _record(
             violation_total.labels(*labels).inc()
 
 
-@register(
-    PREDICTED_LATENCY_PRODUCER_TYPE,
-    PredictedLatencyProducerParams,
-    imports=(
-        "sklearn.linear_model",
-    ),  # the latency model's regression (plugins/predicted_latency/model.py)
-)
+@register(PREDICTED_LATENCY_PRODUCER_TYPE, PredictedLatencyProducerParams)
 class PredictedLatencyProducer(BasePlugin[PredictedLatencyProducerParams]):
     """Producer, PreRequest, ResponseStreaming, ResponseComplete, MetricsSource.
 
