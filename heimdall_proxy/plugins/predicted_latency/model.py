@@ -48,13 +48,25 @@ HALF_LIFE = 256.0
 #: perfectly correlated data): keeps two nearly collinear columns (a prompt's tokens and its
 #: uncached tokens on a cold fleet) from cancelling each other with huge opposite weights.
 RIDGE = 0.01
+#: Observations' worth of a prior pulling each coefficient to 0: the ridge above is RIDGE +
+#: PRIOR_SAMPLES / (weighted observations), so the first batches, which cannot tell eight
+#: features apart, give a fit close to the mean rather than to one batch's noise.
+PRIOR_SAMPLES = 8.0
+#: The largest log ratio one observation moves a factor by (times factor_alpha). A first
+#: token's time against the shared prediction is heavy-tailed even on identical pods (a
+#: queue wait the linear regression underestimates, a cached prompt answered at once): an
+#: unbounded step let ratios of 0.05 and 20 set identical pods' factors 4 times apart, and
+#: the picker, squaring, gave them 16 times different shares. A pod truly 4 times slower
+#: still reaches its factor within about 20 answers (and is held at least that slow by its
+#: late requests meanwhile: raise_factor).
+_MAX_STEP = math.log(2.0)
 #: Factor changes remembered for factors_changed_since (about a second of changes at
 #: thousands of responses per second; a reader further behind reads every factor again).
 _CHANGES_KEPT = 8192
 
 
 class OnlineLatencyModel:
-    """Shared SGD regression + per-pod speed factors. Not thread-safe: the gateway calls it
+    """Shared ridge regression + per-pod speed factors. Not thread-safe: the gateway calls it
     from its event loop only."""
 
     __slots__ = (
@@ -63,6 +75,8 @@ class OnlineLatencyModel:
         "_fit_lock",
         "_fitted",
         "_fitting",
+        "_floors",
+        "_learned",
         "_pending_x",
         "_pending_y",
         "batch_size",
@@ -88,7 +102,12 @@ class OnlineLatencyModel:
         self.batch_size = batch_size
         self.min_samples = min_samples
         self.factor_alpha = factor_alpha
+        #: each pod's factor as predictions use it: the learned one, or while a request
+        #: there is unanswered past its prediction, the floor that sets (raise_factor)
         self.factors: dict[str, float] = {}
+        #: the factors learned from answers, and the floors of unanswered requests
+        self._learned: dict[str, float] = {}
+        self._floors: dict[str, float] = {}
         #: counts changes of `factors`, for readers that cache arrays derived from them
         self.factors_version = 0
         #: the pod of each change, the first one being change number _changed_base + 1
@@ -150,17 +169,18 @@ class OnlineLatencyModel:
         when the request was scheduled)."""
         if not actual > 0.0 or not math.isfinite(actual):
             return
-        factor = self.factors.get(pod, 1.0)
+        factor = self._learned.get(pod, 1.0)
         if self.ready:
             coef, intercept, _, _ = self._fitted
             base = max(float(np.dot(coef, features)) + intercept, MIN_PREDICTION)
             ratio = min(max(actual / base, 0.05), 20.0)
-            # a geometric mean: a pod twice as slow and one twice as fast weigh alike
-            factor = math.exp(
-                (1 - self.factor_alpha) * math.log(factor) + self.factor_alpha * math.log(ratio)
-            )
-            self.factors[pod] = factor
-            self._factor_changed(pod)
+            # a geometric mean (a pod twice as slow and one twice as fast weigh alike) whose
+            # step is bounded: one observation moves the factor by at most a factor of
+            # 2 ** factor_alpha, so it follows a median rather than a mean of the ratios
+            step = min(max(math.log(ratio / factor), -_MAX_STEP), _MAX_STEP)
+            factor = math.exp(math.log(factor) + self.factor_alpha * step)
+            self._learned[pod] = factor
+            self._publish(pod)
         self._pending_x.append(features)
         self._pending_y.append(actual / factor)
         if len(self._pending_y) >= self.batch_size:
@@ -168,19 +188,50 @@ class OnlineLatencyModel:
 
     def forget(self, pod: str) -> None:
         """Drop `pod`'s speed factor (it is back at the fleet's reference speed)."""
+        self._learned.pop(pod, None)
+        self._floors.pop(pod, None)
         if self.factors.pop(pod, None) is not None:
             self._factor_changed(pod)
 
     def raise_factor(self, pod: str, elapsed: float, base: float) -> None:
         """A censored observation: a request on `pod` whose shared prediction was `base` has
         been running for `elapsed` seconds and is not done, so the pod's factor is at least
-        elapsed / base. Without it a slow pod looks fast until its first slow answer
-        returns, and gets a full share of the traffic meanwhile."""
+        elapsed / base until it answers (clear_floor). Without it a slow pod looks fast until
+        its first slow answer returns, and gets a full share of the traffic meanwhile.
+
+        A floor, not a lesson: the answer, when it comes, is what the learned factor learns
+        from. Written into the learned factor, one late first token (a long queue the
+        regression underestimated, a prediction near its floor) set a pod's factor to 20,
+        its predictions 20 times its peers', and its share to nearly nothing, so no answer
+        came back to lower it: on Mooncake's conversation trace one pod of four idled for
+        most of the run while the others queued (bench/RESULTS.md, "The latency model
+        diverged")."""
         if base > 0.0 and elapsed > base:
             floor = min(elapsed / base, 20.0)
-            if floor > self.factors.get(pod, 1.0):
-                self.factors[pod] = floor
-                self._factor_changed(pod)
+            if floor > self._floors.get(pod, 0.0):
+                self._floors[pod] = floor
+                self._publish(pod)
+
+    def clear_floor(self, pod: str) -> None:
+        """The request that set `pod`'s floor answered (or the caller will set the floor
+        again from the one now oldest): predictions use the learned factor again."""
+        if self._floors.pop(pod, None) is not None:
+            self._publish(pod)
+
+    def _publish(self, pod: str) -> None:
+        """`factors[pod]` from the learned factor and the floor."""
+        learned = self._learned.get(pod)
+        floor = self._floors.get(pod)
+        if learned is None and floor is None:
+            value = None
+        else:
+            value = max(learned if learned is not None else 1.0, floor or 0.0)
+        if self.factors.get(pod) != value:
+            if value is None:
+                del self.factors[pod]
+            else:
+                self.factors[pod] = value
+            self._factor_changed(pod)
 
     def _factor_changed(self, pod: str) -> None:
         self.factors_version += 1
@@ -273,7 +324,7 @@ class _Stats:
         if varied.any():
             s = spread[varied]
             corr = cov[np.ix_(varied, varied)] / np.outer(s, s)
-            corr[np.diag_indices_from(corr)] += RIDGE
+            corr[np.diag_indices_from(corr)] += RIDGE + PRIOR_SAMPLES / self.n
             try:
                 beta = np.linalg.solve(corr, cxy[varied] / s)
             except np.linalg.LinAlgError:
