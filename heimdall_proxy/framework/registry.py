@@ -75,7 +75,7 @@ class Registry:
     def preload(self, type_names: Iterable[str]) -> None:
         """Import what building plugins of these types will import. A config reload runs it
         in a thread first, so building the plugins on the event loop does not stall it
-        (scikit-learn takes about a second)."""
+        (a CEL environment, say)."""
         for name in type_names:
             spec = self._specs.get(name)
             for module in spec.imports if spec is not None else ():

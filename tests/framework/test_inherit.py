@@ -250,8 +250,8 @@ def test_records_of_other_replicas_are_applied_once_by_the_successor() -> None:
 def test_a_reload_can_import_what_building_its_plugins_will_import_beforehand() -> None:
     # what the reload runs in a thread before building the new plugins on the event loop
     registry = load_builtin_plugins()
-    spec = registry.get("predicted-latency-producer")
-    assert spec is not None and spec.imports == ("sklearn.linear_model",)
+    spec = registry.get("request-attribute-reporter")
+    assert spec is not None and spec.imports == ("cel_expr_python.cel",)
 
     @register("lazy-test-plugin", imports=("colorsys",))
     class Lazy:

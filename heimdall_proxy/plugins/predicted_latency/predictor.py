@@ -4,7 +4,7 @@ Features are what the gateway knows of a pod when it schedules, cheaply: the las
 (waiting and running requests, KV-cache use), the request (prompt tokens, how many of them
 the pod holds in its prefix cache, expected output) and the gateway's own in-flight ledger,
 which is fresher than any scrape. They are scaled by fixed constants to magnitudes near 1,
-which is what plain SGD needs to converge without a scaler in front.
+which keeps the rows readable (the regression standardizes them again, model.py).
 
 Prediction runs once per request over every candidate, so it is built for that: the feature
 matrix is filled column by column (the scraped columns of a pod are computed once per

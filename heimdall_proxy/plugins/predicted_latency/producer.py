@@ -150,13 +150,7 @@ def _record(
             violation_total.labels(*labels).inc()
 
 
-@register(
-    PREDICTED_LATENCY_PRODUCER_TYPE,
-    PredictedLatencyProducerParams,
-    imports=(
-        "sklearn.linear_model",
-    ),  # the latency model's regression (plugins/predicted_latency/model.py)
-)
+@register(PREDICTED_LATENCY_PRODUCER_TYPE, PredictedLatencyProducerParams)
 class PredictedLatencyProducer(BasePlugin[PredictedLatencyProducerParams]):
     """Producer, PreRequest, ResponseStreaming, ResponseComplete, MetricsSource.
 
@@ -384,7 +378,8 @@ class PredictedLatencyProducer(BasePlugin[PredictedLatencyProducerParams]):
 
     def _censored(self, now: float) -> None:
         """Raise the TTFT factor of a pod whose oldest unanswered request (no first chunk in
-        streaming mode, no end otherwise) has outlived its prediction. Visits only the pods
+        streaming mode, no end otherwise) has outlived its prediction, until it answers
+        (model.py: a floor, not what the factor learns). Visits only the pods
         with requests in flight, so an idle fleet costs nothing here."""
         model = self.predictor.ttft
         for pod, pending in self._pending.items():
@@ -393,6 +388,8 @@ class PredictedLatencyProducer(BasePlugin[PredictedLatencyProducerParams]):
             oldest = next(iter(pending.values()))
             if oldest.base_ttft is not None and not oldest.ctx.first_chunk_at:
                 model.raise_factor(pod, now - oldest.ctx.started_at, oldest.base_ttft)
+            else:
+                model.clear_floor(pod)  # answered: its answer teaches the factor
 
     async def pre_request(self, ctx: RequestContext) -> None:
         preds = read_predictions(ctx.state)
@@ -457,6 +454,9 @@ class PredictedLatencyProducer(BasePlugin[PredictedLatencyProducerParams]):
         key = ctx.key
         att = self._attempts.pop(key, None)
         pending = self._pending.get(ctx.target.name)
+        # a floor holds while the request that set it is unanswered; the next prediction
+        # sets it again from the pod's oldest one still waiting, if that is late too
+        self.predictor.ttft.clear_floor(ctx.target.name)
         if pending is not None:
             pending.pop(key, None)
             if not pending:  # only pods with requests in flight are listed (_censored)
