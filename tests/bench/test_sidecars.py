@@ -20,7 +20,6 @@ from heimdall_proxy.sim.tokens import SimRequestTokenizer
 from heimdall_proxy.tokenization.uds import UDSTokenizerClient
 
 ROOT = Path(__file__).resolve().parents[2]
-PRECISE = ROOT / "config" / "precise-prefix-cache.yaml"
 CHAT = {"messages": [{"role": "user", "content": "route me to the pod that holds this"}]}
 
 
@@ -30,11 +29,12 @@ def _load(name: str) -> dict[str, Any]:
     return doc
 
 
-def test_only_the_precise_config_needs_sidecars() -> None:
-    want = sidecars.needs(_load("precise-prefix-cache.yaml"))
-    assert want.tokenizer_models == ("meta-llama/Llama-3.2-1B-Instruct",)
-    assert want.redis
-    others = [p.name for p in (ROOT / "config").glob("*.yaml") if p != PRECISE]
+def test_only_the_precise_configs_need_sidecars() -> None:
+    for name in ("precise-prefix-cache.yaml", "precise-prefix-cache-recommended.yaml"):
+        want = sidecars.needs(_load(name))
+        assert want.tokenizer_models == ("meta-llama/Llama-3.2-1B-Instruct",)
+        assert want.redis
+    others = [p.name for p in (ROOT / "config").glob("*.yaml") if not p.name.startswith("precise-")]
     assert others and not any(sidecars.needs(_load(n)).any for n in others)
 
 
