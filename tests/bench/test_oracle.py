@@ -115,8 +115,10 @@ def test_the_oracle_is_no_worse_than_round_robin_in_its_own_simulation(seed: int
 
 
 @pytest.mark.slow  # simulates whole shapes: seconds of CPU
-@pytest.mark.parametrize("key", ["mooncake-conversation", "mooncake-synthetic", "shared-prefix"])
-def test_the_oracle_beats_round_robin_on_the_real_trace_shapes(key: str) -> None:
+@pytest.mark.parametrize(
+    "key", ["mixed", "unequal", "mooncake-conversation", "mooncake-synthetic", "shared-prefix"]
+)
+def test_the_oracle_beats_round_robin_on_the_lora_and_real_trace_shapes(key: str) -> None:
     shape = matrix.SHAPES[key]
     w = matrix.build_workload(shape, quick=True)
     reqs = oracle.requests_of(w)
