@@ -11,7 +11,13 @@ of at most `max_num_batched_tokens`, then one token per step) and lasts
 as SimOptions defines it. A request admitted to a pod takes the longest prefix of its
 16-token prompt blocks that pod's cache holds (at least one token is always computed, as in
 vLLM); the cache is an LRU of `num_gpu_blocks` prompt blocks, filled as steps compute them.
-Left out: preemption and the KV blocks generated tokens hold, LoRA loading, the network.
+LoRA adapters as the engine has them (its LoraSlots): `max_loras` resident, least recently
+used evicted; a request whose adapter is not resident while every slot's adapter is in use by
+a running request is passed over, the requests behind it going first, and the step that
+admits one whose adapter is not resident lasts `lora_load_time` longer. (The mixed and
+unequal shapes serve two adapters with one resident: without this the oracle could swap
+adapters for free and was no floor there.)
+Left out: preemption and the KV blocks generated tokens hold, the network.
 
 The dispatcher sends each request on arrival to the pod on which, given every pod's running
 requests, queue and cache at that moment, it would finish first (a copy of each pod is run
@@ -31,6 +37,7 @@ from typing import Any, Literal
 from bench.harness.costs import SLOTS
 from bench.harness.stats import percentile
 from bench.harness.workloads import Workload
+from heimdall_proxy.sim.engine import LoraSlots
 from heimdall_proxy.sim.options import SimOptions
 from heimdall_proxy.sim.tokens import Tokenizer
 
@@ -44,6 +51,8 @@ class OracleRequest:
     output: int
     #: chained keys of the prompt's full blocks (the model folded into the first)
     blocks: tuple[int, ...]
+    #: the LoRA adapter it names (None: the base model)
+    lora: str | None = None
 
 
 def block_keys(ids: Sequence[int], model: str, block_size: int) -> tuple[int, ...]:
@@ -56,8 +65,10 @@ def block_keys(ids: Sequence[int], model: str, block_size: int) -> tuple[int, ..
 
 
 def requests_of(workload: Workload, block_size: int | None = None) -> list[OracleRequest]:
-    """A workload's requests as the pods see them: prompt ids by the simulator's tokenizer."""
+    """A workload's requests as the pods see them: prompt ids by the simulator's tokenizer,
+    any model but the pods' base model an adapter (as sim/pod.py reads it)."""
     bs = block_size or SimOptions().block_size
+    base = SimOptions().model
     tok = Tokenizer()
     out = []
     for r in workload.requests:
@@ -65,7 +76,8 @@ def requests_of(workload: Workload, block_size: int | None = None) -> list[Oracl
         ids = tok.prompt(api, r.body).ids
         output = max(1, int(r.body.get("max_tokens") or 16))
         model = str(r.body.get("model", ""))
-        out.append(OracleRequest(r.offset, len(ids), output, block_keys(ids, model, bs)))
+        lora = model if model != base else None
+        out.append(OracleRequest(r.offset, len(ids), output, block_keys(ids, model, bs), lora))
     return out
 
 
@@ -93,7 +105,7 @@ class _Seq:
 
 
 class Pod:
-    """One simulated pod: slots, a FIFO queue and an LRU of prompt blocks."""
+    """One simulated pod: slots, a FIFO queue, an LRU of prompt blocks and adapter slots."""
 
     def __init__(self, options: SimOptions, slots: int = SLOTS) -> None:
         self.o = options
@@ -102,6 +114,7 @@ class Pod:
         self.running: list[_Seq] = []
         self.waiting: deque[_Seq] = deque()
         self.lru: OrderedDict[int, None] = OrderedDict()
+        self.loras = LoraSlots(options.max_loras)
         self.done: list[_Seq] = []
 
     def copy(self) -> Pod:
@@ -110,6 +123,7 @@ class Pod:
         p.running = [s.copy() for s in self.running]
         p.waiting = deque(s.copy() for s in self.waiting)
         p.lru = self.lru.copy()
+        p.loras.resident = self.loras.resident.copy()
         return p
 
     @property
@@ -157,8 +171,19 @@ class Pod:
                 context += seq.computed
             plan.append((seq, n))
             budget -= n
+        in_use = self._loras_in_use()
+        passed: list[_Seq] = []
+        load = 0.0
         while self.waiting and budget > 0 and len(self.running) < self.slots:
             seq = self.waiting.popleft()
+            lora = seq.req.lora
+            if lora:
+                if not self.loras.can_use(lora, in_use):
+                    passed.append(seq)
+                    continue
+                if self.loras.use(lora, in_use):
+                    load += o.lora_load_time
+                in_use.add(lora)
             seq.hits = self._lookup(seq.req)
             seq.computed = seq.hits
             n = min(seq.req.prompt - seq.computed, budget)
@@ -166,11 +191,13 @@ class Pod:
             budget -= n
             self.running.append(seq)
             plan.append((seq, n))
+        self.waiting.extendleft(reversed(passed))
         self.clock += (
             o.step_base
             + o.prefill_cost_per_token * prefill
             + o.decode_cost_per_seq * decoders
             + o.kv_read_cost_per_token * context
+            + load
         )
         for seq, n in plan:
             seq.computed += n
@@ -182,6 +209,14 @@ class Pod:
             elif n:
                 self._store(seq)  # a chunk: its full blocks are cached as they are computed
         self._retire()
+
+    def _loras_in_use(self) -> set[str]:
+        return {s.req.lora for s in self.running if s.req.lora}
+
+    def _admissible(self) -> bool:
+        """Whether a waiting request may be admitted now, slots and budget aside."""
+        in_use = self._loras_in_use()
+        return any(not s.req.lora or self.loras.can_use(s.req.lora, in_use) for s in self.waiting)
 
     def _retire(self) -> None:
         still = []
@@ -195,12 +230,13 @@ class Pod:
 
     def _decode_span(self, limit: float) -> bool:
         """Jump over steps in which nothing but decoding can happen (every running request
-        decodes, none can be admitted): the same durations, summed in closed form. Stops at
-        the first step ending at or after `limit` (an arrival may join then) unless every
-        slot is taken. False when the next step is not such a step."""
+        decodes, none can be admitted: every slot is taken or every waiting request's adapter
+        waits for one of the running requests to end): the same durations, summed in closed
+        form. Stops at the first step ending at or after `limit` (an arrival may join then)
+        unless every slot is taken. False when the next step is not such a step."""
         if not self.running or any(s.prefilling for s in self.running):
             return False
-        if self.waiting and len(self.running) < self.slots:
+        if len(self.running) < self.slots and self._admissible():
             return False
         o = self.o
         n = len(self.running)

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import dataclasses
 import random
+from collections import deque
 
 import pytest
 
 from bench import matrix
 from bench.harness import costs, oracle
+from heimdall_proxy.sim.engine import Engine, Seq
 from heimdall_proxy.sim.options import SimOptions
+from heimdall_proxy.sim.tokens import OutputWords
 
 POD = SimOptions()  # the default pod options
 
@@ -70,11 +73,17 @@ def test_lru_hits_follow_the_trace_and_the_pods_capacity() -> None:
     assert oracle.simulate(exact, [POD]).hit_tokens == 16
 
 
-def test_decode_spans_in_closed_form_equal_step_by_step(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("loras", [(None,), (None, "lora-a", "lora-b")])
+def test_decode_spans_in_closed_form_equal_step_by_step(
+    monkeypatch: pytest.MonkeyPatch, loras: tuple[str | None, ...]
+) -> None:
     rng = random.Random(3)
     reqs = [
-        req(rng.uniform(0, 3), tuple(rng.getrandbits(40) for _ in range(rng.randint(1, 40))),
-            rng.randint(1, 300))
+        dataclasses.replace(
+            req(rng.uniform(0, 3), tuple(rng.getrandbits(40) for _ in range(rng.randint(1, 40))),
+                rng.randint(1, 300)),
+            lora=rng.choice(loras),
+        )
         for _ in range(30)
     ]  # fmt: skip
     reqs.sort(key=lambda r: r.arrival)
@@ -106,8 +115,10 @@ def test_the_oracle_is_no_worse_than_round_robin_in_its_own_simulation(seed: int
 
 
 @pytest.mark.slow  # simulates whole shapes: seconds of CPU
-@pytest.mark.parametrize("key", ["mooncake-conversation", "mooncake-synthetic", "shared-prefix"])
-def test_the_oracle_beats_round_robin_on_the_real_trace_shapes(key: str) -> None:
+@pytest.mark.parametrize(
+    "key", ["mixed", "unequal", "mooncake-conversation", "mooncake-synthetic", "shared-prefix"]
+)
+def test_the_oracle_beats_round_robin_on_the_lora_and_real_trace_shapes(key: str) -> None:
     shape = matrix.SHAPES[key]
     w = matrix.build_workload(shape, quick=True)
     reqs = oracle.requests_of(w)
@@ -125,3 +136,117 @@ def test_pod_options_read_the_shapes_flags() -> None:
     slow = matrix.pod_options(matrix.SHAPES["unequal"], 4)
     assert [o.step_base for o in slow] == [0.008, 0.008, 0.016, 0.016]
     assert matrix.pod_options(matrix.SHAPES["cold-burst"], 1)[0].num_gpu_blocks == 1024
+
+
+# ---- LoRA adapters ----------------------------------------------------------------------
+
+ADAPTERS = ["lora-a", "lora-b", "lora-c"]
+
+
+def _engine_run(
+    prompts: list[tuple[float, list[int], int, str]], options: SimOptions
+) -> tuple[list[float], list[float], int]:
+    """The simulator's own engine (sim/engine.py) stepped in virtual time: each step
+    scheduled by the engine and lasting its cost model's time, arrivals joining at the first
+    step that starts at or after them. (ttft, e2e) per request and the prefix hits."""
+    eng = Engine(options)
+    seqs = []
+    for i, (arrival, ids, output, model) in enumerate(prompts):
+        lora = model if model != options.model else None
+        lora_id = options.lora_modules.index(model) + 1 if lora else None
+        s = Seq(f"r{i}", ids, output, OutputWords(None, None, ids), lora=lora, lora_id=lora_id)
+        s.arrival = arrival
+        seqs.append(s)
+    pending = deque(sorted(seqs, key=lambda s: s.arrival))
+    o, clock = options, 0.0
+    while pending or eng.waiting or eng.running:
+        while pending and pending[0].arrival <= clock:
+            eng.waiting.append(pending.popleft())
+        if not eng.waiting and not eng.running:
+            clock = pending[0].arrival
+            continue
+        plan = eng._schedule(clock)
+        assert plan.items and not eng.stats.preemptions  # the oracle leaves preemption out
+        clock += (
+            o.step_base
+            + o.prefill_cost_per_token * plan.prefill_tokens
+            + o.decode_cost_per_seq * plan.decode_seqs
+            + o.kv_read_cost_per_token * plan.context_tokens
+            + plan.extra
+        )
+        eng._complete(plan, clock)
+    ttft = [s.first_token_at - s.arrival for s in seqs]  # type: ignore[operator]
+    e2e = [s.finished_at - s.arrival for s in seqs]  # type: ignore[operator]
+    return ttft, e2e, eng.stats.prefix_hits
+
+
+def _lora_prompts(seed: int, models: list[str]) -> list[tuple[float, list[int], int, str]]:
+    """Requests on the base model and adapters, sharing prefixes (across models too), in
+    bursts that queue behind a pod's two slots."""
+    rng = random.Random(seed)
+    prefixes = [[rng.randrange(1000) for _ in range(rng.randint(20, 300))] for _ in range(4)]
+    out, t = [], 0.0
+    for _ in range(40):
+        t += rng.expovariate(8.0)
+        ids = rng.choice(prefixes) + [rng.randrange(1000) for _ in range(rng.randint(1, 200))]
+        out.append((t, ids, rng.randint(1, 60), rng.choice(models)))
+    return out
+
+
+@pytest.mark.parametrize(("seed", "max_loras"), [(0, 1), (1, 1), (2, 2), (3, 2)])
+def test_one_pods_timeline_is_the_engines_with_lora_adapters(seed: int, max_loras: int) -> None:
+    o = SimOptions(lora_modules=list(ADAPTERS), max_loras=max_loras, max_num_seqs=costs.SLOTS)
+    prompts = _lora_prompts(seed, [o.model, *ADAPTERS])
+    reqs = [
+        oracle.OracleRequest(
+            t, len(ids), out, oracle.block_keys(ids, m, o.block_size),
+            m if m != o.model else None,
+        )
+        for t, ids, out, m in prompts
+    ]  # fmt: skip
+    res = oracle.simulate(reqs, [o])
+    ttft, e2e, hits = _engine_run(prompts, o)
+    assert res.ttft == pytest.approx(ttft, rel=1e-9)
+    assert res.e2e == pytest.approx(e2e, rel=1e-9)
+    assert res.hit_tokens == hits
+
+
+def test_requests_of_reads_the_adapter_from_the_model() -> None:
+    w = matrix.build_workload(matrix.SHAPES["mixed"], quick=True)
+    reqs = oracle.requests_of(w)
+    assert {r.lora for r in reqs} == {None, "lora-a", "lora-b"}
+    assert [r.lora or SimOptions().model for r in reqs] == [r.body["model"] for r in w.requests]
+    assert [o.max_loras for o in matrix.pod_options(matrix.SHAPES["mixed"], 2)] == [1, 1]
+
+
+def lreq(arrival: float, block: int, output: int, lora: str) -> oracle.OracleRequest:
+    return oracle.OracleRequest(arrival, POD.block_size + 1, output, (block,), lora)
+
+
+def test_greedy_keeps_an_adapters_requests_together_when_a_swap_costs_more() -> None:
+    pod = dataclasses.replace(POD, lora_modules=["lora-a", "lora-b"], max_loras=1)
+    trace = [
+        lreq(0.0, 1, 200, "lora-a"),  # pod 0 decodes it until ~1.7 s
+        lreq(0.0, 2, 2, "lora-b"),  # lora-a holds pod 0's adapter slot: pod 1, lora-b loaded
+        lreq(0.5, 3, 20, "lora-a"),  # pod 0's free slot, no load, beats idle pod 1's 0.2 s load
+        lreq(0.55, 4, 2, "lora-a"),  # pod 0 is full for ~0.12 s: waiting beats the load
+    ]
+    assert oracle.simulate(trace, [pod, pod]).per_pod == [3, 1]
+    # the same with loads free: the third goes to idle pod 1, swapping lora-b out
+    free = dataclasses.replace(pod, lora_load_time=0.0)
+    assert oracle.simulate(trace, [free, free]).per_pod == [2, 2]
+
+
+def test_a_request_whose_adapter_waits_lets_the_requests_behind_it_go_first() -> None:
+    pod = dataclasses.replace(POD, lora_modules=["lora-a", "lora-b"], max_loras=1)
+    trace = [
+        lreq(0.0, 1, 100, "lora-a"),  # loads lora-a (0.2 s), holds the only adapter slot
+        lreq(0.01, 2, 5, "lora-b"),  # waits for it to end
+        oracle.OracleRequest(0.02, 17, 5, (3,)),  # the base model: the free slot at 0.21 s
+    ]
+    res = oracle.simulate(trace, [pod])
+    assert 0.02 + res.e2e[2] < 0.3
+    assert 0.01 + res.ttft[1] > res.e2e[0] + 0.2  # lora-a ends, then lora-b loads
+    # lora-b's first step loads it
+    alone = oracle.simulate([lreq(0.0, 2, 1, "lora-b")], [pod])
+    assert alone.e2e[0] == pytest.approx(0.008 + 17 * 0.00006 + 0.2)
