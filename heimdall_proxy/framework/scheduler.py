@@ -39,6 +39,37 @@ def _no_timer(_: float) -> None:
     return None
 
 
+#: Seconds between two logged tracebacks of one failing scorer (a scorer that raises on every
+#: request would otherwise write one per request).
+SCORER_FAILURE_LOG_INTERVAL = 10.0
+#: scorer name -> when its failure was last logged, and how many went unlogged since
+_scorer_failures: dict[str, tuple[float, int]] = {}
+
+
+def _scorer_failed(scorer: str, profile: str) -> None:
+    """A scorer raised: the request is scheduled without its scores (as prepare-data plugins
+    and producers fail open in the director), and the traceback is logged at most once per
+    SCORER_FAILURE_LOG_INTERVAL per scorer, with the count of failures not logged since. A
+    scorer only ranks pods that the filters already allowed, so dropping its opinion never
+    sends a request where it must not go; failing the request turned one plugin's bug into a
+    500 for every request (as a filter's debug field that could not be serialised did: filters
+    still fail it, since a filter may be all that keeps a request off a pod it must not
+    reach)."""
+    now = time.monotonic()
+    last, unlogged = _scorer_failures.get(scorer, (-SCORER_FAILURE_LOG_INTERVAL, 0))
+    if now - last < SCORER_FAILURE_LOG_INTERVAL:
+        _scorer_failures[scorer] = (last, unlogged + 1)
+        return
+    _scorer_failures[scorer] = (now, 0)
+    log.exception(
+        "scorer %r failed in profile %r; scheduling without its scores (%d more failures since "
+        "the last report)",
+        scorer,
+        profile,
+        unlogged,
+    )
+
+
 def no_timers(_point: str, _type: str, _name: str) -> Observe:
     return _no_timer
 
@@ -272,7 +303,12 @@ class SchedulerProfile:
                     extra={"scorer": name, "profile": self.name, "request_id": rid},
                 )
             t0 = perf()
-            scores = scorer.score(state, request, endpoints)
+            try:
+                scores = scorer.score(state, request, endpoints)
+            except Exception:
+                observe(perf() - t0)
+                _scorer_failed(name, self.name)
+                continue
             observe(perf() - t0)
             if pt is not None:
                 raw = {e.name: float(scores.get(e.name, 0.0)) for e in endpoints}

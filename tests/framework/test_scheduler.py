@@ -392,3 +392,44 @@ def test_quiet_by_default(caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level(logging.INFO, logger="heimdall_proxy.framework.scheduler"):
         run_profile([ep("a")], [], [DropFilter("f", set())])
     assert caplog.records == []
+
+
+class RaisingScorer:
+    type = "raising-scorer"
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.calls = 0
+
+    def score(
+        self, state: CycleState, request: InferenceRequest, endpoints: list[Endpoint]
+    ) -> Mapping[str, float]:
+        self.calls += 1
+        raise TypeError("a bug in this scorer")
+
+
+def test_a_scorer_that_raises_is_left_out_and_logged_at_most_once_per_interval(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import heimdall_proxy.framework.scheduler as scheduler
+
+    monkeypatch.setattr(scheduler, "_scorer_failures", {})
+    a, b = ep("a"), ep("b")
+    broken = RaisingScorer("broken")
+    good = FixedScorer("good", {"a": 0.2, "b": 0.9})
+    scorers = [WeightedScorer(broken, 5.0), WeightedScorer(good, 1.0)]
+    with caplog.at_level(logging.ERROR, logger="heimdall_proxy.framework.scheduler"):
+        for _ in range(3):
+            result, picker = run_profile([a, b], scorers)
+            assert result is not None
+            assert picker.totals() == pytest.approx({"a": 0.2, "b": 0.9})  # the others' sum
+    assert broken.calls == 3
+    failures = [r for r in caplog.records if "scorer 'broken' failed" in r.getMessage()]
+    assert len(failures) == 1 and failures[0].exc_info is not None
+    clock = scheduler.time.monotonic() + scheduler.SCORER_FAILURE_LOG_INTERVAL + 1.0
+    monkeypatch.setattr(scheduler.time, "monotonic", lambda: clock)
+    with caplog.at_level(logging.ERROR, logger="heimdall_proxy.framework.scheduler"):
+        run_profile([a, b], scorers)
+    failures = [r for r in caplog.records if "scorer 'broken' failed" in r.getMessage()]
+    assert len(failures) == 2
+    assert "2 more failures since the last report" in failures[1].getMessage()

@@ -281,6 +281,30 @@ async def test_plugin_crash_is_500_and_releases_counters(
     class Boom:
         type = name = "boom"
 
+        def filter(self, *args: Any) -> list[Any]:
+            raise RuntimeError("plugin bug")
+
+    profile = gw.gateway.plugins.scheduler.profiles["default"]
+    profile._filters.append((Boom(), "boom", lambda _s: None))  # type: ignore[arg-type]
+    async with aiohttp.ClientSession() as http:
+        async with http.post(f"{gw.url}/v1/chat/completions", data=GOOD) as r:
+            assert r.status == 500
+            doc = await r.json()
+    assert doc["error"]["code"] == "internal_error"
+    assert "plugin bug" not in doc["error"]["message"]  # internals are not leaked
+    assert gw.running() == 0
+
+
+async def test_a_scorer_that_crashes_is_left_out_and_the_request_served(
+    start_pod: PodFactory, start_gateway: GatewayFactory
+) -> None:
+    # a scorer only ranks pods the filters allowed: its bug must not fail the request
+    pod = await start_pod()
+    gw = await start_gateway(make_config([pod]))
+
+    class Boom:
+        type = name = "boom"
+
         def score(self, *args: Any) -> dict[str, float]:
             raise RuntimeError("plugin bug")
 
@@ -288,10 +312,9 @@ async def test_plugin_crash_is_500_and_releases_counters(
     profile._scorers.append((Boom(), 1.0, "boom", lambda _s: None))  # type: ignore[arg-type]
     async with aiohttp.ClientSession() as http:
         async with http.post(f"{gw.url}/v1/chat/completions", data=GOOD) as r:
-            assert r.status == 500
-            doc = await r.json()
-    assert doc["error"]["code"] == "internal_error"
-    assert "plugin bug" not in doc["error"]["message"]  # internals are not leaked
+            assert r.status == 200
+            await r.read()
+    assert len(pod.pod.received) == 1
     assert gw.running() == 0
 
 
