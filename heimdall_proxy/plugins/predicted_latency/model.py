@@ -164,11 +164,18 @@ class OnlineLatencyModel:
         factors = np.fromiter((self.factors.get(p, 1.0) for p in pods), float, len(pods))
         return np.asarray(self.base(features) * factors, dtype=float)
 
-    def observe(self, pod: str, features: Sequence[float], actual: float) -> None:
+    def observe(
+        self, pod: str, features: Sequence[float], actual: float, wait: float = 0.0
+    ) -> None:
         """Learn from one observation of `actual` seconds on `pod` with `features` (taken
-        when the request was scheduled)."""
+        when the request was scheduled), of which `wait` seconds were foreseen apart from
+        this model when it was sent (the in-flight ledger's queue wait, which predictions
+        add to the model's): the regression and the factor learn the rest, which may be
+        negative when the wait was overestimated (the regression learns that too; the
+        factor's ratio is bounded below anyway)."""
         if not actual > 0.0 or not math.isfinite(actual):
             return
+        actual -= wait
         factor = self._learned.get(pod, 1.0)
         if self.ready:
             coef, intercept, _, _ = self._fitted

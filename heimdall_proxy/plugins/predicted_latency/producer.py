@@ -25,6 +25,7 @@ from heimdall_proxy.framework.inflight import warn_other_expiry
 from heimdall_proxy.framework.inherit import changed
 from heimdall_proxy.framework.params import Duration, PluginParams
 from heimdall_proxy.framework.prefix import prefix_match_reader
+from heimdall_proxy.framework.queue_price import QueuePrice
 from heimdall_proxy.framework.registry import register
 from heimdall_proxy.framework.types import (
     CandidateNames,
@@ -35,6 +36,7 @@ from heimdall_proxy.framework.types import (
 )
 from heimdall_proxy.observability.loop import CounterFamily, GaugeFamily, HistogramFamily
 from heimdall_proxy.plugins.predicted_latency.metrics import LatencyMetrics
+from heimdall_proxy.plugins.predicted_latency.model import MIN_PREDICTION
 from heimdall_proxy.plugins.predicted_latency.predictor import FeatureMatrix, LatencyPredictor
 from heimdall_proxy.plugins.predicted_latency.remote import (
     PredictorUnavailable,
@@ -93,6 +95,15 @@ class PredictedLatencyProducerParams(PluginParams):
     prediction_server_url: str | None = Field(default=None, alias="predictionServerURL")
     training_server_url: str | None = Field(default=None, alias="trainingServerURL")
     predictor_timeout: Duration = Field(default=0.1, gt=0.0, alias="predictorTimeout")
+    #: Ours: add to each pod's predicted TTFT the wait for what is in flight there that the
+    #: in-flight ledger learned from streamed first tokens (framework/queue_price.py: its
+    #: free depth, and a replay of its slots from the requests' ages and its service time),
+    #: and train the model on the rest. false: the model alone, linear in the in-flight
+    #: counts (which underestimates a pod's queue once its slots are full).
+    queue_wait: bool = True
+    #: The prefill rate the ledger's queue price starts from (prefix-cache-affinity-filter's
+    #: parameter of the same name: at the same value both read one price).
+    peak_prefill_throughput: float = Field(default=16000.0, gt=0.0)
 
     @field_validator("prediction_server_url", "training_server_url")
     @classmethod
@@ -112,8 +123,10 @@ class _Attempt:
     tpot_slo: float | None
     predicted_ttft: float | None = None
     predicted_tpot: float | None = None
-    #: the shared (factor-free) TTFT prediction it was scheduled with
+    #: the shared (factor-free) TTFT prediction it was scheduled with, less the wait
     base_ttft: float | None = None
+    #: the queue wait the ledger foresaw on the pod when it was chosen (seconds)
+    wait: float = 0.0
     #: the remote predictor's view of the pod when it was chosen (with a training server)
     remote_request: dict[str, Any] | None = None
     #: streaming mode: TPOT samples taken so far, and the token index of the next one
@@ -184,6 +197,11 @@ class PredictedLatencyProducer(BasePlugin[PredictedLatencyProducerParams]):
         #: model's load features (the producer keeps no count of its own).
         self.load = handle.load
         self.load.count_tokens = True
+        #: The ledger's learned queue wait per pod (read only: the ledger learns it), added
+        #: to the model's TTFT; None: `queueWait` is off.
+        self.queue_price: QueuePrice | None = None
+        if params.queue_wait:
+            self.queue_price = self.load.queue_price(1.0 / params.peak_prefill_throughput)
         warn_other_expiry(name, "contextTTL", params.request_timeout, self.load)
         self.metrics = LatencyMetrics()
         self._attempts: dict[str, _Attempt] = {}
@@ -246,6 +264,9 @@ class PredictedLatencyProducer(BasePlugin[PredictedLatencyProducerParams]):
         except PredictorUnavailable:
             got = None
         if got is not None:
+            # the sidecar predicts whole TTFTs from the scraped queues (its wire format is
+            # GIE's, shared with other gateways): the ledger's wait is not added to them
+            preds.waits_added = False
             self._set_predictions(
                 preds,
                 endpoints,
@@ -314,13 +335,20 @@ class PredictedLatencyProducer(BasePlugin[PredictedLatencyProducerParams]):
         counts = np.zeros(n)
         tokens = np.zeros(n)
         inflight: dict[str, int] = {}
+        waits: dict[str, float] = {}
         prompts = self.load.prompts
+        price = self.queue_price
+        keys_on = self.load.keys_on
         for pod, c in self.load.requests.items():
             i = index.get(pod)
             if i is not None and c:
                 counts[i] = c
-                tokens[i] = float(prompts.get(pod, 0))
+                tokens[i] = ahead = float(prompts.get(pod, 0))
                 inflight[pod] = c
+                if price is not None:  # only pods with requests in flight wait at all
+                    w = price.wait(pod, ahead, c, keys_on(pod), now)
+                    if w > 0.0:
+                        waits[pod] = w
         uncached: np.ndarray | None = None
         ratios: dict[str, float] = {}
         if info is not None:
@@ -332,11 +360,14 @@ class PredictedLatencyProducer(BasePlugin[PredictedLatencyProducerParams]):
                     uncached[i] = info.uncached_tokens(pod)
         rows = self._features.build(endpoints, prompt, uncached, counts, tokens, out)
         preds.inflight = inflight
+        preds.waits = waits
         preds.prefix = ratios
         preds.rows = rows
         preds.row_index = index
         ttft, tpot = self.predictor.predict(names, rows, index)
         if ttft is not None:
+            for pod, w in waits.items():  # a fresh array: the model's part plus the wait
+                ttft[index[pod]] += w
             self._set_predictions(preds, endpoints, names, ttft, tpot)
             if record:
                 self._record_duration(request, time.perf_counter() - t0, preds)
@@ -387,7 +418,9 @@ class PredictedLatencyProducer(BasePlugin[PredictedLatencyProducerParams]):
                 continue
             oldest = next(iter(pending.values()))
             if oldest.base_ttft is not None and not oldest.ctx.first_chunk_at:
-                model.raise_factor(pod, now - oldest.ctx.started_at, oldest.base_ttft)
+                # the model predicted what comes after the foreseen wait
+                elapsed = now - oldest.ctx.started_at - oldest.wait
+                model.raise_factor(pod, elapsed, oldest.base_ttft)
             else:
                 model.clear_floor(pod)  # answered: its answer teaches the factor
 
@@ -422,7 +455,11 @@ class PredictedLatencyProducer(BasePlugin[PredictedLatencyProducerParams]):
         pred = preds.pods.get(pod)
         if pred is not None:
             att.predicted_ttft, att.predicted_tpot = pred.ttft, pred.tpot
-            att.base_ttft = pred.ttft / self.predictor.ttft.factors.get(pod, 1.0)
+            # the in-process model learns what follows the foreseen wait, whichever
+            # predictor's TTFT was used
+            att.wait = wait = preds.waits.get(pod, 0.0)
+            own = pred.ttft - wait if preds.waits_added else pred.ttft
+            att.base_ttft = max(own, MIN_PREDICTION) / self.predictor.ttft.factors.get(pod, 1.0)
             m.predicted_ttft.labels(*labels).observe(pred.ttft)
             m.predicted_ttft_gauge.labels(*labels).set(pred.ttft)
             if pred.tpot is not None:
@@ -485,7 +522,7 @@ class PredictedLatencyProducer(BasePlugin[PredictedLatencyProducerParams]):
                 (m.ttft_gauge, m.ttft_error, m.ttft_violation, m.ttft_violation_total),
             )
             if att.row is not None:
-                self.predictor.ttft.observe(att.pod, att.row, ttft)
+                self.predictor.ttft.observe(att.pod, att.row, ttft, att.wait)
                 self._train_remote(att, ttft, 0.0, 0)
         if tpot is not None:
             _record(

@@ -133,6 +133,11 @@ class LatencyPredictions:
     #: Requests this gateway has in flight on each pod, whether or not there are
     #: predictions; only the pods with some are listed (read with `.get(pod, 0)`).
     inflight: dict[str, int] = field(default_factory=dict)
+    #: Seconds a request sent now would wait for what is in flight on each pod, as the
+    #: in-flight ledger learned it (only the pods with some are listed); the in-process
+    #: model's TTFT includes it (`waits_added`), a prediction server's does not.
+    waits: dict[str, float] = field(default_factory=dict)
+    waits_added: bool = True
     #: The candidates' feature rows and each pod's row in it, kept so the training hooks
     #: learn from what was predicted on.
     rows: np.ndarray | None = None
