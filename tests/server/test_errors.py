@@ -272,24 +272,43 @@ async def test_empty_pool_is_503(start_gateway: GatewayFactory) -> None:
             assert r.status == 503
 
 
+class _Boom:
+    """A plugin with a bug: it raises whether asked to filter or to score."""
+
+    type = name = "boom"
+
+    def filter(self, *args: Any) -> list[Any]:
+        raise RuntimeError("plugin bug")
+
+    def score(self, *args: Any) -> dict[str, float]:
+        raise RuntimeError("plugin bug")
+
+
+async def _post_with_boom(
+    start_pod: PodFactory, start_gateway: GatewayFactory, point: str
+) -> tuple[int, Any, Any, Any]:
+    """One chat request through a gateway whose default profile has _Boom as a filter or a
+    scorer (`point`): the status, the JSON body (None unless an error), the pod, the gateway."""
+    pod = await start_pod()
+    gw = await start_gateway(make_config([pod]))
+    profile = gw.gateway.plugins.scheduler.profiles["default"]
+    if point == "filter":
+        profile._filters.append((_Boom(), "boom", lambda _s: None))  # type: ignore[arg-type]
+    else:
+        profile._scorers.append((_Boom(), 1.0, "boom", lambda _s: None))  # type: ignore[arg-type]
+    async with aiohttp.ClientSession() as http:
+        async with http.post(f"{gw.url}/v1/chat/completions", data=GOOD) as r:
+            if r.status == 200:
+                await r.read()
+                return r.status, None, pod, gw
+            return r.status, await r.json(), pod, gw
+
+
 async def test_plugin_crash_is_500_and_releases_counters(
     start_pod: PodFactory, start_gateway: GatewayFactory
 ) -> None:
-    pod = await start_pod()
-    gw = await start_gateway(make_config([pod]))
-
-    class Boom:
-        type = name = "boom"
-
-        def filter(self, *args: Any) -> list[Any]:
-            raise RuntimeError("plugin bug")
-
-    profile = gw.gateway.plugins.scheduler.profiles["default"]
-    profile._filters.append((Boom(), "boom", lambda _s: None))  # type: ignore[arg-type]
-    async with aiohttp.ClientSession() as http:
-        async with http.post(f"{gw.url}/v1/chat/completions", data=GOOD) as r:
-            assert r.status == 500
-            doc = await r.json()
+    status, doc, _, gw = await _post_with_boom(start_pod, start_gateway, "filter")
+    assert status == 500
     assert doc["error"]["code"] == "internal_error"
     assert "plugin bug" not in doc["error"]["message"]  # internals are not leaked
     assert gw.running() == 0
@@ -299,21 +318,8 @@ async def test_a_scorer_that_crashes_is_left_out_and_the_request_served(
     start_pod: PodFactory, start_gateway: GatewayFactory
 ) -> None:
     # a scorer only ranks pods the filters allowed: its bug must not fail the request
-    pod = await start_pod()
-    gw = await start_gateway(make_config([pod]))
-
-    class Boom:
-        type = name = "boom"
-
-        def score(self, *args: Any) -> dict[str, float]:
-            raise RuntimeError("plugin bug")
-
-    profile = gw.gateway.plugins.scheduler.profiles["default"]
-    profile._scorers.append((Boom(), 1.0, "boom", lambda _s: None))  # type: ignore[arg-type]
-    async with aiohttp.ClientSession() as http:
-        async with http.post(f"{gw.url}/v1/chat/completions", data=GOOD) as r:
-            assert r.status == 200
-            await r.read()
+    status, _, pod, gw = await _post_with_boom(start_pod, start_gateway, "scorer")
+    assert status == 200
     assert len(pod.pod.received) == 1
     assert gw.running() == 0
 
