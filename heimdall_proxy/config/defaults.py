@@ -104,7 +104,7 @@ SEED_INDEX_DEFAULTS: dict[str, Any] = {"maxPrefixBlocksToMatch": 256, "maxPrefix
 #: type) unless they name a producer with `prefixMatchInfoProducerName`.
 PREFIX_READERS = frozenset(
     {"no-hit-lru-scorer", "prefix-cache-affinity-filter", "outstanding-work-scorer",
-     "latency-scorer", "predicted-latency-producer", "pd-profile-handler"}
+     "finish-time-scorer", "latency-scorer", "predicted-latency-producer", "pd-profile-handler"}
 )  # fmt: skip
 #: Plugins that need a prefix match to work at all: a config that declares one and no prefix
 #: producer gets the default approx-prefix-cache-producer (llm-d injects a default producer

@@ -13,8 +13,10 @@ pin a count); a consumer with a shorter horizon of its own (active-request-score
 `requestTimeout`) counts with `requests_since`.
 
 What is learned from the ledger's data lives in it too: the per-pod queue price
-(queue_price.py, `queue_price`), fed from the same three calls, so it is learned once per
-attempt whichever plugins read it, outlives reloads and forgets the pods that leave."""
+(queue_price.py, `queue_price`) and each pod's pace (pace.py, `pace`: time to first chunk
+and per output token of the streams that ran to their end there), fed from the same three
+calls, so each is learned once per attempt whichever plugins read it, outlives reloads and
+forgets the pods that leave."""
 
 from __future__ import annotations
 
@@ -26,6 +28,7 @@ from dataclasses import dataclass
 from itertools import repeat
 from typing import Protocol, runtime_checkable
 
+from heimdall_proxy.framework.pace import Pace
 from heimdall_proxy.framework.prefix import MatchReader, prefix_match_reader
 from heimdall_proxy.framework.queue_price import QueuePrice
 from heimdall_proxy.framework.types import RequestContext
@@ -42,7 +45,9 @@ DEFAULT_TIMEOUT = 600.0
 
 
 @dataclass(slots=True)
-class _Attempt:
+class Attempt:
+    """One attempt in flight, as the ledger counts it."""
+
     pod: str
     start: float
     #: prompt tokens still counted (0 once the first chunk came) and output tokens counted
@@ -50,6 +55,9 @@ class _Attempt:
     output: int
     #: the whole prompt's tokens, cached or not, counted until the end
     whole: int
+    #: the relay's context of the attempt (its request, and the chunks streamed so far), when
+    #: the relay sent it; None for the ledger's other callers (a disaggregated hop)
+    ctx: RequestContext | None = None
 
 
 class Measure:
@@ -144,6 +152,7 @@ class InFlightLoad:
         "_earliest",
         "_measures",
         "_others",
+        "_paces",
         "_prices",
         "_senders",
         "_split",
@@ -189,12 +198,14 @@ class InFlightLoad:
         self.sent: dict[str, int] = {}
         #: Told the pod's name whenever work is sent to it (`on_send`).
         self._senders: tuple[Callable[[str], None], ...] = ()
-        self._attempts: dict[str, _Attempt] = {}
+        self._attempts: dict[str, Attempt] = {}
         self._measures: dict[str, Measure] = {}
+        #: pod -> its pace, from the streams that ran to their end there
+        self._paces: dict[str, Pace] = {}
         #: nominal seconds per token -> the queue price learned from that starting point
         self._prices: dict[float, QueuePrice] = {}
         #: per pod, its attempts by key in start order (active-request's horizon counts them)
-        self._by_pod: dict[str, dict[str, _Attempt]] = {}
+        self._by_pod: dict[str, dict[str, Attempt]] = {}
         # No attempt started before this (a lower bound): expire() skips its walk until the
         # cutoff reaches it.
         self._earliest = math.inf
@@ -209,13 +220,15 @@ class InFlightLoad:
         output: int = 0,
         whole: int = 0,
         now: float | None = None,
+        ctx: RequestContext | None = None,
     ) -> None:
         """Attempt `key` starts on `pod`, with `prompt` + `output` tokens to work through, of
-        a prompt of `whole` tokens."""
+        a prompt of `whole` tokens (`ctx`: the relay's context of it, whose stream teaches
+        the pod's pace and which readers of `attempts_on` see)."""
         if key in self._attempts:
             return
         start = time.monotonic() if now is None else now
-        attempt = _Attempt(pod, start, prompt, output, whole)
+        attempt = Attempt(pod, start, prompt, output, whole, ctx)
         self._attempts[key] = attempt
         mine = self._by_pod.get(pod)
         if mine is None:
@@ -286,10 +299,20 @@ class InFlightLoad:
                 self.poke()
 
     def release(self, key: str) -> None:
-        """Attempt `key` is over (completed, failed, retried elsewhere or cancelled)."""
+        """Attempt `key` is over (completed, failed, retried elsewhere or cancelled); a stream
+        that ran to its end teaches its pod's pace."""
         attempt = self._attempts.pop(key, None)
-        if attempt is not None:
-            self._drop(key, attempt)
+        if attempt is None:
+            return
+        self._drop(key, attempt)
+        ctx = attempt.ctx
+        if ctx is not None and ctx.events_seen and ctx.error is None:
+            first, n = ctx.first_chunk_at, ctx.events_seen
+            tpot = (ctx.last_chunk_at - first) / (n - 1) if n > 1 else None
+            pace = self._paces.get(attempt.pod)
+            if pace is None:
+                pace = self._paces[attempt.pod] = Pace()
+            pace.observe(first - attempt.start, tpot)
 
     # ---- upkeep -------------------------------------------------------------------------
 
@@ -324,6 +347,8 @@ class InFlightLoad:
             measure.forget(pods)
         for price in self._prices.values():
             price.forget_pods(pods)
+        for pod in pods:
+            self._paces.pop(pod, None)
 
     def measure(self, name: str) -> Measure:
         """The per-attempt value kept under `name` (made on first use; the same object for
@@ -419,13 +444,29 @@ class InFlightLoad:
             old += 1
         return len(mine) - old + others
 
+    def attempts_on(self, pod: str) -> Iterable[Attempt]:
+        """This gateway's attempts in flight on `pod`, oldest first: a live view, read before
+        the next attempt starts or ends."""
+        return self._by_pod.get(pod, {}).values()
+
+    def pace(self, pod: str) -> Pace | None:
+        """`pod`'s pace, None before a stream there ran to its end (a pod that left forgets
+        it: back under the same name, it is a fresh server)."""
+        return self._paces.get(pod)
+
+    def fleet_tpot(self) -> float | None:
+        """The mean time per output token over the pods with one (what a pod with none yet is
+        taken to run at), None while no pod has one."""
+        known = [p.tpot for p in self._paces.values() if p.tpot is not None]
+        return sum(known) / len(known) if known else None
+
     def attempts(self) -> int:
         """Attempts in flight, over every pod."""
         return len(self._attempts)
 
     # ---- internals ----------------------------------------------------------------------
 
-    def _drop(self, key: str, attempt: _Attempt) -> None:
+    def _drop(self, key: str, attempt: Attempt) -> None:
         for measure in self._measures.values():
             measure.drop(key)
         for price in self._prices.values():

@@ -58,13 +58,14 @@ def counted_share(requests_ahead: int | None, depth: int) -> float:
 
 class Fitted(NamedTuple):
     """What is learned of a pod's queue: its free depth, the seconds per prompt token in
-    flight beyond it, and whether its wait is read from the replay (its depth is bounded: a
-    count of requests ahead was seen to delay, and the price has not foreseen the delays
-    clearly better)."""
+    flight beyond it, whether its wait is read from the replay (its depth is bounded and the
+    price has not foreseen the delays clearly better), and whether the depth is bounded (a
+    count of requests ahead was seen to delay: the pod runs `depth` + 1 at once)."""
 
     depth: int
     price: float
     replay: bool
+    bounded: bool = False
 
 
 @dataclass(slots=True)
@@ -178,7 +179,7 @@ class _Fit:
         price_better = (
             self.compared >= min_samples and self.price_miss < PRICE_CLEARLY_BETTER * self.time_miss
         )
-        return Fitted(depth, self.price(price_depth), bounded and not price_better)
+        return Fitted(depth, self.price(price_depth), bounded and not price_better, bounded)
 
 
 class QueueDelay:

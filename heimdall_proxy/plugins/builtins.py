@@ -81,6 +81,7 @@ from heimdall_proxy.plugins.scheduling.profiles.single import SingleProfileHandl
 from heimdall_proxy.plugins.scheduling.scorers.active_request import ActiveRequestScorer
 from heimdall_proxy.plugins.scheduling.scorers.context_length import ContextLengthAware
 from heimdall_proxy.plugins.scheduling.scorers.endpoint_attribute import EndpointAttributeScorer
+from heimdall_proxy.plugins.scheduling.scorers.finish_time import FinishTimeScorer
 from heimdall_proxy.plugins.scheduling.scorers.header_label_affinity import (
     HeaderLabelAffinityScorer,
 )
@@ -135,6 +136,7 @@ BUILTIN_PLUGINS: tuple[type, ...] = (
     LoraAffinityScorer,
     NoHitLRUScorer,
     OutstandingWorkScorer,
+    FinishTimeScorer,
     PrecisePrefixCacheScorer,
     PrefixCacheScorer,
     QueueScorer,

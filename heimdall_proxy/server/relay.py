@@ -131,9 +131,9 @@ class Relay:
         load = self.load
         ctx.started_at = now = time.monotonic()
         if load.count_tokens:
-            load.acquire(ctx.key, target.name, *self.estimate(ctx), now=now)
+            load.acquire(ctx.key, target.name, *self.estimate(ctx), now=now, ctx=ctx)
         else:  # nothing reads tokens: no estimate (it walks the prompt)
-            load.acquire(ctx.key, target.name, now=now)
+            load.acquire(ctx.key, target.name, now=now, ctx=ctx)
         try:
             # Inside the try: a client that disconnects while a pre_request hook awaits (a
             # Redis write, say) still gets response_complete, which undoes what the hooks

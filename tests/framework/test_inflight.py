@@ -3,6 +3,8 @@ first chunk, one expiry, pods that leave forgotten, and a consumer's own horizon
 
 from __future__ import annotations
 
+import pytest
+
 from heimdall_proxy.framework.inflight import InFlightLoad, LoadEstimate
 from heimdall_proxy.framework.prefix import PrefixCacheMatchInfo, prefix_match_key
 from tests.helpers import ep
@@ -144,3 +146,29 @@ def test_a_rise_in_the_other_replicas_requests_is_a_send() -> None:
     assert seen == []
     load.share_others({"r\x1fa": 2.0})
     assert seen == [("a", 3)]
+
+
+def test_a_stream_that_ran_to_its_end_teaches_its_pods_pace() -> None:
+    load = InFlightLoad()
+    pod = ep("a")
+    done = ctx(req("completions", {"prompt": "hi"}), pod)
+    load.acquire("r:0", "a", now=10.0, ctx=done)
+    assert [a.ctx for a in load.attempts_on("a")] == [done]
+    done.chunk_arrived(1, 10.5)  # first chunk 0.5 s after the send
+    done.chunk_arrived(3, 10.8)  # three more tokens, 0.1 s each
+    load.release("r:0")
+    pace = load.pace("a")
+    assert pace is not None and (pace.ttft, pace.tpot) == (0.5, pytest.approx(0.1))
+    assert load.fleet_tpot() == pytest.approx(0.1) and list(load.attempts_on("a")) == []
+    # a stream that failed, or a whole answer (no events), teaches nothing
+    broken = ctx(req("completions", {"prompt": "hi"}), ep("b"))
+    load.acquire("s:0", "b", now=10.0, ctx=broken)
+    broken.chunk_arrived(2, 10.2)
+    broken.error = "upstream failed mid-stream"
+    load.release("s:0")
+    whole = ctx(req("completions", {"prompt": "hi"}), ep("b"), attempt=1)
+    load.acquire("s:1", "b", now=10.0, ctx=whole)
+    load.release("s:1")
+    assert load.pace("b") is None
+    load.forget({"a"})  # back under the same name, a fresh server
+    assert load.pace("a") is None and load.fleet_tpot() is None

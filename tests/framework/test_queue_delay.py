@@ -47,10 +47,12 @@ def test_counts_of_requests_ahead_that_delay_nobody_are_the_free_depth() -> None
         0,
         pytest.approx(0.41 / 3000, rel=0.02),
         False,
+        False,
     )  # no service time: depth 0
     fitted = q.fit("a", free_below=0.1)
     assert fitted is not None
-    assert fitted.depth == 1 and fitted.replay  # bounded: two ahead were seen to delay
+    assert fitted.depth == 1 and fitted.replay  # two ahead were seen to delay
+    assert fitted.bounded  # so the pod runs two at once
     # only the tokens beyond the free depth count: half of the 2000 with two ahead
     assert fitted.price == pytest.approx(0.4 / 1000, rel=0.02)
 
@@ -61,7 +63,7 @@ def test_a_pod_never_seen_to_delay_is_unbounded_and_priced() -> None:
         for _ in range(3):
             q.observe("big", 1000.0 * k, 0.001 * k, requests_ahead=k)
     fitted = q.fit("big", free_below=0.1)
-    assert fitted is not None and not fitted.replay
+    assert fitted is not None and not fitted.replay and not fitted.bounded
     assert fitted.depth == 7
 
 

@@ -24,7 +24,6 @@ from heimdall_proxy.framework.types import (
     InferenceRequest,
     RequestContext,
 )
-from heimdall_proxy.plugins.scheduling.scorers.pace import Pace
 from heimdall_proxy.plugins.scheduling.scorers.shared_state import (
     SharedCountsParams,
     SharesState,
@@ -94,7 +93,8 @@ class OutstandingWorkScorer(SharesState, BasePlugin[OutstandingWorkParams]):
     max_tokens / max_completion_tokens / max_output_tokens, times n, else
     `defaultOutputTokens`), counted down by one per streamed SSE event. A non-streamed
     request shows no progress until its answer: once the pod's streams have shown its pace
-    (moving averages of time to first chunk and time per output token, pace.py), its work is
+    (the ledger's moving averages of time to first chunk and time per output token,
+    framework/pace.py), its work is
     counted down by the time it has been out at that pace (prefill gone after the time to
     first chunk, then one output token per time per token, down to one token while it runs);
     before that, it counts in full until it completes.
@@ -130,7 +130,6 @@ class OutstandingWorkScorer(SharesState, BasePlugin[OutstandingWorkParams]):
         )
         #: The non-streamed attempts among them, counted down by time (_decay).
         self._unstreamed: dict[str, _Work] = {}
-        self._pace: dict[str, Pace] = {}
         self._next_decay = 0.0
         #: The clock of count-downs, the relay's (a test sets its own).
         self.clock = time.monotonic
@@ -140,15 +139,11 @@ class OutstandingWorkScorer(SharesState, BasePlugin[OutstandingWorkParams]):
             warn_ledger_alias(self)
 
     def inherit(self, previous: OutstandingWorkScorer, gone: frozenset[str]) -> str | None:
-        """A reload keeps the work in flight and the pods' pace (less the pods `gone`): the
-        old requests still run (their completions, through the old instance, settle the same
-        ledger)."""
-        for pod in gone:
-            previous._pace.pop(pod, None)
+        """A reload keeps the work in flight: the old requests still run (their completions,
+        through the old instance, settle the same ledger, which keeps the pods' pace)."""
         self.inflight = previous.inflight
         self._work = previous._work
         self._unstreamed = previous._unstreamed
-        self._pace = previous._pace
         return None
 
     def estimate(self, request: InferenceRequest, cached_share: float = 0.0) -> tuple[float, float]:
@@ -220,13 +215,8 @@ class OutstandingWorkScorer(SharesState, BasePlugin[OutstandingWorkParams]):
 
     async def response_complete(self, ctx: RequestContext) -> None:
         key = ctx.key
-        work = self._work.pop(key, None)
+        self._work.pop(key, None)
         self._unstreamed.pop(key, None)
-        if work is not None and ctx.events_seen and ctx.error is None:
-            # A stream that ran to its end: its pace is the pod's, now (timed by the relay).
-            first, n = ctx.first_chunk_at, ctx.events_seen
-            tpot = (ctx.last_chunk_at - first) / (n - 1) if n > 1 else None
-            self._pace.setdefault(work.pod, Pace()).observe(first - ctx.started_at, tpot)
         self.inflight.drop(key)
 
     def _decay(self) -> None:
@@ -239,7 +229,7 @@ class OutstandingWorkScorer(SharesState, BasePlugin[OutstandingWorkParams]):
             return
         self._next_decay = now + DECAY_INTERVAL
         for key, work in self._unstreamed.items():
-            pace = self._pace.get(work.pod)
+            pace = self.load.pace(work.pod)
             done = None if pace is None else pace.tokens_done(now - work.sent_at)
             if done is None or done < 0.0:
                 continue  # no pace known yet, or still prefilling by it

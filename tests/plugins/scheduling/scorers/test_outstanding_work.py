@@ -103,15 +103,18 @@ class Clock:
 
 
 async def run_stream(scorer: OutstandingWorkScorer, clock: Clock, pod: object, **kw: Any) -> None:
-    """A stream on `pod`: first chunk 0.5 s after it was sent, then one token every 0.1 s."""
+    """A stream on `pod` as the relay runs it: first chunk 0.5 s after it was sent, then one
+    token every 0.1 s; the gateway's ledger learns the pod's pace from it."""
     r = completion(100, 10)
     r.stream = True  # type: ignore[attr-defined]
     c = ctx(r, pod, **kw)  # type: ignore[arg-type]
     c.started_at = clock.now
+    scorer.load.acquire(c.key, c.target.name, now=clock.now, ctx=c)
     await scorer.pre_request(c)
     for dt in (0.5, 0.1, 0.1, 0.1):
         clock.now += dt
         await streamed(scorer, c, b"data: {}\n\n", clock.now)
+    scorer.load.release(c.key)
     await scorer.response_complete(c)
 
 
@@ -146,10 +149,12 @@ async def test_only_streams_that_ran_to_their_end_set_the_pace() -> None:
     r.stream = True  # type: ignore[attr-defined]
     broken = ctx(r, pod)  # type: ignore[arg-type]
     broken.started_at = clock.now
+    scorer.load.acquire(broken.key, pod.name, now=clock.now, ctx=broken)
     await scorer.pre_request(broken)
     clock.now += 0.5
     await streamed(scorer, broken, b"data: {}\n\n", clock.now)
     broken.error = "read failed"
+    scorer.load.release(broken.key)
     await scorer.response_complete(broken)
     c = ctx(completion(100, 10), pod, attempt=1)  # type: ignore[arg-type]
     c.started_at = clock.now

@@ -1,6 +1,8 @@
 """Each pod's observed pace, from the streams the gateway relays: time to first chunk and time
-per output token. outstanding-work-scorer uses it to count down the work of requests that
-are not streamed, which show no progress of their own until their answer arrives."""
+per output token. The in-flight ledger learns it (inflight.py `pace`) from every stream that
+ran to its end; outstanding-work-scorer counts down the work of requests that are not
+streamed by it (they show no progress of their own until their answer arrives), and
+finish-time-scorer prices the output tokens still to come on each pod with it."""
 
 from __future__ import annotations
 
