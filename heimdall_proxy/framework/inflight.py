@@ -23,7 +23,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, KeysView, Mapping
 from dataclasses import dataclass
 from itertools import repeat
 from typing import Protocol, runtime_checkable
@@ -453,6 +453,15 @@ class InFlightLoad:
         """`pod`'s pace, None before a stream there ran to its end (a pod that left forgets
         it: back under the same name, it is a fresh server)."""
         return self._paces.get(pod)
+
+    def paces(self) -> Mapping[str, Pace]:
+        """pod -> its pace, for the pods that have one (a live view)."""
+        return self._paces
+
+    def busy_own_pods(self) -> KeysView[str]:
+        """The pods with attempts of this gateway in flight (`attempts_on` lists them; a live
+        view)."""
+        return self._by_pod.keys()
 
     def fleet_tpot(self) -> float | None:
         """The mean time per output token over the pods with one (what a pod with none yet is

@@ -31,6 +31,7 @@ from heimdall_proxy.framework.params import PluginParams
 from heimdall_proxy.framework.prefix import prefix_match_reader
 from heimdall_proxy.framework.registry import register
 from heimdall_proxy.framework.types import (
+    CandidateNames,
     CycleState,
     DefaultScores,
     Endpoint,
@@ -101,34 +102,66 @@ class FinishTimeScorer(BasePlugin[FinishTimeParams]):
     def score(
         self, state: CycleState, request: InferenceRequest, endpoints: list[Endpoint]
     ) -> Mapping[str, float]:
-        fleet = self.load.fleet_tpot()
+        load = self.load
+        fleet = load.fleet_tpot()
         if fleet is None:
             return DefaultScores(endpoints, 1.0, {})
-        adapters = _adapters(endpoints)
-        model = request.model if request.model in adapters else ""
         info = self._match(state)
         prompt = info.prompt_tokens if info is not None else request.estimated_tokens()
         output = output_limit(request.data, self.params.default_output_tokens)
         spt = self._seconds_per_token
+        # Most pods of a large pool are idle and hold none of the prompt: each finishes at its
+        # own pace (the fleet's while it has none), and only the busy ones are replayed.
+        base = prompt * spt
+        usual = base + output * fleet
+        names = CandidateNames.of(endpoints)
+        candidates = names.name_set()
+        finish = {
+            pod: base + output * pace.tpot
+            for pod, pace in load.paces().items()
+            if pace.tpot is not None and pod in candidates
+        }
+        if info is not None:
+            for pod in info.matched_blocks.keys() & candidates:
+                finish[pod] = finish.get(pod, usual) - info.cached_tokens(pod) * spt
+        busy = load.busy_own_pods() & candidates
+        if busy:
+            self._replay(busy, endpoints, names, finish, usual, fleet, request.model)
+        best = min(finish.values(), default=usual)
+        if len(finish) < len(names.names) and usual < best:
+            best = usual
+        return DefaultScores(
+            endpoints,
+            best / usual if usual > 0.0 else 1.0,
+            {pod: best / t if t > 0.0 else 1.0 for pod, t in finish.items()},
+        )
+
+    def _replay(
+        self,
+        busy: Iterable[str],
+        endpoints: list[Endpoint],
+        names: CandidateNames,
+        finish: dict[str, float],
+        usual: float,
+        fleet: float,
+        model: str,
+    ) -> None:
+        """The `busy` candidates' finish for a request for `model`: their own (in `finish`,
+        else `usual`) after the wait for what is in flight there."""
+        load = self.load
+        adapters = _adapters(endpoints)
+        adapter = model if model in adapters else ""
         now = self.clock()
-        finish: dict[str, float] = {}
-        for e in endpoints:
-            pod = e.name
-            pace = self.load.pace(pod)
+        index = names.index()
+        by_name = index if index is not None else {e.name: i for i, e in enumerate(endpoints)}
+        for pod in busy:
+            pace = load.pace(pod)
             tpot = pace.tpot if pace is not None and pace.tpot is not None else fleet
-            uncached = info.uncached_tokens(pod) if info is not None else prompt
-            own = uncached * spt + output * tpot
-            ahead = self._ahead(self.load.attempts_on(pod), tpot, pace, adapters, now)
-            if not ahead:
-                finish[pod] = own
-                continue
+            ahead = self._ahead(load.attempts_on(pod), tpot, pace, adapters, now)
             fitted = self.queue.fitted(pod)
             slots = fitted.depth + 1 if fitted is not None and fitted.bounded else None
-            finish[pod] = finish_time(ahead, own, slots, model, e.metrics.max_lora)
-        best = min(finish.values(), default=0.0)
-        return DefaultScores(
-            endpoints, 1.0, {pod: best / t for pod, t in finish.items() if t > best}
-        )
+            max_lora = endpoints[by_name[pod]].metrics.max_lora
+            finish[pod] = finish_time(ahead, finish.get(pod, usual), slots, adapter, max_lora)
 
     def _ahead(
         self,

@@ -109,6 +109,9 @@ def test_a_slow_pod_costs_its_own_pace() -> None:
     assert got["slow"] == pytest.approx((own + 1.0) / (own + 2.0))
     # a pod with no stream of its own yet runs at the fleet's mean pace (15 ms)
     assert got["new"] == pytest.approx((own + 1.0) / (own + 1.5))
+    # among the slow pod and a new one, the new one (at the fleet's pace) finishes first
+    got = scorer.score(CycleState(), completion(100), [slow, new])  # type: ignore[arg-type]
+    assert dict(got) == {"new": 1.0, "slow": pytest.approx((own + 1.5) / (own + 2.0))}
 
 
 def test_the_prompt_a_pod_holds_is_not_prefilled_again() -> None:
