@@ -56,6 +56,8 @@ class QueuePrice:
     time to first token: the rest is the wait for what was ahead of it)."""
 
     __slots__ = (
+        "_peak",
+        "_running",
         "_seconds_per_token",
         "_serving",
         "_waiting",
@@ -77,6 +79,9 @@ class QueuePrice:
         self._waiting: dict[str, tuple[str, float, int, float | None, float, float]] = {}
         #: attempt key -> (pod, when its prefill started), for the attempts streaming
         self._serving: dict[str, tuple[str, float]] = {}
+        #: pod -> attempts streaming there now, and the most seen streaming there at once
+        self._running: dict[str, int] = {}
+        self._peak: dict[str, int] = {}
         #: The journal the samples are shared through (None: not shared); set by `share`.
         self.journal: SampleJournal | None = None
         #: The prompt tokens the other gateway replicas have in flight, per pod, when the
@@ -144,6 +149,19 @@ class QueuePrice:
                 remaining.append(max(0.0, service - (now - entry[1])))
         return residual_wait(remaining, queued, depth, service)
 
+    def slots(self, pod: str) -> int | None:
+        """How many requests `pod` runs at once, once it was seen to queue (None before: as
+        many as it is sent, as far as is known): one more than its learned free depth, and
+        never fewer than this gateway's attempts seen streaming there at the same time. The
+        depth alone can read low: on LoRA traffic a request that waits for an adapter slot
+        looks like one that waits behind the only request ahead, and a two-slot pod was
+        taken for a one-slot pod in a fifth of the decisions on the mixed shape
+        (bench/RESULTS.md, "Finish time")."""
+        fitted = self.fitted(pod)
+        if fitted is None or not fitted.bounded:
+            return None
+        return max(fitted.depth + 1, self._peak.get(pod, 0))
+
     def fitted(self, pod: str) -> Fitted | None:
         """What is learned of `pod`'s queue (queue_delay.py): a count of requests ahead whose
         first tokens waited less than FREE_SHARE of the pod's service time on average is
@@ -191,6 +209,9 @@ class QueuePrice:
         delay = now - sent - own
         self.delay.observe(pod, ahead, delay, requests, predicted)
         self._serving[key] = (pod, now - own)
+        running = self._running[pod] = self._running.get(pod, 0) + 1
+        if running > self._peak.get(pod, 0):
+            self._peak[pod] = running
         self.last = (key, pod, ahead, delay)
         if self.journal is not None and ahead > 0.0:
             # rides on the next tick: the price moves slowly, no tick of its own needed
@@ -205,6 +226,11 @@ class QueuePrice:
         if serving is not None:
             pod, began = serving
             self.service.observe(pod, time.monotonic() - began)
+            left = self._running.get(pod, 0) - 1
+            if left > 0:
+                self._running[pod] = left
+            else:
+                self._running.pop(pod, None)
 
     def forget_pods(self, pods: Iterable[str]) -> None:
         """Pods that left the pool: their samples and waiting attempts go (a pod back under the
@@ -213,6 +239,8 @@ class QueuePrice:
         for pod in gone:
             self.delay.forget(pod)
             self.service.forget(pod)
+            self._running.pop(pod, None)
+            self._peak.pop(pod, None)
         for key in [k for k, entry in self._waiting.items() if entry[0] in gone]:
             del self._waiting[key]
         for key in [k for k, (pod, _) in self._serving.items() if pod in gone]:

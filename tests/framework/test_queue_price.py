@@ -201,3 +201,30 @@ def test_on_a_pod_with_two_slots_the_replay_foresees_each_wait(clock: Clock) -> 
     # hold its slot for a whole service time from now.
     assert max(misses) <= own + 1e-9
     assert sum(flat) > 20 * sum(misses)
+
+
+def test_a_pods_slots_are_never_fewer_than_the_attempts_seen_streaming_there_at_once(
+    clock: Clock,
+) -> None:
+    load = InFlightLoad()
+    price = load.queue_price(NOMINAL)
+    # one request ahead always delays (as on LoRA traffic, where the wait is for an adapter
+    # slot): the free depth reads 0, a one-slot pod
+    for _ in range(8):
+        price.service.observe("p", 1.0)
+        price.delay.observe("p", 100.0, 0.8, 1, 0.8)
+    assert price.fitted("p") is not None and price.fitted("p").depth == 0  # type: ignore[union-attr]
+    assert price.slots("p") == 1
+    # yet two of its attempts were seen streaming at the same time
+    for key in ("a", "b"):
+        load.acquire(key, "p", prompt=10, whole=10)
+    load.prompt_done("a")
+    load.prompt_done("b")
+    load.release("a")
+    load.release("b")
+    assert price.slots("p") == 2
+    # back under the same name, a fresh server: the fleet's depth, no peak of its own
+    load.forget({"p"})
+    assert price.slots("p") == 1
+    # nothing seen to queue: as many as it is sent
+    assert QueuePrice(NOMINAL).slots("p") is None

@@ -65,8 +65,9 @@ class FinishTimeScorer(BasePlugin[FinishTimeParams]):
       uncached prompt still to prefill until its first chunk (at `peakPrefillThroughput`)
       and its output limit (max_tokens, ...; else `defaultOutputTokens`) less the events
       streamed, at the pod's time per output token;
-    - how many the pod runs at once: one more than its learned free depth once it was seen
-      to queue (the queue price, framework/queue_price.py); before that, all of them, so the
+    - how many the pod runs at once, once it was seen to queue: one more than its learned
+      free depth, and never fewer than this gateway's requests seen streaming there at once
+      (the queue price's `slots`, framework/queue_price.py); before that, all of them, so the
       wait is 0 and the load scorers carry the load;
     - the request's own prefill of what the pod does not hold (by the prefix match) and its
       output limit at the pod's pace;
@@ -158,8 +159,7 @@ class FinishTimeScorer(BasePlugin[FinishTimeParams]):
             pace = load.pace(pod)
             tpot = pace.tpot if pace is not None and pace.tpot is not None else fleet
             ahead = self._ahead(load.attempts_on(pod), tpot, pace, adapters, now)
-            fitted = self.queue.fitted(pod)
-            slots = fitted.depth + 1 if fitted is not None and fitted.bounded else None
+            slots = self.queue.slots(pod)
             max_lora = endpoints[by_name[pod]].metrics.max_lora
             finish[pod] = finish_time(ahead, finish.get(pod, usual), slots, adapter, max_lora)
 
