@@ -36,6 +36,7 @@ EXPECTED: dict[str, list[str]] = {
     "latency-slo-admitter": ["Admitter"],
     "load-aware-scorer": ["Scorer"],
     "lora-affinity-scorer": ["Scorer"],
+    "finish-time-scorer": ["Scorer"],
     "max-score-picker": ["Picker"],
     "model-server-protocol-models": ["DataExtractor"],
     "models-data-source": ["DataSource"],
