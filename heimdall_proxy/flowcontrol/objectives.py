@@ -16,8 +16,9 @@ LLMD_OBJECTIVE_HEADER = "x-llm-d-inference-objective"
 #: llm-d's fairness header, and GIE's older name it still accepts (the first one set wins).
 FAIRNESS_HEADER = "x-llm-d-inference-fairness-id"
 GIE_FAIRNESS_HEADER = "x-gateway-inference-fairness-id"
-#: The flow of requests that name no fairness id.
-DEFAULT_FLOW = "default"
+#: The flow of requests that name no fairness id (llm-d's DefaultFairnessID, so the
+#: `fairness_id` label of the flow-control metrics reads as on llm-d's dashboards).
+DEFAULT_FLOW = "default-flow"
 #: Fairness ids are client-chosen: at most this many distinct ones get their own metric
 #: label; the rest are reported as "other" (their queues stay separate).
 MAX_FLOW_LABELS = 100

@@ -76,7 +76,7 @@ async def test_requests_beyond_room_wait_in_the_gateway_then_all_succeed(
             served[r.headers["x-sim-pod"]] += 1
             r.release()
     assert sum(served.values()) == 4
-    labels = {"fairness_id": "default", "priority": "0", "inference_pool": "heimdall"}
+    labels = {"fairness_id": "default-flow", "priority": "0", "inference_pool": "heimdall"}
     dispatched = gw.metric(
         "inference_extension_flow_control_request_queue_duration_seconds_count",
         {**labels, "outcome": "Dispatched"},

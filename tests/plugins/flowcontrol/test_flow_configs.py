@@ -119,7 +119,7 @@ async def test_program_aware_fairness_follows_each_programs_service(
             assert status == 200
         async with http.get(f"{gw.url}/metrics") as r:
             text = await r.text()
-    assert set(policy.programs) == {"tenant-a", "session-1", "default"}
+    assert set(policy.programs) == {"tenant-a", "session-1", "default-flow"}
     assert all(p.service > 0 and p.in_flight == 0 for p in policy.programs.values())
     assert 'llm_d_epp_program_aware_attained_service_tokens{program_id="session-1"}' in text
     assert "llm_d_epp_program_aware_jains_fairness_index 1.0" in text
