@@ -10,6 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol
 
 from heimdall_proxy.tokenization.local import LocalTokenizer, prompt_chars
+from heimdall_proxy.tokenization.messages import tokenizable
 
 #: Requests whose body and prompt are smaller than this are tokenized on the event loop: a
 #: thread hop costs more than tokenizing a short prompt.
@@ -31,10 +32,12 @@ class TokenizeSkippedError(Exception):
 
 
 class RequestTokenizer(Protocol):
-    """Turns an OpenAI request body into the prompt token ids vLLM would compute."""
+    """Turns an OpenAI (or Anthropic Messages API) request body into the prompt token ids
+    vLLM would compute."""
 
     async def tokenize(self, api: str, data: Mapping[str, Any], size_hint: int = 0) -> list[int]:
-        """`size_hint`: the body's size in bytes, when known (small ones may run inline).
+        """`size_hint`: the body's size in bytes, when known (small ones may run inline). A
+        Messages API body is read as the chat request vLLM makes of it (messages.py).
         Raises TokenizeSkippedError for a request it will not tokenize."""
         ...
 
@@ -86,6 +89,7 @@ class InProcessTokenizer:
         self.pending = 0
 
     async def tokenize(self, api: str, data: Mapping[str, Any], size_hint: int = 0) -> list[int]:
+        api, data = tokenizable(api, data)
         chars = prompt_chars(api, data)
         check_prompt_length(chars, self.max_prompt_chars)
         if 0 < size_hint < INLINE_BYTES and chars < INLINE_BYTES:

@@ -35,6 +35,7 @@ from heimdall_proxy.tokenization import (
     check_prompt_length,
 )
 from heimdall_proxy.tokenization.local import completion_prompt, prompt_chars
+from heimdall_proxy.tokenization.messages import tokenizable
 
 BYTES_PER_TOKEN = 4
 _MEDIA_KEYS = ("image_url", "input_image", "input_audio", "audio_url", "video_url")
@@ -163,6 +164,7 @@ class EstimateTokenizer:
         self.max_prompt_chars = max_prompt_chars
 
     async def tokenize(self, api: str, data: Mapping[str, Any], size_hint: int = 0) -> list[int]:
+        api, data = tokenizable(api, data)
         check_prompt_length(prompt_chars(api, data), self.max_prompt_chars)
         return pack_bytes(estimate_bytes(api, data))
 

@@ -25,6 +25,7 @@ from heimdall_proxy.tokenization import (
     check_prompt_length,
 )
 from heimdall_proxy.tokenization.local import prompt_chars, responses_messages
+from heimdall_proxy.tokenization.messages import tokenizable
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +75,7 @@ class VLLMRenderTokenizer:
         return self._session
 
     async def tokenize(self, api: str, data: Mapping[str, Any], size_hint: int = 0) -> list[int]:
+        api, data = tokenizable(api, data)
         check_prompt_length(prompt_chars(api, data), self.max_prompt_chars)
         if api == "completions":
             path = "/v1/completions/render"

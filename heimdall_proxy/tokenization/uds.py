@@ -57,6 +57,7 @@ from heimdall_proxy.tokenization.local import (
     prompt_chars,
     responses_messages,
 )
+from heimdall_proxy.tokenization.messages import tokenizable
 from heimdall_proxy.tokenization.tokenizerpb import tokenizer_pb2 as pb
 from heimdall_proxy.tokenization.tokenizerpb import tokenizer_pb2_grpc as pb_grpc
 from heimdall_proxy.tokenization.uds_wire import (
@@ -322,7 +323,8 @@ class UDSTokenizerClient:
         return str(answer.rendered_prompt)
 
     async def tokenize(self, api: str, data: Mapping[str, Any], size_hint: int = 0) -> list[int]:
-        """The prompt ids of an OpenAI request body (RequestTokenizer)."""
+        """The prompt ids of an OpenAI or Messages API request body (RequestTokenizer)."""
+        api, data = tokenizable(api, data)
         check_prompt_length(prompt_chars(api, data), self.max_prompt_chars)
         if api == "chat":
             return await self.render_chat_completion(data, data.get("messages"))

@@ -5,9 +5,10 @@ pod; the pod publishes BlockStored over ZMQ; the gateway (precise-prefix-cache-s
 tiny model's own tokenizer.json, blockSize 32, an in-memory index, each endpoint's `kvEvents`
 pointing at its pod's publisher, queue-scorer at a low weight) indexes the blocks, and the same
 prompt sent through the gateway lands on the warm pod (`x-decoder-host-port`). Each pod is
-warmed in turn, for completions and for chat completions (rendered with the model's chat
-template by the gateway, as vLLM does), and each routed prompt is sent three times, so a
-pass by luck has a chance of 2**-12.
+warmed in turn, for completions, for chat completions (rendered with the model's chat
+template by the gateway, as vLLM does) and for Anthropic Messages API requests (converted to
+chat as vLLM's /v1/messages front end does, then rendered), and each routed prompt is sent
+three times, so a pass by luck has a chance of 2**-12.
 
 Run with `python -m pytest -m e2e_vllm tests/e2e` (the pods are the session's, see conftest).
 """
@@ -125,6 +126,9 @@ def request_body(api: str, text: str) -> dict[str, Any]:
     body: dict[str, Any] = {"model": MODEL, "max_tokens": 1}
     if api == "completions":
         body["prompt"] = text
+    elif api == "messages":  # Anthropic's shape, content as blocks: vLLM converts it to chat
+        body["system"] = [{"type": "text", "text": "You answer in one word."}]
+        body["messages"] = [{"role": "user", "content": [{"type": "text", "text": text}]}]
     else:
         body["messages"] = [
             {"role": "system", "content": "You answer in one word."},
@@ -133,11 +137,23 @@ def request_body(api: str, text: str) -> dict[str, Any]:
     return body
 
 
+PATHS = {
+    "completions": "/v1/completions",
+    "chat": "/v1/chat/completions",
+    "messages": "/v1/messages",
+}
+
+
 def path_of(api: str) -> str:
-    return "/v1/completions" if api == "completions" else "/v1/chat/completions"
+    return PATHS[api]
 
 
-@pytest.mark.parametrize("api", ["completions", "chat"])
+def prompt_tokens_of(api: str, reply: dict[str, Any]) -> int:
+    usage = reply["usage"]
+    return int(usage["input_tokens"] if api == "messages" else usage["prompt_tokens"])
+
+
+@pytest.mark.parametrize("api", ["completions", "chat", "messages"])
 @pytest.mark.parametrize("warm", [0, 1])
 def test_prompt_warmed_on_one_pod_lands_there(
     api: str, warm: int, pods: list[Pod], precise_gateway: GatewayProcess
@@ -149,7 +165,7 @@ def test_prompt_warmed_on_one_pod_lands_there(
 
     before = stored_blocks(precise_gateway.log)
     reply = http_post_json(warm_pod.url + path_of(api), body)
-    prompt_tokens = reply["usage"]["prompt_tokens"]
+    prompt_tokens = prompt_tokens_of(api, reply)
     assert prompt_tokens >= 6 * BLOCK_SIZE, prompt_tokens  # several full blocks
     wait_for_blocks(precise_gateway.log, before + prompt_tokens // BLOCK_SIZE)
 
@@ -163,7 +179,7 @@ def test_prompt_warmed_on_one_pod_lands_there(
         with urllib.request.urlopen(req, timeout=120) as resp:
             served = resp.headers[HEADER]
             routed = json.loads(resp.read())
-        assert routed["usage"]["prompt_tokens"] == prompt_tokens
+        assert prompt_tokens_of(api, routed) == prompt_tokens
         assert served == warm_pod.host_port, (
             f"attempt {attempt}: {api} prompt warmed on {warm_pod.name} "
             f"({warm_pod.host_port}) was routed to {served}"

@@ -86,7 +86,7 @@ class Tokenizing:
 
     async def prepare_data(self, request: InferenceRequest, endpoints: list[Endpoint]) -> None:
         tokenizer = self.tokenizer
-        if tokenizer is None or request.api not in ("completions", "chat", "responses"):
+        if tokenizer is None or request.api not in ("completions", "chat", "responses", "messages"):
             return
         if request.token_ids is not None and (self.estimates or not request.token_ids_estimated):
             return
@@ -126,8 +126,10 @@ class Tokenizing:
 
 @register(TOKENIZER_TYPE, TokenizerParams, feature_gate=PREPARE_DATA_GATE)
 class TokenizerPlugin(Tokenizing, BasePlugin[TokenizerParams]):
-    """Tokenizes completions, chat and responses requests once, before scheduling, and sets
-    `InferenceRequest.token_ids` for every later plugin (prefix-cache scorers, deciders).
+    """Tokenizes completions, chat, responses and Anthropic Messages API requests once, before
+    scheduling, and sets `InferenceRequest.token_ids` for every later plugin (prefix-cache
+    scorers, deciders). A Messages API request is read as the chat request vLLM's
+    /v1/messages front end makes of it (tokenization/messages.py).
 
     In-process by default: `modelName`'s tokenizer.json is found locally (the model name as a
     path, `/mnt/models/<modelName>/`, the Hugging Face hub cache, else the Hub: downloaded)
