@@ -250,6 +250,8 @@ class InferenceRequest:
     #: answer is not read (a passthrough).
     parser: AnswerParser | None = None
     _prompt_text: str | None = None
+    #: output_cap's answer once asked (-1: not yet)
+    _output_cap: int | None = -1
 
     @property
     def target_model(self) -> str:
@@ -277,11 +279,36 @@ class InferenceRequest:
             return len(self.token_ids)
         return int(len(self.prompt_text()) / chars_per_token)
 
+    def output_cap(self) -> int | None:
+        """The output tokens the request allows (output_cap of its body), computed on first
+        use and cached: the load scorers read it for every request in flight, per decision."""
+        cap = self._output_cap
+        if cap == -1:
+            cap = self._output_cap = output_cap(self.data)
+        return cap
+
     def set_data(self, data: dict[str, Any]) -> None:
         """Replace the request JSON; the server re-serialises it before forwarding."""
         self.data = data
         self.body_modified = True
         self._prompt_text = None
+        self._output_cap = -1
+
+
+#: The body keys that cap a request's output, in the order they are looked for.
+OUTPUT_CAP_KEYS = ("max_completion_tokens", "max_tokens", "max_output_tokens")
+
+
+def output_cap(data: Mapping[str, Any]) -> int | None:
+    """The output tokens a request body allows: its max_completion_tokens, max_tokens or
+    max_output_tokens (the first one set, a positive integer) times `n`; None when it sets
+    none."""
+    for key in OUTPUT_CAP_KEYS:
+        value = data.get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            n = data.get("n")
+            return value * (n if isinstance(n, int) and n > 1 else 1)
+    return None
 
 
 #: For isinstance on the request path: a parsed body holds plain dicts, which match `dict`

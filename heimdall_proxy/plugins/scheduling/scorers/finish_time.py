@@ -37,7 +37,6 @@ from heimdall_proxy.framework.types import (
     Endpoint,
     InferenceRequest,
 )
-from heimdall_proxy.plugins.scheduling.scorers.outstanding_work import output_limit
 
 FINISH_TIME_SCORER_TYPE = "finish-time-scorer"
 
@@ -109,7 +108,8 @@ class FinishTimeScorer(BasePlugin[FinishTimeParams]):
             return DefaultScores(endpoints, 1.0, {})
         info = self._match(state)
         prompt = info.prompt_tokens if info is not None else request.estimated_tokens()
-        output = output_limit(request.data, self.params.default_output_tokens)
+        cap = request.output_cap()
+        output = self.params.default_output_tokens if cap is None else cap
         spt = self._seconds_per_token
         # Most pods of a large pool are idle and hold none of the prompt: each finishes at its
         # own pace (the fleet's while it has none), and only the busy ones are replayed.
@@ -186,7 +186,8 @@ class FinishTimeScorer(BasePlugin[FinishTimeParams]):
             done = float(ctx.events_seen)
             if not request.stream and pace is not None:
                 done = max(0.0, pace.tokens_done(now - a.start) or 0.0)
-            left = max(1.0, output_limit(request.data, default) - done)
+            cap = request.output_cap()
+            left = max(1.0, (default if cap is None else cap) - done)
             model = request.model
             out.append(Ahead(a.prompt * spt + left * tpot, model if model in adapters else ""))
         return out

@@ -23,6 +23,7 @@ from heimdall_proxy.framework.types import (
     Endpoint,
     InferenceRequest,
     RequestContext,
+    output_cap,
 )
 from heimdall_proxy.plugins.scheduling.scorers.shared_state import (
     SharedCountsParams,
@@ -32,8 +33,6 @@ from heimdall_proxy.plugins.scheduling.scorers.shared_state import (
 )
 
 OUTSTANDING_WORK_SCORER_TYPE = "outstanding-work-scorer"
-
-_LIMIT_KEYS = ("max_completion_tokens", "max_tokens", "max_output_tokens")
 
 
 class OutstandingWorkParams(SharedCountsParams):
@@ -56,12 +55,10 @@ class OutstandingWorkParams(SharedCountsParams):
 
 
 def output_limit(data: Mapping[str, Any], default: int) -> int:
-    for key in _LIMIT_KEYS:
-        value = data.get(key)
-        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-            n = data.get("n")
-            return value * (n if isinstance(n, int) and n > 1 else 1)
-    return default
+    """The output tokens a request body allows (framework/types.py `output_cap`), else
+    `default`."""
+    cap = output_cap(data)
+    return default if cap is None else cap
 
 
 #: Seconds between two count-downs of the non-streamed requests' work (each walks them all).
@@ -153,7 +150,8 @@ class OutstandingWorkScorer(SharesState, BasePlugin[OutstandingWorkParams]):
             prompt = float(len(request.token_ids))
         else:
             prompt = len(request.prompt_text()) * self._p.char_to_token_multiplier
-        decode = float(output_limit(request.data, self._p.default_output_tokens))
+        cap = request.output_cap()
+        decode = float(self._p.default_output_tokens if cap is None else cap)
         return prompt * (1.0 - cached_share) * self._p.prefill_token_weight, decode
 
     def _cached_share(self, ctx: RequestContext) -> float:
