@@ -123,10 +123,14 @@ class _Attempt:
     tpot_slo: float | None
     predicted_ttft: float | None = None
     predicted_tpot: float | None = None
-    #: the shared (factor-free) TTFT prediction it was scheduled with, less the wait
+    #: the shared (factor-free) TTFT prediction it was scheduled with, less the wait when
+    #: the prediction had the wait added (in-process), whole when not (a remote predictor's)
     base_ttft: float | None = None
     #: the queue wait the ledger foresaw on the pod when it was chosen (seconds)
     wait: float = 0.0
+    #: the part of that wait `base_ttft` leaves out: the seconds after its start from which
+    #: the attempt is late against it (the wait, or 0 for a whole remote prediction)
+    base_after: float = 0.0
     #: the remote predictor's view of the pod when it was chosen (with a training server)
     remote_request: dict[str, Any] | None = None
     #: streaming mode: TPOT samples taken so far, and the token index of the next one
@@ -418,8 +422,9 @@ class PredictedLatencyProducer(BasePlugin[PredictedLatencyProducerParams]):
                 continue
             oldest = next(iter(pending.values()))
             if oldest.base_ttft is not None and not oldest.ctx.first_chunk_at:
-                # the model predicted what comes after the foreseen wait
-                elapsed = now - oldest.ctx.started_at - oldest.wait
+                # late against what was predicted: what follows the foreseen wait (in-process
+                # predictions), or the whole time to first token (a remote predictor's)
+                elapsed = now - oldest.ctx.started_at - oldest.base_after
                 model.raise_factor(pod, elapsed, oldest.base_ttft)
             else:
                 model.clear_floor(pod)  # answered: its answer teaches the factor
@@ -458,7 +463,8 @@ class PredictedLatencyProducer(BasePlugin[PredictedLatencyProducerParams]):
             # the in-process model learns what follows the foreseen wait, whichever
             # predictor's TTFT was used
             att.wait = wait = preds.waits.get(pod, 0.0)
-            own = pred.ttft - wait if preds.waits_added else pred.ttft
+            att.base_after = wait if preds.waits_added else 0.0
+            own = pred.ttft - att.base_after
             att.base_ttft = max(own, MIN_PREDICTION) / self.predictor.ttft.factors.get(pod, 1.0)
             m.predicted_ttft.labels(*labels).observe(pred.ttft)
             m.predicted_ttft_gauge.labels(*labels).set(pred.ttft)

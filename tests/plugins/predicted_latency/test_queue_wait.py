@@ -103,3 +103,38 @@ def test_idle_pods_are_not_priced_and_queue_wait_can_be_turned_off(
     off.predict(state, req(), [ep("pod-3"), ep("pod-4")])
     preds = read_predictions(state)
     assert preds is not None and preds.waits == {}
+
+
+async def test_a_late_request_is_late_against_the_prediction_it_was_sent_with() -> None:
+    producer = _producer(peakPrefillThroughput=1000.0)
+    producer.load.acquire("earlier:0", "busy", prompt=3000, whole=3000)  # 3 s of wait
+    pods = [ep("busy"), ep("idle")]
+    model = producer.predictor.ttft
+
+    async def sent(remote: bool) -> float:
+        state = CycleState()
+        producer.predict(state, req(), pods)
+        preds = read_predictions(state)
+        assert preds is not None
+        if remote:  # a prediction server's whole TTFT, 1 s, to which no wait is added
+            preds.waits_added = False
+            preds.pods.ttft[preds.pods.index["busy"]] = 1.0
+        c = ctx(req(), pods[0])
+        c.state = state
+        producer.load.acquire(c.key, "busy", prompt=10, whole=10)
+        await producer.pre_request(c)
+        return c.started_at
+
+    # in-process: 3 s of wait then 0.5 s; 2.5 s after the send it is not late yet
+    started = await sent(remote=False)
+    producer._censored(started + 2.5)
+    assert model.factors.get("busy", 1.0) == 1.0
+    producer._censored(started + 4.5)  # 1.5 s after its wait, three times the 0.5 s
+    assert model.factors["busy"] == pytest.approx(3.0, rel=0.05)
+    model.clear_floor("busy")
+    producer._pending.clear()
+
+    # remote: 1 s for everything; 2.5 s after the send it is late by 2.5x, wait or no wait
+    started = await sent(remote=True)
+    producer._censored(started + 2.5)
+    assert model.factors["busy"] == pytest.approx(2.5, rel=0.05)
