@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from heimdall_proxy.framework.params import PluginParams
 from heimdall_proxy.framework.types import CycleState
 
 
@@ -122,3 +123,22 @@ def prefix_match_reader(
         return None
 
     return read
+
+
+class PrefixMatchParams(PluginParams):
+    """The parameters of a plugin that reads a prefix match: which producer's
+    (prefix_match_reader)."""
+
+    #: The seeds' pair: the prefix-cache plugin whose match is read (a pair that names a
+    #: prefix-cache-scorer reads the producer that scorer reads).
+    prefix_plugin_type: str = "prefix-cache-scorer"
+    prefix_plugin_name: str = "prefix-cache-scorer"
+    #: llm-d's: the prefix producer whose match is read; when set, prefixPluginType /
+    #: prefixPluginName (the seeds') are not used.
+    prefix_match_info_producer_name: str = ""
+
+    def match_reader(self) -> MatchReader:
+        """The reader of the match these parameters name."""
+        return prefix_match_reader(
+            self.prefix_match_info_producer_name, self.prefix_plugin_type, self.prefix_plugin_name
+        )

@@ -11,8 +11,7 @@ from pydantic import Field
 
 from heimdall_proxy.framework.base import BasePlugin
 from heimdall_proxy.framework.handle import PluginHandle
-from heimdall_proxy.framework.params import PluginParams
-from heimdall_proxy.framework.prefix import prefix_match_reader
+from heimdall_proxy.framework.prefix import PrefixMatchParams
 from heimdall_proxy.framework.registry import register
 from heimdall_proxy.framework.types import CycleState, Endpoint, InferenceRequest
 from heimdall_proxy.plugins.predicted_latency.selection import composite_scores, latency_scores
@@ -21,7 +20,7 @@ from heimdall_proxy.plugins.predicted_latency.state import read_predictions
 LATENCY_SCORER_TYPE = "latency-scorer"
 
 
-class LatencyScorerParams(PluginParams):
+class LatencyScorerParams(PrefixMatchParams):
     #: With SLOs: `least` prefers the pod closest to the SLO boundary, `most` the pod with
     #: the most headroom. Without SLOs both prefer the lowest predicted latency.
     headroom_selection_strategy: Literal["least", "most"] = "least"
@@ -32,12 +31,6 @@ class LatencyScorerParams(PluginParams):
     composite_kv_weight: float = Field(default=1.0, ge=0.0, alias="compositeKVWeight")
     composite_queue_weight: float = Field(default=1.0, ge=0.0)
     composite_prefix_weight: float = Field(default=1.0, ge=0.0)
-    #: Where the fallback reads the prefix match when no producer ran.
-    prefix_plugin_type: str = "prefix-cache-scorer"
-    prefix_plugin_name: str = "prefix-cache-scorer"
-    #: llm-d's: the prefix producer whose match is read; when set, prefixPluginType /
-    #: prefixPluginName (the seeds') are not used.
-    prefix_match_info_producer_name: str = ""
 
 
 @register(LATENCY_SCORER_TYPE, LatencyScorerParams)
@@ -48,11 +41,7 @@ class LatencyScorer(BasePlugin[LatencyScorerParams]):
 
     def __init__(self, name: str, params: LatencyScorerParams, handle: PluginHandle) -> None:
         super().__init__(name, params, handle)
-        self._match = prefix_match_reader(
-            params.prefix_match_info_producer_name,
-            params.prefix_plugin_type,
-            params.prefix_plugin_name,
-        )
+        self._match = params.match_reader()
 
     def score(
         self, state: CycleState, request: InferenceRequest, endpoints: list[Endpoint]

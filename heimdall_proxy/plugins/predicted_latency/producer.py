@@ -23,8 +23,8 @@ from heimdall_proxy.framework.base import BasePlugin
 from heimdall_proxy.framework.handle import PluginHandle
 from heimdall_proxy.framework.inflight import warn_other_expiry
 from heimdall_proxy.framework.inherit import changed
-from heimdall_proxy.framework.params import Duration, PluginParams
-from heimdall_proxy.framework.prefix import prefix_match_reader
+from heimdall_proxy.framework.params import Duration
+from heimdall_proxy.framework.prefix import PrefixMatchParams
 from heimdall_proxy.framework.queue_price import QueuePrice
 from heimdall_proxy.framework.registry import register
 from heimdall_proxy.framework.types import (
@@ -63,18 +63,12 @@ PREDICTED_LATENCY_PRODUCER_TYPE = "predicted-latency-producer"
 DEFAULT_OUTPUT_TOKENS = 64
 
 
-class PredictedLatencyProducerParams(PluginParams):
+class PredictedLatencyProducerParams(PrefixMatchParams):
     #: false: train on end-to-end latency (recorded as TTFT; TPOT not trained). true: TTFT
     #: on the first streamed chunk, TPOT on the chunks after it (streamed responses only).
     streaming_mode: bool = False
     #: Multiplies the TPOT SLO of the request before headroom is computed (GIE's knob).
     slo_buffer_factor: float = Field(default=1.0, gt=0.0)
-    #: The prefix-cache plugin whose match information feeds the prefix features.
-    prefix_plugin_type: str = "prefix-cache-scorer"
-    prefix_plugin_name: str = "prefix-cache-scorer"
-    #: llm-d's: the prefix producer whose match is read; when set, prefixPluginType /
-    #: prefixPluginName (the seeds') are not used.
-    prefix_match_info_producer_name: str = ""
     #: Observations before predictions are made (until then readers use their fallback).
     min_samples: int = Field(default=8, ge=1)
     #: Token estimate for requests that were not tokenized (tokens per character).
@@ -183,11 +177,7 @@ class PredictedLatencyProducer(BasePlugin[PredictedLatencyProducerParams]):
         self, name: str, params: PredictedLatencyProducerParams, handle: PluginHandle
     ) -> None:
         super().__init__(name, params, handle)
-        self._match = prefix_match_reader(
-            params.prefix_match_info_producer_name,
-            params.prefix_plugin_type,
-            params.prefix_plugin_name,
-        )
+        self._match = params.match_reader()
         self.predictor = LatencyPredictor(min_samples=params.min_samples)
         self._features = FeatureMatrix()
         self.remote: RemotePredictor | None = None

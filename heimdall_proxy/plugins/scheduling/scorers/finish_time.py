@@ -27,8 +27,7 @@ from heimdall_proxy.framework.finish_time import Ahead, finish_time
 from heimdall_proxy.framework.handle import PluginHandle
 from heimdall_proxy.framework.inflight import Attempt
 from heimdall_proxy.framework.pace import Pace
-from heimdall_proxy.framework.params import PluginParams
-from heimdall_proxy.framework.prefix import prefix_match_reader
+from heimdall_proxy.framework.prefix import PrefixMatchParams
 from heimdall_proxy.framework.registry import register
 from heimdall_proxy.framework.types import (
     CandidateNames,
@@ -41,18 +40,13 @@ from heimdall_proxy.framework.types import (
 FINISH_TIME_SCORER_TYPE = "finish-time-scorer"
 
 
-class FinishTimeParams(PluginParams):
+class FinishTimeParams(PrefixMatchParams):
     #: Prompt tokens a pod prefills per second: what a prompt it does not hold costs, and where
     #: the ledger's learned free depth starts from (prefix-cache-affinity-filter's parameter
     #: of the same name and default; equal values share one learned queue).
     peak_prefill_throughput: float = Field(default=16000.0, gt=0.0)
     #: Output tokens assumed for a request that sets no limit.
     default_output_tokens: int = Field(default=256, ge=1)
-    #: The prefix-cache plugin whose match says how much of the prompt each pod holds (as on
-    #: outstanding-work-scorer); absent from the cycle, every prompt token is prefilled.
-    prefix_plugin_type: str = "prefix-cache-scorer"
-    prefix_plugin_name: str = "prefix-cache-scorer"
-    prefix_match_info_producer_name: str = ""
 
 
 @register(FINISH_TIME_SCORER_TYPE, FinishTimeParams)
@@ -91,11 +85,7 @@ class FinishTimeScorer(BasePlugin[FinishTimeParams]):
         #: The ledger's queue price at this rate: each pod's learned free depth (reading it
         #: makes the relay count each attempt's uncached prompt, which is priced here too).
         self.queue = self.load.queue_price(self._seconds_per_token)
-        self._match = prefix_match_reader(
-            params.prefix_match_info_producer_name,
-            params.prefix_plugin_type,
-            params.prefix_plugin_name,
-        )
+        self._match = params.match_reader()
         #: The clock the ages of non-streamed requests are read with (a test sets its own).
         self.clock = time.monotonic
 

@@ -12,8 +12,8 @@ from heimdall_proxy.framework.base import BasePlugin
 from heimdall_proxy.framework.handle import PluginHandle
 from heimdall_proxy.framework.prefix import (
     PREFIX_PRODUCER_TYPES,
+    PrefixMatchParams,
     prefix_match_key,
-    prefix_match_reader,
 )
 from heimdall_proxy.framework.registry import register
 from heimdall_proxy.framework.types import (
@@ -37,12 +37,7 @@ NO_HIT_LRU_SCORER_TYPE = "no-hit-lru-scorer"
 _NUMPY_FROM = 48
 
 
-class NoHitLRUParams(SharedJournalParams):
-    prefix_plugin_type: str = "prefix-cache-scorer"
-    prefix_plugin_name: str = "prefix-cache-scorer"
-    #: llm-d's: the prefix producer whose match is read; when set, prefixPluginType /
-    #: prefixPluginName (the seeds') are not used.
-    prefix_match_info_producer_name: str = ""
+class NoHitLRUParams(SharedJournalParams, PrefixMatchParams):
     lru_size: int = Field(default=1024, gt=0)
 
 
@@ -69,11 +64,7 @@ class NoHitLRUScorer(SharesState, BasePlugin[NoHitLRUParams]):
         super().__init__(name, params, handle)
         self._lru: OrderedDict[str, None] = OrderedDict()
         self._cold_key = f"{prefix_match_key(self.type, name)}#cold"
-        self._match = prefix_match_reader(
-            params.prefix_match_info_producer_name,
-            params.prefix_plugin_type,
-            params.prefix_plugin_name,
-        )
+        self._match = params.match_reader()
         self.journal = shared_journal(self, params, self._apply)
 
     def inherit(self, previous: NoHitLRUScorer, gone: frozenset[str]) -> str | None:

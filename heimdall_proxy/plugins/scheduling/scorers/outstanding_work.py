@@ -14,7 +14,7 @@ from heimdall_proxy.framework.base import BasePlugin
 from heimdall_proxy.framework.handle import PluginHandle
 from heimdall_proxy.framework.inflight import warn_other_expiry
 from heimdall_proxy.framework.params import Duration
-from heimdall_proxy.framework.prefix import prefix_match_reader
+from heimdall_proxy.framework.prefix import PrefixMatchParams
 from heimdall_proxy.framework.registry import register
 from heimdall_proxy.framework.types import (
     CandidateNames,
@@ -35,7 +35,7 @@ from heimdall_proxy.plugins.scheduling.scorers.shared_state import (
 OUTSTANDING_WORK_SCORER_TYPE = "outstanding-work-scorer"
 
 
-class OutstandingWorkParams(SharedCountsParams):
+class OutstandingWorkParams(SharedCountsParams, PrefixMatchParams):
     #: Cost of prefilling one prompt token, in units of decoding one output token. Prefill runs
     #: many tokens per forward pass, decode one per sequence per step, so a prompt token is
     #: much cheaper than an output token.
@@ -44,14 +44,6 @@ class OutstandingWorkParams(SharedCountsParams):
     default_output_tokens: int = Field(default=256, ge=1)
     char_to_token_multiplier: float = Field(default=0.25, gt=0.0)
     request_timeout: Duration = 600.0
-    #: The prefix-cache plugin whose match information says how much of a prompt the chosen
-    #: pod already holds; only the rest is prefill work. Absent from the cycle (no such
-    #: plugin in the profile), every prompt token counts.
-    prefix_plugin_type: str = "prefix-cache-scorer"
-    prefix_plugin_name: str = "prefix-cache-scorer"
-    #: llm-d's: the prefix producer whose match is read; when set, prefixPluginType /
-    #: prefixPluginName (the seeds') are not used.
-    prefix_match_info_producer_name: str = ""
 
 
 def output_limit(data: Mapping[str, Any], default: int) -> int:
@@ -120,11 +112,7 @@ class OutstandingWorkScorer(SharesState, BasePlugin[OutstandingWorkParams]):
         # Progress of each attempt; dropped at response_complete, which the server calls once
         # per attempt whatever happens, so it never outgrows the requests in flight.
         self._work: dict[str, _Work] = {}
-        self._match = prefix_match_reader(
-            params.prefix_match_info_producer_name,
-            params.prefix_plugin_type,
-            params.prefix_plugin_name,
-        )
+        self._match = params.match_reader()
         #: The non-streamed attempts among them, counted down by time (_decay).
         self._unstreamed: dict[str, _Work] = {}
         self._next_decay = 0.0
