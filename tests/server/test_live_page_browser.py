@@ -14,6 +14,7 @@ import itertools
 import json
 import os
 import shutil
+import signal
 import tempfile
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -133,6 +134,9 @@ class DevTools:
 @contextlib.asynccontextmanager
 async def chromium() -> AsyncIterator[DevTools]:
     assert CHROMIUM is not None
+    # Chromium's helper processes (zygote, renderer, GPU) outlive a kill of the main one and
+    # may still write to the profile as it is removed ("Directory not empty"): the browser
+    # runs in a session of its own, whose whole process group goes at the end.
     with tempfile.TemporaryDirectory(prefix="heimdall-chromium-") as profile:
         proc = await asyncio.create_subprocess_exec(
             CHROMIUM,
@@ -150,6 +154,7 @@ async def chromium() -> AsyncIterator[DevTools]:
             "about:blank",
             stdout=asyncio.subprocess.DEVNULL,
             stderr=asyncio.subprocess.DEVNULL,
+            start_new_session=True,
         )
         try:
             port_file = Path(profile) / "DevToolsActivePort"
@@ -173,7 +178,7 @@ async def chromium() -> AsyncIterator[DevTools]:
                     await tools.close()
         finally:
             with contextlib.suppress(ProcessLookupError):
-                proc.kill()
+                os.killpg(proc.pid, signal.SIGKILL)
             await proc.wait()
 
 
