@@ -32,3 +32,12 @@ class Pace:
         if self.ttft is None or self.tpot is None:
             return None
         return (elapsed - self.ttft) / self.tpot
+
+    def tokens_left(self, total: float, elapsed: float) -> float | None:
+        """Of a request's `total` output tokens, those still to come `elapsed` seconds after
+        it was sent, by this pace, never below one (it has not answered, whatever the pace
+        says); None while it would still be prefilling, or before the pace is known."""
+        done = self.tokens_done(elapsed)
+        if done is None or done < 0.0:
+            return None
+        return max(min(1.0, total), total - done)

@@ -173,11 +173,13 @@ class FinishTimeScorer(BasePlugin[FinishTimeParams]):
                 out.append(Ahead(a.prompt * spt, ""))
                 continue
             request = ctx.request
-            done = float(ctx.events_seen)
-            if not request.stream and pace is not None:
-                done = max(0.0, pace.tokens_done(now - a.start) or 0.0)
             cap = request.output_cap()
-            left = max(1.0, (default if cap is None else cap) - done)
+            total = float(default if cap is None else cap)
+            if request.stream:
+                left = max(1.0, total - ctx.events_seen)
+            else:
+                by_pace = None if pace is None else pace.tokens_left(total, now - a.start)
+                left = total if by_pace is None else by_pace
             model = request.model
             out.append(Ahead(a.prompt * spt + left * tpot, model if model in adapters else ""))
         return out

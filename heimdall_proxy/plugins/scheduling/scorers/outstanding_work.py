@@ -6,7 +6,6 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 from itertools import compress
-from typing import Any
 
 from pydantic import Field
 
@@ -23,7 +22,6 @@ from heimdall_proxy.framework.types import (
     Endpoint,
     InferenceRequest,
     RequestContext,
-    output_cap,
 )
 from heimdall_proxy.plugins.scheduling.scorers.shared_state import (
     SharedCountsParams,
@@ -44,13 +42,6 @@ class OutstandingWorkParams(SharedCountsParams, PrefixMatchParams):
     default_output_tokens: int = Field(default=256, ge=1)
     char_to_token_multiplier: float = Field(default=0.25, gt=0.0)
     request_timeout: Duration = 600.0
-
-
-def output_limit(data: Mapping[str, Any], default: int) -> int:
-    """The output tokens a request body allows (framework/types.py `output_cap`), else
-    `default`."""
-    cap = output_cap(data)
-    return default if cap is None else cap
 
 
 #: Seconds between two count-downs of the non-streamed requests' work (each walks them all).
@@ -216,12 +207,11 @@ class OutstandingWorkScorer(SharesState, BasePlugin[OutstandingWorkParams]):
         self._next_decay = now + DECAY_INTERVAL
         for key, work in self._unstreamed.items():
             pace = self.load.pace(work.pod)
-            done = None if pace is None else pace.tokens_done(now - work.sent_at)
-            if done is None or done < 0.0:
+            left = None if pace is None else pace.tokens_left(work.decode, now - work.sent_at)
+            if left is None:
                 continue  # no pace known yet, or still prefilling by it
             before = work.total
             work.prefill = 0.0
-            # Never below one token: the request is still running, whatever the pace says.
-            work.decode_left = max(min(1.0, work.decode), work.decode - done)
+            work.decode_left = left
             if work.total != before:
                 self.inflight.put(key, work.pod, work.total)

@@ -7,11 +7,10 @@ from typing import Any
 import pytest
 
 from heimdall_proxy.framework.prefix import PrefixCacheMatchInfo, prefix_match_key
-from heimdall_proxy.framework.types import CycleState
+from heimdall_proxy.framework.types import CycleState, output_cap
 from heimdall_proxy.plugins.scheduling.scorers.outstanding_work import (
     OutstandingWorkParams,
     OutstandingWorkScorer,
-    output_limit,
 )
 from tests.helpers import ep
 from tests.plugins.helpers import ctx, ledger, req, streamed
@@ -75,14 +74,17 @@ async def test_a_prompt_the_pod_holds_costs_no_prefill() -> None:
     assert other.work("warm") == pytest.approx(0.2 * 100 + 10)
 
 
-def test_output_limit() -> None:
-    assert output_limit({"max_tokens": 7}, 256) == 7
-    assert output_limit({"max_completion_tokens": 9, "max_tokens": 7}, 256) == 9
-    assert output_limit({"max_output_tokens": 5}, 256) == 5
-    assert output_limit({"max_tokens": 4, "n": 3}, 256) == 12
-    assert output_limit({}, 256) == 256
-    assert output_limit({"max_tokens": "x"}, 100) == 100
-    assert output_limit({"max_tokens": True}, 100) == 100
+def test_output_cap_and_the_default_for_a_request_without_one() -> None:
+    assert output_cap({"max_tokens": 7}) == 7
+    assert output_cap({"max_completion_tokens": 9, "max_tokens": 7}) == 9
+    assert output_cap({"max_output_tokens": 5}) == 5
+    assert output_cap({"max_tokens": 4, "n": 3}) == 12
+    assert output_cap({}) is None
+    assert output_cap({"max_tokens": "x"}) is None
+    assert output_cap({"max_tokens": True}) is None
+    # a request that sets none counts defaultOutputTokens of decode work
+    assert make().estimate(req("completions", {"prompt": "x"}))[1] == 256
+    assert make(defaultOutputTokens=100).estimate(req("completions", {"prompt": "x"}))[1] == 100
 
 
 async def test_real_token_ids_are_used_when_present() -> None:
