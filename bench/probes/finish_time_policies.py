@@ -1,37 +1,84 @@
-"""finish-time-scorer's estimate as the whole dispatcher, in the oracle's simulated pods, with
-exact inputs: how far is the slot replay from the oracle's greedy rule, and which part of the
-pods' behaviour does it miss? (bench/RESULTS.md, "Finish time")
+"""finish-time-scorer's estimate as the whole dispatcher, in the oracle's simulated pods: how
+far from the oracle's greedy rule is the engine model (framework/engine_model.py) given what
+the gateway sees, and which part of what it sees matters? (bench/RESULTS.md, "Finish time:
+the engine's steps")
 
-Each policy sends every request on arrival to the pod with the least value of its estimate,
-computed from the pod's true state: its running and waiting requests (prompt left, output
-left), its slots, its cache (the prompt blocks it holds), its adapter slots, and its true time
-per output token with its slots full (`step_base + decode_cost_per_seq * slots`, so a slow
-pod's own). The estimate is framework/finish_time.py's `finish_time`, as the scorer computes
-it, plus what a variant adds:
+The oracle steps a copy of each pod forward from its true state (bench/harness/oracle.py).
+Each policy here sends every request on arrival to the pod with the least value of the
+scorer's estimate, `finish_seconds`, computed from the pod as the gateway sees it: as of the
+pod's last step that ended before the arrival (a stream's newest chunk), with the requests
+that have streamed a token decoding and the others waiting with the prompt the pod did not
+hold when they were sent, the request joining once it is sent; the adapters of the requests
+that last began to run there taken as resident. The pods are stepped one step at a time to
+keep that view. Variants take away one input:
 
-- `ft`:      the scorer's estimate;
-- `+load`:   the request's own adapter load time when its adapter is not resident;
-- `+pf`:     the prefills still to run on the pod, which share its steps with the request;
-- `rr`:      round-robin, for scale.
+- `ft`:        the scorer's estimate, with each pod's true step costs;
+- `ft-fleet`:  every pod priced at the first pod's costs (no learned speed);
+- `ft-slots?`: the pod's slots unknown (every request sent runs at once);
+- `ft-lora?`:  no adapter taken as resident (each adapter request pays a load);
+- `ft-now`:    the request joins at the view's step boundary (the time since the last step
+               seen not counted);
+- `rr`:        round-robin, for scale.
 
-The oracle itself steps a copy of each pod forward (bench/harness/oracle.py). Ratios are to
-its E2E mean and p95, per seed, and their geometric mean over the seeds.
+Ratios are to the oracle's E2E mean and p95, per seed, and their geometric mean over seeds.
 
-Run: python -m bench.probes.finish_time_policies [--shapes mixed,unequal] [--seeds 42,7,1,2,3,4]
+Run: python -m bench.probes.finish_time_policies [--shapes mixed,unequal] [--seeds 42,7,1]
 """
 
 from __future__ import annotations
 
 import argparse
 import math
+from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 from bench import matrix
 from bench.harness import oracle
 from bench.harness.stats import percentile
-from heimdall_proxy.framework.finish_time import Ahead, finish_time
+from heimdall_proxy.framework.engine_model import Job, StepCosts, finish_seconds
+from heimdall_proxy.sim.options import SimOptions
 
-Estimate = Callable[[oracle.Pod, oracle.OracleRequest], float]
+
+class SeenPod(oracle.Pod):
+    """An oracle pod stepped one step at a time, keeping itself as of the last step that
+    ended at or before the time it was advanced to: what the gateway has seen of it."""
+
+    seen: oracle.Pod | None = None
+
+    def advance(self, until: float) -> None:
+        self.seen = None
+        while self.busy and self.clock < until:
+            before = _view(self)
+            self._step()
+            if self.clock > until:
+                self.seen = before
+        if not self.busy:
+            self.clock = max(self.clock, until)
+
+    def view(self) -> oracle.Pod:
+        return self if self.seen is None else self.seen
+
+
+def _view(pod: oracle.Pod) -> oracle.Pod:
+    """A copy of `pod`'s queue and clock (its cache shared: read, never stepped)."""
+    p = oracle.Pod(pod.o, pod.slots)
+    p.clock = pod.clock
+    p.running = [s.copy() for s in pod.running]
+    p.waiting = deque(s.copy() for s in pod.waiting)
+    p.lru = pod.lru
+    return p
+
+
+def costs_of(o: SimOptions) -> StepCosts:
+    return StepCosts(
+        step=o.step_base,
+        per_seq=o.decode_cost_per_seq,
+        per_prefill_token=o.prefill_cost_per_token,
+        per_context_token=o.kv_read_cost_per_token,
+        budget=o.max_num_batched_tokens,
+        lora_load=o.lora_load_time,
+    )
 
 
 def _cached(pod: oracle.Pod, req: oracle.OracleRequest) -> int:
@@ -44,72 +91,101 @@ def _cached(pod: oracle.Pod, req: oracle.OracleRequest) -> int:
     return n * pod.o.block_size
 
 
-def estimate(load: bool, prefills: bool) -> Estimate:
-    def seconds(pod: oracle.Pod, req: oracle.OracleRequest) -> float:
-        o = pod.o
-        tpot = o.step_base + o.decode_cost_per_seq * pod.slots
-        spt = o.prefill_cost_per_token
-        ahead = [
-            Ahead(
-                max(0, s.req.prompt - s.computed) * spt + (s.req.output - s.produced) * tpot,
-                s.req.lora or "",
-            )
-            for s in pod.running
-        ]
-        ahead += [
-            Ahead(s.req.prompt * spt + s.req.output * tpot, s.req.lora or "") for s in pod.waiting
-        ]
-        own = (req.prompt - _cached(pod, req)) * spt + req.output * tpot
-        if load and req.lora and req.lora not in pod.loras.resident:
-            own += o.lora_load_time
-        if prefills:
-            own += sum(max(0, s.req.prompt - s.computed) for s in pod.running) * spt
-            own += sum(s.req.prompt - _cached(pod, s.req) for s in pod.waiting) * spt
-        return finish_time(ahead, own, pod.slots, req.lora or "", o.max_loras)
+@dataclass(frozen=True)
+class Variant:
+    fleet_costs: bool = False
+    slots: bool = True
+    lora: bool = True
+    since: bool = True
+
+
+Estimate = Callable[[oracle.Pod, oracle.OracleRequest, StepCosts, Sequence[str], float], float]
+
+
+def estimate(v: Variant) -> Estimate:
+    def seconds(
+        pod: oracle.Pod,
+        req: oracle.OracleRequest,
+        costs: StepCosts,
+        resident: Sequence[str],
+        now: float,
+    ) -> float:
+        running, waiting = [], []
+        for s in sorted([*pod.running, *pod.waiting], key=lambda s: s.rid):
+            lora = s.req.lora or ""
+            if s.produced:
+                running.append(Job(0, s.computed, s.req.output - s.produced, lora))
+            else:
+                cached = s.hits if s.hits >= 0 else _cached(pod, s.req)
+                waiting.append(Job(s.req.prompt - cached, cached, s.req.output, lora))
+        cached = _cached(pod, req)
+        own = Job(req.prompt - cached, cached, req.output, req.lora or "")
+        since = max(0.0, now - pod.clock) if v.since and pod.busy else 0.0
+        return finish_seconds(
+            running,
+            waiting,
+            own,
+            costs,
+            pod.slots if v.slots else None,
+            pod.o.max_loras,
+            resident if v.lora else (),
+            own_at=since,
+        )
 
     return seconds
 
 
-POLICIES: dict[str, Estimate | None] = {
+POLICIES: dict[str, Variant | None] = {
     "rr": None,
-    "ft": estimate(load=False, prefills=False),
-    "ft+load": estimate(load=True, prefills=False),
-    "ft+pf": estimate(load=False, prefills=True),
-    "ft+load+pf": estimate(load=True, prefills=True),
+    "ft": Variant(),
+    "ft-fleet": Variant(fleet_costs=True),
+    "ft-slots?": Variant(slots=False),
+    "ft-lora?": Variant(lora=False),
+    "ft-now": Variant(since=False),
 }
 
 
 def dispatch(
-    reqs: Sequence[oracle.OracleRequest], options: Sequence[object], policy: str
-) -> tuple[float, float, float]:
-    """(E2E mean, E2E p95, prefix hit rate) of `policy` over pods with these options."""
-    fleet = [oracle.Pod(o) for o in options]  # type: ignore[arg-type]
+    reqs: Sequence[oracle.OracleRequest], options: Sequence[SimOptions], policy: str
+) -> tuple[float, float]:
+    """(E2E mean, E2E p95) of `policy` over pods with these options."""
+    fleet = [SeenPod(o) for o in options]
+    variant = POLICIES[policy]
+    rule = None if variant is None else estimate(variant)
+    costs = [costs_of(options[0] if variant and variant.fleet_costs else o) for o in options]
+    # per pod: the adapters of the requests that last began to run there
+    ran: list[OrderedDict[str, None]] = [OrderedDict() for _ in fleet]
     order = sorted(range(len(reqs)), key=lambda i: reqs[i].arrival)
     seqs: list[oracle._Seq] = []
-    rule = POLICIES[policy]
     for n, i in enumerate(order):
         req = reqs[i]
-        for pod in fleet:
+        for k, pod in enumerate(fleet):
             pod.advance(req.arrival)
+            for s in pod.view().running:
+                if s.req.lora and s.produced:
+                    ran[k].pop(s.req.lora, None)
+                    ran[k][s.req.lora] = None
         seq = oracle._Seq(i, req)
         if rule is None:
             best = n % len(fleet)
         else:
-            values = [rule(pod, req) for pod in fleet]
+            values = [
+                rule(pod.view(), req, costs[k], list(ran[k]), req.arrival)
+                for k, pod in enumerate(fleet)
+            ]
             best = min(range(len(fleet)), key=lambda k: (values[k], k))
         fleet[best].submit(seq, req.arrival)
         seqs.append(seq)
     for pod in fleet:
         pod.advance(math.inf)
     e2e = [s.finish - s.req.arrival for s in seqs]
-    hits = sum(max(0, s.hits) for s in seqs) / max(1, sum(s.req.prompt for s in seqs))
-    return sum(e2e) / len(e2e), percentile(e2e, 95) or 0.0, hits
+    return sum(e2e) / len(e2e), percentile(e2e, 95) or 0.0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shapes", default="mixed,unequal")
-    parser.add_argument("--seeds", default="42,7,1,2,3,4")
+    parser.add_argument("--seeds", default="42,7,1")
     parser.add_argument("--policies", default=",".join(POLICIES))
     args = parser.parse_args(argv)
     seeds = [int(s) for s in args.seeds.split(",")]
@@ -125,7 +201,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             options = matrix.pod_options(shape, 4)
             best = oracle.simulate(reqs, options)
             for p in policies:
-                mean, p95, _ = dispatch(reqs, options, p)
+                mean, p95 = dispatch(reqs, options, p)
                 logs[p].append((math.log(mean / best.mean()), math.log(p95 / best.p95())))
         cells = []
         for p in policies:

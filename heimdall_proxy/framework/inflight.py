@@ -43,6 +43,9 @@ log = logging.getLogger(__name__)
 #: it; this only bounds a bug's damage). Long generations run for minutes.
 DEFAULT_TIMEOUT = 600.0
 
+#: Models remembered per pod (`recent_models`): more than vLLM's adapter slots on a pod.
+RECENT_MODELS = 8
+
 
 @dataclass(slots=True)
 class Attempt:
@@ -58,6 +61,10 @@ class Attempt:
     #: the relay's context of the attempt (its request, and the chunks streamed so far), when
     #: the relay sent it; None for the ledger's other callers (a disaggregated hop)
     ctx: RequestContext | None = None
+    #: at its first chunk: this gateway's streams decoding on the pod (itself included), and
+    #: the pod's count of prefilled prompt tokens (what its pace is learned against)
+    peers_at_first: int = 0
+    prefilled_at_first: int = 0
 
 
 class Measure:
@@ -153,7 +160,9 @@ class InFlightLoad:
         "_measures",
         "_others",
         "_paces",
+        "_prefilled",
         "_prices",
+        "_recent",
         "_senders",
         "_split",
         "count_tokens",
@@ -202,6 +211,13 @@ class InFlightLoad:
         self._measures: dict[str, Measure] = {}
         #: pod -> its pace, from the streams that ran to their end there
         self._paces: dict[str, Pace] = {}
+        #: pod -> uncached prompt tokens of this gateway's attempts there that reached their
+        #: first chunk (prefilled), ever: what a stream's tokens shared their steps with
+        self._prefilled: dict[str, int] = {}
+        #: pod -> the models (base or adapter) of the attempts that began to answer there, least
+        #: recent first, the last RECENT_MODELS of them: which LoRA adapters it most likely
+        #: holds (an adapter is loaded when its request runs, not when it is sent)
+        self._recent: dict[str, dict[str, None]] = {}
         #: nominal seconds per token -> the queue price learned from that starting point
         self._prices: dict[float, QueuePrice] = {}
         #: per pod, its attempts by key in start order (active-request's horizon counts them)
@@ -292,8 +308,25 @@ class InFlightLoad:
             for price in self._prices.values():
                 price.first_token(key, now)
         attempt = self._attempts.get(key)
-        if attempt is not None and attempt.prompt:
-            self._take_tokens(attempt.pod, attempt.prompt)
+        if attempt is None:
+            return
+        pod = attempt.pod
+        ctx = attempt.ctx
+        if ctx is not None and not attempt.peers_at_first:
+            attempt.peers_at_first = self._streaming_on(pod)
+            attempt.prefilled_at_first = self._prefilled.get(pod, 0)
+            # it runs: its model (an adapter) is loaded on the pod now
+            recent = self._recent.get(pod)
+            if recent is None:
+                recent = self._recent[pod] = {}
+            model = ctx.request.model
+            recent.pop(model, None)
+            recent[model] = None
+            if len(recent) > RECENT_MODELS:
+                del recent[next(iter(recent))]
+        if attempt.prompt:
+            self._prefilled[pod] = self._prefilled.get(pod, 0) + attempt.prompt
+            self._take_tokens(pod, attempt.prompt)
             attempt.prompt = 0
             if self.poke is not None:
                 self.poke()
@@ -307,12 +340,19 @@ class InFlightLoad:
         self._drop(key, attempt)
         ctx = attempt.ctx
         if ctx is not None and ctx.events_seen and ctx.error is None:
+            pod = attempt.pod
             first, n = ctx.first_chunk_at, ctx.events_seen
-            tpot = (ctx.last_chunk_at - first) / (n - 1) if n > 1 else None
-            pace = self._paces.get(attempt.pod)
+            tpot = running = per_token = None
+            if n > 1:
+                tpot = (ctx.last_chunk_at - first) / (n - 1)
+                peers = attempt.peers_at_first or 1
+                running = (peers + self._streaming_on(pod) + 1) / 2
+                prefilled = self._prefilled.get(pod, 0) - attempt.prefilled_at_first
+                per_token = prefilled / (n - 1)
+            pace = self._paces.get(pod)
             if pace is None:
-                pace = self._paces[attempt.pod] = Pace()
-            pace.observe(first - attempt.start, tpot)
+                pace = self._paces[pod] = Pace()
+            pace.observe(first - attempt.start, tpot, running, per_token)
 
     # ---- upkeep -------------------------------------------------------------------------
 
@@ -349,6 +389,8 @@ class InFlightLoad:
             price.forget_pods(pods)
         for pod in pods:
             self._paces.pop(pod, None)
+            self._prefilled.pop(pod, None)
+            self._recent.pop(pod, None)
 
     def measure(self, name: str) -> Measure:
         """The per-attempt value kept under `name` (made on first use; the same object for
@@ -462,6 +504,17 @@ class InFlightLoad:
         """The pods with attempts of this gateway in flight (`attempts_on` lists them; a live
         view)."""
         return self._by_pod.keys()
+
+    def recent_models(self, pod: str) -> Iterable[str]:
+        """The models of the last attempts that began to answer on `pod` (their first chunk
+        came), least recent first, each once."""
+        return self._recent.get(pod, {}).keys()
+
+    def _streaming_on(self, pod: str) -> int:
+        """This gateway's attempts on `pod` whose stream has begun."""
+        return sum(
+            1 for a in self._by_pod.get(pod, {}).values() if a.ctx is not None and a.ctx.events_seen
+        )
 
     def fleet_tpot(self) -> float | None:
         """The mean time per output token over the pods with one (what a pod with none yet is

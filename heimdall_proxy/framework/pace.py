@@ -19,11 +19,28 @@ class Pace:
 
     ttft: float | None = None
     tpot: float | None = None
+    #: what the streams' tokens shared their steps with, averaged like `tpot` (None until a
+    #: stream of two tokens or more ended): this gateway's streams decoding on the pod, and
+    #: the uncached prompt tokens the pod prefilled between two of their tokens. Time per
+    #: token rises with both, so a pod's speed is its `tpot` over what an engine model says
+    #: of that batch (finish-time-scorer), not its `tpot` alone.
+    running: float | None = None
+    prefill_per_token: float | None = None
 
-    def observe(self, ttft: float, tpot: float | None) -> None:
+    def observe(
+        self,
+        ttft: float,
+        tpot: float | None,
+        running: float | None = None,
+        prefill_per_token: float | None = None,
+    ) -> None:
         self.ttft = ttft if self.ttft is None else self.ttft + ALPHA * (ttft - self.ttft)
         if tpot is not None and tpot > 0.0:
             self.tpot = tpot if self.tpot is None else self.tpot + ALPHA * (tpot - self.tpot)
+            if running is not None:
+                self.running = _mix(self.running, running)
+            if prefill_per_token is not None:
+                self.prefill_per_token = _mix(self.prefill_per_token, prefill_per_token)
 
     def tokens_done(self, elapsed: float) -> float | None:
         """Output tokens a request sent `elapsed` seconds ago has produced by this pace,
@@ -41,3 +58,7 @@ class Pace:
         if done is None or done < 0.0:
             return None
         return max(min(1.0, total), total - done)
+
+
+def _mix(average: float | None, sample: float) -> float:
+    return sample if average is None else average + ALPHA * (sample - average)

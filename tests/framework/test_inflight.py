@@ -172,3 +172,49 @@ def test_a_stream_that_ran_to_its_end_teaches_its_pods_pace() -> None:
     assert load.pace("b") is None
     load.forget({"a"})  # back under the same name, a fresh server
     assert load.pace("a") is None and load.fleet_tpot() is None
+
+
+def test_a_pace_is_learned_with_the_batch_its_tokens_shared_their_steps_with() -> None:
+    load = InFlightLoad()
+    pod = ep("a")
+    other = ctx(req("completions", {"prompt": "hi"}), pod, attempt=1)
+    load.acquire("o:0", "a", now=10.0, ctx=other)
+    other.chunk_arrived(1, 10.1)
+    load.prompt_done("o:0", 10.1)
+    s = ctx(req("completions", {"prompt": "hi"}), pod)
+    load.acquire("s:0", "a", now=10.0, ctx=s)
+    s.chunk_arrived(1, 10.2)
+    load.prompt_done("s:0", 10.2)  # two streams decoding on the pod now
+    load.release("o:0")  # one by its end
+    late = ctx(req("completions", {"prompt": "x"}), pod, attempt=2)
+    load.acquire("l:0", "a", prompt=3000, now=10.3, ctx=late)
+    load.prompt_done("l:0", 10.4)  # 3,000 prompt tokens prefilled between s's tokens
+    load.release("l:0")
+    s.chunk_arrived(10, 11.2)
+    load.release("s:0")
+    pace = load.pace("a")
+    assert pace is not None and pace.tpot == pytest.approx(0.1)
+    # two at its first token, alone (itself) at its end; 3,000 tokens over 10 token gaps
+    assert pace.running == pytest.approx(1.5)
+    assert pace.prefill_per_token == pytest.approx(300.0)
+
+
+def test_the_models_that_last_ran_on_a_pod_are_kept_in_order() -> None:
+    load = InFlightLoad()
+    pod = ep("a")
+    for i, model in enumerate(["base", "lora-a", "base", "lora-b"]):
+        c = ctx(req("completions", {"prompt": "hi"}, model=model), pod, attempt=i)
+        load.acquire(c.key, "a", now=10.0, ctx=c)
+        if model != "lora-b":  # lora-b's request never ran: dropped from the queue
+            c.chunk_arrived(1, 10.1)
+            load.prompt_done(c.key, 10.1)
+        load.release(c.key)
+    assert list(load.recent_models("a")) == ["lora-a", "base"]
+    for i in range(20):  # a bounded memory
+        c = ctx(req("completions", {"prompt": "hi"}, model=f"m{i}"), pod, attempt=10 + i)
+        load.acquire(c.key, "a", now=11.0, ctx=c)
+        load.prompt_done(c.key, 11.1)
+        load.release(c.key)
+    assert list(load.recent_models("a")) == [f"m{i}" for i in range(12, 20)]
+    load.forget({"a"})
+    assert list(load.recent_models("a")) == []
