@@ -23,7 +23,7 @@ from __future__ import annotations
 import bisect
 from collections import OrderedDict, deque
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import NamedTuple
 
 __all__ = ["Job", "StepCosts", "alone_seconds", "finish_seconds"]
@@ -56,12 +56,13 @@ class StepCosts:
         """These costs on a pod `speed` times as slow (2.0: every step takes twice as long)."""
         if speed == 1.0:
             return self
-        return replace(
-            self,
-            step=self.step * speed,
-            per_seq=self.per_seq * speed,
-            per_prefill_token=self.per_prefill_token * speed,
-            per_context_token=self.per_context_token * speed,
+        return StepCosts(
+            self.step * speed,
+            self.per_seq * speed,
+            self.per_prefill_token * speed,
+            self.per_context_token * speed,
+            self.budget,
+            self.lora_load,
         )
 
     def decode_step(self, running: float) -> float:

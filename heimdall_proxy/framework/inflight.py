@@ -311,6 +311,12 @@ class InFlightLoad:
         if attempt is None:
             return
         pod = attempt.pod
+        if attempt.prompt:  # counted before its own window opens: its tokens are not in it
+            self._prefilled[pod] = self._prefilled.get(pod, 0) + attempt.prompt
+            self._take_tokens(pod, attempt.prompt)
+            attempt.prompt = 0
+            if self.poke is not None:
+                self.poke()
         ctx = attempt.ctx
         if ctx is not None and not attempt.peers_at_first:
             attempt.peers_at_first = self._streaming_on(pod)
@@ -324,12 +330,6 @@ class InFlightLoad:
             recent[model] = None
             if len(recent) > RECENT_MODELS:
                 del recent[next(iter(recent))]
-        if attempt.prompt:
-            self._prefilled[pod] = self._prefilled.get(pod, 0) + attempt.prompt
-            self._take_tokens(pod, attempt.prompt)
-            attempt.prompt = 0
-            if self.poke is not None:
-                self.poke()
 
     def release(self, key: str) -> None:
         """Attempt `key` is over (completed, failed, retried elsewhere or cancelled); a stream

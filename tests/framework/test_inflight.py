@@ -182,9 +182,9 @@ def test_a_pace_is_learned_with_the_batch_its_tokens_shared_their_steps_with() -
     other.chunk_arrived(1, 10.1)
     load.prompt_done("o:0", 10.1)
     s = ctx(req("completions", {"prompt": "hi"}), pod)
-    load.acquire("s:0", "a", now=10.0, ctx=s)
+    load.acquire("s:0", "a", prompt=500, now=10.0, ctx=s)
     s.chunk_arrived(1, 10.2)
-    load.prompt_done("s:0", 10.2)  # two streams decoding on the pod now
+    load.prompt_done("s:0", 10.2)  # two streams decoding on the pod now (its own prompt done)
     load.release("o:0")  # one by its end
     late = ctx(req("completions", {"prompt": "x"}), pod, attempt=2)
     load.acquire("l:0", "a", prompt=3000, now=10.3, ctx=late)
@@ -194,7 +194,8 @@ def test_a_pace_is_learned_with_the_batch_its_tokens_shared_their_steps_with() -
     load.release("s:0")
     pace = load.pace("a")
     assert pace is not None and pace.tpot == pytest.approx(0.1)
-    # two at its first token, alone (itself) at its end; 3,000 tokens over 10 token gaps
+    # two at its first token, alone (itself) at its end; 3,000 tokens over 10 token gaps (its
+    # own 500 came before its first)
     assert pace.running == pytest.approx(1.5)
     assert pace.prefill_per_token == pytest.approx(300.0)
 

@@ -136,11 +136,15 @@ class FinishTimeScorer(BasePlugin[FinishTimeParams]):
         output = self.params.default_output_tokens if cap is None else cap
         names = CandidateNames.of(endpoints)
         candidates = names.name_set()
-        speeds = {
-            pod: v
-            for pod, pace in load.paces().items()
-            if pod in candidates and (v := self.speed(pace)) is not None
-        }
+        c = self.costs
+        step, per_seq, per_prefill = c.step, c.per_seq, c.per_prefill_token
+        speeds: dict[str, float] = {}
+        for pod, pace in load.paces().items():  # self.speed, inline: one pass over the pool
+            tpot, running = pace.tpot, pace.running
+            if tpot is None or running is None or pod not in candidates:
+                continue
+            v = tpot / (step + per_seq * running + per_prefill * (pace.prefill_per_token or 0.0))
+            speeds[pod] = MIN_SPEED if v < MIN_SPEED else MAX_SPEED if v > MAX_SPEED else v
         fleet = sum(speeds.values()) / len(speeds) if speeds else 1.0
         adapters = _adapters(endpoints)
         adapter = request.model if request.model in adapters else ""
