@@ -87,11 +87,11 @@ class _Live:
 
     __slots__ = ("adapter", "context", "output", "prefill")
 
-    def __init__(self, job: Job) -> None:
-        self.prefill = job.prefill
-        self.context = job.context
-        self.output = job.output
-        self.adapter = job.adapter
+    def __init__(self, prefill: int, context: int, output: int, adapter: str) -> None:
+        self.prefill = prefill
+        self.context = context
+        self.output = output
+        self.adapter = adapter
 
 
 def alone_seconds(costs: StepCosts, job: Job, load: bool = False) -> float:
@@ -124,12 +124,14 @@ def finish_seconds(
     `slots`: how many requests the pod runs at once (None: every one sent). `max_adapters`:
     its adapter slots (0: unknown, the LoRA rule is not applied); `resident`: the adapters it
     holds, least recently used first."""
-    run = [_Live(j) for j in running]
-    wait = deque(_Live(j._replace(prefill=max(1, j.prefill))) for j in waiting)
-    mine = _Live(own._replace(prefill=max(1, own.prefill), output=max(1, own.output)))
-    loras: OrderedDict[str, None] = OrderedDict((a, None) for a in resident)
-    while max_adapters > 0 and len(loras) > max_adapters:
-        loras.popitem(last=False)
+    run = [_Live(*j) for j in running]
+    wait = deque(_Live(max(1, p), c, o, a) for p, c, o, a in waiting)
+    mine = _Live(max(1, own.prefill), own.context, max(1, own.output), own.adapter)
+    loras: OrderedDict[str, None] = OrderedDict()
+    if max_adapters > 0:
+        loras.update((a, None) for a in resident)
+        while len(loras) > max_adapters:
+            loras.popitem(last=False)
     joined = False
     t = 0.0
     for _ in range(MAX_ITERATIONS):
