@@ -217,14 +217,18 @@ class FinishTimeScorer(BasePlugin[FinishTimeParams]):
         now: float,
     ) -> float:
         """Seconds until `own` would finish on busy `pod`: its attempts in flight replayed
-        from the pod's last step seen (the newest chunk of its streams), `own` sent now."""
+        from the pod's last step seen (the newest chunk of its streams; with none running,
+        the oldest attempt's send), `own` sent now."""
         load = self.load
         pace = load.pace(pod)
         default = self.params.default_output_tokens
         running: list[Job] = []
         waiting: list[Job] = []
         last = 0.0
+        first_sent = 0.0  # the oldest attempt's send: where a pod with no stream began
         for a in load.attempts_on(pod):
+            if not first_sent:
+                first_sent = a.start
             ctx = a.ctx
             if ctx is None:  # a disaggregated hop: its prefill alone
                 waiting.append(Job(max(1, a.prompt), max(0, a.whole - a.prompt), 1))
@@ -247,6 +251,8 @@ class FinishTimeScorer(BasePlugin[FinishTimeParams]):
                 running.append(Job(0, a.whole + done, max(1, int(by_pace)), model))
             else:
                 waiting.append(Job(max(1, a.prompt), max(0, a.whole - a.prompt), total, model))
+        if not running:  # nothing streams yet: it has worked on the oldest since it was sent
+            last = first_sent
         since = now - last if last and now - last <= self._max_age else 0.0
         return finish_seconds(
             running,

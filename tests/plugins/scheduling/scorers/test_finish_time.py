@@ -261,3 +261,17 @@ def test_before_the_depth_is_learned_a_pod_seen_queueing_runs_what_it_ran_then()
     assert scorer.queue.slots("full") is None  # nothing learned yet
     # on full the request waits for a slot (about 980 steps); on roomy it starts at once
     assert got["roomy"] == 1.0 and got["full"] < 0.1
+
+
+def test_with_nothing_streaming_the_replay_starts_when_the_oldest_was_sent() -> None:
+    scorer = make()
+    a, b = ep("a"), ep("b")
+    long_prompt = ctx(completion(1, prompt_tokens=1), a)  # type: ignore[arg-type]
+    long_prompt.key = "long"
+    scorer.load.acquire("long", "a", prompt=8000, whole=8000, now=NOW, ctx=long_prompt)
+    request = completion(10)
+    early = scorer.score(CycleState(), request, [a, b])["a"]  # type: ignore[arg-type]
+    scorer.clock = lambda: NOW + 0.3  # 0.3 s of its 0.5 s prefill gone
+    late = scorer.score(CycleState(), request, [a, b])["a"]  # type: ignore[arg-type]
+    own = alone_seconds(scorer.costs, Job(100, 0, 10))
+    assert own / late == pytest.approx(own / early - 0.3, abs=0.02)
