@@ -20,7 +20,7 @@ metrics."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Container, Iterable, Mapping
 
 from pydantic import Field
 
@@ -115,17 +115,6 @@ class FinishTimeScorer(BasePlugin[FinishTimeParams]):
         #: The clock chunk times and ages are read with (a test sets its own).
         self.clock = time.monotonic
 
-    def speed(self, pace: Pace | None) -> float | None:
-        """How many times slower than the model's nominal steps a pod with this pace runs
-        (None: not known yet)."""
-        if pace is None or pace.tpot is None or pace.running is None:
-            return None
-        c = self.costs
-        nominal = c.decode_step(pace.running) + c.per_prefill_token * (
-            pace.prefill_per_token or 0.0
-        )
-        return min(MAX_SPEED, max(MIN_SPEED, pace.tpot / nominal))
-
     def score(
         self, state: CycleState, request: InferenceRequest, endpoints: list[Endpoint]
     ) -> Mapping[str, float]:
@@ -136,15 +125,7 @@ class FinishTimeScorer(BasePlugin[FinishTimeParams]):
         output = self.params.default_output_tokens if cap is None else cap
         names = CandidateNames.of(endpoints)
         candidates = names.name_set()
-        c = self.costs
-        step, per_seq, per_prefill = c.step, c.per_seq, c.per_prefill_token
-        speeds: dict[str, float] = {}
-        for pod, pace in load.paces().items():  # self.speed, inline: one pass over the pool
-            tpot, running = pace.tpot, pace.running
-            if tpot is None or running is None or pod not in candidates:
-                continue
-            v = tpot / (step + per_seq * running + per_prefill * (pace.prefill_per_token or 0.0))
-            speeds[pod] = MIN_SPEED if v < MIN_SPEED else MAX_SPEED if v > MAX_SPEED else v
+        speeds = pod_speeds(load.paces(), candidates, self.costs)
         fleet = sum(speeds.values()) / len(speeds) if speeds else 1.0
         adapters = _adapters(endpoints)
         adapter = request.model if request.model in adapters else ""
@@ -264,6 +245,23 @@ class FinishTimeScorer(BasePlugin[FinishTimeParams]):
             resident,
             own_at=max(0.0, since),
         )
+
+
+def pod_speeds(
+    paces: Mapping[str, Pace], candidates: Container[str], costs: StepCosts
+) -> dict[str, float]:
+    """Each candidate's speed, for those with a pace: its time per output token over the
+    engine model's step for the batch that pace was seen at (one pass over the pool, inline:
+    it runs for every pod on every request)."""
+    step, per_seq, per_prefill = costs.step, costs.per_seq, costs.per_prefill_token
+    speeds: dict[str, float] = {}
+    for pod, pace in paces.items():
+        tpot, running = pace.tpot, pace.running
+        if tpot is None or running is None or pod not in candidates:
+            continue
+        v = tpot / (step + per_seq * running + per_prefill * (pace.prefill_per_token or 0.0))
+        speeds[pod] = MIN_SPEED if v < MIN_SPEED else MAX_SPEED if v > MAX_SPEED else v
+    return speeds
 
 
 #: Bounds of a pod's learned speed against the engine model's nominal steps: a pace read from
