@@ -220,10 +220,14 @@ def test_the_adapter_that_last_ran_on_an_idle_pod_is_taken_as_resident() -> None
     )
 
 
-def test_a_prefill_under_way_since_the_last_chunk_counts_with_the_time_it_has_left() -> None:
+@pytest.mark.parametrize("streaming", [True, False])
+def test_a_prefill_under_way_counts_with_the_time_it_has_left(streaming: bool) -> None:
+    """The replay starts at the pod's last chunk (a stream there), or with nothing streaming
+    at its oldest attempt's send: both at NOW here."""
     scorer = make()
     a, b = ep("a"), ep("b")
-    running(scorer, a, 1000, streamed=1)  # its last chunk at NOW
+    if streaming:
+        running(scorer, a, 1000, streamed=1)  # its last chunk at NOW
     long_prompt = ctx(completion(1, prompt_tokens=1), a)  # type: ignore[arg-type]
     long_prompt.key = "long"
     scorer.load.acquire("long", "a", prompt=8000, whole=8000, now=NOW, ctx=long_prompt)
@@ -268,17 +272,3 @@ def test_before_the_depth_is_learned_a_pod_seen_queueing_runs_what_it_ran_then()
     assert scorer.queue.slots("full") is None  # nothing learned yet
     # on full the request waits for a slot (about 980 steps); on roomy it starts at once
     assert got["roomy"] == 1.0 and got["full"] < 0.1
-
-
-def test_with_nothing_streaming_the_replay_starts_when_the_oldest_was_sent() -> None:
-    scorer = make()
-    a, b = ep("a"), ep("b")
-    long_prompt = ctx(completion(1, prompt_tokens=1), a)  # type: ignore[arg-type]
-    long_prompt.key = "long"
-    scorer.load.acquire("long", "a", prompt=8000, whole=8000, now=NOW, ctx=long_prompt)
-    request = completion(10)
-    early = scorer.score(CycleState(), request, [a, b])["a"]  # type: ignore[arg-type]
-    scorer.clock = lambda: NOW + 0.3  # 0.3 s of its 0.5 s prefill gone
-    late = scorer.score(CycleState(), request, [a, b])["a"]  # type: ignore[arg-type]
-    own = alone_seconds(scorer.costs, Job(100, 0, 10))
-    assert own / late == pytest.approx(own / early - 0.3, abs=0.02)
