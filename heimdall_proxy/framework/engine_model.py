@@ -121,6 +121,7 @@ def finish_seconds(
     ran `running` and had `waiting` queued, oldest first), finishes, counted from when it is
     sent. It joins the queue at the first step that starts once it is there.
 
+    A queued job (and `own`) prefills at least one token, whatever its `prefill` says.
     `slots`: how many requests the pod runs at once (None: every one sent). `max_adapters`:
     its adapter slots (0: unknown, the LoRA rule is not applied); `resident`: the adapters it
     holds, least recently used first."""

@@ -34,9 +34,9 @@ class Pace:
         running: float | None = None,
         prefill_per_token: float | None = None,
     ) -> None:
-        self.ttft = ttft if self.ttft is None else self.ttft + ALPHA * (ttft - self.ttft)
+        self.ttft = _mix(self.ttft, ttft)
         if tpot is not None and tpot > 0.0:
-            self.tpot = tpot if self.tpot is None else self.tpot + ALPHA * (tpot - self.tpot)
+            self.tpot = _mix(self.tpot, tpot)
             if running is not None:
                 self.running = _mix(self.running, running)
             if prefill_per_token is not None:

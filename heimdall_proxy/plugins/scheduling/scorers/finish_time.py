@@ -129,8 +129,6 @@ class FinishTimeScorer(BasePlugin[FinishTimeParams]):
         fleet = sum(speeds.values()) / len(speeds) if speeds else 1.0
         adapters = _adapters(endpoints)
         adapter = request.model if request.model in adapters else ""
-        index = names.index()
-        by_name = index if index is not None else {e.name: i for i, e in enumerate(endpoints)}
         # On an idle pod the request's time is its time at nominal speed times the pod's
         # speed, plus its adapter's load where that is not resident. Most pods of a large
         # pool are idle, hold none of the prompt and have no pace: they share one estimate.
@@ -149,12 +147,13 @@ class FinishTimeScorer(BasePlugin[FinishTimeParams]):
         if adapter:  # idle pods that hold it, or whose adapter slots are unknown, load nothing
             for e in endpoints:
                 cap = e.metrics.max_lora
-                held = _resident(load.recent_models(e.name), e, adapters)[-cap:] if cap > 0 else ()
-                if cap <= 0 or adapter in held:
+                if cap <= 0 or adapter in _resident(load.recent_models(e.name), e, adapters)[-cap:]:
                     finish[e.name] = finish.get(e.name, usual) - lora_load
         busy = load.busy_own_pods() & candidates
         if busy:
             now = self.clock()
+            index = names.index()
+            by_name = index if index is not None else {e.name: i for i, e in enumerate(endpoints)}
             for pod in busy:
                 e = endpoints[by_name[pod]]
                 finish[pod] = self._replay(
@@ -210,9 +209,10 @@ class FinishTimeScorer(BasePlugin[FinishTimeParams]):
         for a in load.attempts_on(pod):
             if not first_sent:
                 first_sent = a.start
+            cached = max(0, a.whole - a.prompt)  # queued: what the pod held of it when sent
             ctx = a.ctx
             if ctx is None:  # a disaggregated hop: its prefill alone
-                waiting.append(Job(max(1, a.prompt), max(0, a.whole - a.prompt), 1))
+                waiting.append(Job(a.prompt, cached, 1))
                 continue
             request = ctx.request
             cap = request.output_cap()
@@ -224,14 +224,14 @@ class FinishTimeScorer(BasePlugin[FinishTimeParams]):
                     left = max(1, total - ctx.events_seen)
                     running.append(Job(0, a.whole + ctx.events_seen, left, model))
                 else:
-                    waiting.append(Job(max(1, a.prompt), max(0, a.whole - a.prompt), total, model))
+                    waiting.append(Job(a.prompt, cached, total, model))
                 continue
             by_pace = None if pace is None else pace.tokens_left(total, now - a.start)
             if by_pace is not None:
                 done = int(total - by_pace)
                 running.append(Job(0, a.whole + done, max(1, int(by_pace)), model))
             else:
-                waiting.append(Job(max(1, a.prompt), max(0, a.whole - a.prompt), total, model))
+                waiting.append(Job(a.prompt, cached, total, model))
         if not running:  # nothing streams yet: it has worked on the oldest since it was sent
             last = first_sent
         since = now - last if last and now - last <= self._max_age else 0.0
