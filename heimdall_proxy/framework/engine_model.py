@@ -22,11 +22,13 @@ from __future__ import annotations
 
 import bisect
 from collections import OrderedDict, deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
-__all__ = ["Job", "StepCosts", "alone_seconds", "finish_seconds"]
+from heimdall_proxy.framework.pace import Pace
+
+__all__ = ["Job", "StepCosts", "alone_seconds", "finish_seconds", "pod_speeds"]
 
 #: Replay iterations after which a replay stops and answers with the time reached (a bound
 #: that traffic does not reach: each iteration admits, finishes or prefills a chunk).
@@ -262,3 +264,29 @@ def _step(
         + costs.per_context_token * context
         + load
     )
+
+
+def pod_speeds(
+    paces: Mapping[str, Pace], candidates: Container[str], costs: StepCosts
+) -> dict[str, float]:
+    """Each candidate's speed, for those with a pace: its time per output token over the
+    engine model's step for the batch that pace was seen at (its decoders, each reading a
+    context of the sampled streams' size, and the prompt tokens prefilled beside them), in
+    one pass over the pool, inline: it runs for every pod on every request."""
+    step, per_seq, per_prefill = costs.step, costs.per_seq, costs.per_prefill_token
+    per_context = costs.per_context_token
+    speeds: dict[str, float] = {}
+    for pod, pace in paces.items():
+        tpot, running = pace.tpot, pace.running
+        if tpot is None or running is None or pod not in candidates:
+            continue
+        batch = (per_seq + per_context * (pace.context or 0.0)) * running
+        v = tpot / (step + batch + per_prefill * (pace.prefill_per_token or 0.0))
+        speeds[pod] = MIN_SPEED if v < MIN_SPEED else MAX_SPEED if v > MAX_SPEED else v
+    return speeds
+
+
+#: Bounds of a pod's learned speed against the engine model's nominal steps: a pace read from
+#: a stream that waited on something else (the client, a stalled pod) stays within them.
+MIN_SPEED = 0.1
+MAX_SPEED = 50.0

@@ -342,17 +342,18 @@ class InFlightLoad:
         if ctx is not None and ctx.events_seen and ctx.error is None:
             pod = attempt.pod
             first, n = ctx.first_chunk_at, ctx.events_seen
-            tpot = running = per_token = None
+            tpot = running = per_token = context = None
             if n > 1:
                 tpot = (ctx.last_chunk_at - first) / (n - 1)
                 peers = attempt.peers_at_first or 1
                 running = (peers + self._streaming_on(pod) + 1) / 2
                 prefilled = self._prefilled.get(pod, 0) - attempt.prefilled_at_first
                 per_token = prefilled / (n - 1)
+                context = attempt.whole + n / 2
             pace = self._paces.get(pod)
             if pace is None:
                 pace = self._paces[pod] = Pace()
-            pace.observe(first - attempt.start, tpot, running, per_token)
+            pace.observe(first - attempt.start, tpot, running, per_token, context)
 
     # ---- upkeep -------------------------------------------------------------------------
 

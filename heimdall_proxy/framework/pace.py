@@ -26,6 +26,10 @@ class Pace:
     #: of that batch (finish-time-scorer), not its `tpot` alone.
     running: float | None = None
     prefill_per_token: float | None = None
+    #: the tokens in the sampled stream's context while it decoded (its prompt and half its
+    #: output), averaged like `tpot`: each decoder reads its context every step, so a pod
+    #: serving long conversations is slower per token without being a slower pod
+    context: float | None = None
 
     def observe(
         self,
@@ -33,6 +37,7 @@ class Pace:
         tpot: float | None,
         running: float | None = None,
         prefill_per_token: float | None = None,
+        context: float | None = None,
     ) -> None:
         self.ttft = _mix(self.ttft, ttft)
         if tpot is not None and tpot > 0.0:
@@ -41,6 +46,8 @@ class Pace:
                 self.running = _mix(self.running, running)
             if prefill_per_token is not None:
                 self.prefill_per_token = _mix(self.prefill_per_token, prefill_per_token)
+            if context is not None:
+                self.context = _mix(self.context, context)
 
     def tokens_done(self, elapsed: float) -> float | None:
         """Output tokens a request sent `elapsed` seconds ago has produced by this pace,

@@ -55,3 +55,14 @@ async def streamed(plugin: Any, c: RequestContext, chunk: bytes, now: float = 0.
     hook."""
     c.chunk_arrived(sse_events(chunk), now or time.monotonic())
     await plugin.response_streaming(c, chunk)
+
+
+def teach_pace(owner: Any, pod: Endpoint, tpot: float, now: float = 1000.0) -> None:
+    """A stream of 100 prompt tokens on `pod` that ran to its end in `owner.load`'s ledger (a
+    plugin's or a handle's): first chunk 0.1 s after `now`, then `tpot` a token."""
+    load = owner.load
+    c = ctx(req("completions", {"prompt": "x" * 400, "max_tokens": 5}), pod)
+    load.acquire(c.key, pod.name, prompt=100, whole=100, now=now, ctx=c)
+    c.chunk_arrived(1, now + 0.1)
+    c.chunk_arrived(4, now + 0.1 + 4 * tpot)
+    load.release(c.key)

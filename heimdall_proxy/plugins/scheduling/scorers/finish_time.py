@@ -20,15 +20,20 @@ metrics."""
 from __future__ import annotations
 
 import time
-from collections.abc import Container, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 
 from pydantic import Field
 
 from heimdall_proxy.datalayer.vllm_metrics import LORA_INFO
 from heimdall_proxy.framework.base import BasePlugin
-from heimdall_proxy.framework.engine_model import Job, StepCosts, alone_seconds, finish_seconds
+from heimdall_proxy.framework.engine_model import (
+    Job,
+    StepCosts,
+    alone_seconds,
+    finish_seconds,
+    pod_speeds,
+)
 from heimdall_proxy.framework.handle import PluginHandle
-from heimdall_proxy.framework.pace import Pace
 from heimdall_proxy.framework.prefix import PrefixMatchParams
 from heimdall_proxy.framework.registry import register
 from heimdall_proxy.framework.types import (
@@ -245,29 +250,6 @@ class FinishTimeScorer(BasePlugin[FinishTimeParams]):
             resident,
             own_at=max(0.0, since),
         )
-
-
-def pod_speeds(
-    paces: Mapping[str, Pace], candidates: Container[str], costs: StepCosts
-) -> dict[str, float]:
-    """Each candidate's speed, for those with a pace: its time per output token over the
-    engine model's step for the batch that pace was seen at (one pass over the pool, inline:
-    it runs for every pod on every request)."""
-    step, per_seq, per_prefill = costs.step, costs.per_seq, costs.per_prefill_token
-    speeds: dict[str, float] = {}
-    for pod, pace in paces.items():
-        tpot, running = pace.tpot, pace.running
-        if tpot is None or running is None or pod not in candidates:
-            continue
-        v = tpot / (step + per_seq * running + per_prefill * (pace.prefill_per_token or 0.0))
-        speeds[pod] = MIN_SPEED if v < MIN_SPEED else MAX_SPEED if v > MAX_SPEED else v
-    return speeds
-
-
-#: Bounds of a pod's learned speed against the engine model's nominal steps: a pace read from
-#: a stream that waited on something else (the client, a stalled pod) stays within them.
-MIN_SPEED = 0.1
-MAX_SPEED = 50.0
 
 
 def _resident(recent: Iterable[str], pod: Endpoint, adapters: frozenset[str]) -> list[str]:

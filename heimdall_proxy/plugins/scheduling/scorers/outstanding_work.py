@@ -10,6 +10,7 @@ from itertools import compress
 from pydantic import Field
 
 from heimdall_proxy.framework.base import BasePlugin
+from heimdall_proxy.framework.engine_model import StepCosts, pod_speeds
 from heimdall_proxy.framework.handle import PluginHandle
 from heimdall_proxy.framework.inflight import warn_other_expiry
 from heimdall_proxy.framework.params import Duration
@@ -42,7 +43,16 @@ class OutstandingWorkParams(SharedCountsParams, PrefixMatchParams):
     default_output_tokens: int = Field(default=256, ge=1)
     char_to_token_multiplier: float = Field(default=0.25, gt=0.0)
     request_timeout: Duration = 600.0
+    #: Extension: weigh each pod's work by the time it takes there, its learned speed (the
+    #: ledger's pace over an engine model's step for the batch it was seen at,
+    #: framework/engine_model.py `pod_speeds`), so a pod running at half speed counts its
+    #: work twice. Off: every pod's token is worth the same.
+    scale_by_pod_speed: bool = False
 
+
+#: The engine model a pod's speed is read against (its defaults: only the ratio between pods
+#: matters here, the scores being relative to the busiest).
+NOMINAL = StepCosts()
 
 #: Seconds between two count-downs of the non-streamed requests' work (each walks them all).
 DECAY_INTERVAL = 0.05
@@ -83,7 +93,10 @@ class OutstandingWorkScorer(SharesState, BasePlugin[OutstandingWorkParams]):
     tokenizer's when one ran, else characters * charToTokenMultiplier.
 
     Score: `1 - work / max work` over the candidates (all idle -> 1.0), so the pod with the
-    least outstanding work scores highest and the scale stays proportional.
+    least outstanding work scores highest and the scale stays proportional. With
+    `scaleByPodSpeed`, each pod's work is first multiplied by its learned speed (the ledger's
+    pace read against a nominal engine, framework/engine_model.py `pod_speeds`), so work is
+    compared in the time it takes on each pod.
 
     The work is a Measure in the gateway's ledger, so when the ledger is shared between
     gateway replicas (inflight-load-producer's `redisConfig`, replicas/ledger.py) every live
@@ -152,7 +165,10 @@ class OutstandingWorkScorer(SharesState, BasePlugin[OutstandingWorkParams]):
         self, state: CycleState, request: InferenceRequest, endpoints: list[Endpoint]
     ) -> Mapping[str, float]:
         self._decay()
-        loads = self.inflight.totals_of(CandidateNames.of(endpoints).names)
+        names = CandidateNames.of(endpoints)
+        loads = self.inflight.totals_of(names.names)
+        if self._p.scale_by_pod_speed and any(loads):
+            loads = self._in_time(names, loads)
         top = max(loads) if loads else 0.0  # no keyword: a builtin's costs more than max
         if top <= 0.0:
             return DefaultScores(endpoints, 1.0, {})
@@ -162,6 +178,16 @@ class OutstandingWorkScorer(SharesState, BasePlugin[OutstandingWorkParams]):
             1.0,
             {e.name: 1.0 - w / top for e, w in compress(zip(endpoints, loads, strict=True), loads)},
         )
+
+    def _in_time(self, names: CandidateNames, loads: list[float]) -> list[float]:
+        """`loads` times each pod's learned speed (the candidates' mean for a pod with no
+        pace yet; as they are before any)."""
+        speeds = pod_speeds(self.load.paces(), names.name_set(), NOMINAL)
+        if not speeds:
+            return loads
+        fleet = sum(speeds.values()) / len(speeds)
+        pods = names.names
+        return [w * speeds.get(p, fleet) if w else 0.0 for p, w in zip(pods, loads, strict=True)]
 
     async def pre_request(self, ctx: RequestContext) -> None:
         prefill, decode = self.estimate(ctx.request, self._cached_share(ctx))

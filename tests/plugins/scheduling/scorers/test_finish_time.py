@@ -4,18 +4,16 @@ from __future__ import annotations
 
 import pytest
 
-from heimdall_proxy.framework.engine_model import Job, alone_seconds, finish_seconds
-from heimdall_proxy.framework.handle import PluginHandle
+from heimdall_proxy.framework.engine_model import Job, alone_seconds, finish_seconds, pod_speeds
 from heimdall_proxy.framework.pace import Pace
 from heimdall_proxy.framework.prefix import PrefixCacheMatchInfo, prefix_match_key
 from heimdall_proxy.framework.types import CycleState, Endpoint, RequestContext
 from heimdall_proxy.plugins.scheduling.scorers.finish_time import (
     FinishTimeParams,
     FinishTimeScorer,
-    pod_speeds,
 )
 from tests.helpers import ep
-from tests.plugins.helpers import ctx, ledger, req
+from tests.plugins.helpers import ctx, ledger, req, teach_pace
 
 NOW = 1000.0
 
@@ -34,16 +32,6 @@ def make(**params: object) -> FinishTimeScorer:
 def completion(max_tokens: int, model: str = "m", prompt_tokens: int = 100) -> object:
     body = {"prompt": "x" * (4 * prompt_tokens), "max_tokens": max_tokens}
     return req("completions", body, model=model)
-
-
-def teach_pace(handle: PluginHandle | FinishTimeScorer, pod: Endpoint, tpot: float) -> None:
-    """A stream on `pod` that ran to its end: first chunk after 0.1 s, then `tpot` a token."""
-    load = handle.load
-    c = ctx(completion(5), pod)  # type: ignore[arg-type]
-    load.acquire(c.key, pod.name, now=NOW, ctx=c)
-    c.chunk_arrived(1, NOW + 0.1)
-    c.chunk_arrived(4, NOW + 0.1 + 4 * tpot)
-    load.release(c.key)
 
 
 def running(
@@ -126,8 +114,11 @@ def test_a_pod_learns_its_speed_from_its_pace_and_the_batch_it_was_seen_at() -> 
     load = scorer.load
     v_fast, v_slow = speed(scorer, load.pace("fast")), speed(scorer, load.pace("slow"))
     assert v_fast is not None and v_slow is not None
-    # one stream alone on the pod: the nominal step with one decoder is 8.15 ms
-    assert v_fast == pytest.approx(0.01 / 0.00815)
+    # one stream alone on the pod, of 100 prompt tokens and 5 out: the nominal step with one
+    # decoder reading its context (the prompt and half the output) is 8.15 ms + 102.5 * 60 ns
+    pace = load.pace("fast")
+    assert pace is not None and pace.context == pytest.approx(102.5)
+    assert v_fast == pytest.approx(0.01 / (0.00815 + 102.5 * 6e-8))
     assert v_slow == pytest.approx(2 * v_fast)
     request = completion(100)
     got = scorer.score(CycleState(), request, [fast, slow, new])  # type: ignore[arg-type]
@@ -146,7 +137,7 @@ def test_the_prefills_between_a_streams_tokens_are_not_read_as_a_slow_pod() -> N
     load = scorer.load
     s = ctx(completion(11), a)  # type: ignore[arg-type]
     s.key = "s"
-    load.acquire("s", "a", now=NOW, ctx=s)
+    load.acquire("s", "a", prompt=100, whole=100, now=NOW, ctx=s)
     s.chunk_arrived(1, NOW + 0.1)
     load.prompt_done("s", NOW + 0.1)
     other = ctx(completion(1), a)  # type: ignore[arg-type]
@@ -158,8 +149,10 @@ def test_the_prefills_between_a_streams_tokens_are_not_read_as_a_slow_pod() -> N
     load.release("s")
     pace = load.pace("a")
     assert pace is not None and pace.prefill_per_token == pytest.approx(400.0)
-    # 35 ms a token, of which 25 ms is the prefill: the pod runs at its nominal speed's 1.23x
-    assert speed(scorer, pace) == pytest.approx(0.035 / (0.00815 + 0.025))
+    # 35 ms a token, of which 25 ms is the prefill: the pod runs at its nominal speed's 1.05x
+    # (the stream read a context of its 100 prompt tokens and half its 11 output tokens)
+    assert pace.context == pytest.approx(105.5)
+    assert speed(scorer, pace) == pytest.approx(0.035 / (0.00815 + 105.5 * 6e-8 + 0.025))
 
 
 def test_the_prompt_a_pod_holds_is_not_prefilled_again() -> None:

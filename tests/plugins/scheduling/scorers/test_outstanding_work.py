@@ -13,7 +13,7 @@ from heimdall_proxy.plugins.scheduling.scorers.outstanding_work import (
     OutstandingWorkScorer,
 )
 from tests.helpers import ep
-from tests.plugins.helpers import ctx, ledger, req, streamed
+from tests.plugins.helpers import ctx, ledger, req, streamed, teach_pace
 
 
 def make(**params: object) -> OutstandingWorkScorer:
@@ -163,3 +163,25 @@ async def test_only_streams_that_ran_to_their_end_set_the_pace() -> None:
     await scorer.pre_request(c)
     clock.now += 60.0
     assert scorer.work("p") == pytest.approx(20 + 10)
+
+
+@pytest.mark.parametrize("scaled", [False, True])
+async def test_scale_by_pod_speed_counts_a_slow_pods_work_in_its_time(scaled: bool) -> None:
+    # Equal work on three pods: "slow" was seen at twice "fast"'s time per token at the same
+    # batch, "new" has no pace yet (the candidates' mean speed, 1.5x fast's).
+    scorer = make(scaleByPodSpeed=scaled)
+    fast, slow, new, idle = ep("fast"), ep("slow"), ep("new"), ep("idle")
+    teach_pace(scorer, fast, 0.01)
+    teach_pace(scorer, slow, 0.02)
+    for pod in (fast, slow, new):
+        r = completion(100, 50)
+        r.stream = True  # type: ignore[attr-defined]  # no count-down by age
+        await scorer.pre_request(ctx(r, pod))  # type: ignore[arg-type]
+    got = scorer.score(CycleState(), req(), [fast, slow, new, idle])
+    assert got["idle"] == 1.0
+    if scaled:
+        assert got["slow"] == 0.0
+        assert got["fast"] == pytest.approx(0.5, abs=0.02)
+        assert got["new"] == pytest.approx(0.25, abs=0.02)
+    else:
+        assert got["fast"] == got["slow"] == got["new"] == 0.0
