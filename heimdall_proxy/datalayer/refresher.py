@@ -434,6 +434,7 @@ class PoolRefresher:
             self._failed(endpoint, f"metrics scrape failed: {exc!r}")
             return False
         endpoint.metrics = snapshot
+        self.cadence.load.scraped(endpoint.name, snapshot)
         if self.page_extractors:
             _extract("metrics scrape", self.page_extractors, endpoint, found)
         if endpoint.consecutive_failures:

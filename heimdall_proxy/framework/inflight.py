@@ -31,7 +31,7 @@ from typing import Protocol, runtime_checkable
 from heimdall_proxy.framework.pace import Pace
 from heimdall_proxy.framework.prefix import MatchReader, prefix_match_reader
 from heimdall_proxy.framework.queue_price import QueuePrice
-from heimdall_proxy.framework.types import RequestContext
+from heimdall_proxy.framework.types import Metrics, RequestContext
 
 #: Where the match that discounts the prompt is found by default: the default-named
 #: approx-prefix-cache-producer's.
@@ -157,6 +157,8 @@ class InFlightLoad:
         "_attempts",
         "_by_pod",
         "_earliest",
+        "_full",
+        "_last_queue",
         "_measures",
         "_others",
         "_paces",
@@ -218,6 +220,11 @@ class InFlightLoad:
         #: recent first, the last RECENT_MODELS of them: which LoRA adapters it most likely
         #: holds (an adapter is loaded when its request runs, not when it is sent)
         self._recent: dict[str, dict[str, None]] = {}
+        #: pod -> how many requests its engine runs at once, as its scrapes showed it: the
+        #: count running while requests waited, in two scrapes in a row (`scraped`)
+        self._full: dict[str, int] = {}
+        #: pod -> (running, waiting) at its last scrape, while requests waited there
+        self._last_queue: dict[str, tuple[int, int]] = {}
         #: nominal seconds per token -> the queue price learned from that starting point
         self._prices: dict[float, QueuePrice] = {}
         #: per pod, its attempts by key in start order (active-request's horizon counts them)
@@ -392,6 +399,8 @@ class InFlightLoad:
             self._paces.pop(pod, None)
             self._prefilled.pop(pod, None)
             self._recent.pop(pod, None)
+            self._full.pop(pod, None)
+            self._last_queue.pop(pod, None)
 
     def measure(self, name: str) -> Measure:
         """The per-attempt value kept under `name` (made on first use; the same object for
@@ -402,6 +411,31 @@ class InFlightLoad:
             found._others = self._others.get("m:" + name, {})
         return found
 
+    def scraped(self, pod: str, metrics: Metrics) -> None:
+        """A scrape of `pod`'s engine (the data layer's). Requests waiting beside the same
+        count running in two scrapes in a row say the pod is full at that count: its slots
+        (`max_num_seqs`, or what its KV cache holds), which the queue prices read before their
+        first tokens have taught them, and which corrects a free depth learned too deep while
+        the pod had never been seen to queue. One scrape is not enough: vLLM holds a request
+        as waiting until its next step even on a pod with room. Nor is a wait for a LoRA
+        adapter slot (an adapter waiting that none running has): that request waits for the
+        adapter, not for a sequence slot."""
+        waiting, running = metrics.waiting, metrics.running
+        if waiting <= 0 or running <= 0:
+            self._last_queue.pop(pod, None)
+            return
+        if any(a not in metrics.lora_running for a in metrics.lora_waiting):
+            self._last_queue.pop(pod, None)
+            return
+        if self._last_queue.get(pod, (0, 0))[0] == running:
+            self._full[pod] = running
+        self._last_queue[pod] = (running, waiting)
+
+    def slots_seen(self, pod: str) -> int | None:
+        """How many requests `pod` was seen to run at once while others waited (`scraped`),
+        None before."""
+        return self._full.get(pod)
+
     def queue_price(self, seconds_per_token: float) -> QueuePrice:
         """The per-pod queue price learned from this ledger's streamed attempts, starting from
         (and pricing a request's own prefill at) `seconds_per_token`; made on first use, then
@@ -410,7 +444,7 @@ class InFlightLoad:
         relay counts tokens from then on."""
         found = self._prices.get(seconds_per_token)
         if found is None:
-            found = self._prices[seconds_per_token] = QueuePrice(seconds_per_token)
+            found = self._prices[seconds_per_token] = QueuePrice(seconds_per_token, self._full)
             self.count_tokens = True
         return found
 

@@ -92,6 +92,7 @@ class _Fit:
     #: asks for every candidate, per request)
     cached: Fitted | None = None
     cached_for: float | None = None
+    cached_depth: int | None = None
     fresh: bool = False
 
     def add(
@@ -135,20 +136,26 @@ class _Fit:
         return self.y[depth] / self.x[depth]
 
     def best(
-        self, min_samples: int, free_below: float | None, fleet: _Fit | None = None
+        self,
+        min_samples: int,
+        free_below: float | None,
+        fleet: _Fit | None = None,
+        depth: int | None = None,
     ) -> Fitted | None:
         """The free depth (the counts of requests ahead whose mean delay stays under
         `free_below` seconds; 0 while that is not known; a count this pod has too few samples
-        of is judged by the `fleet`'s), its price, and whether the replay is read; None with
-        too few samples."""
+        of is judged by the `fleet`'s; `depth` when given, as bounded), its price, and
+        whether the replay is read; None with too few samples."""
         was = self.cached_for
         if (
             not self.fresh
+            or depth != self.cached_depth
             or (was is None) != (free_below is None)
             or (was is not None and free_below is not None and abs(free_below - was) > 0.05 * was)
         ):
-            self.cached, self.fresh = self._best(min_samples, free_below, fleet), True
+            self.cached, self.fresh = self._best(min_samples, free_below, fleet, depth), True
             self.cached_for = free_below
+            self.cached_depth = depth
         return self.cached
 
     def _depth(
@@ -168,11 +175,14 @@ class _Fit:
         return depth, False
 
     def _best(
-        self, min_samples: int, free_below: float | None, fleet: _Fit | None
+        self, min_samples: int, free_below: float | None, fleet: _Fit | None, known: int | None
     ) -> Fitted | None:
         if self.n[0] < min_samples or self.x[0] <= 0.0:
             return None
-        depth, bounded = self._depth(min_samples, free_below, fleet)
+        if known is None:
+            depth, bounded = self._depth(min_samples, free_below, fleet)
+        else:
+            depth, bounded = known, True
         price_depth = depth
         while price_depth and (self.n[price_depth] < min_samples or self.x[price_depth] <= 0.0):
             price_depth -= 1  # nothing seen beyond it yet: priced as the deepest depth that was
@@ -221,13 +231,18 @@ class QueueDelay:
         """Drop `pod`'s own samples (it borrows the fleet's fit until it has new ones)."""
         self._pods.pop(pod, None)
 
-    def fit(self, pod: str, free_below: float | None = None) -> Fitted | None:
+    def fit(
+        self, pod: str, free_below: float | None = None, depth: int | None = None
+    ) -> Fitted | None:
         """What is learned of `pod`'s queue, the fleet's while it has too few samples of its
         own, None while nothing is learned. A count of requests ahead whose mean delay stays
-        under `free_below` seconds is within the free depth (None: depth 0)."""
+        under `free_below` seconds is within the free depth (None: depth 0); a `depth` known
+        otherwise (the pod's engine was seen full) is taken as it is."""
         fit = self._pods.get(pod)
-        learned = fit.best(self._min, free_below, self._fleet) if fit is not None else None
-        return learned if learned is not None else self._fleet.best(self._min, free_below)
+        learned = fit.best(self._min, free_below, self._fleet, depth) if fit is not None else None
+        if learned is not None:
+            return learned
+        return self._fleet.best(self._min, free_below, None, depth)
 
     def seconds_per_token(self, pod: str, default: float, free_below: float | None = None) -> float:
         """`pod`'s learned seconds per counted prompt token ahead, or `default` while nothing

@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Protocol
 
-from heimdall_proxy.framework.queue_delay import Fitted, QueueDelay, counted_share
+from heimdall_proxy.framework.queue_delay import DEPTHS, Fitted, QueueDelay, counted_share
 from heimdall_proxy.framework.service_time import ServiceTime, residual_wait
 
 __all__ = ["QueuePrice", "SampleJournal"]
@@ -56,6 +56,7 @@ class QueuePrice:
     time to first token: the rest is the wait for what was ahead of it)."""
 
     __slots__ = (
+        "_full",
         "_peak",
         "_running",
         "_seconds_per_token",
@@ -68,8 +69,11 @@ class QueuePrice:
         "service",
     )
 
-    def __init__(self, seconds_per_token: float) -> None:
+    def __init__(self, seconds_per_token: float, full: Mapping[str, int] | None = None) -> None:
         self._seconds_per_token = seconds_per_token
+        #: pod -> the requests its engine was seen to run at once while others waited (the
+        #: ledger's, from the pods' scrapes: InFlightLoad.scraped)
+        self._full: Mapping[str, int] = {} if full is None else full
         self.delay = QueueDelay()
         #: How long each pod holds a request (first chunk to end, plus its prefill).
         self.service = ServiceTime()
@@ -151,12 +155,16 @@ class QueuePrice:
 
     def slots(self, pod: str) -> int | None:
         """How many requests `pod` runs at once, once it was seen to queue (None before: as
-        many as it is sent, as far as is known): one more than its learned free depth, and
-        never fewer than this gateway's attempts seen streaming there at the same time. The
+        many as it is sent, as far as is known): what its engine ran while others waited
+        (the ledger's scrapes), else one more than its learned free depth; never fewer than
+        this gateway's attempts seen streaming there at the same time. The
         depth alone can read low: on LoRA traffic a request that waits for an adapter slot
         looks like one that waits behind the only request ahead, and a two-slot pod was
         taken for a one-slot pod in a fifth of the decisions on the mixed shape
         (bench/RESULTS.md, "Finish time")."""
+        seen = self._full.get(pod)
+        if seen is not None:
+            return max(seen, self._peak.get(pod, 0))
         fitted = self.fitted(pod)
         if fitted is None or not fitted.bounded:
             return None
@@ -169,7 +177,16 @@ class QueuePrice:
         return self._fitted(pod, self.service.of(pod))
 
     def _fitted(self, pod: str, service: float | None) -> Fitted | None:
-        return self.delay.fit(pod, None if service is None else FREE_SHARE * service)
+        # A pod's engine seen with requests waiting beside `slots` running has that many
+        # slots, whatever the first tokens have taught (too few yet, or a depth they never saw
+        # filled); before any first token, its wait is its slots' replay at the nominal price.
+        # (A pod with more slots than the fit counts, DEPTHS, is left to the first tokens.)
+        slots = self._full.get(pod)
+        depth = None if slots is None or slots > DEPTHS else slots - 1
+        fitted = self.delay.fit(pod, None if service is None else FREE_SHARE * service, depth)
+        if fitted is None and depth is not None:
+            return Fitted(depth, self._seconds_per_token, True, True)
+        return fitted
 
     @property
     def nominal(self) -> float:

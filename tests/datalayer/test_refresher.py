@@ -37,6 +37,22 @@ async def test_quiet_pods_are_scraped_less_often(
 
 
 @pytest.mark.slow
+async def test_a_pods_engine_seen_full_gives_the_ledger_its_slots(
+    start_pod: PodFactory, start_gateway: GatewayFactory
+) -> None:
+    full, free = await start_pod(), await start_pod()
+    full.pod.metrics_override = {"running": 3, "waiting": 2}
+    free.pod.metrics_override = {"running": 3}
+    gw = await start_gateway(make_config([full, free]), metrics_interval=0.02)
+    refresher = gw.gateway.refresher
+    assert refresher is not None
+    ledger = refresher.cadence.load
+    await eventually(lambda: ledger.slots_seen(full.name) == 3)
+    await eventually(lambda: refresher.scrapes.get(free.name, 0) >= 3)
+    assert ledger.slots_seen(free.name) is None
+
+
+@pytest.mark.slow
 async def test_a_request_wakes_a_quiet_pod(
     start_pod: PodFactory, start_gateway: GatewayFactory
 ) -> None:

@@ -12,6 +12,7 @@ import pytest
 from heimdall_proxy.framework.inflight import InFlightLoad
 from heimdall_proxy.framework.queue_delay import counted_share
 from heimdall_proxy.framework.queue_price import QueuePrice
+from heimdall_proxy.framework.types import Metrics
 from tests.plugins.helpers import ctx, req, sent
 from tests.plugins.prefix_affinity.test_prefix_affinity import PODS, make, names, occupy, state
 
@@ -228,3 +229,69 @@ def test_a_pods_slots_are_never_fewer_than_the_attempts_seen_streaming_there_at_
     assert price.slots("p") == 1
     # nothing seen to queue: as many as it is sent
     assert QueuePrice(NOMINAL).slots("p") is None
+
+
+def full(running: int, waiting: int, **lora: object) -> Metrics:
+    return Metrics(waiting=waiting, running=running, **lora)  # type: ignore[arg-type]
+
+
+def test_a_pods_engine_seen_full_in_two_scrapes_in_a_row_gives_its_slots(clock: Clock) -> None:
+    load = InFlightLoad()
+    price = load.queue_price(NOMINAL)
+    load.scraped("p", full(2, 1))
+    # one scrape is not enough: vLLM holds a new request as waiting until its next step
+    assert load.slots_seen("p") is None and price.slots("p") is None
+    load.scraped("p", full(2, 3))
+    assert load.slots_seen("p") == 2 and price.slots("p") == 2
+    # before any first token, a request behind it is priced by the replay of two slots
+    fitted = price.fitted("p")
+    assert fitted is not None and (fitted.depth, fitted.bounded, fitted.replay) == (1, True, True)
+    assert fitted.price == NOMINAL
+    # a different count running breaks the pair; the next pair says the new count
+    load.scraped("p", full(3, 1))
+    assert load.slots_seen("p") == 2
+    load.scraped("p", full(3, 1))
+    assert load.slots_seen("p") == 3
+    # nothing waiting in between: the pair starts over
+    load.scraped("q", full(4, 1))
+    load.scraped("q", full(4, 0))
+    load.scraped("q", full(4, 1))
+    assert load.slots_seen("q") is None
+    load.forget({"p"})
+    assert load.slots_seen("p") is None and price.slots("p") is None
+
+
+def test_a_request_waiting_for_a_lora_adapter_slot_says_nothing_of_the_slots() -> None:
+    load = InFlightLoad()
+    for _ in range(3):  # lora-b waits for lora-a's adapter slot, one request running
+        load.scraped("p", full(1, 1, lora_running=("lora-a",), lora_waiting=("lora-b",)))
+    assert load.slots_seen("p") is None
+    for _ in range(2):  # the waiting requests' adapter is loaded: they wait for a slot
+        load.scraped("p", full(1, 1, lora_running=("lora-a",), lora_waiting=("lora-a",)))
+    assert load.slots_seen("p") == 1
+
+
+def test_the_slots_seen_correct_a_free_depth_learned_too_deep(clock: Clock) -> None:
+    load = InFlightLoad()
+    price = load.queue_price(NOMINAL)
+    # first tokens only ever came at once with up to three ahead: the depth reads 3 (or more)
+    for requests in (1, 2, 3) * 4:
+        price.service.observe("p", 1.0)
+        price.delay.observe("p", 100.0 * requests, 0.0, requests, 0.0)
+    fitted = price.fitted("p")
+    assert fitted is not None and fitted.depth >= 3
+    load.scraped("p", full(2, 1))
+    load.scraped("p", full(2, 1))
+    fitted = price.fitted("p")
+    assert fitted is not None and (fitted.depth, fitted.bounded) == (1, True)
+    # its engine runs 2: the third request in flight waits for a slot to free
+    for key in ("a", "b"):
+        load.acquire(key, "p", prompt=10, whole=10)
+        load.prompt_done(key)
+    wait = price.wait("p", 0.0, 2, load.keys_on("p"))
+    assert wait == pytest.approx(1.0, abs=0.05)
+    # a pod that runs more than the fit counts is left to its first tokens
+    load.scraped("big", full(64, 5))
+    load.scraped("big", full(64, 5))
+    assert price.slots("big") == 64
+    assert price.fitted("big") == price.fitted("elsewhere")

@@ -19,6 +19,7 @@ from typing import Any
 
 from pydantic import Field
 
+from heimdall_proxy.datalayer.vllm_metrics import LORA_INFO
 from heimdall_proxy.framework.base import BasePlugin
 from heimdall_proxy.framework.handle import PluginHandle
 from heimdall_proxy.framework.inflight import warn_other_expiry
@@ -143,6 +144,9 @@ class PrefixCacheAffinityFilter(SharesState, BasePlugin[PrefixCacheAffinityParam
     pushes)."""
 
     type = PREFIX_CACHE_AFFINITY_FILTER_TYPE
+    #: The queue price it reads takes a pod's slots from its scrapes, and needs the adapters
+    #: waiting there to tell a wait for an adapter slot from a wait for a slot.
+    metric_families = frozenset({LORA_INFO})
 
     def __init__(self, name: str, params: PrefixCacheAffinityParams, handle: PluginHandle) -> None:
         super().__init__(name, params, handle)

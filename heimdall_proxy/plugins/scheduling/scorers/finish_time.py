@@ -80,9 +80,10 @@ class FinishTimeScorer(BasePlugin[FinishTimeParams]):
       with the prompt the pod does not hold (as counted when they were sent);
     - the replay starts at the pod's last step seen, the newest chunk of its streams, so a
       long prefill under way there counts with the time it has left;
-    - how many the pod runs at once, once it was seen to queue: one more than its learned free
-      depth, and never fewer than this gateway's requests seen streaming there at once (the
-      queue price's `slots`, framework/queue_price.py); before that, all of them;
+    - how many the pod runs at once, once it was seen to queue: what its engine ran while
+      others waited (two scrapes in a row), else one more than its learned free depth, never
+      fewer than this gateway's requests seen streaming there at once (the queue price's
+      `slots`, framework/queue_price.py); before that, all of them;
     - the pod's speed: its pace (time per output token) over the engine model's step for the
       batch the pace was observed at (streams decoding there, and the prompt tokens prefilled
       between their tokens), the fleet's mean for a pod with no pace yet, 1.0 before any;
@@ -163,7 +164,6 @@ class FinishTimeScorer(BasePlugin[FinishTimeParams]):
                 e = endpoints[by_name[pod]]
                 finish[pod] = self._replay(
                     pod,
-                    e,
                     own.get(pod, usual_job),
                     costs.scaled(speeds.get(pod, fleet)),
                     e.metrics.max_lora if adapter else 0,
@@ -180,20 +180,9 @@ class FinishTimeScorer(BasePlugin[FinishTimeParams]):
             {pod: best / t if t > 0.0 else 1.0 for pod, t in finish.items()},
         )
 
-    def _slots(self, pod: str, endpoint: Endpoint) -> int | None:
-        """How many requests `pod` runs at once: the queue price's, once learned; before, as
-        many as it ran at the last scrape when requests were waiting there (it was full)."""
-        slots = self.queue.slots(pod)
-        if slots is None:
-            m = endpoint.metrics
-            if m.waiting > 0 and m.running > 0:
-                return m.running
-        return slots
-
     def _replay(
         self,
         pod: str,
-        endpoint: Endpoint,
         own: Job,
         costs: StepCosts,
         max_lora: int,
@@ -245,7 +234,7 @@ class FinishTimeScorer(BasePlugin[FinishTimeParams]):
             waiting,
             own,
             costs,
-            self._slots(pod, endpoint),
+            self.queue.slots(pod),
             max_lora,
             resident,
             own_at=max(0.0, since),

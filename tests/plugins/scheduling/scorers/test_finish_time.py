@@ -256,12 +256,14 @@ def test_a_request_not_streamed_is_counted_down_by_its_age_at_the_pods_pace() ->
 
 def test_before_the_depth_is_learned_a_pod_seen_queueing_runs_what_it_ran_then() -> None:
     scorer = make()
-    full = ep("full", running=2, waiting=1)  # its last scrape: two running, one waiting
+    full = ep("full", running=2, waiting=1)  # its scrapes: two running, one waiting
     roomy = ep("roomy", running=2, waiting=0)
     for pod in (full, roomy):
         running(scorer, pod, 1000, streamed=10)
         running(scorer, pod, 1000, streamed=20)
+        for _ in range(2):
+            scorer.load.scraped(pod.name, pod.metrics)
     got = scorer.score(CycleState(), completion(10), [full, roomy])  # type: ignore[arg-type]
-    assert scorer.queue.slots("full") is None  # nothing learned yet
+    assert scorer.queue.slots("full") == 2 and scorer.queue.slots("roomy") is None
     # on full the request waits for a slot (about 980 steps); on roomy it starts at once
     assert got["roomy"] == 1.0 and got["full"] < 0.1
