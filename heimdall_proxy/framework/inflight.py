@@ -158,12 +158,14 @@ class InFlightLoad:
         "_by_pod",
         "_earliest",
         "_full",
+        "_full_fleet",
         "_last_queue",
         "_measures",
         "_others",
         "_paces",
         "_prefilled",
         "_prices",
+        "_ran",
         "_recent",
         "_senders",
         "_split",
@@ -223,8 +225,13 @@ class InFlightLoad:
         #: pod -> how many requests its engine runs at once, as its scrapes showed it: the
         #: count running while requests waited, in two scrapes in a row (`scraped`)
         self._full: dict[str, int] = {}
+        #: the count last seen full on any pod: what a pod not yet seen full is taken to run
+        #: (a fleet's pods are mostly alike), unless its scrapes showed it running more
+        self._full_fleet: int | None = None
         #: pod -> (running, waiting) at its last scrape, while requests waited there
         self._last_queue: dict[str, tuple[int, int]] = {}
+        #: pod -> the most requests its scrapes showed running at once
+        self._ran: dict[str, int] = {}
         #: nominal seconds per token -> the queue price learned from that starting point
         self._prices: dict[float, QueuePrice] = {}
         #: per pod, its attempts by key in start order (active-request's horizon counts them)
@@ -401,6 +408,7 @@ class InFlightLoad:
             self._recent.pop(pod, None)
             self._full.pop(pod, None)
             self._last_queue.pop(pod, None)
+            self._ran.pop(pod, None)
 
     def measure(self, name: str) -> Measure:
         """The per-attempt value kept under `name` (made on first use; the same object for
@@ -421,6 +429,8 @@ class InFlightLoad:
         adapter slot (an adapter waiting that none running has): that request waits for the
         adapter, not for a sequence slot."""
         waiting, running = metrics.waiting, metrics.running
+        if running > self._ran.get(pod, 0):
+            self._ran[pod] = running
         if waiting <= 0 or running <= 0:
             self._last_queue.pop(pod, None)
             return
@@ -428,13 +438,20 @@ class InFlightLoad:
             self._last_queue.pop(pod, None)
             return
         if self._last_queue.get(pod, (0, 0))[0] == running:
-            self._full[pod] = running
+            self._full[pod] = self._full_fleet = running
         self._last_queue[pod] = (running, waiting)
 
     def slots_seen(self, pod: str) -> int | None:
-        """How many requests `pod` was seen to run at once while others waited (`scraped`),
-        None before."""
-        return self._full.get(pod)
+        """How many requests `pod` was seen to run at once while others waited (`scraped`);
+        for a pod not seen full yet, the count last seen full on another pod, unless its own
+        scrapes showed it running more; None before any."""
+        own = self._full.get(pod)
+        if own is not None:
+            return own
+        fleet = self._full_fleet
+        if fleet is None or self._ran.get(pod, 0) > fleet:
+            return None
+        return fleet
 
     def queue_price(self, seconds_per_token: float) -> QueuePrice:
         """The per-pod queue price learned from this ledger's streamed attempts, starting from
@@ -444,7 +461,7 @@ class InFlightLoad:
         relay counts tokens from then on."""
         found = self._prices.get(seconds_per_token)
         if found is None:
-            found = self._prices[seconds_per_token] = QueuePrice(seconds_per_token, self._full)
+            found = self._prices[seconds_per_token] = QueuePrice(seconds_per_token, self.slots_seen)
             self.count_tokens = True
         return found
 

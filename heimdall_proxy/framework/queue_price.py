@@ -69,11 +69,13 @@ class QueuePrice:
         "service",
     )
 
-    def __init__(self, seconds_per_token: float, full: Mapping[str, int] | None = None) -> None:
+    def __init__(
+        self, seconds_per_token: float, full: Callable[[str], int | None] | None = None
+    ) -> None:
         self._seconds_per_token = seconds_per_token
         #: pod -> the requests its engine was seen to run at once while others waited (the
-        #: ledger's, from the pods' scrapes: InFlightLoad.scraped)
-        self._full: Mapping[str, int] = {} if full is None else full
+        #: ledger's, from the pods' scrapes: InFlightLoad.slots_seen), None when unknown
+        self._full: Callable[[str], int | None] = _unknown if full is None else full
         self.delay = QueueDelay()
         #: How long each pod holds a request (first chunk to end, plus its prefill).
         self.service = ServiceTime()
@@ -162,7 +164,7 @@ class QueuePrice:
         looks like one that waits behind the only request ahead, and a two-slot pod was
         taken for a one-slot pod in a fifth of the decisions on the mixed shape
         (bench/RESULTS.md, "Finish time")."""
-        seen = self._full.get(pod)
+        seen = self._full(pod)
         if seen is not None:
             return max(seen, self._peak.get(pod, 0))
         fitted = self.fitted(pod)
@@ -181,7 +183,7 @@ class QueuePrice:
         # slots, whatever the first tokens have taught (too few yet, or a depth they never saw
         # filled); before any first token, its wait is its slots' replay at the nominal price.
         # (A pod with more slots than the fit counts, DEPTHS, is left to the first tokens.)
-        slots = self._full.get(pod)
+        slots = self._full(pod)
         depth = None if slots is None or slots > DEPTHS else slots - 1
         fitted = self.delay.fit(pod, None if service is None else FREE_SHARE * service, depth)
         if fitted is None and depth is not None:
@@ -283,3 +285,8 @@ class QueuePrice:
         requests = int(record[3]) if len(record) > 3 and record[3] is not None else None
         predicted = float(record[4]) if len(record) > 4 and record[4] is not None else None
         self.delay.observe(str(pod), float(ahead), float(delay), requests, predicted)
+
+
+def _unknown(pod: str) -> None:
+    """No pod's slots are known (a price made without a ledger)."""
+    return None

@@ -252,13 +252,21 @@ def test_a_pods_engine_seen_full_in_two_scrapes_in_a_row_gives_its_slots(clock: 
     assert load.slots_seen("p") == 2
     load.scraped("p", full(3, 1))
     assert load.slots_seen("p") == 3
-    # nothing waiting in between: the pair starts over
+    # nothing waiting in between: the pair starts over, and q was seen running 4, more than
+    # the fleet's 3
     load.scraped("q", full(4, 1))
     load.scraped("q", full(4, 0))
     load.scraped("q", full(4, 1))
     assert load.slots_seen("q") is None
+    # a pod not seen full yet runs what another was seen full at (pods are mostly alike),
+    # unless its scrapes showed it running more
+    load.scraped("r", full(2, 0))
+    assert load.slots_seen("r") == 3 and load.slots_seen("never-scraped") == 3
+    # back under the same name, a fresh server: the fleet's, no count of its own
+    load.scraped("p", full(2, 1))
     load.forget({"p"})
-    assert load.slots_seen("p") is None and price.slots("p") is None
+    load.scraped("p", full(2, 1))
+    assert load.slots_seen("p") == 3
 
 
 def test_a_request_waiting_for_a_lora_adapter_slot_says_nothing_of_the_slots() -> None:

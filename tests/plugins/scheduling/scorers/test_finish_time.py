@@ -257,7 +257,7 @@ def test_a_request_not_streamed_is_counted_down_by_its_age_at_the_pods_pace() ->
 def test_before_the_depth_is_learned_a_pod_seen_queueing_runs_what_it_ran_then() -> None:
     scorer = make()
     full = ep("full", running=2, waiting=1)  # its scrapes: two running, one waiting
-    roomy = ep("roomy", running=2, waiting=0)
+    roomy = ep("roomy", running=3, waiting=0)  # more running than full's slots: not alike
     for pod in (full, roomy):
         running(scorer, pod, 1000, streamed=10)
         running(scorer, pod, 1000, streamed=20)
