@@ -42,7 +42,8 @@ async def test_a_pods_engine_seen_full_gives_the_ledger_its_slots(
 ) -> None:
     full, free = await start_pod(), await start_pod()
     full.pod.metrics_override = {"running": 3, "waiting": 2}
-    free.pod.metrics_override = {"running": 3}
+    # running more than full's count, nothing waiting: not taken to be alike
+    free.pod.metrics_override = {"running": 4}
     gw = await start_gateway(make_config([full, free]), metrics_interval=0.02)
     refresher = gw.gateway.refresher
     assert refresher is not None
