@@ -228,8 +228,8 @@ class InFlightLoad:
         #: the count last seen full on any pod: what a pod not yet seen full is taken to run
         #: (a fleet's pods are mostly alike), unless its scrapes showed it running more
         self._full_fleet: int | None = None
-        #: pod -> (running, waiting) at its last scrape, while requests waited there
-        self._last_queue: dict[str, tuple[int, int]] = {}
+        #: pod -> the count running at its last scrape, while requests waited there
+        self._last_queue: dict[str, int] = {}
         #: pod -> the most requests its scrapes showed running at once
         self._ran: dict[str, int] = {}
         #: nominal seconds per token -> the queue price learned from that starting point
@@ -431,15 +431,16 @@ class InFlightLoad:
         waiting, running = metrics.waiting, metrics.running
         if running > self._ran.get(pod, 0):
             self._ran[pod] = running
-        if waiting <= 0 or running <= 0:
+        if (
+            waiting <= 0
+            or running <= 0
+            or any(a not in metrics.lora_running for a in metrics.lora_waiting)
+        ):
             self._last_queue.pop(pod, None)
             return
-        if any(a not in metrics.lora_running for a in metrics.lora_waiting):
-            self._last_queue.pop(pod, None)
-            return
-        if self._last_queue.get(pod, (0, 0))[0] == running:
+        if self._last_queue.get(pod) == running:
             self._full[pod] = self._full_fleet = running
-        self._last_queue[pod] = (running, waiting)
+        self._last_queue[pod] = running
 
     def slots_seen(self, pod: str) -> int | None:
         """How many requests `pod` was seen to run at once while others waited (`scraped`);

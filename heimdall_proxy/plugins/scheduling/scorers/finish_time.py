@@ -85,8 +85,9 @@ class FinishTimeScorer(BasePlugin[FinishTimeParams]):
       fewer than this gateway's requests seen streaming there at once (the queue price's
       `slots`, framework/queue_price.py); before that, all of them;
     - the pod's speed: its pace (time per output token) over the engine model's step for the
-      batch the pace was observed at (streams decoding there, and the prompt tokens prefilled
-      between their tokens), the fleet's mean for a pod with no pace yet, 1.0 before any;
+      batch the pace was observed at (streams decoding there, the context they read, and the
+      prompt tokens prefilled between their tokens), the fleet's mean for a pod with no pace
+      yet, 1.0 before any;
     - LoRA: the adapters of the models that last ran on the pod (their first chunk came) and
       those its metrics show running are taken as resident, and a request for another one
       loads it (`loraLoadTimeMs`) or waits for an adapter slot

@@ -181,13 +181,24 @@ class OutstandingWorkScorer(SharesState, BasePlugin[OutstandingWorkParams]):
 
     def _in_time(self, names: CandidateNames, loads: list[float]) -> list[float]:
         """`loads` times each pod's learned speed (the candidates' mean for a pod with no
-        pace yet; as they are before any)."""
-        speeds = pod_speeds(self.load.paces(), names.name_set(), NOMINAL)
-        if not speeds:
-            return loads
-        fleet = sum(speeds.values()) / len(speeds)
+        pace yet; as they are before any). Only the busy pods' speeds are read, unless one of
+        them has none: the candidates' mean walks every pace (180 us at 1,024 pods, on every
+        decision)."""
+        paces = self.load.paces()
         pods = names.names
-        return [w * speeds.get(p, fleet) if w else 0.0 for p, w in zip(pods, loads, strict=True)]
+        at = list(compress(range(len(loads)), loads))  # the busy candidates (few)
+        busy = {pods[i]: paces[pods[i]] for i in at if pods[i] in paces}
+        speeds = pod_speeds(busy, busy, NOMINAL)
+        fleet = 1.0
+        if len(speeds) < len(at):  # a busy pod has no speed yet
+            speeds = pod_speeds(paces, names.name_set(), NOMINAL)
+            if not speeds:
+                return loads
+            fleet = sum(speeds.values()) / len(speeds)
+        timed = list(loads)
+        for i in at:
+            timed[i] *= speeds.get(pods[i], fleet)
+        return timed
 
     async def pre_request(self, ctx: RequestContext) -> None:
         prefill, decode = self.estimate(ctx.request, self._cached_share(ctx))

@@ -185,3 +185,19 @@ async def test_scale_by_pod_speed_counts_a_slow_pods_work_in_its_time(scaled: bo
         assert got["new"] == pytest.approx(0.25, abs=0.02)
     else:
         assert got["fast"] == got["slow"] == got["new"] == 0.0
+
+
+async def test_scale_by_pod_speed_with_every_busy_pod_paced_reads_their_own_speeds() -> None:
+    # no busy pod lacks a pace: the other pods' paces (an idle one much faster) do not count
+    scorer = make(scaleByPodSpeed=True)
+    fast, slow, idle = ep("fast"), ep("slow"), ep("idle")
+    teach_pace(scorer, fast, 0.01)
+    teach_pace(scorer, slow, 0.02)
+    teach_pace(scorer, idle, 0.001)
+    for pod in (fast, slow):
+        r = completion(100, 50)
+        r.stream = True  # type: ignore[attr-defined]  # no count-down by age
+        await scorer.pre_request(ctx(r, pod))  # type: ignore[arg-type]
+    got = scorer.score(CycleState(), req(), [fast, slow, idle])
+    assert got["idle"] == 1.0 and got["slow"] == 0.0
+    assert got["fast"] == pytest.approx(0.5, abs=0.02)
