@@ -29,7 +29,8 @@ their slots for what is left of a service time, the rest queue in order. That kn
 price cannot, how soon the requests ahead end, and on two-slot pods it took inference-perf's
 shared prefix from 1.22x to about 1.1x the oracle's p95 (bench/RESULTS.md). Both models
 predict each sample before learning it; should the price's absolute misses fall clearly below
-the replay's, the price is read again.
+the replay's, the price is read again, except on a pod whose engine was seen full (its slots
+come from its scrapes): that pod queues behind slots, and the replay stands.
 
 This module is the arithmetic; queue_price.py feeds it from the ledger.
 """
@@ -189,7 +190,11 @@ class _Fit:
         price_better = (
             self.compared >= min_samples and self.price_miss < PRICE_CLEARLY_BETTER * self.time_miss
         )
-        return Fitted(depth, self.price(price_depth), bounded and not price_better, bounded)
+        # A depth known from the pod's engine (seen full) is a queue of slots: the replay's
+        # model, whatever the misses so far (a few early ones, made while the service time was
+        # a guess, had the price read on a full pod at a third of its wait)
+        replay = known is not None or (bounded and not price_better)
+        return Fitted(depth, self.price(price_depth), replay, bounded)
 
 
 class QueueDelay:
@@ -237,7 +242,8 @@ class QueueDelay:
         """What is learned of `pod`'s queue, the fleet's while it has too few samples of its
         own, None while nothing is learned. A count of requests ahead whose mean delay stays
         under `free_below` seconds is within the free depth (None: depth 0); a `depth` known
-        otherwise (the pod's engine was seen full) is taken as it is."""
+        otherwise (the pod's engine was seen full) is taken as it is, its wait read from the
+        replay."""
         fit = self._pods.get(pod)
         learned = fit.best(self._min, free_below, self._fleet, depth) if fit is not None else None
         if learned is not None:

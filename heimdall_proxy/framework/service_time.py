@@ -51,7 +51,10 @@ class _Mean:
 
 class ServiceTime:
     """Decayed mean seconds a pod holds a request from the start of its prefill to its end,
-    per pod (the fleet's while a pod has fewer than `min_samples`)."""
+    per pod (the fleet's while a pod has fewer than `min_samples`, from the fleet's first
+    sample: until then a full pod's wait has no replay, and its price, learned from a few
+    first tokens, read three requests queued on two slots as 0.14 s of wait where they
+    waited 0.6-1.2 s; bench/RESULTS.md, "The replay on pods seen full")."""
 
     __slots__ = ("_fleet", "_keep", "_min", "_pods")
 
@@ -73,12 +76,12 @@ class ServiceTime:
             m.samples += 1
 
     def of(self, pod: str) -> float | None:
-        """`pod`'s learned service seconds (the fleet's while it has too few), None while
-        nothing is learned."""
+        """`pod`'s learned service seconds (the fleet's while it has too few), None before
+        any attempt has ended."""
         mean = self._pods.get(pod)
         if mean is None or mean.samples < self._min:
             mean = self._fleet
-            if mean.samples < self._min:
+            if not mean.samples:
                 return None
         return mean.total / mean.weight
 

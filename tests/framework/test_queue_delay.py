@@ -87,6 +87,9 @@ def test_the_replay_gives_way_when_the_price_foresaw_clearly_better() -> None:
     for _ in range(10):  # the replay foresaw 2 s each time; the price about 0.5 s
         q.observe("a", 2000.0, 0.5, requests_ahead=2, predicted=2.0)
     assert not q.fit("a", free_below=0.1).replay  # type: ignore[union-attr]
+    # unless the pod's engine was seen full: it queues behind its slots, the replay's model
+    known = q.fit("a", free_below=0.1, depth=1)
+    assert known is not None and (known.depth, known.replay, known.bounded) == (1, True, True)
 
 
 def test_an_older_replicas_sample_without_a_count_still_teaches_the_price() -> None:

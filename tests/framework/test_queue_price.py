@@ -303,3 +303,30 @@ def test_the_slots_seen_correct_a_free_depth_learned_too_deep(clock: Clock) -> N
     load.scraped("big", full(64, 5))
     assert price.slots("big") == 64
     assert price.fitted("big") == price.fitted("elsewhere")
+
+
+def test_a_pod_seen_full_is_replayed_from_the_first_attempt_that_ends_anywhere(
+    clock: Clock,
+) -> None:
+    load = InFlightLoad()
+    price = load.queue_price(NOMINAL)
+    load.scraped("p", full(2, 1))
+    load.scraped("p", full(2, 1))
+    # a few first tokens on p that the price foresaw better than the replay did
+    for _ in range(10):
+        price.delay.observe("p", 2000.0, 0.05, 2, predicted=1.0)
+    # two attempts streaming on p (started 0.7 s and 0.5 s ago), one queued behind them
+    for key in ("a", "b"):
+        load.acquire(key, "p", prompt=10, whole=10)
+        load.prompt_done(key)
+        clock.now += 0.2
+    load.acquire("c", "p", prompt=10, whole=10)
+    clock.now += 0.3
+    ahead, requests = load.prompts["p"], load.requests["p"]
+    # no attempt has ended yet: no service time, the (low) price stands
+    assert price.wait("p", ahead, requests, load.keys_on("p")) < 0.1
+    # one attempt ends on another pod after 1 s: p's replay borrows that service time. The
+    # queued one takes the slot a frees in 0.3 s; a new request waits for b's, 0.5 s.
+    price.service.observe("q", 1.0)
+    wait = price.wait("p", ahead, requests, load.keys_on("p"))
+    assert wait == pytest.approx(0.5, abs=0.01)

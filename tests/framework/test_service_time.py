@@ -32,6 +32,8 @@ def test_the_service_time_is_learned_per_pod_and_borrowed_from_the_fleet() -> No
     s = ServiceTime(min_samples=2)
     assert s.of("a") is None
     s.observe("a", 1.0)
+    # one attempt ended anywhere: every pod borrows it (before, a full pod had no replay)
+    assert s.of("a") == s.of("b") == pytest.approx(1.0)
     s.observe("a", 1.0)
     assert s.of("a") == pytest.approx(1.0)
     assert s.of("b") == pytest.approx(1.0)  # the fleet's
