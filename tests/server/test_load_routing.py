@@ -11,10 +11,14 @@ from typing import Any
 import aiohttp
 import pytest
 
+from heimdall_proxy.framework.params import NoParams
+from heimdall_proxy.framework.types import CycleState
 from heimdall_proxy.plugins.scheduling.scorers.active_request import ActiveRequestScorer
+from heimdall_proxy.plugins.scheduling.scorers.lora_affinity import LoraAffinityScorer
 from heimdall_proxy.plugins.scheduling.scorers.outstanding_work import OutstandingWorkScorer
 from heimdall_proxy.plugins.scheduling.scorers.session_affinity import encode_token
 from tests.conftest import GatewayFactory, PodFactory, RunningGateway, eventually, make_config
+from tests.plugins.helpers import req
 
 CTX = "mif.moreh.io/context-length-range"
 LONG = 100_000  # room for the 50,000-token overflow requests
@@ -243,3 +247,31 @@ async def test_adapter_holding_pod_wins(
                 assert r.headers["x-sim-pod"] == home.name
         for r in held:
             r.close()
+
+
+@pytest.mark.slow
+async def test_a_base_model_request_scores_the_same_on_every_pod(
+    start_pod: PodFactory, start_gateway: GatewayFactory
+) -> None:
+    # One pod holds its only adapter slot with a running adapter, the other has none loaded:
+    # scored as an adapter, a base-model request preferred the second (0.8 against 0.0).
+    # The refresher learns the pods' /v1/models cards, which name the base model (no parent).
+    opts = {"lora_modules": ["sql"], "max_loras": 1, "time_scale": 1.0}
+    a, b = await start_pod(**opts), await start_pod(**opts)
+    gw = await start_gateway(make_config([a, b], profile(("lora-affinity-scorer", 1))))
+    pool = gw.gateway.pool
+    async with aiohttp.ClientSession() as http:
+        body = {"model": "sql", "prompt": "x", "max_tokens": 5000, "stream": True}
+        held = await http.post(f"{a.url}/v1/completions", json=body)
+        await held.content.readuntil(b"\n\n")
+        await eventually(lambda: pool.get(a.name).metrics.lora_running == ("sql",))
+        await eventually(lambda: all(e.model_cards for e in pool.endpoints()))
+        base = a.pod.options.model
+        assert pool.get(a.name).model_cards[base].get("parent") is None
+        scorer = LoraAffinityScorer("l", NoParams(), None)  # type: ignore[arg-type]
+        endpoints = pool.endpoints()
+        got = scorer.score(CycleState(), req(model=base), endpoints)
+        assert got == {a.name: 0.8, b.name: 0.8}
+        got = scorer.score(CycleState(), req(model="sql"), endpoints)
+        assert got == {a.name: 1.0, b.name: 0.8}
+        held.close()

@@ -22,8 +22,16 @@ LORA_AFFINITY_SCORER_TYPE = "lora-affinity-scorer"
 class LoraAffinityScorer(BasePlugin[NoParams]):
     """Reads `vllm:lora_requests_info` (newest sample) for the requested model name:
     adapter running -> 1.0; room to load it (running + waiting adapters < max_lora) -> 0.8;
-    adapter only waiting -> 0.6; otherwise 0.0. For a base-model request every pod gets the
-    same score, so the scorer is neutral."""
+    adapter only waiting -> 0.6; otherwise 0.0.
+
+    A base-model request needs no adapter slot, so every pod scores the same (0.8) for it:
+    the model is a base model when the pods' /v1/models card for it has no `parent` (vLLM
+    names an adapter's base model there). Ours: scored as an adapter, a base-model request
+    got 0.8 on the one pod with no adapter loaded and 0.0 on pods whose adapter slots were
+    full, and at weight 4 every base-model request went to that pod, a half-speed one on
+    the unequal shape (p95 1.9x the oracle's; bench/RESULTS.md, "The replay on pods seen
+    full, and base-model requests"). Without cards (models given in the config), as the
+    reference scores."""
 
     type = LORA_AFFINITY_SCORER_TYPE
     metric_families = frozenset({LORA_INFO})
@@ -32,6 +40,8 @@ class LoraAffinityScorer(BasePlugin[NoParams]):
         self, state: CycleState, request: InferenceRequest, endpoints: list[Endpoint]
     ) -> Mapping[str, float]:
         model = request.model
+        if endpoints and _base_model(model, endpoints[0]):
+            return DefaultScores(endpoints, 0.8, {})
         out: dict[str, float] = {}
         # A pod with no adapter at all and room for one scores 0.8, the default: only the
         # others are looked at and listed.
@@ -51,3 +61,11 @@ class LoraAffinityScorer(BasePlugin[NoParams]):
             else:
                 out[e.name] = 0.0
         return DefaultScores(endpoints, 0.8, out)
+
+
+def _base_model(model: str, endpoint: Endpoint) -> bool:
+    """`endpoint`'s /v1/models card says `model` is a base model (no `parent`). One pod's
+    card is enough: the candidates are the pods serving the model, which agree on what it
+    is."""
+    card = endpoint.model_cards.get(model)
+    return card is not None and "parent" in card and card["parent"] is None

@@ -36,3 +36,32 @@ def test_pods_without_adapters_score_room_without_being_listed() -> None:
     got = scorer.score(CycleState(), req(model="sql"), pods)
     assert got == {"idle": 0.8, "no-lora": 0.0, "busy": 0.0}
     assert isinstance(got, DefaultScores) and set(got.changed) == {"no-lora", "busy"}
+
+
+def test_a_base_model_request_scores_the_same_everywhere() -> None:
+    """The pods' /v1/models cards say which model is the base (no parent): a request for it
+    needs no adapter slot, so neither a pod whose slots are full nor one without LoRA
+    support scores lower (scored as an adapter, every base-model request went to the one
+    pod with no adapter loaded)."""
+    cards = {
+        "base": {"id": "base", "parent": None},
+        "sql": {"id": "sql", "parent": "base"},
+    }
+    pods = [
+        ep("full", lora_running=("sql",), max_lora=1),
+        ep("idle", max_lora=1),
+        ep("no-lora", max_lora=0),
+    ]
+    for pod in pods:
+        pod.model_cards = cards
+    scorer = LoraAffinityScorer("l", NoParams(), None)  # type: ignore[arg-type]
+    assert scorer.score(CycleState(), req(model="base"), pods) == dict.fromkeys(
+        ("full", "idle", "no-lora"), 0.8
+    )
+    # the adapter is scored by its slots, as before
+    got = scorer.score(CycleState(), req(model="sql"), pods)
+    assert got == {"full": 1.0, "idle": 0.8, "no-lora": 0.0}
+    # without cards (models from the config), as the reference scores
+    for pod in pods:
+        pod.model_cards = {"base": {"id": "base", "object": "model"}}
+    assert scorer.score(CycleState(), req(model="base"), pods)["full"] == 0.0
