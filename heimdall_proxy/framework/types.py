@@ -167,6 +167,18 @@ def parse_model_list(doc: Any) -> dict[str, dict[str, Any]]:
     }
 
 
+def model_card(model: str, endpoints: Sequence[Endpoint]) -> dict[str, Any] | None:
+    """The /v1/models card of `model` on the first of `endpoints` that reported one (None
+    when none did). vLLM gives a LoRA adapter's card a `parent` (its base model) and a base
+    model's card `parent: null`; a card made from a configured model list has no `parent`
+    key at all."""
+    for e in endpoints:
+        card = e.model_cards.get(model)
+        if card is not None:
+            return card
+    return None
+
+
 def publish_models(endpoint: Endpoint, cards: dict[str, dict[str, Any]]) -> bool:
     """Set the models an endpoint serves; True when the set changed."""
     models = frozenset(cards)

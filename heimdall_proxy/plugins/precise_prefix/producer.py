@@ -24,6 +24,7 @@ from heimdall_proxy.framework.types import (
     Endpoint,
     InferenceRequest,
     RequestContext,
+    model_card,
 )
 from heimdall_proxy.kvcache.hashing import warn_if_python
 from heimdall_proxy.kvcache.index import KVBlockIndex, KVCacheStats, PrefixLookup
@@ -210,11 +211,8 @@ class PreciseIndexOwner(BasePlugin[PreciseParamsT]):
     def namespace(self, request: InferenceRequest, endpoints: list[Endpoint]) -> str:
         """The request's adapter name when its model is a LoRA adapter of the pods (vLLM's
         /v1/models gives adapters a `parent`), else the base model."""
-        for e in endpoints:
-            card = e.model_cards.get(request.model)
-            if card is not None:
-                return request.model if card.get("parent") else self.model_name
-        return self.model_name
+        card = model_card(request.model, endpoints)
+        return request.model if card is not None and card.get("parent") else self.model_name
 
     async def produce(
         self, state: CycleState, request: InferenceRequest, endpoints: list[Endpoint]

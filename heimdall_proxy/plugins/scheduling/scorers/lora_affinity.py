@@ -13,6 +13,7 @@ from heimdall_proxy.framework.types import (
     DefaultScores,
     Endpoint,
     InferenceRequest,
+    model_card,
 )
 
 LORA_AFFINITY_SCORER_TYPE = "lora-affinity-scorer"
@@ -40,7 +41,10 @@ class LoraAffinityScorer(BasePlugin[NoParams]):
         self, state: CycleState, request: InferenceRequest, endpoints: list[Endpoint]
     ) -> Mapping[str, float]:
         model = request.model
-        if endpoints and _base_model(model, endpoints[0]):
+        # A base model's card has `parent: null`; a configured model's card has no `parent`
+        # (unknown: scored as the reference does)
+        card = model_card(model, endpoints)
+        if card is not None and "parent" in card and card["parent"] is None:
             return DefaultScores(endpoints, 0.8, {})
         out: dict[str, float] = {}
         # A pod with no adapter at all and room for one scores 0.8, the default: only the
@@ -61,11 +65,3 @@ class LoraAffinityScorer(BasePlugin[NoParams]):
             else:
                 out[e.name] = 0.0
         return DefaultScores(endpoints, 0.8, out)
-
-
-def _base_model(model: str, endpoint: Endpoint) -> bool:
-    """`endpoint`'s /v1/models card says `model` is a base model (no `parent`). One pod's
-    card is enough: the candidates are the pods serving the model, which agree on what it
-    is."""
-    card = endpoint.model_cards.get(model)
-    return card is not None and "parent" in card and card["parent"] is None
